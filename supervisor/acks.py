@@ -1,0 +1,73 @@
+"""Group commit for acks: one UPDATE for every ack that arrived meanwhile."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+
+class AckBatcher(threading.Thread):
+    """Collects (job id, attempt) pairs and writes them in batches.
+
+    While one batch is in flight the next accumulates, so under load the
+    number of commits falls far below the number of jobs, and when idle an
+    ack is written at once. A failed write keeps the batch and retries with
+    backoff: the rows stay 'running' under this process's lease meanwhile.
+    """
+
+    def __init__(self, write: Callable[[list[str], list[int]], None], *, max_batch: int = 2000) -> None:
+        super().__init__(name="ack-batcher", daemon=True)
+        self._write = write
+        self._max_batch = max_batch
+        self._pending: list[tuple[str, int]] = []
+        self._cond = threading.Condition()
+        self._busy = False
+        self._stop = False
+        self.written = 0
+
+    def add(self, job_id: str, attempt: int) -> None:
+        with self._cond:
+            self._pending.append((job_id, attempt))
+            self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every ack added so far is committed."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
+
+    def stop(self, timeout: float | None = None) -> bool:
+        flushed = self.flush(timeout)
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        return flushed
+
+    def run(self) -> None:
+        delay = 0.1
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._stop)
+                if self._stop and not self._pending:
+                    return
+                batch = self._pending[: self._max_batch]
+                del self._pending[: self._max_batch]
+                self._busy = True
+            try:
+                self._write([job_id for job_id, _ in batch], [attempt for _, attempt in batch])
+            except Exception as exc:
+                log.warning("could not write %d acks (%s); retrying in %.1fs", len(batch), exc, delay)
+                with self._cond:
+                    self._pending[:0] = batch
+                    self._busy = False
+                    self._cond.notify_all()
+                    self._cond.wait(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            delay = 0.1
+            with self._cond:
+                self.written += len(batch)
+                self._busy = False
+                self._cond.notify_all()

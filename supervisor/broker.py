@@ -1,0 +1,531 @@
+"""PostgresBroker and PostgresConsumer: Dramatiq messages stored as job rows."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import dramatiq
+import psycopg
+from dramatiq.broker import Broker, Consumer, MessageProxy
+from dramatiq.errors import ActorNotFound, BrokerConnectionError, QueueNotFound
+from dramatiq.message import Message
+from dramatiq.middleware import (
+    AgeLimit,
+    Callbacks,
+    CurrentMessage,
+    Middleware,
+    Pipelines,
+    ShutdownNotifications,
+    TimeLimit,
+)
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from . import db
+from .acks import AckBatcher
+from .listener import Listener
+from .queries import jobs as sql
+from .retries import Retries
+
+log = logging.getLogger(__name__)
+
+# Message options that become columns (they stay in options too, harmlessly).
+JOB_OPTIONS = {"dedupe_key", "concurrency_key", "priority", "max_attempts"}
+
+_transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.ContextVar(
+    "actor_supervisor_transaction", default=None
+)
+
+
+class JobOptions(Middleware):
+    """Declares the broker's own options so actors may set them as defaults."""
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"dedupe_key", "concurrency_key", "max_attempts"}
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _jsonb(value: Any) -> Jsonb:
+    return Jsonb(value, dumps=_dumps)
+
+
+def error_text(exception: BaseException | None) -> str:
+    if exception is None:
+        return "failed without an exception"
+    if isinstance(exception, ActorNotFound):
+        return (
+            f"ActorNotFound: no actor named {exception} is declared in this worker. "
+            "Add its module to the role's actors (or fix the actor name in the job row)."
+        )
+    text = "".join(traceback.format_exception(exception))
+    return text[-8000:]
+
+
+class PgMessageProxy(MessageProxy):
+    """A claimed row: the message plus the lease fence (attempt number)."""
+
+    def __init__(self, message: Message, *, attempts: int, max_attempts: int, concurrency_key: str | None):
+        super().__init__(message)
+        self.attempts = attempts
+        self.max_attempts = max_attempts
+        self.concurrency_key = concurrency_key
+
+
+class Capacity:
+    """How many claimed-but-unfinished messages this process may hold.
+
+    Shared by the consumers of every queue, so a process never claims more rows
+    than it has threads to run them, however many queues it serves.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._cond = threading.Condition()
+
+    def reserve(self, want: int) -> int:
+        with self._cond:
+            n = max(0, min(want, self.limit - self.used))
+            self.used += n
+            return n
+
+    def release(self, n: int = 1) -> None:
+        if n <= 0:
+            return
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+    def wait_free(self, timeout: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.used < self.limit, timeout)
+
+
+class PostgresBroker(Broker):
+    """A Dramatiq broker whose queues are rows of the ``jobs`` table.
+
+    Parameters:
+      url: database URL; None means DATABASE_URL, else the embedded server.
+      lease_seconds: how long a claim stays valid without a heartbeat.
+      poll_interval: longest idle wait between claims when no NOTIFY arrives.
+      max_retries / min_backoff / max_backoff: defaults for the Retries middleware
+        (milliseconds, like Dramatiq's).
+      pool_size: connections this process may open (claims, acks, retries).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        middleware: list[Middleware] | None = None,
+        lease_seconds: float = 30.0,
+        poll_interval: float = 1.0,
+        max_retries: int = 20,
+        min_backoff: int = 15_000,
+        max_backoff: int = 24 * 3600 * 1000,
+        pool_size: int = 8,
+        owner: str | None = None,
+    ) -> None:
+        if middleware is None:
+            middleware = [
+                AgeLimit(),
+                TimeLimit(),
+                ShutdownNotifications(),
+                Callbacks(),
+                Pipelines(),
+                Retries(max_retries=max_retries, min_backoff=min_backoff, max_backoff=max_backoff),
+                CurrentMessage(),
+                JobOptions(),
+            ]
+        super().__init__(middleware=middleware)
+        self.url = db.resolve_url(url)
+        self.owner = owner or default_owner()
+        self.lease_seconds = lease_seconds
+        self.poll_interval = poll_interval
+        self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker")
+        self.queues: dict[str, None] = {}
+        self.capacity = Capacity(limit=1 << 30)
+        self.claiming = threading.Event()
+        self.claiming.set()
+        self._listener: Listener | None = None
+        self._acks: AckBatcher | None = None
+        self._start_lock = threading.Lock()
+        self.jobs_done = 0
+
+    # --- producer side ------------------------------------------------------
+
+    def declare_queue(self, queue_name: str) -> None:
+        if queue_name not in self.queues:
+            self.emit_before("declare_queue", queue_name)
+            self.queues[queue_name] = None
+            self.emit_after("declare_queue", queue_name)
+
+    @contextlib.contextmanager
+    def transaction(self, conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
+        """Enqueue inside the caller's transaction: ``actor.send()`` calls in this
+        block write through ``conn``, so the jobs exist if and only if the
+        caller's transaction commits."""
+        token = _transaction.set(conn)
+        try:
+            yield conn
+        finally:
+            _transaction.reset(token)
+
+    def _row(self, message: Message, delay: int | None) -> dict[str, Any]:
+        options = message.options
+        max_attempts = options.get("max_attempts")
+        if max_attempts is None:
+            retries = self._retries()
+            try:
+                actor = self.get_actor(message.actor_name)
+            except ActorNotFound:
+                actor = None
+            if retries is not None and actor is not None:
+                max_attempts = retries.max_attempts_for(message, actor)
+            elif retries is not None:
+                max_attempts = retries.max_retries + 1
+            else:
+                max_attempts = 1
+        actor_opts = self.actors[message.actor_name].options if message.actor_name in self.actors else {}
+        return {
+            "id": message.message_id,
+            "queue": message.queue_name,
+            "actor": message.actor_name,
+            "args": list(message.args),
+            "kwargs": message.kwargs,
+            "options": options,
+            "priority": int(options.get("priority") or 0),
+            "delay_ms": int(delay or 0),
+            "max_attempts": int(max_attempts),
+            "dedupe_key": options.get("dedupe_key") or actor_opts.get("dedupe_key"),
+            "concurrency_key": options.get("concurrency_key") or actor_opts.get("concurrency_key"),
+        }
+
+    def _retries(self) -> Retries | None:
+        for m in self.middleware:
+            if isinstance(m, Retries):
+                return m
+        return None
+
+    @contextlib.contextmanager
+    def _conn(self, conn: psycopg.Connection | None = None) -> Iterator[psycopg.Connection]:
+        conn = conn or _transaction.get()
+        if conn is not None:
+            yield conn
+            return
+        try:
+            with self.pool.connection(timeout=10) as pooled:
+                yield pooled
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise BrokerConnectionError(f"database unavailable ({db.redact(self.url)}): {exc}") from exc
+
+    def enqueue(self, message: Message, *, delay: int | None = None, conn: psycopg.Connection | None = None):
+        if isinstance(message, PgMessageProxy):
+            return self._retry(message, delay)
+        self.emit_before("enqueue", message, delay)
+        row = self._row(message, delay)
+        params = {**row, "args": _jsonb(row["args"]), "kwargs": _jsonb(row["kwargs"]),
+                  "options": _jsonb(row["options"])}
+        with self._conn(conn) as c:
+            for _ in range(5):
+                if c.execute(sql.INSERT, params).fetchone() is not None or not row["dedupe_key"]:
+                    break
+                live = c.execute(sql.LIVE_BY_DEDUPE_KEYS, {"keys": [row["dedupe_key"]]}).fetchone()
+                if live is not None:
+                    message = dataclasses.replace(message, message_id=str(live[1]))
+                    break
+                # the live duplicate finished between our INSERT and SELECT: try again
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def enqueue_many(
+        self, messages: Iterable[Message], *, delay: int | None = None, conn: psycopg.Connection | None = None
+    ) -> list[Message]:
+        """Insert many messages in one statement. Messages whose dedupe key
+        already has a live job come back carrying that job's id."""
+        messages = list(messages)
+        if not messages:
+            return []
+        rows = [self._row(m, delay) for m in messages]
+        params = {
+            "ids": [r["id"] for r in rows],
+            "queues": [r["queue"] for r in rows],
+            "actors": [r["actor"] for r in rows],
+            "args": [_jsonb(r["args"]) for r in rows],
+            "kwargs": [_jsonb(r["kwargs"]) for r in rows],
+            "options": [_jsonb(r["options"]) for r in rows],
+            "priorities": [r["priority"] for r in rows],
+            "delays": [r["delay_ms"] for r in rows],
+            "max_attempts": [r["max_attempts"] for r in rows],
+            "dedupe_keys": [r["dedupe_key"] for r in rows],
+            "concurrency_keys": [r["concurrency_key"] for r in rows],
+        }
+        with self._conn(conn) as c:
+            inserted = {str(r[0]) for r in c.execute(sql.INSERT_MANY, params).fetchall()}
+            skipped = [r["dedupe_key"] for r in rows if r["id"] not in inserted and r["dedupe_key"]]
+            live = {}
+            if skipped:
+                live = {k: str(i) for k, i in c.execute(sql.LIVE_BY_DEDUPE_KEYS, {"keys": skipped}).fetchall()}
+        out = []
+        for message, row in zip(messages, rows, strict=True):
+            if row["id"] not in inserted and row["dedupe_key"] in live:
+                message = dataclasses.replace(message, message_id=live[row["dedupe_key"]])
+            out.append(message)
+        return out
+
+    # --- worker side --------------------------------------------------------
+
+    def set_capacity(self, limit: int) -> None:
+        """Claim no more rows than this process can run at once (its thread count)."""
+        self.capacity.limit = max(1, limit)
+
+    def pause_claiming(self) -> None:
+        self.claiming.clear()
+
+    def resume_claiming(self) -> None:
+        self.claiming.set()
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._listener is None:
+                self._listener = Listener(self.url)
+                self._listener.start()
+            if self._acks is None:
+                self._acks = AckBatcher(self._write_acks)
+                self._acks.start()
+
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> PostgresConsumer:
+        if queue_name not in self.queues:
+            raise QueueNotFound(queue_name)
+        self._start()
+        return PostgresConsumer(self, queue_name, prefetch, timeout)
+
+    def _claim(self, queue: str, n: int) -> list[PgMessageProxy]:
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds}
+        with self._conn() as c:
+            rows = c.execute(sql.CLAIM, params).fetchall()
+        out = []
+        for job_id, q, actor, args, kwargs, options, attempts, max_attempts, ckey, created_ms in rows:
+            message = Message(
+                queue_name=q,
+                actor_name=actor,
+                args=tuple(args),
+                kwargs=kwargs,
+                options=options,
+                message_id=str(job_id),
+                message_timestamp=int(created_ms),
+            )
+            out.append(PgMessageProxy(message, attempts=attempts, max_attempts=max_attempts, concurrency_key=ckey))
+        return out
+
+    def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
+        with self.pool.connection(timeout=10) as c:
+            c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
+
+    def ack(self, message: PgMessageProxy) -> None:
+        self._start()
+        self._acks.add(message.message_id, message.attempts)
+        self.jobs_done += 1
+        self.capacity.release()
+
+    def nack(self, message: PgMessageProxy) -> None:
+        exc = getattr(message, "_exception", None)
+        error = error_text(exc)
+        reason = f"attempt {message.attempts} of {message.max_attempts}: {type(exc).__name__ if exc else 'failed'}"
+        params = {"id": message.message_id, "attempts": message.attempts, "owner": self.owner,
+                  "error": error, "reason": reason}
+        try:
+            for delay in db.retrying("nack"):
+                try:
+                    with self._conn() as c:
+                        c.execute(sql.NACK, params)
+                    break
+                except BrokerConnectionError as exc:
+                    log.warning("could not record failure of %s (%s); retrying in %.1fs",
+                                message.message_id, exc, delay)
+                    time.sleep(delay)
+        finally:
+            self.jobs_done += 1
+            self.capacity.release()
+
+    def _retry(self, message: PgMessageProxy, delay: int | None) -> PgMessageProxy:
+        exc = getattr(message, "_exception", None)
+        options = {k: v for k, v in message.options.items() if k != "traceback"}
+        params = {
+            "id": message.message_id,
+            "attempts": message.attempts,
+            "owner": self.owner,
+            "options": _jsonb(options),
+            "error": error_text(exc),
+            "delay_ms": int(delay or 0),
+            "reason": f"attempt {message.attempts} of {message.max_attempts} failed"
+            f" ({type(exc).__name__ if exc else 'retry'}); retry in {int(delay or 0)} ms",
+        }
+        with self._conn() as c:
+            c.execute(sql.RETRY, params)
+        return message
+
+    def requeue(self, messages: Iterable[PgMessageProxy]) -> int:
+        messages = list(messages)
+        if not messages:
+            return 0
+        params = {
+            "ids": [m.message_id for m in messages],
+            "attempts": [m.attempts for m in messages],
+            "owner": self.owner,
+        }
+        try:
+            with self._conn() as c:
+                count = c.execute(sql.REQUEUE, params).fetchone()[0]
+        finally:
+            self.capacity.release(len(messages))
+        return int(count)
+
+    def heartbeat(self) -> int:
+        """Renew the lease of every job this process runs: one UPDATE."""
+        with self._conn() as c:
+            return c.execute(sql.HEARTBEAT, {"owner": self.owner, "lease_s": self.lease_seconds}).rowcount
+
+    def reap_expired(self, limit: int = 1000) -> list[tuple[str, str, str]]:
+        """Return expired leases to pending (or failed when out of attempts)."""
+        with self._conn() as c:
+            rows = c.execute(sql.REAP_EXPIRED, {"limit": limit, "who": self.owner, "why": "lease expired"}).fetchall()
+        for job_id, status, owner in rows:
+            log.warning("reclaimed job %s from %s (lease expired) -> %s", job_id, owner, status)
+        return [(str(r[0]), r[1], r[2]) for r in rows]
+
+    def release_owner(self, owner: str, why: str = "released") -> list[tuple[str, str, str]]:
+        """Release every job leased to ``owner`` now (its process is gone)."""
+        with self._conn() as c:
+            rows = c.execute(sql.RELEASE_OWNER, {"owner": owner, "who": self.owner, "why": why}).fetchall()
+        return [(str(r[0]), r[1], r[2]) for r in rows]
+
+    def flush_acks(self, timeout: float | None = None) -> bool:
+        return self._acks.flush(timeout) if self._acks else True
+
+    def close(self) -> None:
+        if self._acks is not None:
+            self._acks.stop(timeout=10)
+        if self._listener is not None:
+            self._listener.stop()
+        self.pool.close()
+
+    # --- test and admin helpers ----------------------------------------------
+
+    def flush(self, queue_name: str) -> None:
+        with self._conn() as c:
+            c.execute(
+                "DELETE FROM jobs WHERE queue = %s AND status IN ('pending', 'retryable')", (queue_name,)
+            )
+
+    def flush_all(self) -> None:
+        for queue in self.queues:
+            self.flush(queue)
+
+    def join(self, queue_name: str, *, timeout: int | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout / 1000
+        while True:
+            with self._conn() as c:
+                live = c.execute(
+                    "SELECT count(*) FROM jobs WHERE queue = %s AND status IN ('pending','retryable','running')",
+                    (queue_name,),
+                ).fetchone()[0]
+            if live == 0:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise dramatiq.errors.QueueJoinTimeout(queue_name)
+            time.sleep(0.05)
+
+
+class PostgresConsumer(Consumer):
+    """Claims rows of one queue in batches, sized by what the process can run."""
+
+    def __init__(self, broker: PostgresBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+        self.broker = broker
+        self.queue_name = queue_name
+        self.prefetch = max(1, prefetch)
+        self.timeout = timeout / 1000
+        self.buffer: deque[PgMessageProxy] = deque()
+        self.wakeup = broker._listener.event_for(queue_name)
+
+    def __next__(self) -> PgMessageProxy | None:
+        if self.buffer:
+            return self.buffer.popleft()
+        deadline = time.monotonic() + min(self.timeout, self.broker.poll_interval)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            if not self.broker.claiming.is_set():
+                self.broker.claiming.wait(remaining)
+                continue
+            n = self.broker.capacity.reserve(self.prefetch)
+            if n == 0:
+                self.broker.capacity.wait_free(remaining)
+                continue
+            self.wakeup.clear()
+            try:
+                claimed = self.broker._claim(self.queue_name, n)
+            except BaseException:
+                self.broker.capacity.release(n)
+                raise
+            self.broker.capacity.release(n - len(claimed))
+            if claimed:
+                self.buffer.extend(claimed)
+                return self.buffer.popleft()
+            if not self.wakeup.wait(remaining):
+                return None
+
+    def ack(self, message: PgMessageProxy) -> None:
+        self.broker.ack(message)
+
+    def nack(self, message: PgMessageProxy) -> None:
+        self.broker.nack(message)
+
+    def requeue(self, messages: Iterable[PgMessageProxy]) -> None:
+        count = self.broker.requeue(messages)
+        if count:
+            log.info("requeued %d unstarted jobs of %s", count, self.queue_name)
+
+    def close(self) -> None:
+        if self.buffer:
+            try:
+                self.broker.requeue(list(self.buffer))
+            except BrokerConnectionError:
+                log.warning("could not requeue %d prefetched jobs; their leases will expire", len(self.buffer))
+            self.buffer.clear()
+
+
+def setup_broker(url: str | None = None, **options: Any) -> PostgresBroker:
+    """Install a PostgresBroker as Dramatiq's global broker (for producers).
+
+    Call once, before importing actor modules. URL from the argument, else
+    DATABASE_URL, else the embedded default.
+    """
+    current = dramatiq.broker.global_broker
+    if isinstance(current, PostgresBroker) and (url is None or current.url == url):
+        return current
+    broker = PostgresBroker(url, **options)
+    dramatiq.set_broker(broker)
+    return broker

@@ -1,0 +1,220 @@
+"""One worker process: boot a Dramatiq Worker on the PostgresBroker, keep its
+leases alive, and drain cleanly on SIGTERM.
+
+This is what ``supervisor worker`` runs and what the supervisor forks per role.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import dramatiq
+from dramatiq import Worker
+
+from .broker import PostgresBroker
+from .upkeep import Upkeep, UpkeepSettings
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_BAD_ACTORS = 3
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything a worker process needs; built once from the CLI or the config."""
+
+    queues: tuple[str, ...]
+    actors: tuple[str, ...]
+    role: str = "worker"
+    threads: int = 8
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    shutdown_timeout: float = 30.0
+    poll_interval: float = 1.0
+    max_retries: int = 20
+    min_backoff_ms: int = 15_000
+    max_backoff_ms: int = 24 * 3600 * 1000
+    retention_seconds: float = 7 * 24 * 3600.0
+    time_limit_ms: int | None = None
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+class ActorImportError(RuntimeError):
+    pass
+
+
+def import_actors(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise ActorImportError(
+                f"cannot import actor module {name!r}: {type(exc).__name__}: {exc}. "
+                "Check the module path (it must be importable from the working directory or PYTHONPATH)."
+            ) from exc
+
+
+class WorkerProcess:
+    """Owns the broker, the Dramatiq Worker and the upkeep thread of one process."""
+
+    def __init__(self, settings: WorkerSettings, url: str, *, owner: str | None = None) -> None:
+        self.settings = settings
+        self.url = url
+        self.owner = owner
+        self.stopping = threading.Event()
+        self.ready = threading.Event()
+        self.broker: PostgresBroker | None = None
+        self.worker: Worker | None = None
+        self.upkeep: Upkeep | None = None
+        self.state = "starting"
+
+    def in_flight(self) -> int:
+        return self.broker.capacity.used if self.broker else 0
+
+    def start(self) -> None:
+        s = self.settings
+        broker = PostgresBroker(
+            self.url,
+            lease_seconds=s.lease_seconds,
+            poll_interval=s.poll_interval,
+            max_retries=s.max_retries,
+            min_backoff=s.min_backoff_ms,
+            max_backoff=s.max_backoff_ms,
+            pool_size=s.threads + 4,
+            owner=self.owner,
+        )
+        if s.time_limit_ms:
+            for m in broker.middleware:
+                if isinstance(m, dramatiq.middleware.TimeLimit):
+                    m.time_limit = s.time_limit_ms
+        self.broker = broker
+        # Actor modules use @dramatiq.actor, which binds to the global broker at
+        # import time: it must be ours before the first import.
+        dramatiq.set_broker(broker)
+        import_actors(s.actors)
+        for queue in s.queues:
+            broker.declare_queue(queue)
+        broker.set_capacity(s.threads)
+        broker.emit_after("process_boot")
+
+        self.upkeep = Upkeep(
+            broker,
+            role=s.role,
+            queues=list(s.queues),
+            settings=UpkeepSettings(
+                heartbeat_seconds=s.heartbeat_seconds,
+                reap_seconds=max(s.lease_seconds / 2, 1.0),
+                retention_seconds=s.retention_seconds,
+            ),
+            state=lambda: self.state,
+            in_flight=self.in_flight,
+        )
+        self._register()
+        self.upkeep.start()
+
+        worker = Worker(broker, queues=set(s.queues), worker_threads=s.threads, worker_timeout=1000)
+        # Claim no further ahead than the threads can run (the capacity also caps it).
+        worker.queue_prefetch = s.threads
+        worker.start()
+        self.worker = worker
+        self.state = "running"
+        self.ready.set()
+        log.info(
+            "worker %s ready: role=%s queues=%s threads=%d actors=%s",
+            broker.owner, s.role, ",".join(s.queues), s.threads, ",".join(s.actors),
+        )
+
+    def _register(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                self.upkeep.register()
+                return
+            except Exception as exc:
+                if self.stopping.is_set():
+                    raise
+                log.warning("database unreachable at start (%s); retrying in %.1fs", exc, delay)
+                self.stopping.wait(delay)
+                delay = min(delay * 2, 30)
+
+    def drain(self) -> None:
+        """Stop claiming, finish running jobs (up to shutdown_timeout), requeue
+        what was prefetched, release any lease still held, and close."""
+        s = self.settings
+        broker = self.broker
+        self.state = "draining"
+        started = time.monotonic()
+        log.info("draining: finishing running jobs (up to %.0fs)", s.shutdown_timeout)
+        broker.pause_claiming()
+        if self.worker is not None:
+            self.worker.stop(timeout=int(s.shutdown_timeout * 1000))
+        broker.flush_acks(timeout=max(1.0, s.shutdown_timeout - (time.monotonic() - started)))
+        try:
+            left = broker.release_owner(broker.owner, why="worker stopped before the job finished")
+            if left:
+                log.warning("released %d jobs still running at the shutdown timeout", len(left))
+        except Exception as exc:
+            log.warning("could not release leases (%s); they expire in %.0fs", exc, s.lease_seconds)
+        if self.upkeep is not None:
+            self.upkeep.stop()
+            self.upkeep.mark_stopped()
+        broker.emit_before("process_stop")
+        broker.close()
+        self.state = "stopped"
+        log.info("worker %s stopped in %.2fs", broker.owner, time.monotonic() - started)
+
+
+def install_stop_signals(stop: threading.Event) -> None:
+    def handler(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def run(settings: WorkerSettings, url: str, *, on_ready: Callable[[WorkerProcess], None] | None = None,
+        watch: Callable[[WorkerProcess], None] | None = None) -> int:
+    """Run a worker until SIGTERM/SIGINT, then drain. Returns the exit code.
+
+    ``watch`` is called about every second from the main thread (the supervisor
+    uses it for master beats, orphan checks and the resource guard).
+    """
+    proc = WorkerProcess(settings, url)
+    install_stop_signals(proc.stopping)
+    try:
+        proc.start()
+    except ActorImportError as exc:
+        log.error("%s", exc)
+        return EXIT_BAD_ACTORS
+    if on_ready:
+        on_ready(proc)
+    while not proc.stopping.wait(1.0):
+        if watch:
+            watch(proc)
+    proc.drain()
+    return EXIT_OK
+
+
+def configure_logging(level: str = "INFO", json_logs: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if json_logs:
+        from .logs import JsonFormatter
+
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s [{os.getpid()}] %(name)s: %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("psycopg.pool").setLevel(logging.WARNING)

@@ -1,0 +1,262 @@
+"""Every SQL statement on ``jobs``, ``job_concurrency`` and ``job_events``.
+
+All statements take parameters; none is built from input. Live statuses are
+'pending', 'retryable' and 'running'.
+"""
+
+# Columns a consumer needs to rebuild a Dramatiq message and fence its lease.
+_CLAIMED = """j.id, j.queue, j.actor, j.args, j.kwargs, j.options, j.attempts,
+    j.max_attempts, j.concurrency_key,
+    (extract(epoch FROM j.created_at) * 1000)::bigint AS created_ms"""
+
+INSERT = """
+INSERT INTO jobs (id, queue, actor, args, kwargs, options, priority, run_at,
+                  max_attempts, dedupe_key, concurrency_key)
+VALUES (%(id)s, %(queue)s, %(actor)s, %(args)s, %(kwargs)s, %(options)s, %(priority)s,
+        now() + %(delay_ms)s * interval '1 millisecond', %(max_attempts)s,
+        %(dedupe_key)s, %(concurrency_key)s)
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+
+# The bulk path: one statement, one round trip, arrays in, ids of new rows out.
+INSERT_MANY = """
+INSERT INTO jobs (id, queue, actor, args, kwargs, options, priority, run_at,
+                  max_attempts, dedupe_key, concurrency_key)
+SELECT id, queue, actor, args, kwargs, options, priority,
+       now() + delay_ms * interval '1 millisecond', max_attempts, dedupe_key, concurrency_key
+  FROM unnest(%(ids)s::uuid[], %(queues)s::text[], %(actors)s::text[], %(args)s::jsonb[],
+              %(kwargs)s::jsonb[], %(options)s::jsonb[], %(priorities)s::int[],
+              %(delays)s::bigint[], %(max_attempts)s::int[], %(dedupe_keys)s::text[],
+              %(concurrency_keys)s::text[])
+       AS m(id, queue, actor, args, kwargs, options, priority, delay_ms, max_attempts,
+            dedupe_key, concurrency_key)
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+
+LIVE_BY_DEDUPE_KEYS = """
+SELECT dedupe_key, id FROM jobs
+ WHERE dedupe_key = ANY(%(keys)s) AND status IN ('pending', 'retryable', 'running')
+"""
+
+# Claim up to n runnable rows of one queue in priority order. Rows locked by another
+# claimer are skipped, never waited on. A row with a concurrency key runs only if
+# its key's slot in job_concurrency is free and this claim wins the INSERT.
+CLAIM = f"""
+WITH cand AS (
+    SELECT j.id, j.concurrency_key, j.priority, j.run_at
+      FROM jobs j
+     WHERE j.queue = %(queue)s
+       AND j.status IN ('pending', 'retryable')
+       AND j.run_at <= now()
+       AND (j.concurrency_key IS NULL
+            OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))
+     ORDER BY j.priority DESC, j.run_at, j.id
+     LIMIT %(n)s
+       FOR UPDATE SKIP LOCKED
+), keyed AS (
+    SELECT DISTINCT ON (concurrency_key) id, concurrency_key
+      FROM cand WHERE concurrency_key IS NOT NULL
+     ORDER BY concurrency_key, priority DESC, run_at, id
+), slots AS (
+    -- sorted so two claimers never take the same keys in opposite orders (no deadlock)
+    INSERT INTO job_concurrency (key, job_id)
+    SELECT concurrency_key, id FROM keyed ORDER BY concurrency_key
+    ON CONFLICT DO NOTHING
+    RETURNING job_id
+)
+UPDATE jobs j
+   SET status = 'running',
+       attempts = j.attempts + 1,
+       lease_owner = %(owner)s,
+       claimed_at = now(),
+       heartbeat_at = now(),
+       lease_expires_at = now() + %(lease_s)s * interval '1 second',
+       started_at = coalesce(j.started_at, now())
+  FROM cand
+ WHERE j.id = cand.id
+   AND (cand.concurrency_key IS NULL OR cand.id IN (SELECT job_id FROM slots))
+RETURNING {_CLAIMED}
+"""
+
+# Acks arrive in batches (group commit). Each is fenced by owner and attempt number,
+# so a late ack after a reclaim, or the ack that follows a retry, changes nothing.
+ACK_MANY = """
+UPDATE jobs j
+   SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL
+  FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts)
+ WHERE j.id = a.id AND j.attempts = a.attempts
+   AND j.status = 'running' AND j.lease_owner = %(owner)s
+"""
+
+NACK = """
+WITH done AS (
+    UPDATE jobs
+       SET status = 'failed', finished_at = now(), lease_expires_at = NULL, last_error = %(error)s
+     WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
+ RETURNING id
+)
+INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+SELECT id, %(owner)s, 'running', 'failed', %(reason)s FROM done
+"""
+
+# The Retries middleware re-enqueues the message it is processing: same row, new
+# options, status 'retryable' until run_at.
+RETRY = """
+WITH done AS (
+    UPDATE jobs
+       SET status = 'retryable', options = %(options)s, last_error = %(error)s,
+           run_at = now() + %(delay_ms)s * interval '1 millisecond', lease_expires_at = NULL
+     WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
+ RETURNING id
+)
+INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+SELECT id, %(owner)s, 'running', 'retryable', %(reason)s FROM done
+RETURNING job_id
+"""
+
+# Prefetched but never started (drain): back to pending, and the claim is not
+# counted as an attempt because nothing ran.
+REQUEUE = """
+WITH done AS (
+    UPDATE jobs j
+       SET status = 'pending', attempts = j.attempts - 1, lease_owner = NULL,
+           lease_expires_at = NULL, run_at = now()
+      FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts)
+     WHERE j.id = a.id AND j.attempts = a.attempts
+       AND j.status = 'running' AND j.lease_owner = %(owner)s
+ RETURNING j.id, j.queue
+), ev AS (
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    SELECT id, %(owner)s, 'running', 'pending', 'requeued unstarted on drain' FROM done
+)
+SELECT count(*), count(pg_notify('actor_supervisor_jobs', q.queue))
+  FROM done, LATERAL (SELECT DISTINCT queue FROM done) AS q
+"""
+
+HEARTBEAT = """
+UPDATE jobs
+   SET heartbeat_at = now(), lease_expires_at = now() + %(lease_s)s * interval '1 second'
+ WHERE lease_owner = %(owner)s AND status = 'running'
+"""
+
+# Lease lost (process or host died, or stopped beating): the row goes back to
+# pending with the attempt counted, or to failed once attempts are used up (a job
+# that keeps killing its process is a poison pill, not a loop). The event names
+# the prior owner. Used with either an owner (supervisor saw the process die) or
+# the expiry clock (a whole host died).
+_RELEASE_BODY = """
+, upd AS (
+    UPDATE jobs j
+       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'pending' END,
+           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+           last_error = CASE WHEN j.attempts >= j.max_attempts
+                             THEN format('lease lost %%s times (last owner %%s, %%s); giving up',
+                                         j.attempts, lost.owner, %(why)s)
+                             ELSE j.last_error END,
+           lease_owner = NULL, lease_expires_at = NULL, run_at = now()
+      FROM lost
+     WHERE j.id = lost.id
+ RETURNING j.id, j.queue, j.status, j.attempts, j.max_attempts, lost.owner
+), ev AS (
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    SELECT id, %(who)s, 'running', status,
+           format('%%s; prior owner %%s; attempt %%s of %%s', %(why)s, owner, attempts, max_attempts)
+      FROM upd
+)
+SELECT upd.id, upd.status, upd.owner,
+       pg_notify('actor_supervisor_jobs', upd.queue) IS NULL AS notified
+  FROM upd
+"""
+
+RELEASE_OWNER = (
+    """
+WITH lost AS (
+    SELECT id, lease_owner AS owner FROM jobs
+     WHERE lease_owner = %(owner)s AND status = 'running'
+       FOR UPDATE SKIP LOCKED
+)"""
+    + _RELEASE_BODY
+)
+
+REAP_EXPIRED = (
+    """
+WITH lost AS (
+    SELECT id, lease_owner AS owner FROM jobs
+     WHERE status = 'running' AND lease_expires_at < now()
+     ORDER BY lease_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)"""
+    + _RELEASE_BODY
+)
+
+CANCEL = """
+WITH done AS (
+    UPDATE jobs SET status = 'cancelled', finished_at = now()
+     WHERE id = %(id)s AND status IN ('pending', 'retryable')
+ RETURNING id, status
+)
+INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+SELECT id, %(who)s, NULL, 'cancelled', %(reason)s FROM done
+RETURNING job_id
+"""
+
+RETRY_FAILED = """
+WITH done AS (
+    UPDATE jobs SET status = 'pending', run_at = now(), finished_at = NULL,
+                    max_attempts = greatest(max_attempts, attempts + 1)
+     WHERE id = %(id)s AND status IN ('failed', 'cancelled')
+ RETURNING id, queue
+), ev AS (
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    SELECT id, %(who)s, NULL, 'pending', 'retried by operator' FROM done
+)
+SELECT id, pg_notify('actor_supervisor_jobs', queue) IS NULL FROM done
+"""
+
+# Retention: delete a bounded batch of old finished rows per call.
+PRUNE = """
+WITH old AS (
+    SELECT id FROM jobs
+     WHERE status IN ('succeeded', 'failed', 'cancelled')
+       AND finished_at < now() - %(older_than_s)s * interval '1 second'
+     ORDER BY finished_at
+     LIMIT %(limit)s
+), gone AS (
+    DELETE FROM jobs j USING old WHERE j.id = old.id RETURNING j.id
+), ev AS (
+    DELETE FROM job_events e USING gone WHERE e.job_id = gone.id
+)
+SELECT count(*) FROM gone
+"""
+
+GET = "SELECT * FROM jobs WHERE id = %(id)s"
+
+EVENTS = "SELECT * FROM job_events WHERE job_id = %(id)s ORDER BY at, id"
+
+LIST = """
+SELECT id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at,
+       finished_at, lease_owner, left(last_error, 200) AS last_error
+  FROM jobs
+ WHERE (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ ORDER BY created_at DESC
+ LIMIT %(limit)s
+"""
+
+QUEUE_STATS = """
+SELECT queue,
+       count(*) FILTER (WHERE status = 'pending' AND run_at <= now())   AS ready,
+       count(*) FILTER (WHERE status IN ('pending', 'retryable') AND run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE status = 'retryable')                     AS retryable,
+       count(*) FILTER (WHERE status = 'running')                       AS running,
+       count(*) FILTER (WHERE status = 'failed')                        AS failed,
+       count(*) FILTER (WHERE status = 'succeeded' AND finished_at > now() - interval '1 hour')
+                                                                        AS succeeded_last_hour,
+       min(run_at) FILTER (WHERE status IN ('pending', 'retryable'))     AS oldest_ready
+  FROM jobs
+ GROUP BY queue
+ ORDER BY queue
+"""

@@ -1,0 +1,146 @@
+"""A real PostgreSQL for every test.
+
+TEST_DATABASE_URL points at a server when set; otherwise an embedded server is
+started in .state/test (kept between runs). Each xdist worker gets a database of
+its own, migrated once; each test starts from empty tables.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from supervisor import db
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TEST_TABLES = """
+CREATE TABLE IF NOT EXISTS test_results (
+    id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id   uuid NOT NULL,
+    n        integer,
+    pid      integer,
+    thread   bigint,
+    started  timestamptz,
+    finished timestamptz,
+    tag      text,
+    at       timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+
+def _server_url() -> str:
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        return url
+    os.environ.setdefault("SUPERVISOR_STATE_DIR", str(ROOT / ".state" / "test"))
+    return db.embedded_url(Path(os.environ["SUPERVISOR_STATE_DIR"]))
+
+
+def _with_dbname(url: str, name: str) -> str:
+    params = conninfo_to_dict(url)
+    params["dbname"] = name
+    return make_conninfo(**params)
+
+
+@pytest.fixture(scope="session")
+def database_url(worker_id: str) -> Iterator[str]:
+    server = _server_url()
+    name = f"as_test_{worker_id}_{os.getpid()}_{secrets.token_hex(2)}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = _with_dbname(server, name)
+    db.migrate(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(TEST_TABLES)
+    os.environ["DATABASE_URL"] = url
+    yield url
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def conn(database_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(database_url, autocommit=True) as c:
+        tables = [r[0] for r in c.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'schema_migrations'"
+        )]
+        if tables:
+            c.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE")
+        yield c
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
+             message: str = "condition") -> object:
+    """Poll a condition until it is truthy or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def scalar(conn: psycopg.Connection, query: str, params=None):
+    return conn.execute(query, params).fetchone()[0]
+
+
+class WorkerProc:
+    """A `supervisor worker` subprocess."""
+
+    def __init__(self, url: str, *, queues="tests", actors="tests.sample_actors", threads=4,
+                 lease=30.0, heartbeat=10.0, shutdown_timeout=30.0, extra_env=None):
+        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT), **(extra_env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "supervisor.cli", "worker", "--queues", queues, "--actors", actors,
+             "--threads", str(threads), "--lease", str(lease), "--heartbeat", str(heartbeat),
+             "--shutdown-timeout", str(shutdown_timeout), "--no-migrate", "--log-level", "WARNING"],
+            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
+        )
+        self.pid = self.proc.pid
+
+    def owner(self, conn) -> str | None:
+        row = conn.execute("SELECT id FROM workers WHERE pid = %s AND stopped_at IS NULL", (self.pid,)).fetchone()
+        return row[0] if row else None
+
+    def wait_ready(self, conn, timeout: float = 30.0) -> str:
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited early: {self.proc.returncode}\n{self.proc.stderr.read()}")
+            return self.owner(conn)
+        return wait_for(ready, timeout, message=f"worker {self.pid} to register")
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def workers(database_url) -> Iterator[Callable[..., WorkerProc]]:
+    started: list[WorkerProc] = []
+
+    def start(**kwargs) -> WorkerProc:
+        w = WorkerProc(database_url, **kwargs)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.kill()

@@ -1,0 +1,77 @@
+"""Actors used by the tests. Plain Dramatiq: no broker code in here."""
+
+import os
+import threading
+import time
+
+import dramatiq
+from dramatiq.middleware import CurrentMessage
+
+
+def _pool():
+    return dramatiq.get_broker().pool
+
+
+def _job_id() -> str:
+    return CurrentMessage.get_current_message().message_id
+
+
+@dramatiq.actor(queue_name="tests", max_retries=0)
+def noop() -> None:
+    pass
+
+
+@dramatiq.actor(queue_name="tests", max_retries=3)
+def record(n: int = 0, sleep_s: float = 0.0) -> None:
+    """Insert one row per run into test_results: how many times each job ran."""
+    started = time.time()
+    if sleep_s:
+        time.sleep(sleep_s)
+    with _pool().connection() as c:
+        c.execute(
+            "INSERT INTO test_results (job_id, n, pid, thread, started) VALUES (%s, %s, %s, %s, to_timestamp(%s))",
+            (_job_id(), n, os.getpid(), threading.get_ident(), started),
+        )
+
+
+@dramatiq.actor(queue_name="tests", max_retries=2, min_backoff=100, max_backoff=100_000)
+def flaky(fail_times: int) -> None:
+    """Fails its first `fail_times` attempts, then records success."""
+    with _pool().connection() as c:
+        c.execute("INSERT INTO test_results (job_id, n, pid) VALUES (%s, -1, %s)", (_job_id(), os.getpid()))
+        runs = c.execute("SELECT count(*) FROM test_results WHERE job_id = %s", (_job_id(),)).fetchone()[0]
+    if runs <= fail_times:
+        raise RuntimeError(f"planned failure {runs} of {fail_times}")
+
+
+@dramatiq.actor(queue_name="tests", max_retries=0, time_limit=300)
+def slow(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:  # a busy loop so TimeLimit's async exception lands promptly
+        time.sleep(0.01)
+
+
+@dramatiq.actor(queue_name="tests", max_retries=0)
+def hold(key: str, seconds: float) -> None:
+    """Records start/end so tests can check that keyed jobs never overlap."""
+    started = time.time()
+    time.sleep(seconds)
+    with _pool().connection() as c:
+        c.execute(
+            "INSERT INTO test_results (job_id, n, pid, started, finished, tag)"
+            " VALUES (%s, 0, %s, to_timestamp(%s), clock_timestamp(), %s)",
+            (_job_id(), os.getpid(), started, key),
+        )
+
+
+@dramatiq.actor(queue_name="tests", max_retries=1)
+def suicide() -> None:
+    """Kills its own process: a poison pill."""
+    os.kill(os.getpid(), 9)
+
+
+@dramatiq.actor(queue_name="tests", max_retries=0)
+def on_done(message_data, result) -> None:
+    with _pool().connection() as c:
+        c.execute("INSERT INTO test_results (job_id, n, pid, tag) VALUES (%s, 0, %s, 'callback')",
+                  (message_data["message_id"], os.getpid()))
