@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import dramatiq
 from dramatiq import Worker
 
+from . import runtime
 from .broker import PostgresBroker
 from .upkeep import Upkeep, UpkeepSettings
 
@@ -45,7 +46,10 @@ class WorkerSettings:
     max_backoff_ms: int = 24 * 3600 * 1000
     retention_seconds: float = 7 * 24 * 3600.0
     time_limit_ms: int | None = None
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
+    # Cron schedules this process helps fire (scheduler_locks make each fire once).
+    schedules: tuple = ()
+    # The config's `pipeline:` section, read by the bundled actors via supervisor.runtime.
+    pipeline: dict = field(default_factory=dict, compare=False, hash=False)
 
 
 class ActorImportError(RuntimeError):
@@ -100,6 +104,7 @@ class WorkerProcess:
         # Actor modules use @dramatiq.actor, which binds to the global broker at
         # import time: it must be ours before the first import.
         dramatiq.set_broker(broker)
+        runtime.configure(pipeline=s.pipeline, worker_id=broker.owner)
         import_actors(s.actors)
         for queue in s.queues:
             broker.declare_queue(queue)
