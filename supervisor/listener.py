@@ -57,6 +57,8 @@ class Listener(threading.Thread):
                                 event.set()
             except psycopg.Error as exc:
                 self.connected.clear()
+                if self._stop.is_set():
+                    break
                 log.warning("listener lost %s (%s); reconnecting in %.1fs", redact(self.url), exc, delay)
                 self._wake_all()
                 self._stop.wait(delay)

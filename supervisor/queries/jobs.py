@@ -131,8 +131,8 @@ WITH done AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
     SELECT id, %(owner)s, 'running', 'pending', 'requeued unstarted on drain' FROM done
 )
-SELECT count(*), count(pg_notify('actor_supervisor_jobs', q.queue))
-  FROM done, LATERAL (SELECT DISTINCT queue FROM done) AS q
+SELECT count(*)
+  FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', done.queue)) AS wake
 """
 
 HEARTBEAT = """
@@ -153,7 +153,7 @@ _RELEASE_BODY = """
            finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
            last_error = CASE WHEN j.attempts >= j.max_attempts
                              THEN format('lease lost %%s times (last owner %%s, %%s); giving up',
-                                         j.attempts, lost.owner, %(why)s)
+                                         j.attempts, lost.owner, %(why)s::text)
                              ELSE j.last_error END,
            lease_owner = NULL, lease_expires_at = NULL, run_at = now()
       FROM lost
@@ -161,13 +161,12 @@ _RELEASE_BODY = """
  RETURNING j.id, j.queue, j.status, j.attempts, j.max_attempts, lost.owner
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(who)s, 'running', status,
+    SELECT id, %(who)s::text, 'running', status,
            format('%%s; prior owner %%s; attempt %%s of %%s', %(why)s, owner, attempts, max_attempts)
       FROM upd
 )
-SELECT upd.id, upd.status, upd.owner,
-       pg_notify('actor_supervisor_jobs', upd.queue) IS NULL AS notified
-  FROM upd
+SELECT upd.id, upd.status, upd.owner
+  FROM upd CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', upd.queue)) AS wake
 """
 
 RELEASE_OWNER = (
@@ -213,7 +212,7 @@ WITH done AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
     SELECT id, %(who)s, NULL, 'pending', 'retried by operator' FROM done
 )
-SELECT id, pg_notify('actor_supervisor_jobs', queue) IS NULL FROM done
+SELECT id FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', done.queue)) AS wake
 """
 
 # Retention: delete a bounded batch of old finished rows per call.

@@ -1,0 +1,347 @@
+"""PostgresBroker state transitions, in one process against the real database."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+import dramatiq
+import pytest
+from dramatiq.message import Message
+
+from supervisor.broker import PostgresBroker
+from supervisor.retries import Retries, backoff_ms
+from tests.conftest import scalar, wait_for
+
+
+@pytest.fixture(scope="session")
+def broker(database_url: str) -> Iterator[PostgresBroker]:
+    b = PostgresBroker(database_url, lease_seconds=30, poll_interval=0.2, pool_size=12)
+    dramatiq.set_broker(b)
+    import tests.sample_actors  # noqa: F401  (actors bind to the global broker at import)
+
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def actors(broker):
+    import tests.sample_actors as a
+
+    return a
+
+
+@pytest.fixture
+def worker(broker, conn) -> Iterator[dramatiq.Worker]:
+    broker.set_capacity(4)
+    broker.resume_claiming()
+    broker.emit_after("process_boot")
+    w = dramatiq.Worker(broker, queues={"tests"}, worker_threads=4, worker_timeout=100)
+    w.queue_prefetch = 4
+    w.start()
+    yield w
+    w.stop(timeout=10_000)
+    broker.flush_acks(10)
+
+
+def status(conn, job_id) -> str:
+    return scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job_id,))
+
+
+def wait_status(conn, job_id, wanted: str, timeout: float = 20) -> None:
+    wait_for(lambda: status(conn, job_id) == wanted, timeout, message=f"job {job_id} to be {wanted}")
+
+
+def test_send_writes_a_pending_row(conn, actors):
+    msg = actors.record.send(5)
+    row = conn.execute(
+        "SELECT status, queue, actor, args, max_attempts, run_at <= now() FROM jobs WHERE id = %s",
+        (msg.message_id,),
+    ).fetchone()
+    assert row == ("pending", "tests", "record", [5], 4, True)  # max_retries=3 -> 4 attempts
+
+
+def test_success_marks_succeeded_once(conn, actors, worker):
+    msg = actors.record.send(1)
+    wait_status(conn, msg.message_id, "succeeded")
+    row = conn.execute(
+        "SELECT attempts, started_at IS NOT NULL, finished_at >= started_at FROM jobs WHERE id = %s",
+        (msg.message_id,),
+    ).fetchone()
+    assert row == (1, True, True)
+    assert scalar(conn, "SELECT count(*) FROM test_results WHERE job_id = %s", (msg.message_id,)) == 1
+
+
+def test_plain_sql_insert_is_runnable(conn, actors, worker):
+    job_id = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', '[9]') RETURNING id")
+    wait_status(conn, job_id, "succeeded")
+    assert scalar(conn, "SELECT n FROM test_results WHERE job_id = %s", (job_id,)) == 9
+
+
+def test_retry_goes_through_retryable_with_backoff(conn, actors, worker):
+    msg = actors.flaky.send(2)  # fails twice, succeeds on the third attempt
+    wait_status(conn, msg.message_id, "succeeded")
+    assert scalar(conn, "SELECT attempts FROM jobs WHERE id = %s", (msg.message_id,)) == 3
+    events = conn.execute(
+        "SELECT from_status, to_status, reason FROM job_events WHERE job_id = %s ORDER BY id", (msg.message_id,)
+    ).fetchall()
+    assert [(e[0], e[1]) for e in events] == [("running", "retryable"), ("running", "retryable")]
+    # base 100 ms, doubling: 100 then 200
+    assert "retry in 100 ms" in events[0][2] and "retry in 200 ms" in events[1][2]
+
+
+def test_retry_run_at_is_in_the_future(conn, actors, broker):
+    msg = actors.flaky.send_with_options(args=(5,), min_backoff=60_000)
+    [claimed] = broker._claim("tests", 1)
+    claimed.stuff_exception(RuntimeError("boom"))
+    retries = next(m for m in broker.middleware if isinstance(m, Retries))
+    retries.after_process_message(broker, claimed, exception=RuntimeError("boom"))
+    broker.ack(claimed)  # what Dramatiq does next: must not clobber the retry
+    broker.flush_acks(5)
+    row = conn.execute(
+        "SELECT status, extract(epoch FROM run_at - now()) FROM jobs WHERE id = %s", (msg.message_id,)
+    ).fetchone()
+    assert row[0] == "retryable"
+    assert 55 < row[1] <= 60
+
+
+def test_backoff_is_exponential_and_capped():
+    assert [backoff_ms(n, 1000, 10**9) for n in (1, 2, 3, 4)] == [1000, 2000, 4000, 8000]
+    day = 24 * 3600 * 1000
+    assert backoff_ms(40, 15_000, day) == day
+
+
+def test_exhausted_retries_fail_with_traceback(conn, actors, worker):
+    msg = actors.flaky.send(10)  # max_retries=2: three attempts, all fail
+    wait_status(conn, msg.message_id, "failed")
+    attempts, error, finished = conn.execute(
+        "SELECT attempts, last_error, finished_at IS NOT NULL FROM jobs WHERE id = %s", (msg.message_id,)
+    ).fetchone()
+    assert attempts == 3 and finished
+    assert "Traceback" in error and "planned failure 3 of 10" in error
+    last = conn.execute(
+        "SELECT to_status FROM job_events WHERE job_id = %s ORDER BY id DESC LIMIT 1", (msg.message_id,)
+    ).fetchone()[0]
+    assert last == "failed"
+
+
+def test_unknown_actor_fails_the_job_not_the_worker(conn, actors, worker):
+    bad = scalar(conn, "INSERT INTO jobs (queue, actor) VALUES ('tests', 'no_such_actor') RETURNING id")
+    wait_status(conn, bad, "failed")
+    error = scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (bad,))
+    assert "no_such_actor" in error and "is declared in this worker" in error
+    good = actors.record.send(1)
+    wait_status(conn, good.message_id, "succeeded")
+
+
+def test_time_limit_fails_the_job(conn, actors, worker):
+    msg = actors.slow.send(10)  # time_limit=300 ms
+    wait_status(conn, msg.message_id, "failed", timeout=15)
+    assert "TimeLimitExceeded" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (msg.message_id,))
+
+
+def test_age_limit_skips_an_old_message(conn, actors, worker):
+    broker = dramatiq.get_broker()
+    broker.pause_claiming()
+    try:
+        msg = actors.record.send_with_options(args=(1,), max_age=60_000)
+        conn.execute("UPDATE jobs SET created_at = now() - interval '1 hour' WHERE id = %s", (msg.message_id,))
+    finally:
+        broker.resume_claiming()
+    wait_status(conn, msg.message_id, "failed")
+    assert "SkipMessage" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (msg.message_id,))
+    assert scalar(conn, "SELECT count(*) FROM test_results") == 0
+
+
+def test_on_success_callback_runs(conn, actors, worker):
+    msg = actors.record.send_with_options(args=(3,), on_success=actors.on_done)
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results WHERE tag = 'callback'") == 1)
+    assert str(scalar(conn, "SELECT job_id FROM test_results WHERE tag = 'callback'")) == msg.message_id
+
+
+def test_current_message_is_the_job(conn, actors, worker):
+    msg = actors.record.send(4)
+    wait_status(conn, msg.message_id, "succeeded")
+    assert str(scalar(conn, "SELECT job_id FROM test_results")) == msg.message_id
+
+
+def test_dedupe_key_returns_the_live_job(conn, actors, broker):
+    first = actors.record.send_with_options(args=(1,), dedupe_key="watch:1")
+    second = actors.record.send_with_options(args=(2,), dedupe_key="watch:1")
+    assert second.message_id == first.message_id
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE dedupe_key = 'watch:1'") == 1
+    bulk = broker.enqueue_many(
+        [actors.record.message_with_options(args=(i,), dedupe_key="watch:1") for i in range(3)]
+        + [actors.record.message_with_options(args=(9,), dedupe_key="watch:2")]
+    )
+    assert [m.message_id for m in bulk[:3]] == [first.message_id] * 3
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 2
+    # once the job is finished, the key is free again
+    conn.execute("UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE id = %s", (first.message_id,))
+    third = actors.record.send_with_options(args=(3,), dedupe_key="watch:1")
+    assert third.message_id != first.message_id
+
+
+def test_priority_then_run_at_order(conn, actors, broker):
+    low = actors.record.send_with_options(args=(1,), priority=0)
+    high = actors.record.send_with_options(args=(2,), priority=10)
+    later = actors.record.send_with_options(args=(3,), priority=10)
+    delayed = actors.record.send_with_options(args=(4,), priority=99, delay=60_000)
+    claimed = broker._claim("tests", 10)
+    assert [m.message_id for m in claimed] == [high.message_id, later.message_id, low.message_id]
+    assert status(conn, delayed.message_id) == "pending"
+    broker.requeue(claimed)
+
+
+def test_bulk_enqueue_is_one_statement(conn, actors, broker):
+    messages = [actors.noop.message() for _ in range(5000)]
+    before = scalar(conn, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+    broker.enqueue_many(messages)
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'pending'") == 5000
+    after = scalar(conn, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+    # the stats counter is updated lazily; it can only have grown by a handful of commits
+    assert after - before < 20
+
+
+def test_enqueue_in_callers_transaction(conn, actors, broker, database_url):
+    import psycopg
+
+    with psycopg.connect(database_url) as tx:  # not autocommit: one transaction
+        with broker.transaction(tx):
+            rolled_back = actors.record.send(1)
+        tx.rollback()
+        with broker.transaction(tx):
+            committed = actors.record.send(2)
+        tx.commit()
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s", (rolled_back.message_id,)) == 0
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s", (committed.message_id,)) == 1
+
+
+def test_unknown_actor_name_can_be_enqueued_by_name(conn, broker):
+    msg = broker.enqueue(Message(queue_name="elsewhere", actor_name="remote", args=(), kwargs={}, options={}))
+    assert conn.execute("SELECT queue, actor, max_attempts FROM jobs WHERE id = %s",
+                        (msg.message_id,)).fetchone() == ("elsewhere", "remote", 21)
+
+
+def test_conditional_ack_after_reclaim_changes_nothing(conn, actors, database_url):
+    a = PostgresBroker(database_url, lease_seconds=1, owner="host-a:1:aaaaaa", pool_size=2)
+    b = PostgresBroker(database_url, lease_seconds=30, owner="host-b:2:bbbbbb", pool_size=2)
+    try:
+        for x in (a, b):
+            x.declare_queue("tests")
+        msg = actors.record.send(1)
+        [mine] = a._claim("tests", 1)
+        conn.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+                     (msg.message_id,))
+        reaped = b.reap_expired()
+        assert reaped == [(msg.message_id, "pending", "host-a:1:aaaaaa")]
+        reason = scalar(conn, "SELECT reason FROM job_events WHERE job_id = %s", (msg.message_id,))
+        assert "prior owner host-a:1:aaaaaa" in reason and "attempt 1 of 4" in reason
+        [theirs] = b._claim("tests", 1)
+        assert theirs.attempts == 2
+        a.ack(mine)  # late ack from the old owner: fenced out
+        a.flush_acks(5)
+        assert status(conn, msg.message_id) == "running"
+        b.ack(theirs)
+        b.flush_acks(5)
+        assert status(conn, msg.message_id) == "succeeded"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_poison_pill_fails_at_max_attempts(conn, actors, broker):
+    msg = actors.record.send_with_options(args=(1,), max_retries=1)  # 2 attempts
+    for attempt in (1, 2):
+        [claimed] = broker._claim("tests", 1)
+        assert claimed.attempts == attempt
+        broker.capacity.release()
+        released = broker.release_owner(broker.owner, why="process died")
+        assert released[0][1] == ("pending" if attempt == 1 else "failed")
+    assert status(conn, msg.message_id) == "failed"
+    assert "giving up" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (msg.message_id,))
+
+
+def test_requeue_returns_prefetched_rows_uncounted(conn, actors, broker):
+    sent = [actors.record.send(i).message_id for i in range(3)]
+    claimed = broker._claim("tests", 3)
+    assert len(claimed) == 3
+    assert broker.requeue(claimed) == 3
+    rows = conn.execute("SELECT status, attempts, lease_owner FROM jobs WHERE id = ANY(%s)", (sent,)).fetchall()
+    assert rows == [("pending", 0, None)] * 3
+
+
+def test_heartbeat_renews_only_own_leases(conn, actors, broker, database_url):
+    other = PostgresBroker(database_url, lease_seconds=5, owner="other:1:cccccc", pool_size=1)
+    try:
+        other.declare_queue("tests")
+        actors.record.send(1)
+        actors.record.send(2)
+        [mine] = broker._claim("tests", 1)
+        [theirs] = other._claim("tests", 1)
+        conn.execute("UPDATE jobs SET lease_expires_at = now() WHERE status = 'running'")
+        assert broker.heartbeat() == 1
+        expiry = dict(conn.execute("SELECT id::text, lease_expires_at > now() + interval '20 s' FROM jobs"
+                                   " WHERE status = 'running'").fetchall())
+        assert expiry == {mine.message_id: True, theirs.message_id: False}
+        broker.requeue([mine])
+        other.requeue([theirs])
+    finally:
+        other.close()
+
+
+def test_concurrency_key_claims_never_overlap(conn, actors, broker, database_url):
+    """Many claimers racing over jobs that share a few keys: at most one running
+    per key at every moment, no errors, no deadlocks."""
+    broker.enqueue_many(
+        [actors.hold.message_with_options(args=(f"k{i % 3}", 0), concurrency_key=f"k{i % 3}") for i in range(60)]
+        + [actors.noop.message() for _ in range(20)]
+    )
+    claimers = [PostgresBroker(database_url, owner=f"c:{i}:000000", pool_size=1) for i in range(6)]
+    errors: list[BaseException] = []
+    violations: list[int] = []
+    done = threading.Event()
+
+    def claimer(b: PostgresBroker) -> None:
+        b.declare_queue("tests")
+        try:
+            while not done.is_set():
+                got = b._claim("tests", 4)
+                with b.pool.connection() as c:
+                    worst = c.execute(
+                        "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM jobs"
+                        " WHERE status = 'running' AND concurrency_key IS NOT NULL GROUP BY concurrency_key) s"
+                    ).fetchone()[0]
+                if worst > 1:
+                    violations.append(worst)
+                for m in got:
+                    b.ack(m)
+                b.flush_acks(5)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(b,)) for b in claimers]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 80, 60)
+    finally:
+        done.set()
+        for t in threads:
+            t.join(10)
+        for b in claimers:
+            b.close()
+    assert errors == [] and violations == []
+    assert scalar(conn, "SELECT count(*) FROM job_concurrency") == 0
+
+
+def test_concurrency_key_serialises_real_runs(conn, actors, worker, broker):
+    broker.enqueue_many(
+        [actors.hold.message_with_options(args=("store-1", 0.05), concurrency_key="store-1") for _ in range(8)]
+    )
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 8, 30)
+    spans = conn.execute("SELECT started, finished FROM test_results ORDER BY started").fetchall()
+    assert len(spans) == 8
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        assert start >= end - timedelta(milliseconds=5)
