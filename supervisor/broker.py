@@ -171,6 +171,10 @@ class PostgresBroker(Broker):
         self._listener: Listener | None = None
         self._acks: AckBatcher | None = None
         self._start_lock = threading.Lock()
+        # Rows this process has claimed and not yet finished: the heartbeat renews
+        # exactly these (see queries.jobs.HEARTBEAT).
+        self._held: set[str] = set()
+        self._held_lock = threading.Lock()
         self.jobs_done = 0
 
     # --- producer side ------------------------------------------------------
@@ -337,7 +341,13 @@ class PostgresBroker(Broker):
                 message_timestamp=int(created_ms),
             )
             out.append(PgMessageProxy(message, attempts=attempts, max_attempts=max_attempts, concurrency_key=ckey))
+        with self._held_lock:
+            self._held.update(m.message_id for m in out)
         return out
+
+    def _let_go(self, *job_ids: str) -> None:
+        with self._held_lock:
+            self._held.difference_update(job_ids)
 
     def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
         with self.pool.connection(timeout=10) as c:
@@ -346,6 +356,7 @@ class PostgresBroker(Broker):
     def ack(self, message: PgMessageProxy) -> None:
         self._start()
         self._acks.add(message.message_id, message.attempts)
+        self._let_go(message.message_id)
         self.jobs_done += 1
         self.capacity.release()
 
@@ -356,18 +367,27 @@ class PostgresBroker(Broker):
         params = {"id": message.message_id, "attempts": message.attempts, "owner": self.owner,
                   "error": error, "reason": reason}
         try:
-            for delay in db.retrying("nack"):
-                try:
-                    with self._conn() as c:
-                        c.execute(sql.NACK, params)
-                    break
-                except BrokerConnectionError as exc:
-                    log.warning("could not record failure of %s (%s); retrying in %.1fs",
-                                message.message_id, exc, delay)
-                    time.sleep(delay)
+            self._write_until_done("record failure", sql.NACK, params)
         finally:
+            self._let_go(message.message_id)
             self.jobs_done += 1
             self.capacity.release()
+
+    def _write_until_done(self, what: str, statement: str, params: dict[str, Any]) -> None:
+        """Write an outcome, retrying through a database outage.
+
+        Giving up would either lose the outcome (a retry acked as a success) or
+        the job; blocking this worker thread while nothing else can progress
+        either is the lesser evil. The lease fence makes a late write harmless.
+        """
+        for delay in db.retrying(what):
+            try:
+                with self._conn() as c:
+                    c.execute(statement, params)
+                return
+            except BrokerConnectionError as exc:
+                log.warning("could not %s of job %s (%s); retrying in %.1fs", what, params["id"], exc, delay)
+                time.sleep(delay)
 
     def _retry(self, message: PgMessageProxy, delay: int | None) -> PgMessageProxy:
         exc = getattr(message, "_exception", None)
@@ -382,8 +402,8 @@ class PostgresBroker(Broker):
             "reason": f"attempt {message.attempts} of {message.max_attempts} failed"
             f" ({type(exc).__name__ if exc else 'retry'}); retry in {int(delay or 0)} ms",
         }
-        with self._conn() as c:
-            c.execute(sql.RETRY, params)
+        self._write_until_done("schedule retry", sql.RETRY, params)
+        self._let_go(message.message_id)
         return message
 
     def requeue(self, messages: Iterable[PgMessageProxy]) -> int:
@@ -399,13 +419,19 @@ class PostgresBroker(Broker):
             with self._conn() as c:
                 count = c.execute(sql.REQUEUE, params).fetchone()[0]
         finally:
+            self._let_go(*(m.message_id for m in messages))
             self.capacity.release(len(messages))
         return int(count)
 
     def heartbeat(self) -> int:
         """Renew the lease of every job this process runs: one UPDATE."""
+        with self._held_lock:
+            ids = list(self._held)
+        if not ids:
+            return 0
         with self._conn() as c:
-            return c.execute(sql.HEARTBEAT, {"owner": self.owner, "lease_s": self.lease_seconds}).rowcount
+            params = {"ids": ids, "owner": self.owner, "lease_s": self.lease_seconds}
+            return c.execute(sql.HEARTBEAT, params).rowcount
 
     def reap_expired(self, limit: int = 1000) -> list[tuple[str, str, str]]:
         """Return expired leases to pending (or failed when out of attempts)."""

@@ -172,7 +172,6 @@ class WorkerProcess:
         if self.upkeep is not None:
             self.upkeep.stop()
             self.upkeep.mark_stopped()
-        broker.emit_before("process_stop")
         broker.close()
         self.state = "stopped"
         log.info("worker %s stopped in %.2fs", broker.owner, time.monotonic() - started)
@@ -186,14 +185,18 @@ def install_stop_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def run(settings: WorkerSettings, url: str, *, on_ready: Callable[[WorkerProcess], None] | None = None,
-        watch: Callable[[WorkerProcess], None] | None = None) -> int:
+def run(settings: WorkerSettings, url: str, *, owner: str | None = None,
+        on_ready: Callable[[WorkerProcess], None] | None = None,
+        watch: Callable[[WorkerProcess], None] | None = None, watch_interval: float = 1.0,
+        on_stop: Callable[[WorkerProcess], None] | None = None) -> int:
     """Run a worker until SIGTERM/SIGINT, then drain. Returns the exit code.
 
-    ``watch`` is called about every second from the main thread (the supervisor
-    uses it for master beats, orphan checks and the resource guard).
+    ``watch`` is called every ``watch_interval`` seconds from the main thread (the
+    supervisor uses it for master beats, orphan checks and the resource guard);
+    ``on_stop`` just before the drain. ``owner`` is the lease owner id, chosen by
+    the supervisor so it can release this process's leases if it dies.
     """
-    proc = WorkerProcess(settings, url)
+    proc = WorkerProcess(settings, url, owner=owner)
     install_stop_signals(proc.stopping)
     try:
         proc.start()
@@ -202,9 +205,11 @@ def run(settings: WorkerSettings, url: str, *, on_ready: Callable[[WorkerProcess
         return EXIT_BAD_ACTORS
     if on_ready:
         on_ready(proc)
-    while not proc.stopping.wait(1.0):
+    while not proc.stopping.wait(watch_interval):
         if watch:
             watch(proc)
+    if on_stop:
+        on_stop(proc)
     proc.drain()
     return EXIT_OK
 

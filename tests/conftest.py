@@ -136,8 +136,8 @@ class WorkerProc:
 def workers(database_url) -> Iterator[Callable[..., WorkerProc]]:
     started: list[WorkerProc] = []
 
-    def start(**kwargs) -> WorkerProc:
-        w = WorkerProc(database_url, **kwargs)
+    def start(url: str | None = None, **kwargs) -> WorkerProc:
+        w = WorkerProc(url or database_url, **kwargs)
         started.append(w)
         return w
 

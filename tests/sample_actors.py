@@ -21,7 +21,7 @@ def noop() -> None:
     pass
 
 
-@dramatiq.actor(queue_name="tests", max_retries=3)
+@dramatiq.actor(queue_name="tests", max_retries=3, min_backoff=200)
 def record(n: int = 0, sleep_s: float = 0.0) -> None:
     """Insert one row per run into test_results: how many times each job ran."""
     started = time.time()

@@ -135,10 +135,13 @@ SELECT count(*)
   FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', done.queue)) AS wake
 """
 
+# Renews only the rows the process knows it holds: a row whose claim committed
+# but never reached the process (connection lost mid-claim) is left to expire
+# and be reaped, instead of being kept alive for ever by a healthy heartbeat.
 HEARTBEAT = """
 UPDATE jobs
    SET heartbeat_at = now(), lease_expires_at = now() + %(lease_s)s * interval '1 second'
- WHERE lease_owner = %(owner)s AND status = 'running'
+ WHERE id = ANY(%(ids)s::uuid[]) AND lease_owner = %(owner)s AND status = 'running'
 """
 
 # Lease lost (process or host died, or stopped beating): the row goes back to

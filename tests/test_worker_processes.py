@@ -1,0 +1,108 @@
+"""Real `supervisor worker` processes against the real database: exactly-once
+under concurrency, crash recovery, drain, and a database outage."""
+
+from __future__ import annotations
+
+from tests.conftest import scalar, wait_for
+from tests.tcp_proxy import TcpProxy
+
+ENQUEUE_RECORDS = """
+INSERT INTO jobs (queue, actor, args, max_attempts)
+SELECT 'tests', 'record', jsonb_build_array(g, %s::float), 4 FROM generate_series(1, %s) AS g
+"""
+
+
+def succeeded(conn) -> int:
+    return scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'")
+
+
+def test_four_processes_run_5000_jobs_exactly_once(conn, workers):
+    procs = [workers(threads=8) for _ in range(4)]
+    for p in procs:
+        p.wait_ready(conn)
+    conn.execute(ENQUEUE_RECORDS, (0.0, 5000))
+    wait_for(lambda: succeeded(conn) == 5000, 180, interval=0.2, message="5000 jobs to succeed")
+    runs, distinct, pids = conn.execute(
+        "SELECT count(*), count(DISTINCT job_id), count(DISTINCT pid) FROM test_results"
+    ).fetchone()
+    assert (runs, distinct) == (5000, 5000)
+    assert pids >= 2  # the work was shared
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE status <> 'succeeded' OR attempts <> 1") == 0
+
+
+def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers):
+    procs = [workers(threads=8, lease=2, heartbeat=0.5) for _ in range(4)]
+    for p in procs:
+        p.wait_ready(conn)
+    conn.execute(ENQUEUE_RECORDS, (0.002, 5000))
+    victim = procs[0]
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results WHERE pid = %s", (victim.pid,)) >= 100,
+             120, message="the victim to be busy")
+    victim.kill()
+    wait_for(lambda: succeeded(conn) == 5000, 180, interval=0.2, message="every job to succeed after the kill")
+
+    assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == 5000  # none lost
+    twice = conn.execute(
+        "SELECT job_id, array_agg(pid ORDER BY id) FROM test_results GROUP BY job_id HAVING count(*) > 1"
+    ).fetchall()
+    # jobs that ran twice are exactly the ones the killed process had started
+    assert all(victim.pid in pids for _, pids in twice)
+    assert all(pids.count(victim.pid) == 1 for _, pids in twice)
+    reclaimed = scalar(conn, "SELECT count(*) FROM job_events WHERE reason LIKE 'lease expired%%'")
+    assert reclaimed >= len(twice)
+
+
+def test_sigterm_drains_and_exits_zero(conn, workers):
+    w = workers(threads=2, shutdown_timeout=30)
+    w.wait_ready(conn)
+    conn.execute(ENQUEUE_RECORDS, (0.5, 10))
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'running'") == 2)
+    running_before = {r[0] for r in conn.execute("SELECT id FROM jobs WHERE status = 'running'")}
+    assert w.terminate() == 0
+    statuses = dict(conn.execute("SELECT id, status FROM jobs").fetchall())
+    assert all(statuses[j] == "succeeded" for j in running_before)  # finished, not abandoned
+    assert "running" not in statuses.values()  # nothing left leased
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'pending' AND attempts <> 0") == 0
+    assert scalar(conn, "SELECT count(*) FROM test_results") == succeeded(conn)
+    assert scalar(conn, "SELECT state FROM workers WHERE pid = %s", (w.pid,)) == "stopped"
+
+
+def test_drain_timeout_releases_unfinished_jobs(conn, workers):
+    w = workers(threads=1, shutdown_timeout=0.5)
+    w.wait_ready(conn)
+    job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', '[1, 30]') RETURNING id")
+    wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "running")
+    assert w.terminate(timeout=20) == 0
+    status, owner = conn.execute("SELECT status, lease_owner FROM jobs WHERE id = %s", (job,)).fetchone()
+    assert (status, owner) == ("pending", None)
+    assert "worker stopped before the job finished" in scalar(
+        conn, "SELECT reason FROM job_events WHERE job_id = %s", (job,)
+    )
+
+
+def test_unknown_actor_does_not_stop_the_worker(conn, workers):
+    w = workers(threads=2)
+    w.wait_ready(conn)
+    bad = scalar(conn, "INSERT INTO jobs (queue, actor) VALUES ('tests', 'typo_actor') RETURNING id")
+    wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (bad,)) == "failed")
+    assert "typo_actor" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (bad,))
+    conn.execute(ENQUEUE_RECORDS, (0.0, 5))
+    wait_for(lambda: succeeded(conn) == 5)
+    assert w.proc.poll() is None
+
+
+def test_database_outage_worker_retries_and_loses_nothing(conn, workers, database_url):
+    with TcpProxy(database_url) as proxy:
+        w = workers(threads=4, lease=3, heartbeat=1, url=proxy.url)
+        w.wait_ready(conn)
+        conn.execute(ENQUEUE_RECORDS, (0.01, 300))
+        wait_for(lambda: succeeded(conn) >= 30, 60)
+        proxy.go_down()
+        # the worker keeps trying to reach the database while it is down
+        wait_for(lambda: proxy.refused >= 3, 60, message="the worker to retry its connection")
+        assert w.proc.poll() is None
+        proxy.come_back()
+        wait_for(lambda: succeeded(conn) == 300, 120, interval=0.2, message="all jobs after the outage")
+        assert w.proc.poll() is None  # never crashed
+        assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == 300
+        assert w.terminate() == 0
