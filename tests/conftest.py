@@ -144,3 +144,24 @@ def workers(database_url) -> Iterator[Callable[..., WorkerProc]]:
     yield start
     for w in started:
         w.kill()
+
+
+@pytest.fixture
+def fresh_database() -> Iterator[str]:
+    """An empty, unmigrated database, dropped afterwards."""
+    server = _server_url()
+    name = f"as_fresh_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield _with_dbname(server, name)
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def run_cli(*args: str, url: str | None = None, env: dict | None = None, timeout: float = 60):
+    """Run `supervisor ARGS...` as a user would; returns the CompletedProcess."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    if url:
+        full_env["DATABASE_URL"] = url
+    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -345,3 +345,17 @@ def test_concurrency_key_serialises_real_runs(conn, actors, worker, broker):
     assert len(spans) == 8
     for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
         assert start >= end - timedelta(milliseconds=5)
+
+
+def test_retention_prunes_old_finished_rows_only(conn, broker):
+    from supervisor.upkeep import Upkeep, UpkeepSettings
+
+    conn.execute(
+        "INSERT INTO jobs (actor, status, finished_at) SELECT 'x', s, now() - interval '8 days'"
+        " FROM unnest(ARRAY['succeeded', 'failed', 'cancelled']) AS s"
+    )
+    conn.execute("INSERT INTO jobs (actor, status, finished_at) VALUES ('x', 'succeeded', now())")
+    conn.execute("INSERT INTO jobs (actor, status, created_at) VALUES ('x', 'pending', now() - interval '30 days')")
+    upkeep = Upkeep(broker, role="t", queues=["tests"], settings=UpkeepSettings(retention_seconds=7 * 86400))
+    assert upkeep.prune() == 3
+    assert sorted(r[0] for r in conn.execute("SELECT status FROM jobs")) == ["pending", "succeeded"]
