@@ -354,7 +354,8 @@ class PostgresBroker(Broker):
             c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
 
     def ack(self, message: PgMessageProxy) -> None:
-        self._start()
+        if self._acks is None:
+            self._start()
         self._acks.add(message.message_id, message.attempts)
         self._let_go(message.message_id)
         self.jobs_done += 1
