@@ -1,0 +1,97 @@
+"""Token buckets and daily quotas held in PostgreSQL.
+
+Every process on every host takes from the same row, so the limit holds for the
+fleet, and a restarted worker finds the bucket as it was left (no fresh burst,
+no fresh daily quota). A caller that is refused learns how long to wait; a 429
+from upstream blocks the key for its Retry-After.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+
+from .queries import ratelimit as sql
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A bucket refilled at ``per_minute`` up to ``burst`` tokens, plus an
+    optional cap on tokens per UTC day."""
+
+    per_minute: float
+    burst: int = 1
+    daily_quota: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.per_minute <= 0:
+            raise ValueError(f"rate must be positive, got {self.per_minute}/min")
+        if self.burst < 1:
+            raise ValueError(f"burst must be at least 1, got {self.burst}")
+        if self.daily_quota is not None and self.daily_quota < 0:
+            raise ValueError(f"daily quota must not be negative, got {self.daily_quota}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    granted: bool
+    wait_seconds: float  # 0 when granted; else how long until a take can succeed
+    reason: str  # ok | rate | quota | blocked
+    tokens_left: float
+    used_today: int
+
+
+def take(conn: psycopg.Connection, key: str, limit: Limit, cost: int = 1) -> Decision:
+    """Take ``cost`` tokens if the bucket, the quota and any block allow it."""
+    if cost < 1 or cost > limit.burst:
+        raise ValueError(f"cost {cost} must be between 1 and the burst ({limit.burst})")
+    row = conn.execute(
+        sql.TAKE,
+        {"key": key, "cost": cost, "burst": float(limit.burst), "rate": limit.per_minute / 60.0,
+         "quota": limit.daily_quota},
+    ).fetchone()
+    return Decision(bool(row[0]), float(row[1]), row[2], float(row[3]), int(row[4]))
+
+
+def acquire(
+    connect: Callable[[], psycopg.Connection],
+    key: str,
+    limit: Limit,
+    *,
+    max_wait: float,
+    cost: int = 1,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Decision:
+    """Take, sleeping through refusals that end within ``max_wait`` seconds.
+
+    Returns the granted decision, or the refusal whose wait is too long (the
+    caller should defer its work by ``wait_seconds``). ``connect`` is a context
+    manager factory (e.g. ``pool.connection``) so no connection is held while
+    sleeping.
+    """
+    deadline = time.monotonic() + max_wait
+    while True:
+        with connect() as conn:
+            decision = take(conn, key, limit, cost)
+        if decision.granted:
+            return decision
+        remaining = deadline - time.monotonic()
+        if decision.wait_seconds > remaining:
+            return decision
+        sleep(decision.wait_seconds)
+
+
+def block(conn: psycopg.Connection, key: str, seconds: float) -> None:
+    """Refuse every take for ``key`` for ``seconds`` (upstream said 429 Retry-After)."""
+    conn.execute(sql.BLOCK, {"key": key, "seconds": max(0.0, float(seconds))})
+
+
+def state(conn: psycopg.Connection, key: str) -> dict | None:
+    cur = conn.execute(sql.STATE, {"key": key})
+    row = cur.fetchone()
+    if row is None:
+        return None
+    return dict(zip([c.name for c in cur.description], row, strict=True))
