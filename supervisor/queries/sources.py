@@ -1,0 +1,38 @@
+"""Every SQL statement on ``sources`` (including its circuit-breaker columns)."""
+
+INSERT = """
+INSERT INTO sources (name, search_url, format, rate_limit_per_minute, burst, daily_quota)
+VALUES (%(name)s, %(search_url)s, %(format)s, %(rate_limit_per_minute)s, %(burst)s, %(daily_quota)s)
+RETURNING id
+"""
+
+BREAKER_STATE = """
+SELECT failure_streak, paused_until, now() FROM sources WHERE id = %(id)s
+"""
+
+# Half-open: the first caller after the pause moves paused_until on by the probe
+# window; it alone tries the source, the others wait for its verdict.
+TAKE_PROBE = """
+UPDATE sources SET paused_until = now() + %(probe_s)s * interval '1 second'
+ WHERE id = %(id)s AND paused_until IS NOT DISTINCT FROM %(seen)s
+RETURNING paused_until
+"""
+
+RECORD_SUCCESS = """
+UPDATE sources SET failure_streak = 0, paused_until = NULL, last_success_at = now()
+ WHERE id = %(id)s
+"""
+
+# The streak counts consecutive failures; reaching the threshold (or failing a
+# probe, since the streak is still over it) pauses the source for the cooldown.
+RECORD_FAILURE = """
+UPDATE sources
+   SET failure_streak = failure_streak + 1,
+       last_failure_at = now(),
+       last_error = %(error)s,
+       paused_until = CASE WHEN failure_streak + 1 >= %(threshold)s
+                           THEN now() + %(cooldown_s)s * interval '1 second'
+                           ELSE paused_until END
+ WHERE id = %(id)s
+RETURNING failure_streak, paused_until
+"""
