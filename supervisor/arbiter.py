@@ -1,0 +1,622 @@
+"""The master process: fork, reap, reconcile, reload, signals, sd_notify.
+
+One thread runs everything here around a selector: the self-pipe (signals and
+wake-ups from other threads), the control socket and one beat pipe per child.
+It never blocks on the database: what must be written (releasing a dead
+child's leases, the registry rows) goes to the janitor thread.
+
+Forks happen only from this (main) thread, which lives as long as the master:
+PR_SET_PDEATHSIG in the children fires when the forking thread exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import secrets
+import selectors
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from . import config as config_mod
+from . import db
+from .child import ChildSpec
+from .children import HOSTNAME, Child, RoleState, describe_exit, plan, spawn
+from .config import Config, ConfigError
+from .control import AlreadyRunning, Connection, ControlServer
+from .janitor import Janitor
+from .process import configure_logging
+from .proctitle import MASTER_TITLE, set_title
+from .reload import diff
+from .systemd import Notifier
+
+log = logging.getLogger(__name__)
+
+WAKE = 0
+CONFIG_CHANGED = 255
+MASTER_BEAT_SECONDS = 10.0
+RECYCLE_JITTER = 2.0  # seconds; spreads recycles of processes that hit a limit together
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_CONFIG = 2
+EXIT_DB = 4
+
+
+@dataclass
+class Waiter:
+    """A control client waiting for the new state (after reload or scale)."""
+
+    conn: Connection | None
+    kind: str
+    changes: list[str]
+    started: float
+    warnings: list[str] = field(default_factory=list)
+
+
+class ConfigWatcher(threading.Thread):
+    """Pokes the master's self-pipe when the config file changes; nothing more."""
+
+    def __init__(self, path: Path, wake_fd: int) -> None:
+        super().__init__(name="config-watch", daemon=True)
+        self.path = path.resolve()
+        self.wake_fd = wake_fd
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        import watchfiles
+
+        def ours(change, changed: str) -> bool:
+            return Path(changed).name == self.path.name
+
+        try:
+            for _ in watchfiles.watch(self.path.parent, watch_filter=ours, stop_event=self.stop_event,
+                                      debounce=300, step=50, raise_interrupt=False):
+                _poke(self.wake_fd, CONFIG_CHANGED)
+        except Exception as exc:
+            log.error("config watcher stopped: %s", exc)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+
+def _poke(fd: int, code: int) -> None:
+    with contextlib.suppress(BlockingIOError, OSError):
+        os.write(fd, bytes([code]))
+
+
+class Arbiter:
+    def __init__(self, cfg: Config, url: str) -> None:
+        self.config = cfg
+        self.url = url
+        self.pid = os.getpid()
+        self.owner = f"{HOSTNAME}:{self.pid}:{secrets.token_hex(3)}"
+        self.roles: dict[str, RoleState] = {}
+        self.selector = selectors.DefaultSelector()
+        self.notifier = Notifier()
+        self.control = ControlServer(cfg.supervisor.control_socket)
+        self.janitor: Janitor | None = None
+        self.watcher: ConfigWatcher | None = None
+        self.waiters: list[Waiter] = []
+        self.stopping = False
+        self.stop_deadline: float | None = None
+        self.ready_sent = False
+        self.started = time.monotonic()
+        self.reloads = 0
+        self.last_reload: dict[str, Any] | None = None
+        self.config_text = self._read_text()
+        self._wake_r = self._wake_w = -1
+        self._next_master_beat = 0.0
+        self._proc = psutil.Process()
+
+    # --- setup and teardown --------------------------------------------------------
+
+    def _read_text(self) -> str | None:
+        try:
+            return self.config.path.read_text()
+        except OSError:
+            return None
+
+    def _setup(self) -> None:
+        set_title(MASTER_TITLE)
+        self.control.open()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
+        self.selector.register(self.control.fileno(), selectors.EVENT_READ, self._on_accept)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda signum, frame: None)  # the wakeup fd carries the number
+        self.janitor = Janitor(self.url, self.owner, on_done=lambda: _poke(self._wake_w, WAKE))
+        self.janitor.start()
+        self.janitor.register_master(sorted({q for r in self.config.roles for q in r.queues}))
+        # Before the first fork, so no child of ours can be mistaken for an orphan. Bounded:
+        # if the database is slow, the children's reapers recover by lease expiry instead.
+        self.janitor.submit("recover orphans", self._recover_orphans, retry_for=5.0)
+        if not self.janitor.idle.wait(10.0):
+            log.warning("orphan recovery is still waiting for the database; starting the roles anyway")
+        for role_cfg in self.config.roles:
+            self.roles[role_cfg.name] = RoleState(role_cfg, self.config.worker_settings(role_cfg.name))
+        self._set_watch(self.config.supervisor.watch_config)
+        self.notifier.status("starting")
+        log.info("master %d up: %d role(s), control socket %s, database %s", self.pid, len(self.roles),
+                 self.config.supervisor.control_socket, db.redact(self.url))
+
+    def _teardown(self) -> None:
+        self._set_watch(False)
+        for w in self.waiters:
+            if w.conn:
+                w.conn.reply({"ok": False, "error": "the supervisor stopped before the new state was reached"})
+        self.waiters.clear()
+        if self.janitor is not None:
+            self.janitor.mark_stopped(self.owner, "stopped")
+            if not self.janitor.stop(timeout=5.0):
+                log.warning("janitor did not finish in 5s; any lease it could not release expires on its own")
+        self.control.close()
+        signal.set_wakeup_fd(-1)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.notifier.close()
+
+    def _set_watch(self, on: bool) -> None:
+        if on and self.watcher is None:
+            self.watcher = ConfigWatcher(self.config.path, self._wake_w)
+            self.watcher.start()
+        elif not on and self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+
+    def _recover_orphans(self, broker) -> None:
+        """Release the leases of processes of this host that died with a previous master."""
+        from .queries import workers as workers_sql
+
+        with broker.pool.connection(timeout=10) as c:
+            rows = c.execute(workers_sql.LIST).fetchall()
+        for wid, host, pid, role, _q, _state, started_at, _hb, stopped_at, *_ in rows:
+            if host != HOSTNAME or stopped_at is not None or wid == self.owner or _alive_since(pid, started_at):
+                continue
+            released = broker.release_owner(wid, why=f"{role} process {pid} died with its master")
+            with broker.pool.connection(timeout=10) as c:
+                c.execute(workers_sql.STOPPED, {"id": wid, "state": "lost"})
+            log.warning("recovered %d job(s) of %s (pid %d gone)", len(released), wid, pid)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            self._setup()
+        except AlreadyRunning as exc:
+            log.error("%s", exc)
+            return EXIT_PROBLEM
+        try:
+            while True:
+                now = time.monotonic()
+                for key, _ in self.selector.select(self._timeout(now)):
+                    key.data(key)
+                now = time.monotonic()
+                self._reap(now)
+                self._watch_children(now)
+                if not self.stopping:
+                    self._reconcile(now)
+                self._settle(now)
+                self._housekeeping(now)
+                if self.stopping and not any(r.children for r in self.roles.values()):
+                    break
+        finally:
+            self._teardown()
+        log.info("master %d stopped", self.pid)
+        return EXIT_OK
+
+    def _timeout(self, now: float) -> float:
+        timeout = self.config.supervisor.tick
+        for role in self.roles.values():
+            if role.next_start > now and len(role.live()) < role.wanted:
+                timeout = min(timeout, role.next_start - now)
+            for c in role.children.values():
+                if c.kill_at is not None and not c.killed:
+                    timeout = min(timeout, c.kill_at - now)
+        return max(timeout, 0.005)
+
+    def _on_wake(self, key) -> None:
+        try:
+            data = os.read(self._wake_r, 4096)
+        except BlockingIOError:
+            return
+        for code in data:
+            if code in (signal.SIGTERM, signal.SIGINT):
+                self.begin_stop(signal.Signals(code).name, hard=self.stopping and code == signal.SIGINT)
+            elif code == signal.SIGHUP:
+                self.reload(None, source="SIGHUP")
+            elif code == CONFIG_CHANGED and self._read_text() != self.config_text:
+                self.reload(None, source="config file change")
+
+    # --- children -------------------------------------------------------------------------
+
+    def _fds_to_close(self) -> list[int]:
+        fds = [self._wake_r, self._wake_w, self.control.fileno()]
+        with contextlib.suppress(Exception):
+            fds.append(self.selector.fileno())
+        for key in list(self.selector.get_map().values()):
+            fds.append(key.fd)
+        return sorted(set(fds))
+
+    def _spawn(self, role: RoleState, now: float) -> Child:
+        sup = self.config.supervisor
+        master_pid = self.pid
+
+        def build(owner: str, slot: int) -> ChildSpec:  # runs in the child, right after fork
+            return ChildSpec(role=role.name, slot=slot, settings=role.settings, limits=role.config.limits,
+                             url=self.url, owner=owner, master_pid=master_pid,
+                             beat_interval=min(1.0, sup.tick, role.config.heartbeat),
+                             log_level=sup.log_level, log_json=sup.log_json)
+
+        child = spawn(role, role.free_slot(), build, self._fds_to_close(), now)
+        role.children[child.pid] = child
+        self.selector.register(child.fd, selectors.EVENT_READ, lambda key, c=child: self._on_beat(c))
+        log.info("started %s[%d] pid %d (generation %d)", role.name, child.slot, child.pid, child.generation)
+        return child
+
+    def _on_beat(self, child: Child) -> None:
+        try:
+            data = os.read(child.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        now = time.monotonic()
+        if not data:
+            self._forget_fd(child)
+            return
+        for event in child.feed(data, now):
+            kind = event.get("e")
+            if kind == "ready":
+                log.info("%s[%d] pid %d ready in %.2fs", child.role, child.slot, child.pid, now - child.forked_at)
+            elif kind == "recycle" and child.recycle_why is None:
+                child.recycle_why = str(event.get("why"))
+                child.recycle_at = now + random.uniform(0, RECYCLE_JITTER)
+                log.info("%s[%d] pid %d asks to be recycled (%s)", child.role, child.slot, child.pid,
+                         child.recycle_why)
+
+    def _forget_fd(self, child: Child) -> None:
+        if child.fd >= 0:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(child.fd)
+            with contextlib.suppress(OSError):
+                os.close(child.fd)
+            child.fd = -1
+
+    def _find(self, pid: int) -> tuple[RoleState, Child] | None:
+        for role in self.roles.values():
+            if pid in role.children:
+                return role, role.children[pid]
+        return None
+
+    def _reap(self, now: float) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            found = self._find(pid)
+            if found is None:
+                continue
+            role, child = found
+            if child.fd >= 0:  # read what it said last (a final beat or a recycle request)
+                self._on_beat(child)
+                self._forget_fd(child)
+            del role.children[pid]
+            how = describe_exit(status)
+            expected = child.stop_reason is not None and not child.stop_reason.startswith("hung")
+            reason = f"{child.stop_reason}; {how}" if child.stop_reason else how
+            clean = expected and how == "exited 0"
+            assert self.janitor is not None
+            self.janitor.release(child.owner, f"{role.name} process {pid} {how}", lease_seconds=role.config.lease)
+            if not clean:
+                self.janitor.mark_stopped(child.owner, "killed" if child.killed else "crashed")
+            role.record_exit(child, reason, expected, now, self.config.supervisor.restart_backoff,
+                             self.config.supervisor.restart_backoff_max)
+            (log.info if expected else log.warning)(
+                "%s[%d] pid %d ended after %.1fs: %s", role.name, child.slot, pid, now - child.forked_at, reason)
+            if role.removed and not role.children:
+                del self.roles[role.name]
+
+    def _terminate(self, child: Child, reason: str, grace: float, now: float) -> None:
+        child.stop_reason = reason
+        child.term_at = now
+        child.kill_at = now + grace
+        child.state = "draining"
+        log.info("stopping %s[%d] pid %d: %s", child.role, child.slot, child.pid, reason)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGTERM)
+
+    def _kill(self, child: Child, why: str) -> None:
+        if child.killed:
+            return
+        child.killed = True
+        log.warning("killing %s[%d] pid %d: %s", child.role, child.slot, child.pid, why)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
+
+    def _watch_children(self, now: float) -> None:
+        sup = self.config.supervisor
+        for role in self.roles.values():
+            hang_after = max(role.config.lease, 3 * min(1.0, sup.tick, role.config.heartbeat), 2.0)
+            recycling = any(c.recycling for c in role.live())
+            for c in list(role.children.values()):
+                if c.stopping:
+                    if c.kill_at is not None and now >= c.kill_at:
+                        self._kill(c, f"still running {now - c.term_at:.1f}s after SIGTERM ({c.stop_reason})")
+                    continue
+                if not c.ready and now - c.forked_at > sup.start_timeout:
+                    self._terminate(c, f"hung: not ready {sup.start_timeout:g}s after start", sup.kill_grace, now)
+                elif c.ready and now - c.last_beat > hang_after:
+                    self._terminate(c, f"hung: no beat for {now - c.last_beat:.1f}s", sup.kill_grace, now)
+                elif (c.recycle_at is not None and not c.recycling and not recycling and now >= c.recycle_at
+                      and not self.stopping and all(role.is_current(o) for o in role.live())):
+                    # One recycle per role at a time, and not during a roll.
+                    c.recycling = True
+                    recycling = True
+
+    def _reconcile(self, now: float) -> None:
+        sup = self.config.supervisor
+        for role in list(self.roles.values()):
+            role.settle_streak(now)
+            start, drains = plan(role, now)
+            for child, why in drains:
+                self._terminate(child, why, role.config.shutdown_timeout + sup.kill_grace, now)
+            for _ in range(start):
+                self._spawn(role, now)
+
+    # --- stop -------------------------------------------------------------------------------
+
+    def begin_stop(self, why: str, *, hard: bool = False) -> None:
+        now = time.monotonic()
+        if self.stopping:
+            if hard:
+                for role in self.roles.values():
+                    for c in role.children.values():
+                        self._kill(c, "second interrupt")
+            return
+        sup = self.config.supervisor
+        self.stopping = True
+        self.stop_deadline = now + sup.shutdown_timeout
+        log.info("stopping (%s): draining every role, up to %gs", why, sup.shutdown_timeout)
+        self.notifier.stopping()
+        self.notifier.status(f"stopping ({why})")
+        self._set_watch(False)
+        for role in self.roles.values():
+            for c in role.children.values():
+                if not c.stopping:
+                    self._terminate(c, "shutdown", sup.shutdown_timeout, now)
+                elif c.kill_at is None or c.kill_at > self.stop_deadline:
+                    c.kill_at = self.stop_deadline
+        for w in self.waiters:
+            if w.conn:
+                w.conn.reply({"ok": False, "error": "the supervisor is stopping"})
+        self.waiters.clear()
+
+    # --- reload and scale ---------------------------------------------------------------------
+
+    def reload(self, conn: Connection | None, *, source: str) -> None:
+        now = time.monotonic()
+        if self.stopping:
+            if conn:
+                conn.reply({"ok": False, "error": "the supervisor is stopping"})
+            return
+        text = self._read_text()
+        try:
+            new = config_mod.load(self.config.path)
+        except ConfigError as exc:
+            log.error("reload (%s) rejected, still running the previous config: %s", source, exc)
+            if conn:
+                conn.reply({"ok": False, "error": str(exc), "detail": exc.as_dict()})
+            return
+        self.config_text = text
+        self.notifier.reloading()
+        d = diff(self.config, new)
+        changes = [] if d.empty else d.lines()
+        for name, role in self.roles.items():
+            target = new.roles_by_name.get(name)
+            if role.override is not None and target is not None and role.override != target.processes:
+                changes.append(f"{name}: scale {role.override} cleared, back to {target.processes} from the config")
+        changes = changes or ["no changes"]
+        log.info("reload (%s): %s", source, "; ".join(changes))
+        self._apply(new, d)
+        self.reloads += 1
+        self.waiters.append(Waiter(conn, "reload", changes, now))
+
+    def _apply(self, new: Config, d) -> None:
+        old_sup = self.config.supervisor
+        # What only a restart can change stays as it is (and was reported).
+        new = _replace_config(new, control_socket=old_sup.control_socket, state_dir=old_sup.state_dir,
+                              database=self.config.database)
+        if (new.supervisor.log_level, new.supervisor.log_json) != (old_sup.log_level, old_sup.log_json):
+            configure_logging(new.supervisor.log_level, new.supervisor.log_json)
+        self.config = new
+        self._set_watch(new.supervisor.watch_config)
+        for name in d.removed:
+            role = self.roles.get(name)
+            if role is not None:
+                role.removed = True
+                role.override = None
+        for role_cfg in new.roles:
+            role = self.roles.get(role_cfg.name)
+            settings = new.worker_settings(role_cfg.name)
+            if role is None:
+                self.roles[role_cfg.name] = RoleState(role_cfg, settings)
+                continue
+            if role.removed or role_cfg.name in d.rolled:
+                role.generation += 1  # every live child is now old: the role is rolled
+            role.removed = False
+            role.override = None  # `scale` lasts until the next reload
+            role.config = role_cfg
+            role.settings = settings
+
+    def scale(self, conn: Connection | None, name: str, processes: Any) -> None:
+        role = self.roles.get(name)
+        if self.stopping:
+            err = "the supervisor is stopping"
+        elif role is None or role.removed:
+            err = f"no role {name!r} (roles: {', '.join(sorted(n for n, r in self.roles.items() if not r.removed))})"
+        elif isinstance(processes, bool) or not isinstance(processes, int) or not 0 <= processes <= 1000:
+            err = f"processes must be a whole number from 0 to 1000, got {processes!r}"
+        else:
+            err = None
+        if err:
+            if conn:
+                conn.reply({"ok": False, "error": err})
+            return
+        before = role.wanted
+        role.override = processes
+        change = f"{name}: scaled {before} -> {processes} (until the next reload)"
+        log.info("%s", change)
+        self.waiters.append(Waiter(conn, "scale", [change], time.monotonic()))
+
+    def _settle(self, now: float) -> None:
+        settled = all(r.converged() or r.crash_looping for r in self.roles.values())
+        if not self.ready_sent and settled and not self.stopping:
+            self.ready_sent = True
+            self.notifier.ready(self.status_line())
+            log.info("ready: %s", self.status_line())
+        if not self.waiters or not settled:
+            return
+        warnings = [f"{r.name} is crash-looping: {r.last_exit}" for r in self.roles.values() if r.crash_looping]
+        reloaded = any(w.kind == "reload" for w in self.waiters)
+        for w in self.waiters:
+            result = {"ok": True, "kind": w.kind, "changes": w.changes, "warnings": warnings,
+                      "seconds": round(now - w.started, 3)}
+            if w.kind == "reload":
+                self.last_reload = {**result, "at": time.time()}
+            if w.conn:
+                w.conn.reply(result)
+        self.waiters.clear()
+        if reloaded and self.ready_sent:
+            self.notifier.ready(self.status_line())
+
+    # --- control --------------------------------------------------------------------------------
+
+    def _on_accept(self, key) -> None:
+        conn = self.control.accept()
+        if conn is not None:
+            fd = conn.fileno()
+            self.selector.register(fd, selectors.EVENT_READ, lambda k, c=conn, fd=fd: self._on_request(c, fd))
+
+    def _on_request(self, conn: Connection, fd: int) -> None:
+        req = conn.read()
+        if req is None and not conn.closed:
+            return  # not a full line yet
+        # Unregistered by number: the socket may already be closed (and the fd is not reused
+        # before this line: nothing is accepted in between).
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(fd)
+        if req is None:
+            return
+        cmd = req["cmd"]
+        if cmd == "ping":
+            conn.reply({"ok": True, "pid": self.pid})
+        elif cmd == "status":
+            conn.reply({"ok": True, **self.status()})
+        elif cmd == "reload":
+            self.reload(conn, source="control socket")
+        elif cmd == "scale":
+            self.scale(conn, str(req.get("role")), req.get("processes"))
+        elif cmd == "stop":
+            conn.reply({"ok": True, "pid": self.pid, "stopping": True})
+            self.begin_stop("stop command")
+        else:
+            conn.reply({"ok": False, "error": f"unknown command {cmd!r} (ping, status, reload, scale, stop)"})
+
+    # --- status and systemd ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        roles = []
+        for role in self.roles.values():
+            roles.append({
+                "name": role.name,
+                "wanted": role.wanted,
+                "running": len(role.ready_current()),
+                "state": role.state(now),
+                "scaled": role.override is not None,
+                "queues": list(role.config.queues),
+                "threads": role.config.threads,
+                "restarts": role.restarts,
+                "last_exit": role.last_exit,
+                "last_exit_ago": round(now - role.last_exit_at, 1) if role.last_exit_at else None,
+                "next_restart_in": round(role.next_start - now, 1) if role.next_start > now else None,
+                "processes": [c.snapshot(now, role.generation)
+                              for c in sorted(role.children.values(), key=lambda c: (c.slot, c.forked_at))],
+            })
+        state = "stopping" if self.stopping else ("reloading" if self.waiters else
+                                                  ("running" if self.ready_sent else "starting"))
+        return {
+            "pid": self.pid,
+            "state": state,
+            "uptime": round(now - self.started, 1),
+            "rss": self._proc.memory_info().rss,
+            "config": str(self.config.path),
+            "control_socket": str(self.config.supervisor.control_socket),
+            "database": db.redact(self.url),
+            "reloads": self.reloads,
+            "last_reload": self.last_reload,
+            "roles": roles,
+        }
+
+    def status_line(self) -> str:
+        parts = []
+        for role in self.roles.values():
+            part = f"{role.name} {len(role.ready_current())}/{role.wanted}"
+            if role.crash_looping:
+                part += " crash-looping"
+            parts.append(part)
+        return ", ".join(parts) or "no roles"
+
+    def _housekeeping(self, now: float) -> None:
+        self.notifier.watchdog(now)
+        if self.ready_sent and not self.stopping:
+            self.notifier.status(self.status_line())
+        if now >= self._next_master_beat and self.janitor is not None and self.janitor.idle.is_set():
+            self._next_master_beat = now + MASTER_BEAT_SECONDS
+            self.janitor.beat_master("stopping" if self.stopping else "running")
+
+
+def _alive_since(pid: int, started_at) -> bool:
+    """Is ``pid`` the same process that registered at ``started_at``?"""
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.Error:
+        return False
+    return created <= started_at.timestamp() + 5.0  # a younger process reused the pid
+
+
+def _replace_config(cfg: Config, *, control_socket, state_dir, database) -> Config:
+    from dataclasses import replace
+
+    return replace(cfg, database=database,
+                   supervisor=replace(cfg.supervisor, control_socket=control_socket, state_dir=state_dir))
+
+
+def serve(cfg: Config) -> int:
+    """`supervisor run`: resolve the database once, migrate, then run the master."""
+    configure_logging(cfg.supervisor.log_level, cfg.supervisor.log_json)
+    if cfg.supervisor.state_dir is not None:
+        os.environ["SUPERVISOR_STATE_DIR"] = str(cfg.supervisor.state_dir)
+    try:
+        url = db.resolve_url(cfg.database.url)
+        db.migrate(url)
+    except Exception as exc:
+        log.error("cannot prepare the database: %s", exc)
+        return EXIT_DB
+    return Arbiter(cfg, url).run()

@@ -1,0 +1,64 @@
+"""`supervisor status` for humans: the master's status reply as a few tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def human_bytes(n: int | None) -> str:
+    if not n:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def human_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _table(rows: list[list[str]], indent: str = "") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def render(status: dict[str, Any]) -> str:
+    lines = [
+        f"master pid {status['pid']}  {status['state']}  up {human_duration(status['uptime'])}  "
+        f"rss {human_bytes(status['rss'])}  reloads {status['reloads']}",
+        f"config {status['config']}  database {status['database']}",
+        "",
+    ]
+    for role in status["roles"]:
+        scaled = " (scaled)" if role["scaled"] else ""
+        head = (f"{role['name']}: {role['running']}/{role['wanted']} running{scaled}  {role['state']}  "
+                f"queues {','.join(role['queues'])}  threads {role['threads']}  restarts {role['restarts']}")
+        lines.append(head)
+        if role["last_exit"]:
+            lines.append(f"  last exit {human_duration(role['last_exit_ago'])} ago: {role['last_exit']}")
+        if role["next_restart_in"] is not None:
+            lines.append(f"  next start in {human_duration(role['next_restart_in'])}")
+        procs = role["processes"]
+        if procs:
+            rows = [["PID", "SLOT", "STATE", "UPTIME", "RSS", "CPU%", "IN FLIGHT", "DONE", "NOTE"]]
+            for p in procs:
+                note = p["stop_reason"] or p["paused"] or (f"recycle: {p['recycle']}" if p["recycle"] else "")
+                if not p["current"] and not note:
+                    note = "old settings"
+                rows.append([str(p["pid"]), str(p["slot"]), p["state"], human_duration(p["uptime"]),
+                             human_bytes(p["rss"]), f"{p['cpu']:.0f}", str(p["in_flight"]), str(p["done"]),
+                             note or ""])
+            lines += _table(rows, "  ")
+        lines.append("")
+    return "\n".join(lines).rstrip()
