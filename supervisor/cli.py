@@ -7,6 +7,7 @@ or input, 3 actor modules cannot be imported, 4 database unreachable.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import datetime
 from typing import Any
@@ -25,10 +26,49 @@ def _die(message: str, code: int = EXIT_PROBLEM) -> None:
     sys.exit(code)
 
 
+def _store_config(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        ctx.ensure_object(dict)["config"] = value
+    return value
+
+
+def config_option(f):
+    """-c/--config on every command (and on the group), the last one given wins."""
+    return click.option(
+        "-c", "--config", "config_file", default=None, expose_value=False, callback=_store_config,
+        type=click.Path(dir_okay=False),
+        help="Config file (default: $SUPERVISOR_CONFIG, else config/supervisor.yaml).",
+    )(f)
+
+
+def _config_given(ctx: click.Context) -> bool:
+    return bool(ctx.obj.get("config") or os.environ.get("SUPERVISOR_CONFIG"))
+
+
+def _load_config(ctx: click.Context):
+    """The config file, validated; a bad one ends the command with exit code 2."""
+    from . import config
+
+    if "loaded_config" not in ctx.obj:
+        try:
+            cfg = config.load(config.find_path(ctx.obj.get("config")))
+        except config.ConfigError as exc:
+            hint = "" if exc.line else " (pass -c FILE or set SUPERVISOR_CONFIG)"
+            _die(f"{exc}{hint}", EXIT_USAGE)
+        if cfg.supervisor.state_dir is not None:
+            os.environ["SUPERVISOR_STATE_DIR"] = str(cfg.supervisor.state_dir)
+        ctx.obj["loaded_config"] = cfg
+    return ctx.obj["loaded_config"]
+
+
 def _url(ctx: click.Context) -> str:
-    """The database URL for this invocation (option/env, else embedded)."""
+    """The database URL for this invocation: --database-url, else the config's
+    database.url when a config is given, else DATABASE_URL, else embedded."""
+    url = ctx.obj.get("database_url")
+    if not ctx.obj.get("database_url_from_cmdline") and _config_given(ctx):
+        url = _load_config(ctx).database.url
     try:
-        return db.resolve_url(ctx.obj.get("database_url"))
+        return db.resolve_url(url)
     except Exception as exc:  # embedded server failed to start, for instance
         _die(f"cannot start or find the database: {exc}", EXIT_DB)
         raise
@@ -76,19 +116,25 @@ def _fmt(value: Any) -> str:
     "--database-url",
     envvar="DATABASE_URL",
     default=None,
-    help="PostgreSQL URL (default: $DATABASE_URL, else the embedded server in the state directory).",
+    help="PostgreSQL URL (default: the config's database.url when -c is given, else $DATABASE_URL, "
+    "else the embedded server in the state directory).",
 )
+@config_option
 @click.pass_context
 def main(ctx: click.Context, database_url: str | None) -> None:
     """Run Dramatiq actors on PostgreSQL under a forking supervisor."""
     ctx.ensure_object(dict)
     ctx.obj["database_url"] = database_url
+    ctx.obj["database_url_from_cmdline"] = (
+        ctx.get_parameter_source("database_url") == click.core.ParameterSource.COMMANDLINE
+    )
 
 
 # --- database ---------------------------------------------------------------
 
 
 @main.command()
+@config_option
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
     """Apply pending sql/NNN_*.sql migrations (safe to run from many hosts at once)."""
@@ -101,13 +147,32 @@ def migrate(ctx: click.Context) -> None:
 
 
 @main.command()
+@config_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def check(ctx: click.Context, as_json: bool) -> None:
-    """Check that the database is reachable and the schema is current."""
+    """Validate the config (without starting anything), then check that the
+    database is reachable and the schema is current."""
+    from . import config
+
+    report: dict[str, Any] = {}
+    path = config.find_path(ctx.obj.get("config"))
+    if _config_given(ctx) or path.exists():
+        report["config"] = {"file": str(path), "ok": False}
+        try:
+            cfg = config.load(path)
+        except config.ConfigError as exc:
+            report["config"].update(error=str(exc), detail=exc.as_dict())
+            report["ok"] = False
+            if as_json:
+                _print_json(report)
+            else:
+                click.echo(f"config: {path}\n  {exc}\nNOT OK")
+            sys.exit(EXIT_USAGE)
+        report["config"].update(ok=True, roles={r.name: r.processes for r in cfg.roles},
+                                control_socket=str(cfg.supervisor.control_socket))
     url = _url(ctx)
-    report: dict[str, Any] = {"database": db.redact(url), "reachable": False, "pending": [], "changed": []}
-    ok = True
+    report.update({"database": db.redact(url), "reachable": False, "pending": [], "changed": []})
     try:
         with db.connect(url) as conn:
             report["reachable"] = True
@@ -121,6 +186,9 @@ def check(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         _print_json(report)
     else:
+        if "config" in report:
+            roles = ", ".join(f"{n} x{p}" for n, p in report["config"]["roles"].items())
+            click.echo(f"config: {report['config']['file']}\n  valid: {roles}")
         click.echo(f"database: {report['database']}")
         if not report["reachable"]:
             click.echo(f"  unreachable: {report.get('error')}")
@@ -134,10 +202,121 @@ def check(ctx: click.Context, as_json: bool) -> None:
     sys.exit(0 if ok else (EXIT_DB if not report["reachable"] else EXIT_PROBLEM))
 
 
+# --- the supervisor ---------------------------------------------------------------
+
+
+def _control(ctx: click.Context, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+    from . import control
+
+    cfg = _load_config(ctx)
+    try:
+        return control.request(cfg.supervisor.control_socket, message, timeout=timeout)
+    except control.ControlError as exc:
+        _die(str(exc), EXIT_PROBLEM)
+        raise
+
+
+def _report_change(reply: dict[str, Any], as_json: bool, what: str) -> None:
+    if as_json:
+        _print_json(reply)
+    if not reply.get("ok"):
+        if not as_json:
+            click.echo(f"error: {what} failed: {reply.get('error')}", err=True)
+            if reply.get("detail"):
+                click.echo("the supervisor keeps running its previous config", err=True)
+        sys.exit(EXIT_USAGE if reply.get("detail") else EXIT_PROBLEM)
+    if not as_json:
+        click.echo(f"{what} done in {reply.get('seconds', 0):.2f}s:")
+        for line in reply.get("changes", []):
+            click.echo(f"  {line}")
+    for warning in reply.get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
+
+
+@main.command()
+@config_option
+@click.pass_context
+def run(ctx: click.Context) -> None:
+    """Run the supervisor: fork each role's worker processes and keep them running
+    (SIGHUP reloads, SIGTERM drains and exits)."""
+    import dataclasses
+
+    from . import arbiter
+    from .config import DatabaseConfig
+
+    cfg = _load_config(ctx)
+    if ctx.obj.get("database_url_from_cmdline"):
+        cfg = dataclasses.replace(cfg, database=DatabaseConfig(ctx.obj["database_url"]))
+    sys.exit(arbiter.serve(cfg))
+
+
+@main.command()
+@config_option
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds to wait for the new state.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def reload(ctx: click.Context, timeout: float, as_json: bool) -> None:
+    """Re-read the config and apply it; wait until the new state is reached.
+    An invalid file changes nothing (exit 2, the error names file, line and key)."""
+    _report_change(_control(ctx, {"cmd": "reload"}, timeout), as_json, "reload")
+
+
+@main.command()
+@config_option
+@click.argument("role")
+@click.argument("processes", type=click.IntRange(min=0, max=1000))
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def scale(ctx: click.Context, role: str, processes: int, timeout: float, as_json: bool) -> None:
+    """Run PROCESSES processes of ROLE (until the next reload); wait until they are."""
+    _report_change(_control(ctx, {"cmd": "scale", "role": role, "processes": processes}, timeout), as_json, "scale")
+
+
+@main.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Roles and processes of the running supervisor: pid, state, uptime, RSS, CPU, jobs."""
+    from .status_view import render
+
+    reply = _control(ctx, {"cmd": "status"}, 10.0)
+    if not reply.get("ok"):
+        _die(str(reply.get("error")))
+    if as_json:
+        _print_json(reply)
+    else:
+        click.echo(render(reply))
+
+
+@main.command()
+@config_option
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds to wait for the master to exit.")
+@click.option("--no-wait", is_flag=True, help="Return once the master has started stopping.")
+@click.pass_context
+def stop(ctx: click.Context, timeout: float, no_wait: bool) -> None:
+    """Drain every role and stop the supervisor."""
+    from .control import wait_gone
+
+    reply = _control(ctx, {"cmd": "stop"}, 10.0)
+    if not reply.get("ok"):
+        _die(str(reply.get("error")))
+    if no_wait:
+        click.echo(f"stopping (master pid {reply['pid']})")
+        return
+    if not wait_gone(int(reply["pid"]), timeout):
+        _die(f"master pid {reply['pid']} is still running after {timeout:g}s")
+    click.echo(f"stopped (master pid {reply['pid']})")
+
+
 # --- the standalone worker ----------------------------------------------------
 
 
 @main.command()
+@config_option
 @click.option("--queues", "-q", required=True, help="Comma-separated queue names to consume.")
 @click.option("--actors", "-a", required=True, help="Comma-separated actor modules to import.")
 @click.option("--threads", "-t", default=8, show_default=True, type=click.IntRange(min=1))
@@ -181,6 +360,7 @@ def worker(ctx: click.Context, queues: str, actors: str, threads: int, role: str
 
 
 @main.command()
+@config_option
 @click.argument("actor")
 @click.option("--queue", "-q", default="default", show_default=True)
 @click.option("--args", "args_json", default="[]", help="JSON list of positional arguments.")
@@ -222,11 +402,13 @@ def enqueue(ctx, actor, queue, args_json, kwargs_json, delay, priority, dedupe_k
 
 
 @main.group()
+@config_option
 def jobs() -> None:
     """List, inspect, retry and cancel jobs."""
 
 
 @jobs.command("list")
+@config_option
 @click.option("--status", type=click.Choice(["pending", "running", "retryable", "succeeded", "failed", "cancelled"]))
 @click.option("--queue", "-q", default=None)
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
@@ -245,6 +427,7 @@ def jobs_list(ctx, status, queue, limit, as_json) -> None:
 
 
 @jobs.command("show")
+@config_option
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -271,6 +454,7 @@ def jobs_show(ctx, job_id, as_json) -> None:
 
 
 @jobs.command("retry")
+@config_option
 @click.argument("job_id")
 @click.pass_context
 def jobs_retry(ctx, job_id) -> None:
@@ -284,6 +468,7 @@ def jobs_retry(ctx, job_id) -> None:
 
 
 @jobs.command("cancel")
+@config_option
 @click.argument("job_id")
 @click.pass_context
 def jobs_cancel(ctx, job_id) -> None:
@@ -297,6 +482,7 @@ def jobs_cancel(ctx, job_id) -> None:
 
 
 @main.command()
+@config_option
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def queues(ctx, as_json) -> None:
