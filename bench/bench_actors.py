@@ -1,0 +1,38 @@
+"""Actors used by the benchmarks. Plain Dramatiq: no broker code in here.
+
+All of them live on the ``bench`` queue and never retry, so a failure shows up
+as a ``failed`` row instead of hiding inside a backoff.
+"""
+
+import time
+
+import dramatiq
+from dramatiq.middleware import CurrentMessage
+
+QUEUE = "bench"
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def noop() -> None:
+    pass
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def sleeper(seconds: float = 0.05) -> None:
+    time.sleep(seconds)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def latency(sent: float) -> None:
+    """Record when this job started next to when its producer called send().
+
+    The clock is read first thing; the row goes to an UNLOGGED table, whose
+    commit waits for no WAL flush, so recording does not slow the next claim.
+    """
+    started = time.time()
+    job_id = CurrentMessage.get_current_message().message_id
+    with dramatiq.get_broker().pool.connection() as c:
+        c.execute(
+            "INSERT INTO bench_latency (job_id, sent, started) VALUES (%s, %s, %s)",
+            (job_id, sent, started),
+        )

@@ -1,0 +1,270 @@
+"""Broker benchmark: throughput of no-op jobs, enqueue-to-start latency, and
+I/O-bound throughput, with every job's completion durable in PostgreSQL.
+
+    python bench/bench_broker.py [--only W1,W2,W3] [--jobs 20000] [--repeat 3]
+                                 [--w1-threads 8,16,32] [--database-url URL]
+
+W1  N no-op jobs bulk-enqueued with broker.enqueue_many (one transaction),
+    then drained by 2 worker processes: jobs/s from the enqueue's commit until
+    the DB shows no live job left (polled every 10 ms). Tried for each
+    --w1-threads value; the best is reported with its thread count.
+W2  1,000 jobs sent with actor.send() 10 ms apart to idle workers: latency
+    from just before send() to the first line of the actor (both clocks are
+    time.time() on this host), plus started_at - created_at from the DB.
+W3  2,000 jobs sleeping 50 ms each on 2 processes x 16 threads: jobs/s
+    against the ideal of 2 x 16 / 0.05 = 640.
+
+A fresh database is created on the server (DATABASE_URL or --database-url,
+default postgresql://postgres@127.0.0.1:5432/postgres) and dropped at the end.
+synchronous_commit is left at the server's setting: an ack counts only once
+its UPDATE has committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    Figure,
+    WorkerPool,
+    bench_database,
+    percentile,
+    print_table,
+    reset,
+    say,
+    server_url,
+    status_counts,
+    wait_until,
+)
+
+# Cheap enough to run every 10 ms: both halves are partial-index probes.
+ANY_LIVE = """
+SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = 'bench' AND status IN ('pending', 'retryable'))
+    OR EXISTS (SELECT 1 FROM jobs WHERE status = 'running')
+"""
+
+W3_IDEAL = 2 * 16 / 0.05
+
+# How the drain was shaped: a claim stamps its rows with one claimed_at (its
+# transaction's now()), an ack batch with one finished_at, per process.
+BATCHES = """
+SELECT (SELECT count(*) FROM (SELECT DISTINCT lease_owner, claimed_at FROM jobs) c),
+       (SELECT count(*)::float / greatest(1, count(DISTINCT (lease_owner, claimed_at))) FROM jobs),
+       (SELECT count(*) FROM (SELECT DISTINCT lease_owner, finished_at FROM jobs) f),
+       (SELECT count(*)::float / greatest(1, count(DISTINCT (lease_owner, finished_at))) FROM jobs)
+"""
+
+
+def _settings_line(conn: psycopg.Connection) -> str:
+    rows = conn.execute(
+        "SELECT name, setting FROM pg_settings WHERE name IN "
+        "('synchronous_commit', 'fsync', 'wal_sync_method', 'shared_buffers', 'server_version')"
+    ).fetchall()
+    return ", ".join(f"{k}={v}" for k, v in rows)
+
+
+def _drain(conn: psycopg.Connection, expected: int, started: float, timeout: float) -> float:
+    """Wait until no job is live; return the seconds since ``started``.
+    Prints a progress line about once a second."""
+    next_report = started + 1.0
+
+    def done() -> bool:
+        nonlocal next_report
+        if time.monotonic() >= next_report:
+            counts = status_counts(conn)
+            say(f"    ... {counts.get('succeeded', 0):,}/{expected:,} succeeded after "
+                f"{time.monotonic() - started:.1f}s")
+            next_report += 1.0
+        return not conn.execute(ANY_LIVE).fetchone()[0]
+
+    ended = wait_until(done, timeout, interval=0.01, what="the queue to drain")
+    counts = status_counts(conn)
+    if counts.get("succeeded", 0) != expected:
+        raise RuntimeError(f"expected {expected} succeeded jobs, found {counts}")
+    return ended - started
+
+
+def _bulk_enqueue(url: str, messages: list, broker, chunk: int) -> float:
+    """Enqueue in one transaction (so the drain starts from one commit);
+    return the time the commit returned."""
+    with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        for i in range(0, len(messages), chunk or len(messages)):
+            broker.enqueue_many(messages[i:i + (chunk or len(messages))], conn=conn)
+    return time.monotonic()
+
+
+def _warm_up(url: str, conn: psycopg.Connection, broker, actor, n: int = 200) -> None:
+    """Open every process's pool connections and prepare its statements, so the
+    timed part measures the steady state rather than connection set-up."""
+    broker.enqueue_many([actor.message() for _ in range(n)])
+    wait_until(lambda: not conn.execute(ANY_LIVE).fetchone()[0], 60, what="warm-up jobs")
+    conn.execute("DELETE FROM jobs")
+
+
+def w1(url: str, broker, actors, *, jobs: int, threads: int, chunk: int) -> dict[str, float]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset(conn)
+        with WorkerPool(url, count=2, threads=threads):
+            _warm_up(url, conn, broker, actors.noop)
+            t0 = time.monotonic()
+            messages = [actors.noop.message() for _ in range(jobs)]
+            built = time.monotonic()
+            committed = _bulk_enqueue(url, messages, broker, chunk)
+            enqueue_rate = jobs / (committed - t0)
+            insert_rate = jobs / (committed - built)
+            say(f"    enqueued {jobs:,} in {committed - t0:.3f}s ({enqueue_rate:,.0f} jobs/s; "
+                f"building messages {built - t0:.3f}s, enqueue_many + commit {committed - built:.3f}s)")
+            seconds = _drain(conn, jobs, committed, timeout=300)
+            shape = conn.execute(BATCHES).fetchone()
+    rate = jobs / seconds
+    say(f"    drained {jobs:,} in {seconds:.3f}s -> {rate:,.0f} jobs/s "
+        f"({shape[0]:,} claims of {shape[1]:.1f} rows on average, {shape[2]:,} ack batches of {shape[3]:.1f})")
+    return {"enqueue": enqueue_rate, "insert": insert_rate, "drain": rate}
+
+
+def w2(url: str, actors, *, jobs: int, threads: int, interval: float) -> dict[str, list[float]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset(conn)
+        with WorkerPool(url, count=2, threads=threads):
+            for _ in range(20):  # warm-up: connections, prepared statements, caches
+                actors.latency.send(time.time())
+                time.sleep(interval)
+            wait_until(lambda: conn.execute("SELECT count(*) FROM bench_latency").fetchone()[0] == 20, 30,
+                       what="warm-up jobs")
+            conn.execute("DELETE FROM bench_latency")
+            conn.execute("DELETE FROM jobs")
+            send_ms = []
+            start = time.monotonic()
+            for i in range(jobs):
+                pause = start + i * interval - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                before = time.time()
+                actors.latency.send(before)
+                send_ms.append((time.time() - before) * 1000)
+                if i and i % 250 == 0:
+                    say(f"    ... sent {i:,}/{jobs:,}")
+            wait_until(lambda: conn.execute("SELECT count(*) FROM bench_latency").fetchone()[0] == jobs, 60,
+                       interval=0.02, what="latency rows")
+            wait_until(lambda: not conn.execute(ANY_LIVE).fetchone()[0], 60, what="acks")
+            counts = status_counts(conn)
+            if counts.get("succeeded", 0) != jobs:
+                raise RuntimeError(f"expected {jobs} succeeded jobs, found {counts}")
+            start_ms = [r[0] for r in conn.execute("SELECT (started - sent) * 1000 FROM bench_latency")]
+            db_ms = [float(r[0]) for r in conn.execute(
+                "SELECT extract(epoch FROM started_at - created_at) * 1000 FROM jobs")]
+    def pct(values: list[float]) -> str:
+        return " ".join(f"p{q} {percentile(values, q):.2f}" for q in (50, 95, 99)) + f" max {max(values):.2f}"
+
+    say(f"    send->start ms: {pct(start_ms)}; send() call: {pct(send_ms)}; DB started_at-created_at: {pct(db_ms)}")
+    return {"start": start_ms, "send": send_ms, "db": db_ms}
+
+
+def w3(url: str, broker, actors, *, jobs: int, sleep_s: float) -> float:
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset(conn)
+        with WorkerPool(url, count=2, threads=16):
+            _warm_up(url, conn, broker, actors.noop)
+            messages = [actors.sleeper.message(sleep_s) for _ in range(jobs)]
+            committed = _bulk_enqueue(url, messages, broker, 0)
+            seconds = _drain(conn, jobs, committed, timeout=120)
+    rate = jobs / seconds
+    say(f"    drained {jobs:,} x {sleep_s * 1000:.0f} ms sleeps in {seconds:.3f}s -> {rate:,.0f} jobs/s "
+        f"({rate / W3_IDEAL:.1%} of {W3_IDEAL:.0f})")
+    return rate
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default="W1,W2,W3", help="comma-separated workloads to run")
+    p.add_argument("--jobs", type=int, default=20_000, help="W1 job count")
+    p.add_argument("--w2-jobs", type=int, default=1_000)
+    p.add_argument("--w3-jobs", type=int, default=2_000)
+    p.add_argument("--repeat", type=int, default=3, help="runs of each workload (best and spread reported)")
+    p.add_argument("--w1-threads", default="8,16,32", help="thread counts per process to try in W1")
+    p.add_argument("--w2-threads", type=int, default=8, help="threads per process in W2")
+    p.add_argument("--chunk", type=int, default=0, help="W1 enqueue_many batch size (0: one call)")
+    p.add_argument("--database-url", default=None,
+                   help="server to create the bench database on (default $DATABASE_URL, else local)")
+    args = p.parse_args(argv)
+    only = {w.strip().upper() for w in args.only.split(",") if w.strip()}
+
+    server = server_url(args.database_url)
+    figures: list[Figure] = []
+    with bench_database(server) as url:
+        import supervisor
+
+        broker = supervisor.setup_broker(url)
+        from bench import bench_actors as actors
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            say(f"server: {_settings_line(conn)}")
+
+        if "W1" in only:
+            thread_counts = [int(t) for t in args.w1_threads.split(",")]
+            drains: dict[int, list[float]] = {}
+            enqueues: list[float] = []
+            inserts: list[float] = []
+            for run in range(args.repeat):
+                for threads in thread_counts:
+                    say(f"W1 run {run + 1}/{args.repeat}: {args.jobs:,} no-op jobs, 2 processes x {threads} threads")
+                    r = w1(url, broker, actors, jobs=args.jobs, threads=threads, chunk=args.chunk)
+                    drains.setdefault(threads, []).append(r["drain"])
+                    enqueues.append(r["enqueue"])
+                    inserts.append(r["insert"])
+            figures.append(Figure("W1 enqueue (build+insert+commit)", "jobs/s", tuple(enqueues),
+                                  config=f"enqueue_many x{args.jobs:,}"))
+            figures.append(Figure("W1 enqueue (enqueue_many+commit)", "jobs/s", tuple(inserts),
+                                  config=f"enqueue_many x{args.jobs:,}"))
+            for threads, values in drains.items():
+                figures.append(Figure("W1 drain", "jobs/s", tuple(values), target=10_000,
+                                      config=f"2 proc x {threads} thr"))
+            best = max(drains, key=lambda t: max(drains[t]))
+            say(f"W1 best thread count: {best} ({max(drains[best]):,.0f} jobs/s)")
+
+        if "W2" in only:
+            p50s, p95s, p99s, db99s, send50s = [], [], [], [], []
+            for run in range(args.repeat):
+                say(f"W2 run {run + 1}/{args.repeat}: {args.w2_jobs:,} sends 10 ms apart, "
+                    f"2 idle processes x {args.w2_threads} threads")
+                r = w2(url, actors, jobs=args.w2_jobs, threads=args.w2_threads, interval=0.01)
+                p50s.append(percentile(r["start"], 50))
+                p95s.append(percentile(r["start"], 95))
+                p99s.append(percentile(r["start"], 99))
+                db99s.append(percentile(r["db"], 99))
+                send50s.append(percentile(r["send"], 50))
+            cfg = f"2 proc x {args.w2_threads} thr"
+            figures += [
+                Figure("W2 send->start p50", "ms", tuple(p50s), higher_is_better=False, config=cfg),
+                Figure("W2 send->start p95", "ms", tuple(p95s), higher_is_better=False, config=cfg),
+                Figure("W2 send->start p99", "ms", tuple(p99s), higher_is_better=False, target=3.0, config=cfg),
+                Figure("W2 DB started-created p99", "ms", tuple(db99s), higher_is_better=False, config=cfg),
+                Figure("W2 send() call p50", "ms", tuple(send50s), higher_is_better=False, config=cfg),
+            ]
+
+        if "W3" in only:
+            rates = []
+            for run in range(args.repeat):
+                say(f"W3 run {run + 1}/{args.repeat}: {args.w3_jobs:,} x 50 ms sleeps, 2 processes x 16 threads")
+                rates.append(w3(url, broker, actors, jobs=args.w3_jobs, sleep_s=0.05))
+            figures.append(Figure("W3 drain", "jobs/s", tuple(rates), target=0.9 * W3_IDEAL,
+                                  config="2 proc x 16 thr"))
+            figures.append(Figure("W3 % of ideal 640", "%", tuple(100 * r / W3_IDEAL for r in rates),
+                                  target=90.0, config="2 proc x 16 thr"))
+        broker.close()
+
+    say("")
+    say(f"summary (best of {args.repeat} runs; spread = min..max)")
+    print_table(figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Shared pieces of the benchmarks: a throw-away database, worker processes,
+polling, and figures.
+
+Benchmarks measure; they never assert. Everything here talks to a real
+PostgreSQL server (DATABASE_URL, default the local one on 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from supervisor import db
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+QUEUE = "bench"
+ACTORS = "bench.bench_actors"
+
+BENCH_TABLES = """
+CREATE UNLOGGED TABLE IF NOT EXISTS bench_latency (
+    job_id  uuid PRIMARY KEY,
+    sent    double precision NOT NULL,
+    started double precision NOT NULL
+)
+"""
+
+# Rows that still have to run (or are running): the drain is over when none is left.
+LIVE = "SELECT count(*) FROM jobs WHERE status IN ('pending', 'retryable', 'running')"
+COUNTS = "SELECT status, count(*) FROM jobs GROUP BY status"
+
+
+def say(line: str) -> None:
+    """A progress line (stdout, flushed, so it shows while the run goes on)."""
+    print(line, flush=True)
+
+
+def with_dbname(url: str, name: str) -> str:
+    params = conninfo_to_dict(url)
+    params["dbname"] = name
+    return make_conninfo(**params)
+
+
+def server_url(explicit: str | None) -> str:
+    return explicit or os.environ.get("DATABASE_URL") or DEFAULT_SERVER
+
+
+@contextlib.contextmanager
+def bench_database(server: str, *, prefix: str = "as_bench") -> Iterator[str]:
+    """Create a fresh, migrated database on ``server``; drop it on the way out
+    (also on Ctrl-C), so a run leaves nothing behind."""
+    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(3)}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = with_dbname(server, name)
+    try:
+        db.migrate(url)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(BENCH_TABLES)
+        say(f"bench database {name} created and migrated")
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        say(f"bench database {name} dropped")
+
+
+def reset(conn: psycopg.Connection) -> None:
+    """Empty the tables between runs (workers must be stopped)."""
+    conn.execute("TRUNCATE jobs, job_events, job_concurrency, workers, bench_latency")
+
+
+@dataclass
+class WorkerPool:
+    """``count`` x ``python -m supervisor.cli worker`` on the bench queue."""
+
+    url: str
+    count: int
+    threads: int
+    queues: str = QUEUE
+    actors: str = ACTORS
+    # The entry point run with ``python -m``; an experiment may point it at a
+    # wrapper that patches the broker before calling the CLI.
+    module: str = "supervisor.cli"
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+    _dir: tempfile.TemporaryDirectory | None = None
+
+    def start(self, timeout: float = 60.0) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="as-bench-")
+        env = {**os.environ, "DATABASE_URL": self.url, "PYTHONPATH": str(ROOT)}
+        for i in range(self.count):
+            log = Path(self._dir.name) / f"worker{i}.log"
+            self.logs.append(log)
+            with log.open("w") as out:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", self.module, "worker", "--queues", self.queues,
+                     "--actors", self.actors, "--threads", str(self.threads), "--no-migrate",
+                     "--log-level", "INFO"],
+                    cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=out,
+                ))
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Ready means every process said so and each has its LISTEN connection
+        up, so a NOTIFY sent from now on reaches all of them."""
+        dbname = conninfo_to_dict(self.url)["dbname"]
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while True:
+                for proc, log in zip(self.procs, self.logs, strict=True):
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"worker exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+                said = sum(" ready: " in log.read_text() for log in self.logs)
+                listening = conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query LIKE 'LISTEN %%'",
+                    (dbname,),
+                ).fetchone()[0]
+                if said == self.count and listening >= self.count:
+                    return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"workers not ready after {timeout}s ({said} ready, {listening} listening)")
+                time.sleep(0.05)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self, timeout: float = 60.0) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+                code = "killed"
+            if code != 0:
+                say(f"  warning: worker {proc.pid} exited {code}; log tail:\n{log.read_text()[-2000:]}")
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+        self.procs.clear()
+        self.logs.clear()
+
+    def __enter__(self) -> WorkerPool:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.005,
+               what: str = "condition") -> float:
+    """Poll until true; return the monotonic time it was first seen true."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if condition():
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def status_counts(conn: psycopg.Connection) -> dict[str, int]:
+    return dict(conn.execute(COUNTS).fetchall())
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured quantity over repeated runs."""
+
+    name: str
+    unit: str
+    values: tuple[float, ...]
+    higher_is_better: bool = True
+    target: float | None = None
+    config: str = ""
+
+    @property
+    def best(self) -> float:
+        return max(self.values) if self.higher_is_better else min(self.values)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    @property
+    def met(self) -> str:
+        if self.target is None:
+            return ""
+        ok = self.best >= self.target if self.higher_is_better else self.best <= self.target
+        return "yes" if ok else "NO"
+
+    def row(self) -> list[str]:
+        target = "" if self.target is None else f"{'>=' if self.higher_is_better else '<='} {_num(self.target)}"
+        return [self.name, self.config, _num(self.best), _num(self.median),
+                f"{_num(min(self.values))}..{_num(max(self.values))}", self.unit, target, self.met]
+
+
+def _num(x: float) -> str:
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def print_table(figures: list[Figure]) -> None:
+    header = ["figure", "config", "best", "median", "spread", "unit", "target", "met"]
+    rows = [header] + [f.row() for f in figures]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for n, r in enumerate(rows):
+        say("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
+        if n == 0:
+            say("  ".join("-" * w for w in widths))
