@@ -79,6 +79,7 @@ class WorkerProcess:
         self.broker: PostgresBroker | None = None
         self.worker: Worker | None = None
         self.upkeep: Upkeep | None = None
+        self.scheduler = None  # supervisor.scheduler.Scheduler when the config has schedules
         self.state = "starting"
 
     def in_flight(self) -> int:
@@ -131,6 +132,11 @@ class WorkerProcess:
         worker.queue_prefetch = s.threads
         worker.start()
         self.worker = worker
+        if s.schedules:
+            from .scheduler import Scheduler
+
+            self.scheduler = Scheduler(broker, s.schedules, holder=broker.owner)
+            self.scheduler.start()
         self.state = "running"
         self.ready.set()
         log.info(
@@ -160,6 +166,8 @@ class WorkerProcess:
         started = time.monotonic()
         log.info("draining: finishing running jobs (up to %.0fs)", s.shutdown_timeout)
         broker.pause_claiming()
+        if self.scheduler is not None:
+            self.scheduler.stop()
         if self.worker is not None:
             self.worker.stop(timeout=int(s.shutdown_timeout * 1000))
         broker.flush_acks(timeout=max(1.0, s.shutdown_timeout - (time.monotonic() - started)))
