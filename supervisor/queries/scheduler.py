@@ -1,0 +1,68 @@
+"""Every SQL statement on ``scheduler_locks`` and ``job_runs``."""
+
+# Acquired when a row comes back: the lease was free (expired or released) and
+# nobody has fired this schedule for this cron time or a later one.
+ACQUIRE = """
+INSERT INTO scheduler_locks AS l (job_name, lock_holder, locked_at, expires_at, fire_at)
+VALUES (%(name)s, %(holder)s, now(), now() + %(ttl_s)s * interval '1 second', %(fire_at)s)
+ON CONFLICT (job_name) DO UPDATE
+   SET lock_holder = EXCLUDED.lock_holder, locked_at = now(), expires_at = EXCLUDED.expires_at,
+       fire_at = EXCLUDED.fire_at
+ WHERE l.expires_at < now() AND (l.fire_at IS NULL OR l.fire_at < EXCLUDED.fire_at)
+RETURNING job_name
+"""
+
+# Expire the lease now but keep fire_at (see 005_scheduler.sql).
+RELEASE = """
+UPDATE scheduler_locks SET expires_at = now()
+ WHERE job_name = %(name)s AND lock_holder = %(holder)s AND fire_at = %(fire_at)s
+"""
+
+START_RUN = """
+INSERT INTO job_runs (job_name, scheduled_for, holder)
+VALUES (%(name)s, %(fire_at)s, %(holder)s)
+ON CONFLICT (job_name, scheduled_for) DO NOTHING
+RETURNING id
+"""
+
+SET_RUN_JOB = "UPDATE job_runs SET job_id = %(job_id)s WHERE id = %(id)s"
+
+COMPLETE_RUN = """
+UPDATE job_runs SET status = %(status)s, completed_at = now(), error_text = %(error)s
+ WHERE id = %(id)s AND status = 'running'
+"""
+
+# A run reports its job's outcome once the job is finished.
+SYNC_FINISHED = """
+UPDATE job_runs r
+   SET status = CASE WHEN j.status = 'succeeded' THEN 'succeeded' ELSE 'failed' END,
+       completed_at = coalesce(j.finished_at, now()),
+       error_text = CASE WHEN j.status = 'succeeded' THEN NULL
+                         ELSE coalesce(right(j.last_error, 2000), 'job ' || j.status) END
+  FROM jobs j
+ WHERE r.status = 'running' AND r.job_id = j.id AND j.status IN ('succeeded', 'failed', 'cancelled')
+"""
+
+SYNC_LOST = """
+UPDATE job_runs r
+   SET status = 'crashed', completed_at = now(), error_text = 'its job ' || r.job_id || ' no longer exists'
+ WHERE r.status = 'running' AND r.job_id IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id)
+"""
+
+# At start: runs whose scheduler died between recording the run and enqueueing
+# its job (older than the lock lease) crashed; history older than 30 days goes.
+RECOVER_CRASHED = """
+UPDATE job_runs
+   SET status = 'crashed', completed_at = now(),
+       error_text = 'the scheduler stopped before the job was enqueued'
+ WHERE status = 'running' AND job_id IS NULL AND started_at < now() - %(stale_s)s * interval '1 second'
+"""
+
+PURGE_OLD = "DELETE FROM job_runs WHERE started_at < now() - interval '30 days'"
+
+LATEST_RUNS = """
+SELECT DISTINCT ON (job_name) id, job_name, scheduled_for, holder, started_at, completed_at, status, job_id,
+       error_text
+  FROM job_runs ORDER BY job_name, started_at DESC
+"""
