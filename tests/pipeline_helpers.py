@@ -1,8 +1,201 @@
-"""Shared helpers for the pipeline tests (rate limiter, breaker, actors, scheduler)."""
+"""Shared helpers for the pipeline tests: a broker with the bundled actors, an
+in-process worker, a real worker process with a ``pipeline:`` config, seed data,
+and the rate-limiter hammer. Also runnable: ``python -m tests.pipeline_helpers``
+starts one worker process from the JSON in $PIPELINE_WORKER (used by PipelineWorker).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+import pytest
+
+from supervisor import runtime
+from supervisor.broker import PostgresBroker
+from supervisor.queries import pipeline as pipeline_sql
+from supervisor.queries import sources as sources_sql
+from tests.conftest import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+QUEUES = ("scraping", "extraction", "notification", "forecasting")
+ACTOR_MODULES = ("actors.scraping", "actors.extraction", "actors.notification", "actors.forecasting")
+
+
+# --- fixtures (import them into a test module under these names) ------------------
+
+
+@pytest.fixture(scope="session", name="pipeline_broker")
+def pipeline_broker_fixture(database_url: str) -> Iterator[PostgresBroker]:
+    """A broker with the bundled actors declared on it (they bind at import)."""
+    broker = PostgresBroker(database_url, lease_seconds=30, poll_interval=0.1, pool_size=16)
+    dramatiq.set_broker(broker)
+    import importlib
+
+    # Dependency order, so a reloaded module picks up reloaded actors it chains to.
+    for name in ("actors.notification", "actors.extraction", "actors.scraping", "actors.forecasting"):
+        module = importlib.import_module(name)
+        declared = [v for v in vars(module).values() if isinstance(v, dramatiq.Actor)]
+        if any(a.broker is not broker for a in declared if a.fn.__module__ == name):
+            importlib.reload(module)  # imported earlier under another broker
+    for queue in QUEUES:
+        broker.declare_queue(queue)
+    yield broker
+    broker.close()
+
+
+class LivePipeline(dict):
+    """A ``pipeline:`` mapping that the actors see as soon as a key is set."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        runtime.configure(pipeline=self)
+
+
+@pytest.fixture(name="pipeline_config")
+def pipeline_config_fixture() -> Iterator[LivePipeline]:
+    """The ``pipeline:`` mapping the actors see; tests fill it in, it is reset after."""
+    config = LivePipeline()
+    runtime.configure(pipeline=config)
+    yield config
+    runtime.configure(pipeline={})
+
+
+def set_pipeline(config: dict) -> None:
+    runtime.configure(pipeline=config)
+
+
+@contextlib.contextmanager
+def running_worker(broker: PostgresBroker, queues=QUEUES, threads: int = 4) -> Iterator[dramatiq.Worker]:
+    """An in-process Dramatiq worker on the real broker."""
+    broker.set_capacity(threads)
+    broker.resume_claiming()
+    broker.emit_after("process_boot")
+    worker = dramatiq.Worker(broker, queues=set(queues), worker_threads=threads, worker_timeout=100)
+    worker.queue_prefetch = threads
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop(timeout=10_000)
+        broker.flush_acks(10)
+
+
+class PipelineWorker:
+    """A real worker process (supervisor.process.run) with a pipeline config."""
+
+    def __init__(self, url: str, *, queues=QUEUES, actors=ACTOR_MODULES, threads: int = 4, lease: float = 30.0,
+                 heartbeat: float = 2.0, pipeline: dict | None = None, schedules: list[dict] | None = None):
+        spec = {"queues": list(queues), "actors": list(actors), "threads": threads, "lease": lease,
+                "heartbeat": heartbeat, "pipeline": pipeline or {}, "schedules": schedules or []}
+        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT), "PIPELINE_WORKER": json.dumps(spec)}
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.pipeline_helpers"], cwd=ROOT, env=env,
+                                     stderr=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+
+    def owner(self, conn) -> str | None:
+        row = conn.execute("SELECT id FROM workers WHERE pid = %s AND stopped_at IS NULL", (self.pid,)).fetchone()
+        return row[0] if row else None
+
+    def wait_ready(self, conn, timeout: float = 30.0) -> str:
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited early: {self.proc.returncode}\n{self.proc.stderr.read()}")
+            row = conn.execute("SELECT id FROM workers WHERE pid = %s AND state = 'running'", (self.pid,)).fetchone()
+            return row[0] if row else None
+        return wait_for(ready, timeout, message=f"worker {self.pid} to be running")
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.poll() is not None else ""
+
+
+def _main() -> int:
+    from supervisor.process import WorkerSettings, configure_logging, run
+    from supervisor.scheduler import SimpleSchedule
+
+    spec = json.loads(os.environ["PIPELINE_WORKER"])
+    configure_logging(os.environ.get("PIPELINE_LOG_LEVEL", "WARNING"))
+    settings = WorkerSettings(
+        queues=tuple(spec["queues"]), actors=tuple(spec["actors"]), role="pipeline-test",
+        threads=spec["threads"], lease_seconds=spec["lease"], heartbeat_seconds=spec["heartbeat"],
+        shutdown_timeout=10.0, poll_interval=0.2, pipeline=spec["pipeline"],
+        schedules=tuple(SimpleSchedule(**s) for s in spec["schedules"]),
+    )
+    return run(settings, os.environ["DATABASE_URL"])
+
+
+# --- seed data ------------------------------------------------------------------------
+
+
+def make_source(conn, name: str = "shop", search_url: str = "http://127.0.0.1:9/search?q={query}", *,
+                fmt: str = "auto", per_minute: float = 6000, burst: int = 50, daily_quota: int | None = None) -> int:
+    return conn.execute(sources_sql.INSERT, {
+        "name": name, "search_url": search_url, "format": fmt, "rate_limit_per_minute": per_minute,
+        "burst": burst, "daily_quota": daily_quota,
+    }).fetchone()[0]
+
+
+def make_watch(conn, source_id: int, query: str, *, target_price_cents: int | None = None,
+               deal_threshold: float | None = None, webhook_url: str | None = None, webhook_format: str = "auto",
+               enabled: bool = True, poll_interval_seconds: int = 3600, name: str | None = None) -> int:
+    return conn.execute(pipeline_sql.INSERT_WATCH, {
+        "name": name, "query": query, "source_id": source_id, "target_price_cents": target_price_cents,
+        "deal_threshold": deal_threshold, "webhook_url": webhook_url, "webhook_format": webhook_format,
+        "enabled": enabled, "poll_interval_seconds": poll_interval_seconds,
+    }).fetchone()[0]
+
+
+def seed_baseline(conn, product_key: str, median_cents: float, samples: int = 20) -> None:
+    conn.execute(pipeline_sql.UPSERT_BASELINE, {
+        "product_key": product_key, "median": median_cents, "p25": median_cents * 0.9,
+        "p75": median_cents * 1.1, "mean": median_cents, "samples": samples, "days": 30,
+    })
+
+
+def make_alert(conn, watch_id: int, source_id: int, *, title: str = "Corsair 32GB DDR4 3200",
+               price_cents: int = 6000, external_id: str = "a1") -> int:
+    """A listing and a pending alert for it, as extraction would leave them."""
+    listing_id = conn.execute(
+        "INSERT INTO listings (source_id, external_id, url, title, price_cents) VALUES (%s, %s, %s, %s, %s)"
+        " RETURNING id", (source_id, external_id, f"http://shop.example/item/{external_id}", title, price_cents),
+    ).fetchone()[0]
+    return conn.execute(
+        "INSERT INTO alerts (watch_id, listing_id, price_cents, reason) VALUES (%s, %s, %s, 'test deal')"
+        " RETURNING id", (watch_id, listing_id, price_cents),
+    ).fetchone()[0]
+
+
+def job_states(conn, actor: str) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT status FROM jobs WHERE actor = %s ORDER BY created_at", (actor,))]
+
+
+def settled(conn, queues=QUEUES) -> bool:
+    """No live job left in these queues (delayed ones included)."""
+    return conn.execute(
+        "SELECT count(*) = 0 FROM jobs WHERE queue = ANY(%s) AND status IN ('pending', 'retryable', 'running')",
+        (list(queues),),
+    ).fetchone()[0]
+
+
+# --- the rate-limiter hammer ----------------------------------------------------------
 
 
 def hammer(url: str, key: str, per_minute: float, burst: int, quota: int | None, seconds: float,
@@ -27,3 +220,7 @@ def hammer(url: str, key: str, per_minute: float, burst: int, quota: int | None,
                 refusals += 1
                 time.sleep(max(0.0, min(decision.wait_seconds, until - now)))
     out.put((grants, refusals))
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,125 @@
+"""The extraction role: structured attributes, a product key, a score, an alert.
+
+``extract_listing`` reads a listing's title and description (rules by default,
+an OpenAI-compatible model when ``pipeline.extraction.llm`` is set), stores the
+attributes and product key, scores the unit price against the product's
+baseline and the watch's target, and for a deal creates an alert (one pending
+per watch and listing) and chains its notification -- in one transaction.
+
+``refresh_baselines`` is the scheduled job that recomputes every product's
+price baseline from recent listings.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import dramatiq
+from psycopg.types.json import Jsonb
+
+from supervisor.queries import pipeline as sql
+
+from . import extract_rules, llm, settings
+from .notification import deliver_alert
+from .scoring import Verdict, judge
+
+log = logging.getLogger(__name__)
+
+QUEUE = "extraction"
+
+
+def _broker():
+    # The broker this module's actors were declared on (the worker's own).
+    return extract_listing.broker
+
+
+def _pool():
+    return _broker().pool
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=5, min_backoff=2_000, max_backoff=120_000)
+def extract_listing(listing_id: int, watch_id: int | None = None) -> None:
+    run_extraction(listing_id, watch_id)
+
+
+def _extract(pool, row) -> extract_rules.Extraction:
+    _, title, description, condition, price_cents, *_rest, attributes, product_key, extractor = row
+    cfg = settings.llm()
+    if cfg is None:
+        return extract_rules.extract(title, description, condition)
+    if extractor == f"llm:{cfg.model}" and attributes is not None:
+        # Already read by this model (the listing was re-scraped): do not pay twice.
+        return extract_rules.Extraction(attributes, product_key, int(attributes.get("quantity") or 1), extractor)
+    return llm.extract(cfg, pool, title, description, condition)
+
+
+def _baseline(conn, product_key: str | None, scoring: settings.ScoringSettings) -> tuple[float | None, int]:
+    if not product_key:
+        return None, 0
+    row = conn.execute(sql.BASELINE, {"product_key": product_key}).fetchone()
+    if row is None or not row[2] or row[1] < scoring.min_samples:
+        # Missing, stale or still cold: bring this one product's baseline up to date now.
+        conn.execute(sql.REFRESH_BASELINES, {"days": scoring.window_days, "product_key": product_key})
+        row = conn.execute(sql.BASELINE, {"product_key": product_key}).fetchone()
+    return (float(row[0]), int(row[1])) if row else (None, 0)
+
+
+def run_extraction(listing_id: int, watch_id: int | None = None) -> dict:
+    pool = _pool()
+    with pool.connection() as conn:
+        row = conn.execute(sql.LISTING_FOR_EXTRACTION, {"id": listing_id}).fetchone()
+    if row is None:
+        log.info("listing %s no longer exists; nothing to extract", listing_id)
+        return {"skipped": "listing does not exist"}
+    price_cents, currency, price_type = row[4], row[5], row[6]
+    extraction = _extract(pool, row)
+    unit_price = price_cents / max(1, extraction.quantity)
+    scoring, alerting = settings.scoring(), settings.alerts()
+    broker = _broker()
+    alert_id = None
+    with pool.connection() as conn, conn.transaction(), broker.transaction(conn):
+        conn.execute(sql.SAVE_EXTRACTION, {
+            "id": listing_id, "attributes": Jsonb(extraction.attributes), "product_key": extraction.product_key,
+            "unit_price_cents": round(unit_price), "extractor": extraction.extractor,
+        })
+        median, samples = _baseline(conn, extraction.product_key, scoring)
+        watch = conn.execute(sql.WATCH_FOR_SCORING, {"id": watch_id}).fetchone() if watch_id else None
+        if watch is None:
+            verdict = judge(unit_price_cents=unit_price, currency=currency, price_type=price_type,
+                            target_price_cents=None, deal_threshold=scoring.deal_threshold,
+                            baseline_median=median, baseline_samples=samples, min_samples=scoring.min_samples)
+            verdict = Verdict(False, verdict.score, "no watch to alert")
+        else:
+            _, enabled, target, threshold, webhook = watch
+            verdict = judge(unit_price_cents=unit_price, currency=currency, price_type=price_type,
+                            target_price_cents=target,
+                            deal_threshold=threshold if threshold is not None else scoring.deal_threshold,
+                            baseline_median=median, baseline_samples=samples, min_samples=scoring.min_samples)
+        conn.execute(sql.SAVE_SCORE, {"id": listing_id, "score": verdict.score})
+        if verdict.deal and watch is not None and watch[1]:
+            created = conn.execute(sql.CREATE_ALERT, {
+                "watch_id": watch_id, "listing_id": listing_id, "price_cents": price_cents,
+                "baseline_cents": median, "score": verdict.score, "reason": verdict.reason,
+                "cooldown_s": alerting.re_alerts_cooldown if alerting.re_alerts_enabled else None,
+            }).fetchone()
+            alert_id = created[0] if created else None
+            if alert_id is not None and watch[4]:
+                deliver_alert.send_with_options(args=(alert_id,), dedupe_key=f"notify:{alert_id}")
+    result = {"listing_id": listing_id, "product_key": extraction.product_key, "extractor": extraction.extractor,
+              "deal": verdict.deal, "reason": verdict.reason, "alert_id": alert_id}
+    log.info("extracted listing %s: %s", listing_id, result)
+    return result
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=3, min_backoff=10_000)
+def refresh_baselines() -> None:
+    """Recompute every product's baseline from listings seen in the window."""
+    refresh_all_baselines()
+
+
+def refresh_all_baselines() -> int:
+    scoring = settings.scoring()
+    with _pool().connection() as conn:
+        count = conn.execute(sql.REFRESH_BASELINES, {"days": scoring.window_days, "product_key": None}).rowcount
+    log.info("refreshed %d price baselines", count)
+    return count

@@ -1,0 +1,211 @@
+"""The scraping role: fetch a watch's search page, record what it lists.
+
+``scrape_watch`` takes a token from the source's rate limiter, respects its
+circuit breaker, fetches with httpx, parses listings (JSON or HTML), upserts
+them, inserts price points deduplicated by ``dedupe_key``, chains an extraction
+job for each listing that is new to the watch (or whose price moved) and sets
+``watches.last_polled_at`` -- all of the writes in one transaction.
+
+``poll_due_watches`` is the scheduled job that enqueues scrapes of the watches
+whose last poll is older than their interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from urllib.parse import quote_plus
+
+import dramatiq
+import httpx
+from psycopg.types.json import Jsonb
+
+from supervisor import breaker, ratelimit
+from supervisor.queries import pipeline as sql
+
+from . import deferral, http, settings
+from .dedupe import dedupe_key, match_strength, normalise_title, url_key
+from .extraction import extract_listing
+from .parsing import ParseError, parse
+
+log = logging.getLogger(__name__)
+
+QUEUE = "scraping"
+
+
+class PermanentScrapeError(Exception):
+    """Retrying will not help: 404, a page that cannot be parsed, a bad source."""
+
+
+class TransientScrapeError(Exception):
+    """Timeouts, connection errors, 5xx: retried with backoff."""
+
+
+@dataclass(frozen=True)
+class _Target:
+    watch_id: int
+    query: str
+    watch_enabled: bool
+    last_polled_at: datetime | None
+    source_id: int
+    source_name: str
+    search_url: str
+    fmt: str
+    source_enabled: bool
+    limit: ratelimit.Limit
+
+
+def _broker():
+    # The broker this module's actors were declared on (the worker's own).
+    return scrape_watch.broker
+
+
+def _pool():
+    return _broker().pool
+
+
+def _load(conn, watch_id: int) -> _Target | None:
+    row = conn.execute(sql.WATCH_WITH_SOURCE, {"id": watch_id}).fetchone()
+    if row is None:
+        return None
+    wid, query, wenabled, polled, sid, sname, url, fmt, senabled, rate, burst, quota = row
+    return _Target(wid, query, wenabled, polled, sid, sname, url, fmt, senabled,
+                   ratelimit.Limit(per_minute=float(rate), burst=int(burst), daily_quota=quota))
+
+
+def limiter_key(source_id: int) -> str:
+    return f"source:{source_id}"
+
+
+def search_url(template: str, query: str) -> str:
+    return template.replace("{query}", quote_plus(query))
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=5, min_backoff=5_000, max_backoff=300_000,
+                throws=(PermanentScrapeError,))
+def scrape_watch(watch_id: int, requested_at: float | None = None) -> None:
+    run_scrape(watch_id, requested_at)
+
+
+def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
+    pool = _pool()
+    with pool.connection() as conn:
+        target = _load(conn, watch_id)
+        if target is None:
+            log.info("watch %s no longer exists; nothing to scrape", watch_id)
+            return {"skipped": "watch does not exist"}
+        if not (target.watch_enabled and target.source_enabled):
+            return {"skipped": "watch or source disabled"}
+        if requested_at and target.last_polled_at and target.last_polled_at.timestamp() >= requested_at:
+            # A scrape that ran after this one was asked for already has fresh data.
+            return {"skipped": "already polled since requested"}
+        admission = breaker.admit(conn, target.source_id, settings.breaker())
+    if not admission.allowed:
+        deferral.defer(_broker(), int(admission.wait_seconds * 1000) + 100,
+                       f"source {target.source_name} paused by its circuit breaker")
+        return {"deferred": "breaker open", "seconds": admission.wait_seconds}
+
+    decision = ratelimit.acquire(pool.connection, limiter_key(target.source_id), target.limit,
+                                 max_wait=settings.scraping().max_inline_wait)
+    if not decision.granted:
+        deferral.defer(_broker(), int(decision.wait_seconds * 1000) + 50,
+                       f"source {target.source_name} rate limit ({decision.reason})")
+        return {"deferred": f"rate limit ({decision.reason})", "seconds": decision.wait_seconds}
+
+    listings = _fetch(pool, target)
+    return _store(pool, target, listings)
+
+
+def _fetch(pool, target: _Target):
+    url = search_url(target.search_url, target.query)
+    bsettings = settings.breaker()
+    where = f"source {target.source_name} ({http.redact_url(url)})"
+    try:
+        with http.client() as client:
+            response = client.get(url, headers={"Accept": "application/json, text/html;q=0.9"})
+    except httpx.TransportError as exc:
+        with pool.connection() as conn:
+            breaker.record_failure(conn, target.source_id, f"{type(exc).__name__}: {exc}", bsettings)
+        raise TransientScrapeError(f"{where}: {type(exc).__name__}: {exc}") from None
+
+    status = response.status_code
+    if status == 429:
+        wait = http.retry_after_seconds(response)
+        with pool.connection() as conn:
+            ratelimit.block(conn, limiter_key(target.source_id), wait)
+        raise dramatiq.Retry(f"{where}: HTTP 429, retry after {wait:.0f}s", delay=int(wait * 1000))
+    if status >= 500 or status == 408:
+        with pool.connection() as conn:
+            breaker.record_failure(conn, target.source_id, f"HTTP {status}", bsettings)
+        raise TransientScrapeError(f"{where}: HTTP {status}")
+    if status >= 400:
+        raise PermanentScrapeError(f"{where}: HTTP {status}; check the source's search_url and the query")
+    with pool.connection() as conn:
+        breaker.record_success(conn, target.source_id)
+    try:
+        return parse(response.text, content_type=response.headers.get("content-type", ""),
+                     fmt=target.fmt, base_url=str(response.url))
+    except ParseError as exc:
+        raise PermanentScrapeError(f"{where}: {exc}") from None
+
+
+def _store(pool, target: _Target, listings) -> dict:
+    today = datetime.now(UTC).date()
+    min_strength = settings.scraping().min_match_strength
+    broker = _broker()
+    new_listings = new_points = chained = 0
+    with pool.connection() as conn, conn.transaction(), broker.transaction(conn):
+        for item in listings:
+            strength = match_strength(target.query, item.title)
+            if strength < min_strength:
+                continue
+            external_id = item.external_id or (url_key(item.url) if item.url else
+                                               url_key("title:" + normalise_title(item.title)))
+            listing_id, inserted, old_price = conn.execute(sql.UPSERT_LISTING, {
+                "source_id": target.source_id, "external_id": external_id, "url": item.url,
+                "title": item.title, "description": item.description, "price_cents": item.price_cents,
+                "currency": item.currency, "price_type": item.price_type, "condition": item.condition,
+                "raw": Jsonb(item.raw),
+            }).fetchone()
+            key = dedupe_key(external_id=item.external_id, url=item.url, title=item.title,
+                             price_cents=item.price_cents, day=today, price_type=item.price_type)
+            point = conn.execute(sql.UPSERT_PRICE_POINT, {
+                "watch_id": target.watch_id, "source_id": target.source_id, "listing_id": listing_id,
+                "dedupe_key": key, "price_cents": item.price_cents, "currency": item.currency,
+                "price_type": item.price_type, "observed_on": today, "match_strength": strength,
+            }).fetchone()
+            point_is_new = point is not None and point[1]
+            new_listings += bool(inserted)
+            new_points += bool(point_is_new)
+            if inserted or point_is_new or (old_price is not None and old_price != item.price_cents):
+                extract_listing.send_with_options(
+                    args=(listing_id, target.watch_id),
+                    dedupe_key=f"extract:{target.watch_id}:{listing_id}",
+                )
+                chained += 1
+        conn.execute(sql.MARK_POLLED, {"id": target.watch_id})
+    summary = {"watch_id": target.watch_id, "listings": len(listings), "new_listings": new_listings,
+               "new_price_points": new_points, "extractions": chained}
+    log.info("scraped watch %s from %s: %s", target.watch_id, target.source_name, summary)
+    return summary
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=3, min_backoff=10_000)
+def poll_due_watches(limit: int = 500, older_than_seconds: float | None = None) -> None:
+    """Enqueue a scrape for every enabled watch not polled within its interval
+    (at most one live scrape per watch: the dedupe key)."""
+    enqueue_due_watches(limit, older_than_seconds)
+
+
+def enqueue_due_watches(limit: int = 500, older_than_seconds: float | None = None) -> int:
+    broker = _broker()
+    with broker.pool.connection() as conn:
+        due = [r[0] for r in conn.execute(sql.DUE_WATCHES, {"limit": limit,
+                                                             "older_than_s": older_than_seconds})]
+    now = time.time()
+    messages = [scrape_watch.message_with_options(args=(wid, now), dedupe_key=f"scrape:{wid}") for wid in due]
+    broker.enqueue_many(messages)
+    log.info("poll_due_watches: %d watches due", len(due))
+    return len(due)

@@ -1,0 +1,315 @@
+"""Scraping: parsing, dedupe keys, persistence, retries, breaker and limiter deferral."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from datetime import date
+
+import pytest
+from werkzeug import Response
+
+from actors import dedupe, parsing
+from tests.conftest import scalar, wait_for
+from tests.pipeline_helpers import (  # noqa: F401  (fixtures)
+    make_source,
+    make_watch,
+    pipeline_broker_fixture,
+    pipeline_config_fixture,
+    running_worker,
+)
+
+ITEMS = [
+    {"id": "A1", "title": "Corsair Vengeance 32GB (2x16GB) DDR4 3200MHz", "price": "$89.99",
+     "url": "/item/A1?ref=search", "condition": "New"},
+    {"id": "A2", "title": "G.Skill Ripjaws 32GB DDR4-3200 kit", "price": 94.5, "url": "/item/A2"},
+    {"id": "A3", "title": "Kingston Fury 32GB DDR4 3200", "price": {"value": 99, "currency": "USD"},
+     "type": "sold"},
+]
+
+HTML_PAGE = """<html><body><ul>
+<li class="listing" data-listing-id="H1"><a href="/p/H1"><span class="title">EVGA RTX 3080 Ti FTW3</span></a>
+  <span class="price">$1,049.00</span><p class="condition">Used</p></li>
+<li class="listing" data-listing-id="H2"><a href="https://shop.example/p/H2">
+  <h3 class="title">ASUS TUF  RTX 3080  <b>OC</b></h3></a><div class="price">US $899.50</div></li>
+</ul></body></html>"""
+
+
+# --- parsing and dedupe keys (no database) ------------------------------------------
+
+
+def test_json_listings_in_any_common_shape():
+    for body in (ITEMS, {"items": ITEMS}, {"results": ITEMS}):
+        got = parsing.parse(json.dumps(body), content_type="application/json", base_url="http://shop.example/s")
+        assert [(x.external_id, x.price_cents, x.price_type) for x in got] == [
+            ("A1", 8999, "ask"), ("A2", 9450, "ask"), ("A3", 9900, "sold")]
+    assert got[0].url == "http://shop.example/item/A1?ref=search"
+    assert got[0].condition == "New"
+
+
+def test_html_listing_layout():
+    got = parsing.parse(HTML_PAGE, content_type="text/html; charset=utf-8", base_url="http://shop.example/s")
+    assert [(x.external_id, x.title, x.price_cents, x.url) for x in got] == [
+        ("H1", "EVGA RTX 3080 Ti FTW3", 104900, "http://shop.example/p/H1"),
+        ("H2", "ASUS TUF RTX 3080 OC", 89950, "https://shop.example/p/H2"),
+    ]
+    assert got[0].condition == "Used"
+    assert parsing.parse('<div class="no-results">Nothing found</div>', content_type="text/html") == []
+
+
+@pytest.mark.parametrize("body, ctype, fragment", [
+    ("{not json", "application/json", "not valid JSON"),
+    ('{"error": "nope"}', "application/json", "no list of listings"),
+    ('[{"title": "no price"}]', "application/json", "none of 1 listings could be read"),
+    ("<html><body><p>Please solve this captcha</p></body></html>", "text/html", "layout may have changed"),
+])
+def test_unreadable_pages_are_parse_errors(body, ctype, fragment):
+    with pytest.raises(parsing.ParseError, match=fragment):
+        parsing.parse(body, content_type=ctype)
+
+
+@pytest.mark.parametrize("text, cents", [
+    ("$1,299.99", 129999), ("12", 1200), ("EUR 5,5", 550), ("1 299,00 €", 129900), (12.5, 1250), (0.1, 10),
+])
+def test_prices_to_cents(text, cents):
+    assert parsing.price_to_cents(text) == cents
+
+
+def test_dedupe_keys():
+    day = date(2026, 3, 1)
+    assert dedupe.dedupe_key(external_id="123", url="x", title="t", price_cents=1, day=day,
+                             price_type="ask") == "ext_123"
+    key = dedupe.dedupe_key(external_id=None, url="HTTPS://Shop.Example/item/9/?utm=1#top",
+                            title="  Corsair   32GB\tDDR4 ", price_cents=8999, day=day, price_type="ask")
+    material = "https://shop.example/item/9|corsair 32gb ddr4|8999|2026-03-01|ask"
+    assert key == "hash_" + hashlib.sha256(material.encode()).hexdigest()[:16]
+    # Same offer, cosmetic differences: same key. Another day, price or type: another key.
+    same = dedupe.dedupe_key(external_id=None, url="https://shop.example/item/9?x=2", title="corsair 32gb ddr4",
+                             price_cents=8999, day=day, price_type="ask")
+    assert same == key
+    for change in ({"price_cents": 8998}, {"day": date(2026, 3, 2)}, {"price_type": "sold"}):
+        args = {"external_id": None, "url": "https://shop.example/item/9", "title": "corsair 32gb ddr4",
+                "price_cents": 8999, "day": day, "price_type": "ask", **change}
+        assert dedupe.dedupe_key(**args) != key
+
+
+def test_match_strength():
+    assert dedupe.match_strength("ddr4 32gb", "Corsair 32GB DDR4 3200") == 1.0
+    assert dedupe.match_strength("ddr4 32gb", "Corsair 32 GB DDR4") == 1.0
+    assert dedupe.match_strength("ddr4 32gb 3600", "Corsair 16GB DDR4 3200") == pytest.approx(1 / 3, abs=1e-3)
+
+
+# --- the actor against a local marketplace ------------------------------------------------
+
+
+@pytest.fixture
+def shop(conn, httpserver):
+    """A JSON source and a watch on it; tests set what the search page answers."""
+    url = httpserver.url_for("/search") + "?q={query}"
+    source_id = make_source(conn, "shop", url)
+    watch_id = make_watch(conn, source_id, "ddr4 32gb")
+    return source_id, watch_id
+
+
+def wait_job(conn, job_id, *states, timeout=20):
+    wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job_id,)) in states, timeout,
+             message=f"job {job_id} in {states}")
+    return scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job_id,))
+
+
+def test_scrape_stores_listings_points_and_chains_extractions(conn, pipeline_broker, pipeline_config, httpserver,
+                                                             shop):
+    from actors.scraping import scrape_watch
+
+    source_id, watch_id = shop
+    seen_agents = []
+
+    def page(request):
+        seen_agents.append(request.headers.get("User-Agent"))
+        return Response(json.dumps({"items": ITEMS}), content_type="application/json")
+
+    httpserver.expect_request("/search", query_string={"q": "ddr4 32gb"}).respond_with_handler(page)
+    pipeline_config["http"] = {"user_agent": "price-test/1.0"}
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        first = scrape_watch.send(watch_id)
+        assert wait_job(conn, first.message_id, "succeeded", "failed") == "succeeded"
+        assert scalar(conn, "SELECT count(*) FROM listings") == 3
+        assert scalar(conn, "SELECT count(*) FROM price_points") == 3
+        assert scalar(conn, "SELECT array_agg(dedupe_key ORDER BY dedupe_key) FROM price_points") == [
+            "ext_A1", "ext_A2", "ext_A3"]
+        assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'extract_listing' AND status = 'pending'") == 3
+        assert scalar(conn, "SELECT last_polled_at IS NOT NULL FROM watches WHERE id = %s", (watch_id,))
+        assert seen_agents == ["price-test/1.0"]
+
+        # Re-scraping the same page adds no price points, no listings, no extraction jobs.
+        second = scrape_watch.send(watch_id)
+        assert wait_job(conn, second.message_id, "succeeded", "failed") == "succeeded"
+    assert scalar(conn, "SELECT count(*) FROM listings") == 3
+    assert scalar(conn, "SELECT count(*) FROM price_points") == 3
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'extract_listing'") == 3
+
+
+def test_rescraping_listings_without_ids_adds_nothing(conn, pipeline_broker, pipeline_config, httpserver, shop):
+    from actors.scraping import run_scrape
+
+    _, watch_id = shop
+    anonymous = [{k: v for k, v in item.items() if k != "id"} for item in ITEMS]
+    httpserver.expect_request("/search").respond_with_json(anonymous)
+    first = run_scrape(watch_id)
+    again = run_scrape(watch_id)
+    assert (first["new_price_points"], again["new_price_points"]) == (3, 0)
+    keys = [r[0] for r in conn.execute("SELECT dedupe_key FROM price_points")]
+    assert len(keys) == 3 and all(k.startswith("hash_") and len(k) == 21 for k in keys)
+
+
+def test_a_stronger_match_replaces_a_weaker_price_point(conn, pipeline_broker, shop):
+    from supervisor.queries import pipeline as sql
+
+    source_id, watch_id = shop
+    row = {"watch_id": watch_id, "source_id": source_id, "listing_id": None, "dedupe_key": "ext_Z",
+           "price_cents": 100, "currency": "USD", "price_type": "ask", "observed_on": date.today()}
+    assert conn.execute(sql.UPSERT_PRICE_POINT, {**row, "match_strength": 0.5}).fetchone()[1] is True
+    assert conn.execute(sql.UPSERT_PRICE_POINT, {**row, "match_strength": 0.4, "price_cents": 1}).fetchone() is None
+    replaced = conn.execute(sql.UPSERT_PRICE_POINT, {**row, "match_strength": 0.9, "price_cents": 90}).fetchone()
+    assert replaced is not None and replaced[1] is False
+    assert conn.execute("SELECT count(*), max(price_cents), max(match_strength) FROM price_points").fetchone() == (
+        1, 90, pytest.approx(0.9))
+
+
+def test_html_source(conn, pipeline_broker, httpserver):
+    from actors.scraping import run_scrape
+
+    source_id = make_source(conn, "html-shop", httpserver.url_for("/s") + "?q={query}", fmt="html")
+    watch_id = make_watch(conn, source_id, "rtx 3080")
+    httpserver.expect_request("/s").respond_with_data(HTML_PAGE, content_type="text/html")
+    assert run_scrape(watch_id)["new_price_points"] == 2
+    assert sorted(r[0] for r in conn.execute("SELECT external_id FROM listings")) == ["H1", "H2"]
+
+
+@pytest.mark.parametrize("status, body, fragment", [
+    (404, "gone", "HTTP 404"),
+    (200, "<html><body>maintenance</body></html>", "layout may have changed"),
+])
+def test_permanent_errors_fail_at_once_with_a_clear_error(conn, pipeline_broker, httpserver, shop, status, body,
+                                                          fragment):
+    from actors.scraping import scrape_watch
+
+    _, watch_id = shop
+    httpserver.expect_request("/search").respond_with_data(body, status=status, content_type="text/html")
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        msg = scrape_watch.send(watch_id)
+        assert wait_job(conn, msg.message_id, "failed", "succeeded", "retryable") == "failed"
+    attempts, error = conn.execute("SELECT attempts, last_error FROM jobs WHERE id = %s",
+                                   (msg.message_id,)).fetchone()
+    assert attempts == 1 and "PermanentScrapeError" in error and fragment in error
+    assert scalar(conn, "SELECT failure_streak FROM sources") == 0  # the source itself is fine
+
+
+def test_server_errors_and_timeouts_retry_with_backoff(conn, pipeline_broker, pipeline_config, httpserver, shop):
+    from actors.scraping import scrape_watch
+
+    _, watch_id = shop
+    pipeline_config["http"] = {"timeout": 0.3}
+
+    def slow(request):
+        time.sleep(1.0)
+        return Response("[]", content_type="application/json")
+
+    httpserver.expect_request("/search").respond_with_data("busy", status=503)
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        msg = scrape_watch.send(watch_id)
+        assert wait_job(conn, msg.message_id, "retryable", "failed") == "retryable"
+        httpserver.clear()
+        httpserver.expect_request("/search").respond_with_handler(slow)
+        timed_out = scrape_watch.send_with_options(args=(watch_id,), dedupe_key="t")
+        assert wait_job(conn, timed_out.message_id, "retryable", "failed") == "retryable"
+    delay, error = conn.execute("SELECT extract(epoch FROM run_at - now()), last_error FROM jobs WHERE id = %s",
+                                (msg.message_id,)).fetchone()
+    assert 2 < delay <= 5 and "HTTP 503" in error  # the actor's first backoff is 5 s
+    assert "ReadTimeout" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (timed_out.message_id,))
+    assert scalar(conn, "SELECT failure_streak FROM sources") == 2
+
+
+def test_429_retry_after_feeds_the_limiter(conn, pipeline_broker, httpserver, shop):
+    from actors.scraping import scrape_watch
+
+    source_id, watch_id = shop
+    httpserver.expect_request("/search").respond_with_data("slow down", status=429, headers={"Retry-After": "7"})
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        msg = scrape_watch.send(watch_id)
+        assert wait_job(conn, msg.message_id, "retryable", "failed") == "retryable"
+    delay = scalar(conn, "SELECT extract(epoch FROM run_at - now()) FROM jobs WHERE id = %s", (msg.message_id,))
+    blocked = scalar(conn, "SELECT extract(epoch FROM blocked_until - now()) FROM rate_limiter_state"
+                           " WHERE key = %s", (f"source:{source_id}",))
+    assert 5 < delay <= 7 and 5 < blocked <= 7
+
+
+def test_breaker_opens_defers_and_recloses(conn, pipeline_broker, pipeline_config, httpserver, shop):
+    """Two failures open the breaker; the retry that follows is deferred (a fresh
+    delayed job, no attempt spent) until the cooldown ends; then it probes, the
+    source answers, and the breaker closes."""
+    from actors.scraping import scrape_watch
+
+    source_id, watch_id = shop
+    pipeline_config["breaker"] = {"threshold": 2, "cooldown": 1.5}
+    state = {"up": False}
+
+    def page(request):
+        if not state["up"]:
+            return Response("down", status=502)
+        return Response(json.dumps(ITEMS), content_type="application/json")
+
+    httpserver.expect_request("/search").respond_with_handler(page)
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        msg = scrape_watch.send_with_options(args=(watch_id,), min_backoff=200, max_backoff=200)
+        wait_for(lambda: scalar(conn, "SELECT paused_until > now() FROM sources WHERE id = %s", (source_id,)),
+                 timeout=15, message="breaker to open")
+        # The third attempt found the source paused: it ended and left a deferred copy.
+        deferred = wait_for(lambda: conn.execute(
+            "SELECT id, run_at, attempts FROM jobs WHERE options ? 'deferred_because'").fetchone(), timeout=10)
+        assert wait_job(conn, msg.message_id, "succeeded", "failed") == "succeeded"
+        assert scalar(conn, "SELECT attempts FROM jobs WHERE id = %s", (msg.message_id,)) == 3
+        paused_until = scalar(conn, "SELECT paused_until FROM sources WHERE id = %s", (source_id,))
+        assert deferred[1] >= paused_until and deferred[2] == 0
+        state["up"] = True
+        assert wait_job(conn, deferred[0], "succeeded", "failed", timeout=15) == "succeeded"
+    assert conn.execute("SELECT failure_streak, paused_until FROM sources").fetchone() == (0, None)
+    assert scalar(conn, "SELECT count(*) FROM listings") == 3
+
+
+def test_rate_limited_scrapes_are_deferred_not_failed(conn, pipeline_broker, pipeline_config, httpserver):
+    from actors.scraping import scrape_watch
+
+    source_id = make_source(conn, "slow-shop", httpserver.url_for("/search") + "?q={query}", per_minute=1, burst=1)
+    watches = [make_watch(conn, source_id, f"ddr4 {n}") for n in range(2)]
+    httpserver.expect_request("/search").respond_with_json([])
+    pipeline_config["scraping"] = {"max_inline_wait": 0}
+    with running_worker(pipeline_broker, queues=["scraping"], threads=1):
+        sent = [scrape_watch.send(w) for w in watches]
+        for m in sent:
+            assert wait_job(conn, m.message_id, "succeeded", "failed") == "succeeded"
+    assert len(httpserver.log) == 1
+    delay, attempts, why = conn.execute(
+        "SELECT extract(epoch FROM run_at - now()), attempts, options->>'deferred_because' FROM jobs"
+        " WHERE status = 'pending' AND actor = 'scrape_watch'").fetchone()
+    assert 50 < delay <= 60 and attempts == 0 and "rate limit (rate)" in why
+
+
+def test_poll_due_watches_enqueues_each_due_watch_once(conn, pipeline_broker):
+    from actors.scraping import enqueue_due_watches
+
+    source_id = make_source(conn)
+    paused = make_source(conn, "paused")
+    conn.execute("UPDATE sources SET paused_until = now() + interval '1 hour' WHERE id = %s", (paused,))
+    due = make_watch(conn, source_id, "a")
+    fresh = make_watch(conn, source_id, "b")
+    conn.execute("UPDATE watches SET last_polled_at = now() WHERE id = %s", (fresh,))
+    stale = make_watch(conn, source_id, "c", poll_interval_seconds=60)
+    conn.execute("UPDATE watches SET last_polled_at = now() - interval '2 minutes' WHERE id = %s", (stale,))
+    make_watch(conn, source_id, "d", enabled=False)
+    make_watch(conn, paused, "e")
+    assert enqueue_due_watches() == 2
+    assert enqueue_due_watches() == 2  # still due, but the live job's dedupe key absorbs it
+    rows = conn.execute("SELECT args->>0, dedupe_key FROM jobs WHERE actor = 'scrape_watch' ORDER BY 1").fetchall()
+    assert sorted(rows) == sorted([(str(due), f"scrape:{due}"), (str(stale), f"scrape:{stale}")])
