@@ -222,5 +222,20 @@ def hammer(url: str, key: str, per_minute: float, burst: int, quota: int | None,
     out.put((grants, refusals))
 
 
+@pytest.fixture(name="threaded_server")
+def threaded_server_fixture() -> Iterator[Any]:
+    """A local HTTP server that handles requests concurrently (slow handlers do
+    not hold up the others)."""
+    from pytest_httpserver import HTTPServer
+
+    server = HTTPServer(host="127.0.0.1", port=0, threaded=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.clear()
+        server.stop()
+
+
 if __name__ == "__main__":
     sys.exit(_main())
