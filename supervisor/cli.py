@@ -54,6 +54,8 @@ def _load_config(ctx: click.Context):
             cfg = config.load(config.find_path(ctx.obj.get("config")))
         except config.ConfigError as exc:
             hint = "" if exc.line else " (pass -c FILE or set SUPERVISOR_CONFIG)"
+            if ctx.obj.get("config_error_hint"):
+                hint += f"\n{ctx.obj['config_error_hint']}"
             _die(f"{exc}{hint}", EXIT_USAGE)
         if cfg.supervisor.state_dir is not None:
             os.environ["SUPERVISOR_STATE_DIR"] = str(cfg.supervisor.state_dir)
@@ -259,6 +261,7 @@ def run(ctx: click.Context) -> None:
 def reload(ctx: click.Context, timeout: float, as_json: bool) -> None:
     """Re-read the config and apply it; wait until the new state is reached.
     An invalid file changes nothing (exit 2, the error names file, line and key)."""
+    ctx.obj["config_error_hint"] = "nothing was changed: the supervisor keeps running its previous config"
     _report_change(_control(ctx, {"cmd": "reload"}, timeout), as_json, "reload")
 
 
