@@ -78,7 +78,10 @@ def running_worker(broker: PostgresBroker, queues=QUEUES, threads: int = 4) -> I
     """An in-process Dramatiq worker on the real broker."""
     broker.set_capacity(threads)
     broker.resume_claiming()
-    broker.emit_after("process_boot")
+    if not getattr(broker, "_pipeline_booted", False):
+        # Once per broker: TimeLimit starts its timer thread on boot.
+        broker.emit_after("process_boot")
+        broker._pipeline_booted = True
     worker = dramatiq.Worker(broker, queues=set(queues), worker_threads=threads, worker_timeout=100)
     worker.queue_prefetch = threads
     worker.start()
