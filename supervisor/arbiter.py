@@ -595,7 +595,10 @@ class Arbiter:
 def _alive_since(pid: int, started_at) -> bool:
     """Is ``pid`` the same process that registered at ``started_at``?"""
     try:
-        created = psutil.Process(pid).create_time()
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = proc.create_time()
     except psutil.Error:
         return False
     return created <= started_at.timestamp() + 5.0  # a younger process reused the pid
