@@ -81,7 +81,7 @@ class Scheduler(threading.Thread):
         self.clock = clock
         self.sync_seconds = sync_seconds
         self.grace = timedelta(seconds=grace_seconds)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.fired: list[tuple[str, datetime, str]] = []  # (schedule, fire time, outcome), for status and tests
 
     # --- one fire -------------------------------------------------------------
@@ -154,7 +154,7 @@ class Scheduler(threading.Thread):
     # --- the thread ---------------------------------------------------------------
 
     def stop(self, timeout: float | None = 5.0) -> None:
-        self._stop.set()
+        self._halt.set()
         if self.is_alive():
             self.join(timeout)
 
@@ -170,7 +170,7 @@ class Scheduler(threading.Thread):
         now = self.clock()
         due = {s.name: self.crons[s.name].next_after(now) for s in self.schedules}
         last_sync = last_purge = now
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             now = self.clock()
             for s in self.schedules:
                 fire_at = due[s.name]
@@ -192,4 +192,4 @@ class Scheduler(threading.Thread):
                 last_purge = now
             wake = min(due.values(), default=now + timedelta(seconds=self.sync_seconds))
             wait = min(self.sync_seconds, max(0.0, (wake - self.clock()).total_seconds()))
-            self._stop.wait(wait)
+            self._halt.wait(wait)

@@ -1,0 +1,127 @@
+"""Cron schedules under scheduler_locks, recorded in job_runs."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import dramatiq
+import pytest
+
+from supervisor.scheduler import Scheduler, SimpleSchedule
+from tests.conftest import scalar, wait_for
+from tests.pipeline_helpers import pipeline_broker_fixture  # noqa: F401  (fixture)
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+POLL = SimpleSchedule(name="poll", cron="* * * * *", actor="poll_due_watches", queue="scraping",
+                      kwargs={"limit": 10}, lock_ttl_seconds=30)
+
+
+def hosts(broker, n=2, **kwargs) -> list[Scheduler]:
+    return [Scheduler(broker, [POLL], holder=f"host-{i}", **kwargs) for i in range(n)]
+
+
+def test_two_hosts_firing_the_same_time_run_it_once(conn, pipeline_broker):
+    a, b = hosts(pipeline_broker)
+    barrier = threading.Barrier(2)
+    outcomes = []
+
+    def fire(s):
+        barrier.wait(10)
+        outcomes.append(s.fire(POLL, T0))
+
+    threads = [threading.Thread(target=fire, args=(s,)) for s in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(outcomes) == ["fired", "not-ours"]
+    job = conn.execute("SELECT id, queue, actor, kwargs, dedupe_key, options->>'scheduled_for' FROM jobs").fetchall()
+    assert len(job) == 1 and job[0][1:] == ("scraping", "poll_due_watches", {"limit": 10}, "schedule:poll",
+                                           T0.isoformat())
+    run = conn.execute("SELECT job_name, scheduled_for, status, job_id FROM job_runs").fetchall()
+    assert run == [("poll", T0, "running", job[0][0])]
+    # A host whose clock runs late fires the same time after the lease was released: nothing happens.
+    assert a.fire(POLL, T0) == "not-ours"
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 1
+    assert conn.execute("SELECT fire_at, expires_at <= now() FROM scheduler_locks").fetchone() == (T0, True)
+
+
+def test_a_live_previous_job_makes_the_next_fire_a_skip(conn, pipeline_broker):
+    (a,) = hosts(pipeline_broker, 1)
+    assert a.fire(POLL, T0) == "fired"
+    assert a.fire(POLL, T0 + timedelta(minutes=1)) == "skipped"
+    assert [r[0] for r in conn.execute("SELECT status FROM job_runs ORDER BY scheduled_for")] == ["running", "skipped"]
+    assert "still pending or running" in scalar(conn, "SELECT error_text FROM job_runs WHERE status = 'skipped'")
+
+
+def test_a_lease_held_by_a_crashed_host_expires(conn, pipeline_broker):
+    from supervisor.queries import scheduler as sql
+
+    short = SimpleSchedule(name="short", cron="* * * * *", actor="noop", queue="default", lock_ttl_seconds=0.5)
+    conn.execute(sql.ACQUIRE, {"name": "short", "holder": "dead-host", "ttl_s": 0.5, "fire_at": T0})
+    (a,) = hosts(pipeline_broker, 1)
+    assert a.fire(short, T0 + timedelta(minutes=1)) == "not-ours"
+    wait_for(lambda: a.fire(short, T0 + timedelta(minutes=1)) == "fired", timeout=5, interval=0.1)
+
+
+def test_runs_follow_their_jobs_and_crashes_are_found(conn, pipeline_broker):
+    (a,) = hosts(pipeline_broker, 1)
+    for n, name in enumerate(["ok", "bad", "lost"]):
+        s = SimpleSchedule(name=name, cron="* * * * *", actor="noop", queue="default")
+        assert a.fire(s, T0 + timedelta(minutes=n)) == "fired"
+    conn.execute("UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE dedupe_key = 'schedule:ok'")
+    conn.execute("UPDATE jobs SET status = 'failed', finished_at = now(), last_error = 'boom'"
+                 " WHERE dedupe_key = 'schedule:bad'")
+    conn.execute("DELETE FROM jobs WHERE dedupe_key = 'schedule:lost'")
+    # A run whose scheduler died before enqueueing, and one from long ago.
+    conn.execute("INSERT INTO job_runs (job_name, started_at) VALUES ('died', now() - interval '1 hour')")
+    conn.execute("INSERT INTO job_runs (job_name, started_at, status) VALUES ('old', now() - interval '31 days',"
+                 " 'succeeded')")
+    a.sync()
+    assert a.recover() == (1, 1)
+    assert dict(conn.execute("SELECT job_name, status FROM job_runs").fetchall()) == {
+        "ok": "succeeded", "bad": "failed", "lost": "crashed", "died": "crashed"}
+    assert scalar(conn, "SELECT error_text FROM job_runs WHERE job_name = 'bad'") == "boom"
+
+
+def test_scheduler_threads_on_two_hosts_fire_each_minute_once(conn, pipeline_broker):
+    """Both threads wake at the same cron time (their clocks read one second
+    before a minute boundary when they start); one of them enqueues."""
+    offset = (T0 - timedelta(seconds=1)) - datetime.now(UTC)
+    schedulers = hosts(pipeline_broker, 2, clock=lambda: datetime.now(UTC) + offset, sync_seconds=0.2)
+    for s in schedulers:
+        s.start()
+    try:
+        wait_for(lambda: all(s.fired for s in schedulers), timeout=10, message="both schedulers to fire")
+    finally:
+        for s in schedulers:
+            s.stop()
+    outcomes = sorted(o for s in schedulers for (_, when, o) in s.fired if when == T0)
+    assert outcomes == ["fired", "not-ours"]
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'poll_due_watches'") == 1
+    assert scalar(conn, "SELECT count(*) FROM job_runs WHERE scheduled_for = %s", (T0,)) == 1
+
+
+def test_the_worker_process_runs_the_scheduler_only_with_schedules(database_url, conn, pipeline_broker):
+    from supervisor.process import WorkerProcess, WorkerSettings
+
+    previous = dramatiq.broker.global_broker
+    try:
+        for schedules, expected in (((), False), ((POLL,), True)):
+            proc = WorkerProcess(WorkerSettings(queues=("scraping",), actors=("actors.scraping",), threads=1,
+                                                shutdown_timeout=2, schedules=schedules), database_url)
+            proc.start()
+            try:
+                assert (proc.scheduler is not None and proc.scheduler.is_alive()) == expected
+            finally:
+                proc.drain()
+            assert proc.scheduler is None or not proc.scheduler.is_alive()
+    finally:
+        dramatiq.set_broker(previous)
+
+
+@pytest.mark.parametrize("bad", ["* * *", "61 * * * *"])
+def test_a_bad_cron_is_refused_up_front(pipeline_broker, bad):
+    with pytest.raises(ValueError):
+        Scheduler(pipeline_broker, [SimpleSchedule(name="x", cron=bad, actor="a")], holder="h")
