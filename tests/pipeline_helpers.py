@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,8 +101,10 @@ class PipelineWorker:
         spec = {"queues": list(queues), "actors": list(actors), "threads": threads, "lease": lease,
                 "heartbeat": heartbeat, "pipeline": pipeline or {}, "schedules": schedules or []}
         env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT), "PIPELINE_WORKER": json.dumps(spec)}
+        # A file, not a pipe: a chatty worker must never block on a full pipe.
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the process)
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.pipeline_helpers"], cwd=ROOT, env=env,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=self.log, text=True)
         self.pid = self.proc.pid
 
     def owner(self, conn) -> str | None:
@@ -111,7 +114,7 @@ class PipelineWorker:
     def wait_ready(self, conn, timeout: float = 30.0) -> str:
         def ready():
             if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited early: {self.proc.returncode}\n{self.proc.stderr.read()}")
+                raise AssertionError(f"worker exited early: {self.proc.returncode}\n{self.stderr()}")
             row = conn.execute("SELECT id FROM workers WHERE pid = %s AND state = 'running'", (self.pid,)).fetchone()
             return row[0] if row else None
         return wait_for(ready, timeout, message=f"worker {self.pid} to be running")
@@ -127,7 +130,8 @@ class PipelineWorker:
         self.proc.wait(10)
 
     def stderr(self) -> str:
-        return self.proc.stderr.read() if self.proc.poll() is not None else ""
+        self.log.seek(0)
+        return self.log.read()
 
 
 def _main() -> int:
