@@ -166,6 +166,7 @@ class Arbiter:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self.notifier.drain(1.0)
         self.notifier.close()
 
     def _set_watch(self, on: bool) -> None:
@@ -584,6 +585,7 @@ class Arbiter:
         return ", ".join(parts) or "no roles"
 
     def _housekeeping(self, now: float) -> None:
+        self.notifier.flush()
         self.notifier.watchdog(now)
         if self.ready_sent and not self.stopping:
             self.notifier.status(self.status_line())

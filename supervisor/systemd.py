@@ -26,6 +26,7 @@ class Notifier:
         self._sock: socket.socket | None = None
         self._last_watchdog = 0.0
         self._last_status: str | None = None
+        self._pending: list[bytes] = []
 
     @property
     def enabled(self) -> bool:
@@ -37,29 +38,62 @@ class Notifier:
             return b"\0" + addr[1:].encode()  # the abstract namespace
         return addr
 
-    def send(self, *fields: str) -> bool:
-        """Send ``KEY=VALUE`` lines as one datagram. Errors are logged, never raised:
-        losing a notification must not take the service down."""
+    def send(self, *fields: str, important: bool = False) -> bool:
+        """Send ``KEY=VALUE`` lines as one datagram. Never blocks and never raises:
+        the master's loop must not wait on systemd. If systemd's queue is full, an
+        important message (a state change) is kept and resent, in order, by
+        ``flush()``; a STATUS or WATCHDOG message is dropped (the next one follows)."""
         if not self.address:
             return False
+        payload = "\n".join(fields).encode()
+        if self._pending:
+            if important:
+                self._pending.append(payload)
+            self.flush()
+            return False
+        return self._send(payload, important)
+
+    def _send(self, payload: bytes, important: bool) -> bool:
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._sock.sendto("\n".join(fields).encode(), self._target())
+                self._sock.setblocking(False)
+            self._sock.sendto(payload, self._target())
             return True
+        except BlockingIOError:
+            if important:
+                self._pending.append(payload)
+            return False
         except OSError as exc:
             log.warning("sd_notify to %s failed: %s", self.address, exc)
             return False
 
+    def flush(self) -> None:
+        """Resend held state changes; call every tick."""
+        while self._pending:
+            payload = self._pending.pop(0)
+            if not self._send(payload, important=False):
+                self._pending.insert(0, payload)
+                return
+
+    def drain(self, timeout: float) -> bool:
+        """At exit: give held state changes (STOPPING=1) a last chance."""
+        deadline = time.monotonic() + timeout
+        self.flush()
+        while self._pending and time.monotonic() < deadline:
+            time.sleep(0.02)
+            self.flush()
+        return not self._pending
+
     def ready(self, status: str | None = None) -> bool:
-        return self.send("READY=1", *([f"STATUS={status}"] if status else []))
+        return self.send("READY=1", *([f"STATUS={status}"] if status else []), important=True)
 
     def reloading(self) -> bool:
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        return self.send("RELOADING=1", f"MONOTONIC_USEC={usec}")
+        return self.send("RELOADING=1", f"MONOTONIC_USEC={usec}", important=True)
 
     def stopping(self) -> bool:
-        return self.send("STOPPING=1")
+        return self.send("STOPPING=1", important=True)
 
     def status(self, line: str) -> bool:
         if line == self._last_status:
