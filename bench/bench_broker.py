@@ -23,6 +23,7 @@ its UPDATE has committed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,6 +53,18 @@ SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = 'bench' AND status IN ('pending'
 
 W3_IDEAL = 2 * 16 / 0.05
 
+# One row per W2 job, in ms: send->start, the DB's own started_at - created_at,
+# then the three legs. created_at and claimed_at are the INSERT's and the
+# claim's transaction start (now()), read from the same host clock as time.time().
+LATENCY_PARTS = """
+SELECT (l.started - l.sent) * 1000,
+       extract(epoch FROM j.started_at - j.created_at)::float8 * 1000,
+       (extract(epoch FROM j.created_at)::float8 - l.sent) * 1000,
+       extract(epoch FROM j.claimed_at - j.created_at)::float8 * 1000,
+       (l.started - extract(epoch FROM j.claimed_at)::float8) * 1000
+  FROM bench_latency l JOIN jobs j ON j.id = l.job_id
+"""
+
 # How the drain was shaped: a claim stamps its rows with one claimed_at (its
 # transaction's now()), an ack batch with one finished_at, per process.
 BATCHES = """
@@ -60,6 +73,11 @@ SELECT (SELECT count(*) FROM (SELECT DISTINCT lease_owner, claimed_at FROM jobs)
        (SELECT count(*) FROM (SELECT DISTINCT lease_owner, finished_at FROM jobs) f),
        (SELECT count(*)::float / greatest(1, count(DISTINCT (lease_owner, finished_at))) FROM jobs)
 """
+
+
+def load() -> str:
+    """The machine is shared: every figure is printed with the load it ran under."""
+    return f"load avg {os.getloadavg()[0]:.1f}"
 
 
 def _settings_line(conn: psycopg.Connection) -> str:
@@ -108,10 +126,10 @@ def _warm_up(url: str, conn: psycopg.Connection, broker, actor, n: int = 200) ->
     conn.execute("DELETE FROM jobs")
 
 
-def w1(url: str, broker, actors, *, jobs: int, threads: int, chunk: int) -> dict[str, float]:
+def w1(url: str, broker, actors, *, jobs: int, threads: int, chunk: int, pool: dict | None = None) -> dict[str, float]:
     with psycopg.connect(url, autocommit=True) as conn:
         reset(conn)
-        with WorkerPool(url, count=2, threads=threads):
+        with WorkerPool(url, count=2, threads=threads, **(pool or {})):
             _warm_up(url, conn, broker, actors.noop)
             t0 = time.monotonic()
             messages = [actors.noop.message() for _ in range(jobs)]
@@ -125,14 +143,16 @@ def w1(url: str, broker, actors, *, jobs: int, threads: int, chunk: int) -> dict
             shape = conn.execute(BATCHES).fetchone()
     rate = jobs / seconds
     say(f"    drained {jobs:,} in {seconds:.3f}s -> {rate:,.0f} jobs/s "
-        f"({shape[0]:,} claims of {shape[1]:.1f} rows on average, {shape[2]:,} ack batches of {shape[3]:.1f})")
+        f"({shape[0]:,} claims of {shape[1]:.1f} rows on average, {shape[2]:,} ack batches of {shape[3]:.1f}; "
+        f"{load()})")
     return {"enqueue": enqueue_rate, "insert": insert_rate, "drain": rate}
 
 
-def w2(url: str, actors, *, jobs: int, threads: int, interval: float) -> dict[str, list[float]]:
+def w2(url: str, actors, *, jobs: int, threads: int, interval: float,
+       pool: dict | None = None) -> dict[str, list[float]]:
     with psycopg.connect(url, autocommit=True) as conn:
         reset(conn)
-        with WorkerPool(url, count=2, threads=threads):
+        with WorkerPool(url, count=2, threads=threads, **(pool or {})):
             for _ in range(20):  # warm-up: connections, prepared statements, caches
                 actors.latency.send(time.time())
                 time.sleep(interval)
@@ -157,27 +177,32 @@ def w2(url: str, actors, *, jobs: int, threads: int, interval: float) -> dict[st
             counts = status_counts(conn)
             if counts.get("succeeded", 0) != jobs:
                 raise RuntimeError(f"expected {jobs} succeeded jobs, found {counts}")
-            start_ms = [r[0] for r in conn.execute("SELECT (started - sent) * 1000 FROM bench_latency")]
-            db_ms = [float(r[0]) for r in conn.execute(
-                "SELECT extract(epoch FROM started_at - created_at) * 1000 FROM jobs")]
+            rows = conn.execute(LATENCY_PARTS).fetchall()
+    start_ms = [r[0] for r in rows]
+    db_ms = [r[1] for r in rows]
+    parts = {name: [r[i] for r in rows] for i, name in enumerate(
+        ("send->INSERT began", "INSERT began->claim began", "claim began->actor started"), start=2)}
+
     def pct(values: list[float]) -> str:
         return " ".join(f"p{q} {percentile(values, q):.2f}" for q in (50, 95, 99)) + f" max {max(values):.2f}"
 
-    say(f"    send->start ms: {pct(start_ms)}; send() call: {pct(send_ms)}; DB started_at-created_at: {pct(db_ms)}")
+    say(f"    send->start ms: {pct(start_ms)}; send() call: {pct(send_ms)}; "
+        f"DB started_at-created_at: {pct(db_ms)}; {load()}")
+    say("    where the time goes (ms): " + "; ".join(f"{k} {pct(v)}" for k, v in parts.items()))
     return {"start": start_ms, "send": send_ms, "db": db_ms}
 
 
-def w3(url: str, broker, actors, *, jobs: int, sleep_s: float) -> float:
+def w3(url: str, broker, actors, *, jobs: int, sleep_s: float, pool: dict | None = None) -> float:
     with psycopg.connect(url, autocommit=True) as conn:
         reset(conn)
-        with WorkerPool(url, count=2, threads=16):
+        with WorkerPool(url, count=2, threads=16, **(pool or {})):
             _warm_up(url, conn, broker, actors.noop)
             messages = [actors.sleeper.message(sleep_s) for _ in range(jobs)]
             committed = _bulk_enqueue(url, messages, broker, 0)
             seconds = _drain(conn, jobs, committed, timeout=120)
     rate = jobs / seconds
     say(f"    drained {jobs:,} x {sleep_s * 1000:.0f} ms sleeps in {seconds:.3f}s -> {rate:,.0f} jobs/s "
-        f"({rate / W3_IDEAL:.1%} of {W3_IDEAL:.0f})")
+        f"({rate / W3_IDEAL:.1%} of {W3_IDEAL:.0f}; {load()})")
     return rate
 
 

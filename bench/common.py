@@ -95,13 +95,14 @@ class WorkerPool:
     # The entry point run with ``python -m``; an experiment may point it at a
     # wrapper that patches the broker before calling the CLI.
     module: str = "supervisor.cli"
+    env: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
     _dir: tempfile.TemporaryDirectory | None = None
 
     def start(self, timeout: float = 60.0) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="as-bench-")
-        env = {**os.environ, "DATABASE_URL": self.url, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "DATABASE_URL": self.url, "PYTHONPATH": str(ROOT), **self.env}
         for i in range(self.count):
             log = Path(self._dir.name) / f"worker{i}.log"
             self.logs.append(log)
