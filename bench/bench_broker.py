@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--w2-jobs", type=int, default=1_000)
     p.add_argument("--w3-jobs", type=int, default=2_000)
     p.add_argument("--repeat", type=int, default=3, help="runs of each workload (best and spread reported)")
-    p.add_argument("--w1-threads", default="8,16,32", help="thread counts per process to try in W1")
+    p.add_argument("--w1-threads", default="8,16,32,64", help="thread counts per process to try in W1")
     p.add_argument("--w2-threads", type=int, default=8, help="threads per process in W2")
     p.add_argument("--chunk", type=int, default=0, help="W1 enqueue_many batch size (0: one call)")
     p.add_argument("--database-url", default=None,
