@@ -249,6 +249,10 @@ class Arbiter:
             fds.append(self.selector.fileno())
         for key in list(self.selector.get_map().values()):
             fds.append(key.fd)
+        # Clients waiting for a reload: the reply must be the end of their connection.
+        fds += [w.conn.fileno() for w in self.waiters if w.conn is not None and not w.conn.closed]
+        if self.notifier._sock is not None:
+            fds.append(self.notifier._sock.fileno())
         return sorted(set(fds))
 
     def _spawn(self, role: RoleState, now: float) -> Child:
