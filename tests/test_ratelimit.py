@@ -86,26 +86,22 @@ def _run_batch(url, key, n, seconds, per_minute, burst, quota):
 def test_eight_processes_never_exceed_the_rate_across_a_restart(conn, database_url):
     """A 60/min bucket (burst 5) hammered by 8 processes, all of which then stop
     and are replaced by 8 new ones: the fleet never gets more than burst + rate x
-    elapsed, so the new processes do not get a fresh burst."""
+    elapsed, and the new processes get only what the bucket held, not a fresh burst."""
     per_minute, burst = 60, 5
     started = time.time()
-    first, refused1, first_until = _run_batch(database_url, "source:hammer", 8, 2.0, per_minute, burst, None)
+    first, refused1, _ = _run_batch(database_url, "source:hammer", 8, 2.0, per_minute, burst, None)
+    # What the bucket holds between the two generations, by the database's clock.
+    held, read_at = conn.execute(
+        "SELECT least(burst, tokens + rate_per_second * extract(epoch FROM clock_timestamp() - updated_at)),"
+        " extract(epoch FROM clock_timestamp()) FROM rate_limiter_state WHERE key = 'source:hammer'").fetchone()
     second, refused2, _ = _run_batch(database_url, "source:hammer", 8, 2.0, per_minute, burst, None)
-    elapsed = time.time() - started
-    grants = sorted(first + second)
-    allowed = burst + per_minute / 60 * elapsed
-    assert len(grants) <= allowed, f"{len(grants)} grants in {elapsed:.2f}s (allowed {allowed:.1f})"
+    ended = time.time()
+    grants = len(first) + len(second)
+    allowed = burst + per_minute / 60 * (ended - started)
+    assert grants <= allowed, f"{grants} grants in {ended - started:.2f}s (allowed {allowed:.1f})"
     assert first and second and refused1 > 0 and refused2 > 0
-    # Every window of the run obeys the bucket too (grant times are taken just
-    # after the grant, so allow one token of slack for the measurement).
-    for i in range(len(grants)):
-        for j in range(i + 1, len(grants)):
-            assert j - i + 1 <= burst + per_minute / 60 * (grants[j] - grants[i]) + 1
-    # The old processes left the bucket drained; the new ones got only what refilled
-    # since, not a fresh burst of their own.
-    assert len(second) <= per_minute / 60 * (time.time() - first_until) + 2
-    state = ratelimit.state(conn, "source:hammer")
-    assert state["granted_total"] == len(grants)
+    assert len(second) <= held + per_minute / 60 * (ended - float(read_at)) + 0.01
+    assert ratelimit.state(conn, "source:hammer")["granted_total"] == grants
 
 
 def test_daily_quota_survives_a_restart_of_all_callers(conn, database_url):
