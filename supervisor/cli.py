@@ -208,11 +208,20 @@ def check(ctx: click.Context, as_json: bool) -> None:
 
 
 def _control(ctx: click.Context, message: dict[str, Any], timeout: float) -> dict[str, Any]:
-    from . import control
+    from . import config, control
 
-    cfg = _load_config(ctx)
+    path = config.find_path(ctx.obj.get("config"))
     try:
-        return control.request(cfg.supervisor.control_socket, message, timeout=timeout)
+        socket_path = config.load(path).supervisor.control_socket
+    except config.ConfigError:
+        # Still reach the master if we can tell where it listens: it gives the precise error.
+        try:
+            socket_path = config.control_socket_of(path)
+        except config.ConfigError:
+            _load_config(ctx)  # prints the full error and exits 2
+            raise
+    try:
+        return control.request(socket_path, message, timeout=timeout)
     except control.ControlError as exc:
         _die(str(exc), EXIT_PROBLEM)
         raise

@@ -657,3 +657,39 @@ def _schedules(reader: _Reader, item: _Item | None, roles: tuple[RoleConfig, ...
             lock_ttl_seconds=s.get("lock_ttl", _duration(0, strict=True), 300.0),
         ))
     return tuple(out)
+
+
+def control_socket_of(path: str | Path, env: Mapping[str, str] | None = None) -> Path:
+    """Only where the control socket is, read leniently.
+
+    Control commands need nothing else from the file, and should still reach the
+    master when the file is invalid elsewhere (`supervisor reload` then gets the
+    master's own, precise error) or interpolates secrets the operator's shell
+    does not have. Raises ConfigError when even this cannot be found out.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(path, None, None, f"cannot read the config file: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise ConfigError(path, mark.line + 1 if mark else None, None, f"YAML syntax error: {exc}") from exc
+    sup = data.get("supervisor") if isinstance(data, dict) else None
+    sup = sup if isinstance(sup, dict) else {}
+    reader = _Reader(path, os.environ if env is None else env)
+    base = path.resolve().parent
+
+    def value(key: str) -> Path | None:
+        raw = sup.get(key)
+        if not isinstance(raw, str) or not raw.strip():
+            return None
+        p = Path(reader.interpolate(raw, 0, f"supervisor.{key}")).expanduser()
+        return p if p.is_absolute() else base / p
+
+    control = value("control_socket")
+    if control is None:
+        from .db import state_dir as default_state_dir
+
+        control = (value("state_dir") or default_state_dir()) / "supervisor.sock"
+    return control

@@ -303,3 +303,17 @@ def test_reload_diff():
         pipeline: {x: 1}
     """)
     assert set(diff(old, piped).rolled) == {"a", "b", "c"}  # children read pipeline: at boot
+
+
+def test_control_socket_is_found_even_in_an_invalid_file(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("database: {url: '${SECRET_URL}'}\nsupervisor: {control_socket: run/ctl.sock}\n"
+                    "roles:\n  a: {queues: [q], actors: [m], thread: 3}\n")
+    with pytest.raises(ConfigError):
+        config.load(path, env={})
+    assert config.control_socket_of(path, env={}) == tmp_path.resolve() / "run" / "ctl.sock"
+    path.write_text("supervisor: {state_dir: '${STATE:-st}'}\nroles: {}\n")
+    assert config.control_socket_of(path, env={}) == tmp_path.resolve() / "st" / "supervisor.sock"
+    path.write_text("roles: [unclosed\n")
+    with pytest.raises(ConfigError):
+        config.control_socket_of(path)

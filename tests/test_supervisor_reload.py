@@ -108,12 +108,13 @@ def test_reload_twenty_times_under_load(tmp_path, conn, database_url, supervisor
     assert len(s.seen) > 6  # the rolls really replaced processes
 
 
+# Each follows two lines naming the database and the control socket (so lines start at 3).
 BROKEN = {
     "broken YAML": ("roles:\n  alpha: {processes: 2, queues: [tests]\n  beta: 1\n", None, "YAML syntax error"),
     "unknown key": ("roles:\n  alpha:\n    processes: 2\n    queues: [tests]\n    actors: [tests.sample_actors]\n"
-                    "    thread: 4\n", (6, "roles.alpha.thread"), "unknown key 'thread'"),
+                    "    thread: 4\n", (8, "roles.alpha.thread"), "unknown key 'thread'"),
     "bad value": ("roles:\n  alpha:\n    processes: 2\n    threads: 0\n    queues: [tests]\n"
-                  "    actors: [tests.sample_actors]\n", (4, "roles.alpha.threads"), "at least 1"),
+                  "    actors: [tests.sample_actors]\n", (6, "roles.alpha.threads"), "at least 1"),
 }
 
 
@@ -123,8 +124,9 @@ def test_invalid_reloads_keep_the_old_config(tmp_path, conn, database_url, super
     before = s.wait_state({"alpha": 2})
     pids = {p["pid"] for p in before["roles"][0]["processes"]}
     good = path.read_text()
-    for name, (text, where, words) in BROKEN.items():
-        path.write_text(text)
+    header = f"database: {{url: '{database_url}'}}\nsupervisor: {{control_socket: {s.socket}}}\n"
+    for name, (body, where, words) in BROKEN.items():
+        path.write_text(header + body)
         out = cli("reload", config=path)
         assert out.returncode == 2, (name, out.stdout, out.stderr)
         assert str(path) in out.stderr and words in out.stderr, (name, out.stderr)
@@ -132,7 +134,7 @@ def test_invalid_reloads_keep_the_old_config(tmp_path, conn, database_url, super
             line, key = where
             assert f"{path}:{line}: {key}: " in out.stderr, (name, out.stderr)
         else:
-            assert f"{path}:3: " in out.stderr or f"{path}:4: " in out.stderr, out.stderr
+            assert f"{path}:5: " in out.stderr or f"{path}:6: " in out.stderr, out.stderr
         assert "keeps running its previous config" in out.stderr
         # The master itself, asked directly, rejects it the same way.
         reply = s.request({"cmd": "reload"})
@@ -144,9 +146,9 @@ def test_invalid_reloads_keep_the_old_config(tmp_path, conn, database_url, super
         assert {p["pid"] for p in state["roles"][0]["processes"]} == pids
         assert state["reloads"] == 0
     # `check` says the same without touching the running master.
-    path.write_text(BROKEN["unknown key"][0])
+    path.write_text(header + BROKEN["unknown key"][0])
     out = cli("check", config=path)
-    assert out.returncode == 2 and f"{path}:6: roles.alpha.thread: unknown key" in out.stdout
+    assert out.returncode == 2 and f"{path}:8: roles.alpha.thread: unknown key" in out.stdout
     path.write_text(good)
 
 
