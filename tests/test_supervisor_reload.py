@@ -77,17 +77,19 @@ def test_reload_resizes_in_place_then_rolls_on_settings(tmp_path, conn, database
 
 
 def test_reload_twenty_times_under_load(tmp_path, conn, database_url, supervisor):  # noqa: F811
-    path = write_config(tmp_path / "s.yaml", database_url, {"alpha": role(processes=2, threads=2),
-                                                           "beta": role(processes=1, threads=2)})
+    # Few threads and processes: overlapping rolls briefly run several generations at
+    # once, and the test database server is shared by the whole parallel suite.
+    path = write_config(tmp_path / "s.yaml", database_url, {"alpha": role(processes=1, threads=1),
+                                                           "beta": role(processes=1, threads=1)})
     s = supervisor(path)
-    s.wait_state({"alpha": 2, "beta": 1})
-    stream = JobStream(database_url, per_second=60, sleep_s=0.02)
+    s.wait_state({"alpha": 1, "beta": 1})
+    stream = JobStream(database_url, per_second=40, sleep_s=0.01)
     stream.start()
 
     def config_for(i: int) -> dict:
         # Mostly count-only changes; every fourth one changes settings too (a roll).
-        return {"alpha": role(processes=2 + i % 2, threads=2 + (i // 4) % 2),
-                "beta": role(processes=1, threads=2 + (i // 4) % 2)}
+        return {"alpha": role(processes=1 + i % 2, threads=1 + (i // 4) % 2),
+                "beta": role(processes=1, threads=1 + (i // 4) % 2)}
 
     for i in range(10):  # one at a time, each waited for
         write_config(path, database_url, config_for(i))
@@ -98,14 +100,14 @@ def test_reload_twenty_times_under_load(tmp_path, conn, database_url, supervisor
         os.kill(s.pid, signal.SIGHUP)
         time.sleep(0.1)
     wait_for(lambda: s.status()["reloads"] == 20, 10, message="20 reloads")
-    state = s.wait_state({"alpha": 3, "beta": 1}, timeout=20)
+    state = s.wait_state({"alpha": 2, "beta": 1}, timeout=20)
     assert_exactly_once(conn, stream.stop())
     current = {p["pid"] for r in state["roles"] for p in r["processes"]}
     assert s.children() == current  # no orphans, no leftovers
     orphans = [pid for pid in s.seen - current if not dead(pid)]
     assert orphans == []
     assert all(r["restarts"] == 0 for r in state["roles"])
-    assert len(s.seen) > 6  # the rolls really replaced processes
+    assert len(s.seen) > 5  # the rolls really replaced processes
 
 
 # Each follows two lines naming the database and the control socket (so lines start at 3).
