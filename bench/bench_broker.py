@@ -2,7 +2,7 @@
 I/O-bound throughput, with every job's completion durable in PostgreSQL.
 
     python bench/bench_broker.py [--only W1,W2,W3] [--jobs 20000] [--repeat 3]
-                                 [--w1-threads 8,16,32] [--database-url URL]
+                                 [--w1-threads 8,16,32,64] [--database-url URL]
 
 W1  N no-op jobs bulk-enqueued with broker.enqueue_many (one transaction),
     then drained by 2 worker processes: jobs/s from the enqueue's commit until
