@@ -617,15 +617,31 @@ def _replace_config(cfg: Config, *, control_socket, state_dir, database) -> Conf
                    supervisor=replace(cfg.supervisor, control_socket=control_socket, state_dir=state_dir))
 
 
+DB_START_PATIENCE = 30.0  # seconds to wait for the database at start before giving up
+
+
 def serve(cfg: Config) -> int:
-    """`supervisor run`: resolve the database once, migrate, then run the master."""
+    """`supervisor run`: resolve the database once, migrate, then run the master.
+
+    A database that is not there yet (booting with the VM, restarting, out of
+    connections) is retried for a while; then the exit code says so and systemd's
+    Restart=on-failure tries again later.
+    """
     configure_logging(cfg.supervisor.log_level, cfg.supervisor.log_json)
     if cfg.supervisor.state_dir is not None:
         os.environ["SUPERVISOR_STATE_DIR"] = str(cfg.supervisor.state_dir)
-    try:
-        url = db.resolve_url(cfg.database.url)
-        db.migrate(url)
-    except Exception as exc:
-        log.error("cannot prepare the database: %s", exc)
-        return EXIT_DB
+    give_up = time.monotonic() + DB_START_PATIENCE
+    delay = 0.5
+    while True:
+        try:
+            url = db.resolve_url(cfg.database.url)
+            db.migrate(url)
+            break
+        except Exception as exc:
+            if time.monotonic() + delay > give_up:
+                log.error("cannot prepare the database: %s", exc)
+                return EXIT_DB
+            log.warning("database not ready (%s); retrying in %.1fs", exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
     return Arbiter(cfg, url).run()

@@ -211,6 +211,11 @@ def run(settings: WorkerSettings, url: str, *, owner: str | None = None,
     except ActorImportError as exc:
         log.error("%s", exc)
         return EXIT_BAD_ACTORS
+    except Exception:
+        if proc.stopping.is_set():  # told to stop while still starting (the database was away)
+            log.info("stopped before it was ready")
+            return EXIT_OK
+        raise
     if on_ready:
         on_ready(proc)
     while not proc.stopping.wait(watch_interval):
