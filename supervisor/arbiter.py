@@ -114,6 +114,7 @@ class Arbiter:
         self.last_reload: dict[str, Any] | None = None
         self.config_text = self._read_text()
         self._wake_r = self._wake_w = -1
+        self._signals: list[int] = []
         self._next_master_beat = 0.0
         self._proc = psutil.Process()
 
@@ -133,9 +134,11 @@ class Arbiter:
         os.set_blocking(self._wake_w, False)
         self.selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
         self.selector.register(self.control.fileno(), selectors.EVENT_READ, self._on_accept)
+        # The handler only notes the signal (it runs in this thread, between bytecodes);
+        # the wakeup fd makes select() return so the loop acts on it at once.
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda signum, frame: None)  # the wakeup fd carries the number
+            signal.signal(sig, lambda signum, frame: self._signals.append(signum))
         self.janitor = Janitor(self.url, self.owner, on_done=lambda: _poke(self._wake_w, WAKE))
         self.janitor.start()
         self.janitor.register_master(sorted({q for r in self.config.roles for q in r.queues}))
@@ -204,6 +207,7 @@ class Arbiter:
                 now = time.monotonic()
                 for key, _ in self.selector.select(self._timeout(now)):
                     key.data(key)
+                self._handle_signals()
                 now = time.monotonic()
                 self._reap(now)
                 self._watch_children(now)
@@ -230,16 +234,21 @@ class Arbiter:
 
     def _on_wake(self, key) -> None:
         try:
-            data = os.read(self._wake_r, 4096)
+            data = os.read(self._wake_r, 65536)
         except BlockingIOError:
             return
-        for code in data:
-            if code in (signal.SIGTERM, signal.SIGINT):
-                self.begin_stop(signal.Signals(code).name, hard=self.stopping and code == signal.SIGINT)
-            elif code == signal.SIGHUP:
+        # Signal numbers in here are only wake-ups: self._signals has them, even if
+        # a full pipe dropped the byte.
+        if CONFIG_CHANGED in data and self._read_text() != self.config_text:
+            self.reload(None, source="config file change")
+
+    def _handle_signals(self) -> None:
+        while self._signals:
+            sig = self._signals.pop(0)
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                self.begin_stop(signal.Signals(sig).name, hard=self.stopping and sig == signal.SIGINT)
+            elif sig == signal.SIGHUP:
                 self.reload(None, source="SIGHUP")
-            elif code == CONFIG_CHANGED and self._read_text() != self.config_text:
-                self.reload(None, source="config file change")
 
     # --- children -------------------------------------------------------------------------
 
