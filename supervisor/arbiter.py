@@ -613,10 +613,12 @@ def _alive_since(pid: int, started_at) -> bool:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
+        if any("supervisor" in part for part in proc.cmdline()):
+            return True  # a live worker or master: never release it, whatever the clocks say
         created = proc.create_time()
     except psutil.Error:
         return False
-    return created <= started_at.timestamp() + 5.0  # a younger process reused the pid
+    return created <= started_at.timestamp() + 5.0  # a younger, unrelated process reused the pid
 
 
 def _replace_config(cfg: Config, *, control_socket, state_dir, database) -> Config:
