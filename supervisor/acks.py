@@ -25,7 +25,7 @@ class AckBatcher(threading.Thread):
         self._pending: list[tuple[str, int]] = []
         self._cond = threading.Condition()
         self._busy = False
-        self._stop = False
+        self._halt = False
         self.written = 0
 
     def add(self, job_id: str, attempt: int) -> None:
@@ -41,7 +41,7 @@ class AckBatcher(threading.Thread):
     def stop(self, timeout: float | None = None) -> bool:
         flushed = self.flush(timeout)
         with self._cond:
-            self._stop = True
+            self._halt = True
             self._cond.notify_all()
         return flushed
 
@@ -49,8 +49,8 @@ class AckBatcher(threading.Thread):
         delay = 0.1
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending or self._stop)
-                if self._stop and not self._pending:
+                self._cond.wait_for(lambda: self._pending or self._halt)
+                if self._halt and not self._pending:
                     return
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]

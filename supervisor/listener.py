@@ -26,7 +26,7 @@ class Listener(threading.Thread):
         self.url = url
         self._events: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.connected = threading.Event()
 
     def event_for(self, queue: str) -> threading.Event:
@@ -39,28 +39,28 @@ class Listener(threading.Thread):
                 event.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
         delay = 0.2
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self.connected.set()
                     delay = 0.2
                     self._wake_all()  # anything inserted while we were away
-                    while not self._stop.is_set():
+                    while not self._halt.is_set():
                         for note in conn.notifies(timeout=1.0):
                             event = self._events.get(note.payload)
                             if event is not None:
                                 event.set()
             except psycopg.Error as exc:
                 self.connected.clear()
-                if self._stop.is_set():
+                if self._halt.is_set():
                     break
                 log.warning("listener lost %s (%s); reconnecting in %.1fs", redact(self.url), exc, delay)
                 self._wake_all()
-                self._stop.wait(delay)
+                self._halt.wait(delay)
                 delay = min(delay * 2, 10.0)
         self.connected.clear()

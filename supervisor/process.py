@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_BAD_ACTORS = 3
+# How often idle Dramatiq threads look up to notice a stop: bounds every drain
+# (and so every roll step). Claims do not follow it; see PostgresConsumer.
+WORKER_TIMEOUT_MS = 100
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,8 @@ class WorkerProcess:
         self._register()
         self.upkeep.start()
 
-        worker = Worker(broker, queues=set(s.queues), worker_threads=s.threads, worker_timeout=1000)
+        worker = Worker(broker, queues=set(s.queues), worker_threads=s.threads,
+                        worker_timeout=WORKER_TIMEOUT_MS)
         # Claim no further ahead than the threads can run (the capacity also caps it).
         worker.queue_prefetch = s.threads
         worker.start()

@@ -54,7 +54,7 @@ class Upkeep(threading.Thread):
         self.settings = settings
         self.state = state
         self.in_flight = in_flight
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)
         self.beats = 0
@@ -99,14 +99,14 @@ class Upkeep(threading.Thread):
             log.warning("could not mark worker row stopped: %s", exc)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
         s = self.settings
         now = time.monotonic()
         next_reap = now + random.uniform(0, s.reap_seconds)
         next_prune = now + random.uniform(s.prune_seconds / 10, s.prune_seconds)
-        while not self._stop.wait(s.heartbeat_seconds):
+        while not self._halt.wait(s.heartbeat_seconds):
             for due, task in (("beat", self.beat), ("reap", self.reap), ("prune", self.prune)):
                 now = time.monotonic()
                 if due == "reap" and now < next_reap or due == "prune" and now < next_prune:
