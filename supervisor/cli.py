@@ -497,6 +497,50 @@ def jobs_cancel(ctx, job_id) -> None:
 @config_option
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
+def runs(ctx, as_json) -> None:
+    """The latest run of every schedule (job_runs): when, where, outcome."""
+    from psycopg.rows import dict_row
+
+    from .queries import scheduler as scheduler_sql
+
+    with _connect(ctx) as conn, conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(scheduler_sql.LATEST_RUNS).fetchall()
+    if as_json:
+        _print_json(rows)
+    else:
+        _table(rows, ["job_name", "scheduled_for", "status", "holder", "started_at", "completed_at", "error_text"])
+
+
+@main.group()
+def alerts() -> None:
+    """Operator actions on price alerts."""
+
+
+@alerts.command("resend")
+@config_option
+@click.argument("alert_id", type=int)
+@click.pass_context
+def alerts_resend(ctx, alert_id) -> None:
+    """Deliver ALERT_ID again even if an earlier attempt's outcome is unknown
+    (at-least-once: the receiver may see it twice; the Idempotency-Key is reused)."""
+    from dramatiq.message import Message
+
+    from .broker import PostgresBroker
+
+    broker = PostgresBroker(_url(ctx), pool_size=1)
+    try:
+        message = Message(queue_name="notification", actor_name="deliver_alert", args=(alert_id,),
+                          kwargs={"resend_unknown": True}, options={})
+        sent = broker.enqueue(message)
+    finally:
+        broker.close()
+    click.echo(sent.message_id)
+
+
+@main.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
 def queues(ctx, as_json) -> None:
     """Per-queue counts: ready, scheduled, running, failed, done in the last hour."""
     from . import admin

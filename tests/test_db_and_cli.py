@@ -96,3 +96,21 @@ def test_enqueue_rejects_bad_json(database_url):
     result = run_cli("enqueue", "record", "--args", "{not json", url=database_url)
     assert result.returncode == 2
     assert "must be JSON" in result.stderr
+
+
+def test_runs_shows_the_latest_run_per_schedule(conn, database_url):
+    conn.execute(
+        "INSERT INTO job_runs (job_name, started_at, status, error_text) VALUES"
+        " ('poll', now() - interval '10 minutes', 'failed', 'boom'), ('poll', now(), 'succeeded', NULL),"
+        " ('forecast', now(), 'crashed', 'lost')"
+    )
+    rows = json.loads(run_cli("runs", "--json", url=database_url).stdout)
+    assert {(r["job_name"], r["status"]) for r in rows} == {("poll", "succeeded"), ("forecast", "crashed")}
+
+
+def test_alerts_resend_enqueues_a_forced_delivery(conn, database_url):
+    result = run_cli("alerts", "resend", "42", url=database_url)
+    assert result.returncode == 0, result.stderr
+    row = conn.execute("SELECT queue, actor, args, kwargs FROM jobs WHERE id = %s",
+                       (result.stdout.strip(),)).fetchone()
+    assert row == ("notification", "deliver_alert", [42], {"resend_unknown": True})
