@@ -36,6 +36,7 @@ from bench.common import (  # noqa: E402
     Figure,
     WorkerPool,
     bench_database,
+    code_state,
     percentile,
     print_table,
     reset,
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 
         with psycopg.connect(url, autocommit=True) as conn:
             say(f"server: {_settings_line(conn)}")
+        say(code_state())
 
         if "W1" in only:
             thread_counts = [int(t) for t in args.w1_threads.split(",")]

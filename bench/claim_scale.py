@@ -27,7 +27,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import WorkerPool, bench_database, percentile, say, server_url  # noqa: E402
+from bench.common import WorkerPool, bench_database, code_state, percentile, say, server_url  # noqa: E402
 from supervisor.queries import jobs as sql  # noqa: E402
 
 CHUNK = 250_000
@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             "(current_setting('max_connections')::int + current_setting('max_prepared_transactions')::int)"
         ).fetchone()[0]
         say(f"server lock table: {limit:,} slots (max_locks_per_transaction x connections)")
+        say(code_state())
 
         say(f"inserting {args.queued:,} queued jobs")
         fill(conn, INSERT_QUEUED, args.queued, "queued")

@@ -48,6 +48,20 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
+def code_state() -> str:
+    """Which broker code is being measured: HEAD plus any uncommitted change
+    under supervisor/ or sql/ (the repo is edited by several people at once)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "supervisor", "sql"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return "code: unknown (no git)"
+    changed = [line[3:] for line in dirty if line.strip()]
+    return f"code: {head or 'unknown'}" + (f" + uncommitted {', '.join(changed)}" if changed else " (clean)")
+
+
 def with_dbname(url: str, name: str) -> str:
     params = conninfo_to_dict(url)
     params["dbname"] = name
@@ -116,8 +130,10 @@ class WorkerPool:
         self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float) -> None:
-        """Ready means every process said so and each has its LISTEN connection
-        up, so a NOTIFY sent from now on reaches all of them."""
+        """Ready means every process said so and has a connection that has
+        LISTENed (its last statement is the LISTEN, or a claim when the consumer
+        claims on its LISTEN connection), so a NOTIFY sent from now on reaches
+        all of them. The workloads also run warm-up jobs before timing."""
         dbname = conninfo_to_dict(self.url)["dbname"]
         deadline = time.monotonic() + timeout
         with psycopg.connect(self.url, autocommit=True) as conn:
@@ -127,7 +143,8 @@ class WorkerPool:
                         raise RuntimeError(f"worker exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
                 said = sum(" ready: " in log.read_text() for log in self.logs)
                 listening = conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND query LIKE 'LISTEN %%'",
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                    "AND (query LIKE 'LISTEN %%' OR query LIKE '%%FOR UPDATE SKIP LOCKED%%')",
                     (dbname,),
                 ).fetchone()[0]
                 if said == self.count and listening >= self.count:
