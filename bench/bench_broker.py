@@ -149,11 +149,11 @@ def w1(url: str, broker, actors, *, jobs: int, threads: int, chunk: int, pool: d
     return {"enqueue": enqueue_rate, "insert": insert_rate, "drain": rate}
 
 
-def w2(url: str, actors, *, jobs: int, threads: int, interval: float,
+def w2(url: str, actors, *, jobs: int, threads: int, interval: float, processes: int = 2,
        pool: dict | None = None) -> dict[str, list[float]]:
     with psycopg.connect(url, autocommit=True) as conn:
         reset(conn)
-        with WorkerPool(url, count=2, threads=threads, **(pool or {})):
+        with WorkerPool(url, count=processes, threads=threads, **(pool or {})):
             for _ in range(20):  # warm-up: connections, prepared statements, caches
                 actors.latency.send(time.time())
                 time.sleep(interval)
