@@ -330,14 +330,15 @@ class PostgresBroker(Broker):
         with self._conn() as c:
             rows = c.execute(sql.CLAIM, params).fetchall()
         out = []
-        for job_id, q, actor, args, kwargs, options, attempts, max_attempts, ckey, created_ms in rows:
+        for job_id, q, actor, body, attempts, max_attempts, ckey, created_ms in rows:
+            args, kwargs, options = json.loads(body)
             message = Message(
                 queue_name=q,
                 actor_name=actor,
                 args=tuple(args),
                 kwargs=kwargs,
                 options=options,
-                message_id=str(job_id),
+                message_id=job_id,
                 message_timestamp=int(created_ms),
             )
             out.append(PgMessageProxy(message, attempts=attempts, max_attempts=max_attempts, concurrency_key=ckey))

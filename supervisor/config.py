@@ -86,6 +86,8 @@ class RoleConfig:
     actors: tuple[str, ...]
     processes: int = 1
     threads: int = 8
+    # Claimed-but-unfinished rows a process may hold; None means `threads`.
+    prefetch: int | None = None
     lease: float = 30.0
     heartbeat: float = 10.0
     max_retries: int = 20
@@ -139,6 +141,7 @@ class Config:
             actors=r.actors,
             role=r.name,
             threads=r.threads,
+            prefetch=r.prefetch or r.threads,
             lease_seconds=r.lease,
             heartbeat_seconds=r.heartbeat,
             shutdown_timeout=r.shutdown_timeout,
@@ -442,7 +445,7 @@ def _names(pattern: re.Pattern, what: str) -> Callable[[_Item], tuple[str, ...]]
 _TOP = ("database", "supervisor", "roles", "schedules", "pipeline")
 _SUPERVISOR = ("control_socket", "state_dir", "shutdown_timeout", "watch_config", "tick", "log_level",
                "log_json", "kill_grace", "start_timeout", "restart_backoff", "restart_backoff_max")
-_ROLE = ("processes", "threads", "queues", "actors", "lease", "heartbeat", "max_retries", "min_backoff",
+_ROLE = ("processes", "threads", "prefetch", "queues", "actors", "lease", "heartbeat", "max_retries", "min_backoff",
          "max_backoff", "shutdown_timeout", "time_limit", "limits")
 _LIMITS = ("memory_percent", "cpu_percent", "max_rss", "max_jobs")
 _SCHEDULE = ("cron", "actor", "queue", "args", "kwargs", "lock_ttl")
@@ -569,13 +572,19 @@ def _role(reader: _Reader, name: str, item: _Item, sup: SupervisorConfig) -> Rol
     if max_backoff < min_backoff:
         raise reader.error(s.map.get("max_backoff") or item, f"must not be shorter than min_backoff ({min_backoff:g}s)",
                            key=f"{item.key}.max_backoff")
+    threads = s.get("threads", _int(1), defaults.threads)
+    prefetch = s.get("prefetch", _int(1), None)
+    if prefetch is not None and prefetch < threads:
+        raise reader.error(s.map.get("prefetch") or item, f"must be at least threads ({threads})",
+                           key=f"{item.key}.prefetch")
     limits_item = s.map.get("limits")
     return RoleConfig(
         name=name,
         queues=s.get("queues", _names(_NAME, "queue name"), required=True),
         actors=s.get("actors", _names(_MODULE, "module name"), required=True),
         processes=s.get("processes", _int(0), defaults.processes),
-        threads=s.get("threads", _int(1), defaults.threads),
+        threads=threads,
+        prefetch=prefetch,
         lease=lease,
         heartbeat=heartbeat,
         max_retries=s.get("max_retries", _int(0), defaults.max_retries),

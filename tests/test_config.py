@@ -70,6 +70,7 @@ def test_every_role_setting_reaches_worker_settings():
           scraping:
             processes: 3
             threads: 5
+            prefetch: 10
             queues: [scraping, slow]
             actors: [actors.scraping]
             lease: 1m
@@ -95,7 +96,7 @@ def test_every_role_setting_reaches_worker_settings():
     assert isinstance(s, WorkerSettings)
     assert s == WorkerSettings(
         queues=("scraping", "slow"), actors=("actors.scraping",), role="scraping", threads=5,
-        lease_seconds=60.0, heartbeat_seconds=20.0, shutdown_timeout=10.0, max_retries=4,
+        prefetch=10, lease_seconds=60.0, heartbeat_seconds=20.0, shutdown_timeout=10.0, max_retries=4,
         min_backoff_ms=500, max_backoff_ms=3_600_000, time_limit_ms=120_000, schedules=cfg.schedules,
     )
     assert s.pipeline == {"http": {"timeout": "15s"}}
@@ -165,6 +166,7 @@ def test_unknown_top_level_and_supervisor_keys():
     ("shutdown_timeout: -1", "roles.a.shutdown_timeout", "at least 0s"),
     ("heartbeat: 0s", "roles.a.heartbeat", "more than 0s"),
     ("heartbeat: 40s", "roles.a.heartbeat", "shorter than lease"),
+    ("threads: 4\n    prefetch: 2", "roles.a.prefetch", "at least threads"),
     ("time_limit: soon", "roles.a.time_limit", "duration"),
     ("queues: []", "roles.a.queues", "at least one"),
     ("queues: q", None, None),  # a single name is fine

@@ -5,8 +5,10 @@ All statements take parameters; none is built from input. Live statuses are
 """
 
 # Columns a consumer needs to rebuild a Dramatiq message and fence its lease.
-_CLAIMED = """j.id, j.queue, j.actor, j.args, j.kwargs, j.options, j.attempts,
-    j.max_attempts, j.concurrency_key,
+# args, kwargs and options travel as one JSON text: one json.loads per row on
+# the client instead of three jsonb decodes (the claim's largest client cost).
+_CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, j.options)::text,
+    j.attempts, j.max_attempts, j.concurrency_key,
     (extract(epoch FROM j.created_at) * 1000)::bigint AS created_ms"""
 
 INSERT = """
