@@ -109,6 +109,7 @@ class WorkerPool:
     # The entry point run with ``python -m``; an experiment may point it at a
     # wrapper that patches the broker before calling the CLI.
     module: str = "supervisor.cli"
+    prefetch: int | None = None  # rows a process may hold claimed (default: threads)
     env: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
@@ -124,7 +125,7 @@ class WorkerPool:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", self.module, "worker", "--queues", self.queues,
                      "--actors", self.actors, "--threads", str(self.threads), "--no-migrate",
-                     "--log-level", "INFO"],
+                     "--log-level", "INFO", *(["--prefetch", str(self.prefetch)] if self.prefetch else [])],
                     cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=out,
                 ))
         self.wait_ready(timeout)
