@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -97,18 +98,24 @@ def scalar(conn: psycopg.Connection, query: str, params=None):
 
 
 class WorkerProc:
-    """A `supervisor worker` subprocess."""
+    """A worker subprocess (by default `supervisor worker`), logging to a file:
+    a chatty worker must never block on a full pipe."""
 
     def __init__(self, url: str, *, queues="tests", actors="tests.sample_actors", threads=4,
-                 lease=30.0, heartbeat=10.0, shutdown_timeout=30.0, extra_env=None):
+                 lease=30.0, heartbeat=10.0, shutdown_timeout=30.0, extra_env=None, argv=None):
         env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT), **(extra_env or {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "supervisor.cli", "worker", "--queues", queues, "--actors", actors,
-             "--threads", str(threads), "--lease", str(lease), "--heartbeat", str(heartbeat),
-             "--shutdown-timeout", str(shutdown_timeout), "--no-migrate", "--log-level", "WARNING"],
-            cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
-        )
+        argv = argv or [
+            sys.executable, "-m", "supervisor.cli", "worker", "--queues", queues, "--actors", actors,
+            "--threads", str(threads), "--lease", str(lease), "--heartbeat", str(heartbeat),
+            "--shutdown-timeout", str(shutdown_timeout), "--no-migrate", "--log-level", "WARNING",
+        ]
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the process)
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=self.log, text=True)
         self.pid = self.proc.pid
+
+    def stderr(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
 
     def owner(self, conn) -> str | None:
         row = conn.execute("SELECT id FROM workers WHERE pid = %s AND stopped_at IS NULL", (self.pid,)).fetchone()
@@ -117,9 +124,11 @@ class WorkerProc:
     def wait_ready(self, conn, timeout: float = 30.0) -> str:
         def ready():
             if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited early: {self.proc.returncode}\n{self.proc.stderr.read()}")
-            return self.owner(conn)
-        return wait_for(ready, timeout, message=f"worker {self.pid} to register")
+                raise AssertionError(f"worker exited early: {self.proc.returncode}\n{self.stderr()}")
+            row = conn.execute("SELECT id FROM workers WHERE pid = %s AND state = 'running'",
+                               (self.pid,)).fetchone()
+            return row[0] if row else None
+        return wait_for(ready, timeout, message=f"worker {self.pid} to be running")
 
     def terminate(self, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:

@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ from supervisor import runtime
 from supervisor.broker import PostgresBroker
 from supervisor.queries import pipeline as pipeline_sql
 from supervisor.queries import sources as sources_sql
-from tests.conftest import wait_for
+from tests.conftest import WorkerProc
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = ("scraping", "extraction", "notification", "forecasting")
@@ -93,45 +91,15 @@ def running_worker(broker: PostgresBroker, queues=QUEUES, threads: int = 4) -> I
         broker.flush_acks(10)
 
 
-class PipelineWorker:
+class PipelineWorker(WorkerProc):
     """A real worker process (supervisor.process.run) with a pipeline config."""
 
     def __init__(self, url: str, *, queues=QUEUES, actors=ACTOR_MODULES, threads: int = 4, lease: float = 30.0,
                  heartbeat: float = 2.0, pipeline: dict | None = None, schedules: list[dict] | None = None):
         spec = {"queues": list(queues), "actors": list(actors), "threads": threads, "lease": lease,
                 "heartbeat": heartbeat, "pipeline": pipeline or {}, "schedules": schedules or []}
-        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT), "PIPELINE_WORKER": json.dumps(spec)}
-        # A file, not a pipe: a chatty worker must never block on a full pipe.
-        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the process)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.pipeline_helpers"], cwd=ROOT, env=env,
-                                     stderr=self.log, text=True)
-        self.pid = self.proc.pid
-
-    def owner(self, conn) -> str | None:
-        row = conn.execute("SELECT id FROM workers WHERE pid = %s AND stopped_at IS NULL", (self.pid,)).fetchone()
-        return row[0] if row else None
-
-    def wait_ready(self, conn, timeout: float = 30.0) -> str:
-        def ready():
-            if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited early: {self.proc.returncode}\n{self.stderr()}")
-            row = conn.execute("SELECT id FROM workers WHERE pid = %s AND state = 'running'", (self.pid,)).fetchone()
-            return row[0] if row else None
-        return wait_for(ready, timeout, message=f"worker {self.pid} to be running")
-
-    def terminate(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
-
-    def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
+        super().__init__(url, extra_env={"PIPELINE_WORKER": json.dumps(spec)},
+                         argv=[sys.executable, "-m", "tests.pipeline_helpers"])
 
 
 def _main() -> int:
