@@ -346,6 +346,11 @@ class PostgresBroker(Broker):
             self._held.update(m.message_id for m in out)
         return out
 
+    def held_count(self) -> int:
+        """Jobs claimed by this process and not finished (running or about to)."""
+        with self._held_lock:
+            return len(self._held)
+
     def _let_go(self, *job_ids: str) -> None:
         with self._held_lock:
             self._held.difference_update(job_ids)

@@ -90,7 +90,7 @@ class WorkerProcess:
         self.state = "starting"
 
     def in_flight(self) -> int:
-        return self.broker.capacity.used if self.broker else 0
+        return self.broker.held_count() if self.broker else 0
 
     def start(self) -> None:
         s = self.settings
