@@ -128,13 +128,18 @@ def probe_if_idle(conn: psycopg.Connection) -> None:
         ConnectionPool.check_connection(conn)
 
 
-def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "supervisor") -> ConnectionPool:
-    """A small autocommit pool; every process gets its own, sized to its threads."""
+def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "supervisor",
+              options: str | None = None) -> ConnectionPool:
+    """A small autocommit pool; every process gets its own, sized to its threads.
+    ``options`` are server settings for its sessions (libpq ``options``)."""
+    kwargs: dict = {"autocommit": True, "connect_timeout": 10}
+    if options:
+        kwargs["options"] = options
     pool = ConnectionPool(
         url,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"autocommit": True, "connect_timeout": 10},
+        kwargs=kwargs,
         name=name,
         open=False,
         # A broken connection is replaced instead of handed out again.
