@@ -207,20 +207,22 @@ class PostgresBroker(Broker):
 
     def _row(self, message: Message, delay: int | None) -> dict[str, Any]:
         options = message.options
-        max_attempts = options.get("max_attempts")
+        actor = self.actors.get(message.actor_name)  # None: enqueued by name from elsewhere
+        actor_opts = actor.options if actor is not None else {}
+
+        def option(name: str) -> Any:
+            value = options.get(name)
+            return actor_opts.get(name) if value is None else value
+
+        max_attempts = option("max_attempts")
         if max_attempts is None:
             retries = self._retries()
-            try:
-                actor = self.get_actor(message.actor_name)
-            except ActorNotFound:
-                actor = None
-            if retries is not None and actor is not None:
-                max_attempts = retries.max_attempts_for(message, actor)
-            elif retries is not None:
+            if retries is None:
+                max_attempts = 1
+            elif actor is None:
                 max_attempts = retries.max_retries + 1
             else:
-                max_attempts = 1
-        actor_opts = self.actors[message.actor_name].options if message.actor_name in self.actors else {}
+                max_attempts = retries.max_attempts_for(message, actor)
         return {
             "id": message.message_id,
             "queue": message.queue_name,
@@ -231,8 +233,8 @@ class PostgresBroker(Broker):
             "priority": int(options.get("priority") or 0),
             "delay_ms": int(delay or 0),
             "max_attempts": int(max_attempts),
-            "dedupe_key": options.get("dedupe_key") or actor_opts.get("dedupe_key"),
-            "concurrency_key": options.get("concurrency_key") or actor_opts.get("concurrency_key"),
+            "dedupe_key": option("dedupe_key"),
+            "concurrency_key": option("concurrency_key"),
         }
 
     def _retries(self) -> Retries | None:
@@ -480,9 +482,7 @@ class PostgresBroker(Broker):
 
     def flush(self, queue_name: str) -> None:
         with self._conn() as c:
-            c.execute(
-                "DELETE FROM jobs WHERE queue = %s AND status IN ('pending', 'retryable')", (queue_name,)
-            )
+            c.execute(sql.FLUSH_QUEUE, {"queue": queue_name})
 
     def flush_all(self) -> None:
         for queue in self.queues:
@@ -492,10 +492,7 @@ class PostgresBroker(Broker):
         deadline = None if timeout is None else time.monotonic() + timeout / 1000
         while True:
             with self._conn() as c:
-                live = c.execute(
-                    "SELECT count(*) FROM jobs WHERE queue = %s AND status IN ('pending','retryable','running')",
-                    (queue_name,),
-                ).fetchone()[0]
+                live = c.execute(sql.LIVE_IN_QUEUE, {"queue": queue_name}).fetchone()[0]
             if live == 0:
                 return
             if deadline is not None and time.monotonic() > deadline:

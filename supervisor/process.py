@@ -136,7 +136,7 @@ class WorkerProcess:
 
         worker = Worker(broker, queues=set(s.queues), worker_threads=s.threads,
                         worker_timeout=WORKER_TIMEOUT_MS)
-        # Claim no further ahead than the threads can run (the capacity also caps it).
+        # Per-queue claim batch; the broker's capacity caps the process as a whole.
         worker.queue_prefetch = s.prefetch or s.threads
         worker.start()
         self.worker = worker

@@ -359,3 +359,18 @@ def test_retention_prunes_old_finished_rows_only(conn, broker):
     upkeep = Upkeep(broker, role="t", queues=["tests"], settings=UpkeepSettings(retention_seconds=7 * 86400))
     assert upkeep.prune() == 3
     assert sorted(r[0] for r in conn.execute("SELECT status FROM jobs")) == ["pending", "succeeded"]
+
+
+def test_actor_level_job_options_and_flush_join(conn, broker):
+    @dramatiq.actor(queue_name="keyed", actor_name="keyed_noop", concurrency_key="one-at-a-time", max_attempts=2)
+    def keyed_noop() -> None:
+        pass
+
+    msg = keyed_noop.send()
+    row = conn.execute("SELECT concurrency_key, max_attempts FROM jobs WHERE id = %s", (msg.message_id,)).fetchone()
+    assert row == ("one-at-a-time", 2)
+    with pytest.raises(dramatiq.errors.QueueJoinTimeout):
+        broker.join("keyed", timeout=100)
+    broker.flush("keyed")
+    broker.join("keyed", timeout=1000)  # nothing live any more
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'keyed'") == 0

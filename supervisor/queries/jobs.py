@@ -236,6 +236,13 @@ WITH old AS (
 SELECT count(*) FROM gone
 """
 
+# Broker.flush / Broker.join (Dramatiq's test and admin helpers).
+FLUSH_QUEUE = "DELETE FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable')"
+
+LIVE_IN_QUEUE = """
+SELECT count(*) FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable', 'running')
+"""
+
 GET = "SELECT * FROM jobs WHERE id = %(id)s"
 
 EVENTS = "SELECT * FROM job_events WHERE job_id = %(id)s ORDER BY at, id"
