@@ -73,7 +73,7 @@ def test_sigkill_master_children_exit_and_orphans_are_recovered(tmp_path, conn, 
     first.kill()
     wait_for(lambda: all(dead(pid) for pid in children), 8, message="children exit after the master")
     # They drained: what ran finished, nothing was left running.
-    assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'running'") == 0
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'running'") == 0, _jobs(conn)
 
     # 2. A new master starts cleanly over the stale socket, then dies with all its
     # children at once (a crash): their jobs keep leases that would last 60s.
@@ -96,6 +96,14 @@ def test_sigkill_master_children_exit_and_orphans_are_recovered(tmp_path, conn, 
     wait_all_succeeded(conn, 8, timeout=20)
     assert time.monotonic() - started < 20
     recovered = scalar(conn, "SELECT count(*) FROM job_events WHERE reason LIKE %s", ("%died with its master%",))
-    assert recovered == 4
+    assert recovered == 4, _jobs(conn)
     lost = scalar(conn, "SELECT count(*) FROM workers WHERE state = 'lost'")
-    assert lost >= 2  # the dead children's rows (and the dead master's) are marked
+    assert lost >= 2, _jobs(conn)  # the dead children's rows (and the dead master's) are marked
+
+
+def _jobs(conn) -> str:
+    """Job, event and worker rows, for a failure message."""
+    jobs = conn.execute("SELECT id, status, attempts, lease_owner FROM jobs ORDER BY created_at").fetchall()
+    events = conn.execute("SELECT job_id, from_status, to_status, who, reason FROM job_events ORDER BY id").fetchall()
+    workers = conn.execute("SELECT id, pid, role, state, stopped_at FROM workers ORDER BY started_at").fetchall()
+    return f"jobs={jobs}\nevents={events}\nworkers={workers}"
