@@ -17,24 +17,14 @@ import logging
 import dramatiq
 from psycopg.types.json import Jsonb
 
-from supervisor.queries import pipeline as sql
-
-from . import extract_rules, llm, settings
+from . import extract_rules, llm, settings, store
 from .notification import deliver_alert
+from .queries import pipeline as sql
 from .scoring import Verdict, judge
 
 log = logging.getLogger(__name__)
 
 QUEUE = "extraction"
-
-
-def _broker():
-    # The broker this module's actors were declared on (the worker's own).
-    return extract_listing.broker
-
-
-def _pool():
-    return _broker().pool
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=5, min_backoff=2_000, max_backoff=120_000)
@@ -65,7 +55,7 @@ def _baseline(conn, product_key: str | None, scoring: settings.ScoringSettings) 
 
 
 def run_extraction(listing_id: int, watch_id: int | None = None) -> dict:
-    pool = _pool()
+    pool = store.pool()
     with pool.connection() as conn:
         row = conn.execute(sql.LISTING_FOR_EXTRACTION, {"id": listing_id}).fetchone()
     if row is None:
@@ -75,7 +65,7 @@ def run_extraction(listing_id: int, watch_id: int | None = None) -> dict:
     extraction = _extract(pool, row)
     unit_price = price_cents / max(1, extraction.quantity)
     scoring, alerting = settings.scoring(), settings.alerts()
-    broker = _broker()
+    broker = store.broker()
     alert_id = None
     with pool.connection() as conn, conn.transaction(), broker.transaction(conn):
         conn.execute(sql.SAVE_EXTRACTION, {
@@ -119,7 +109,7 @@ def refresh_baselines() -> None:
 
 def refresh_all_baselines() -> int:
     scoring = settings.scoring()
-    with _pool().connection() as conn:
+    with store.pool().connection() as conn:
         count = conn.execute(sql.REFRESH_BASELINES, {"days": scoring.window_days, "product_key": None}).rowcount
     log.info("refreshed %d price baselines", count)
     return count

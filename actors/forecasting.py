@@ -19,23 +19,13 @@ from datetime import date, timedelta
 import dramatiq
 from psycopg.types.json import Jsonb
 
-from supervisor.queries import forecasts as sql
-from supervisor.queries import pipeline as pipeline_sql
-
-from . import forecast_model, settings
+from . import forecast_model, settings, store
+from .queries import forecasts as sql
+from .queries import pipeline as pipeline_sql
 
 log = logging.getLogger(__name__)
 
 QUEUE = "forecasting"
-
-
-def _broker():
-    # The broker this module's actors were declared on (the worker's own).
-    return forecast_product.broker
-
-
-def _pool():
-    return _broker().pool
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=3, min_backoff=30_000)
@@ -45,7 +35,7 @@ def forecast_product(product_key: str) -> None:
 
 def run_forecast(product_key: str) -> dict:
     cfg = settings.forecasting()
-    with _pool().connection() as conn:
+    with store.pool().connection() as conn:
         rows = conn.execute(pipeline_sql.DAILY_SERIES,
                             {"product_key": product_key, "days": cfg.history_days}).fetchall()
         days = [(d, float(v)) for d, v, _ in rows]
@@ -86,7 +76,7 @@ def forecast_daily() -> None:
 
 
 def enqueue_forecasts() -> int:
-    broker = _broker()
+    broker = store.broker()
     with broker.pool.connection() as conn:
         keys = [r[0] for r in conn.execute(pipeline_sql.ACTIVE_PRODUCT_KEYS,
                                            {"days": settings.forecasting().history_days})]

@@ -21,10 +21,8 @@ import dramatiq
 import httpx
 from dramatiq.middleware import CurrentMessage
 
-from supervisor import ledger
-from supervisor.queries import pipeline as sql
-
-from . import http, settings
+from . import http, ledger, settings, store
+from .queries import pipeline as sql
 from .scoring import money
 
 log = logging.getLogger(__name__)
@@ -64,11 +62,6 @@ class Alert:
     condition: str | None
     product_key: str | None
     price_type: str
-
-
-def _pool():
-    # The broker this module's actors were declared on (the worker's own).
-    return deliver_alert.broker.pool
 
 
 def webhook_format(alert: Alert) -> str:
@@ -125,7 +118,7 @@ def run_delivery(alert_id: int, resend_unknown: bool | None = None) -> str:
     current = CurrentMessage.get_current_message()
     job_id = current.message_id if current is not None else None
     job_attempt = getattr(current, "attempts", None)
-    pool = _pool()
+    pool = store.pool()
 
     with pool.connection() as conn:
         row = conn.execute(sql.ALERT_FOR_DELIVERY, {"id": alert_id}).fetchone()

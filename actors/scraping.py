@@ -22,13 +22,13 @@ import dramatiq
 import httpx
 from psycopg.types.json import Jsonb
 
-from supervisor import breaker, ratelimit
-from supervisor.queries import pipeline as sql
+from supervisor import ratelimit
 
-from . import deferral, http, settings
+from . import breaker, deferral, http, settings, store
 from .dedupe import dedupe_key, match_strength, normalise_title, url_key
 from .extraction import extract_listing
 from .parsing import ParseError, parse
+from .queries import pipeline as sql
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +57,6 @@ class _Target:
     limit: ratelimit.Limit
 
 
-def _broker():
-    # The broker this module's actors were declared on (the worker's own).
-    return scrape_watch.broker
-
-
-def _pool():
-    return _broker().pool
-
-
 def _load(conn, watch_id: int) -> _Target | None:
     row = conn.execute(sql.WATCH_WITH_SOURCE, {"id": watch_id}).fetchone()
     if row is None:
@@ -90,7 +81,7 @@ def scrape_watch(watch_id: int, requested_at: float | None = None) -> None:
 
 
 def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
-    pool = _pool()
+    pool = store.pool()
     with pool.connection() as conn:
         target = _load(conn, watch_id)
         if target is None:
@@ -103,14 +94,14 @@ def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
             return {"skipped": "already polled since requested"}
         admission = breaker.admit(conn, target.source_id, settings.breaker())
     if not admission.allowed:
-        deferral.defer(_broker(), int(admission.wait_seconds * 1000) + 100,
+        deferral.defer(store.broker(), int(admission.wait_seconds * 1000) + 100,
                        f"source {target.source_name} paused by its circuit breaker")
         return {"deferred": "breaker open", "seconds": admission.wait_seconds}
 
     decision = ratelimit.acquire(pool.connection, limiter_key(target.source_id), target.limit,
                                  max_wait=settings.scraping().max_inline_wait)
     if not decision.granted:
-        deferral.defer(_broker(), int(decision.wait_seconds * 1000) + 50,
+        deferral.defer(store.broker(), int(decision.wait_seconds * 1000) + 50,
                        f"source {target.source_name} rate limit ({decision.reason})")
         return {"deferred": f"rate limit ({decision.reason})", "seconds": decision.wait_seconds}
 
@@ -154,7 +145,7 @@ def _fetch(pool, target: _Target):
 def _store(pool, target: _Target, listings) -> dict:
     today = datetime.now(UTC).date()
     min_strength = settings.scraping().min_match_strength
-    broker = _broker()
+    broker = store.broker()
     new_listings = new_points = chained = 0
     with pool.connection() as conn, conn.transaction(), broker.transaction(conn):
         for item in listings:
@@ -200,7 +191,7 @@ def poll_due_watches(limit: int = 500, older_than_seconds: float | None = None) 
 
 
 def enqueue_due_watches(limit: int = 500, older_than_seconds: float | None = None) -> int:
-    broker = _broker()
+    broker = store.broker()
     with broker.pool.connection() as conn:
         due = [r[0] for r in conn.execute(sql.DUE_WATCHES, {"limit": limit,
                                                              "older_than_s": older_than_seconds})]

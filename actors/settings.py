@@ -8,32 +8,29 @@ in the processes it restarts.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from supervisor import runtime
-from supervisor.breaker import BreakerSettings
+from supervisor.units import parse_duration
+
+from .breaker import BreakerSettings
 
 DEFAULT_USER_AGENT = "actor-supervisor/0.1 (price tracker; +https://github.com/actor-supervisor)"
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+SECTION = "pipeline"
 
 
 def seconds(value: Any, what: str) -> float:
-    """'250ms', '30s', '5m', '24h', '7d' or a number of seconds."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    match = _DURATION.match(str(value))
-    if not match:
-        raise ValueError(f"pipeline.{what}: {value!r} is not a duration (e.g. 30s, 5m, 24h)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+    """A duration in the config's grammar (the config validated it already; tests may set raw values)."""
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ValueError(f"{SECTION}.{what}: {exc}") from None
 
 
 def section(*path: str) -> Mapping[str, Any]:
-    node: Any = runtime.pipeline()
+    node: Any = runtime.section(SECTION)
     for key in path:
         node = node.get(key) if isinstance(node, Mapping) else None
     return node if isinstance(node, Mapping) else {}

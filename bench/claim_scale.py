@@ -28,7 +28,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import WorkerPool, bench_database, code_state, percentile, say, server_url  # noqa: E402
-from supervisor.queries import jobs as sql  # noqa: E402
+from supervisor.broker import sql  # noqa: E402
 
 CHUNK = 250_000
 

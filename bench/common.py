@@ -23,7 +23,8 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from supervisor import db
+from supervisor import apps
+from supervisor.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -81,7 +82,7 @@ def bench_database(server: str, *, prefix: str = "as_bench") -> Iterator[str]:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = with_dbname(server, name)
     try:
-        db.migrate(url)
+        migrate(url, apps.installed())
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(BENCH_TABLES)
         say(f"bench database {name} created and migrated")

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import getpass
-import socket
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from .queries import jobs as sql
-
-
-def _who() -> str:
-    return f"operator {getpass.getuser()}@{socket.gethostname()}"
+from .broker import sql
+from .identity import operator
+from .worker import scheduler_sql
 
 
 def list_jobs(conn: psycopg.Connection, *, status: str | None, queue: str | None, limit: int) -> list[dict]:
@@ -31,14 +27,20 @@ def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
 
 
 def retry_job(conn: psycopg.Connection, job_id: str) -> bool:
-    return conn.execute(sql.RETRY_FAILED, {"id": job_id, "who": _who()}).fetchone() is not None
+    return conn.execute(sql.RETRY_FAILED, {"id": job_id, "who": operator()}).fetchone() is not None
 
 
 def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
-    row = conn.execute(sql.CANCEL, {"id": job_id, "who": _who(), "reason": "cancelled by operator"}).fetchone()
+    row = conn.execute(sql.CANCEL, {"id": job_id, "who": operator(), "reason": "cancelled by operator"}).fetchone()
     return row is not None
 
 
 def queue_stats(conn: psycopg.Connection) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(sql.QUEUE_STATS).fetchall()
+
+
+def latest_runs(conn: psycopg.Connection) -> list[dict]:
+    """The latest run of every schedule."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(scheduler_sql.LATEST_RUNS).fetchall()

@@ -1,4 +1,4 @@
-"""Where the database is, how to reach it, and how its schema gets there.
+"""Where the database is and how to reach it (URL, embedded server, pools).
 
 The URL comes from (in order) an explicit argument or the config's
 ``database.url``, then ``DATABASE_URL``, then an embedded PostgreSQL whose
@@ -7,15 +7,11 @@ data directory lives in the state directory and survives restarts.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
 import time
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import psycopg
@@ -24,8 +20,6 @@ from psycopg_pool import ConnectionPool
 log = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
-# Any constant works; it only has to be the same for every host running `migrate`.
-MIGRATION_LOCK_ID = 0x61637375  # "acsu"
 
 
 class DatabaseError(RuntimeError):
@@ -147,112 +141,3 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
     )
     pool.open(wait=False)
     return pool
-
-
-# --- migrations -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
-    sql: str
-
-    @property
-    def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()[:16]
-
-
-_MIGRATION_NAME = re.compile(r"^(\d{3,})_([a-z0-9_]+)\.sql$")
-
-
-def migrations_dir() -> Path:
-    here = Path(__file__).resolve().parent.parent / "sql"
-    if here.is_dir():
-        return here
-    return Path(str(resources.files("actor_supervisor_sql")))
-
-
-def load_migrations(directory: Path | None = None) -> list[Migration]:
-    directory = directory or migrations_dir()
-    found: dict[int, Migration] = {}
-    for path in sorted(directory.glob("*.sql")):
-        match = _MIGRATION_NAME.match(path.name)
-        if not match:
-            raise DatabaseError(f"{path}: migration files must be named NNN_name.sql")
-        version = int(match.group(1))
-        if version in found:
-            raise DatabaseError(f"{path}: version {version} is used twice ({found[version].name})")
-        found[version] = Migration(version, path.stem, path.read_text())
-    return [found[v] for v in sorted(found)]
-
-
-_LEDGER = """
-CREATE TABLE IF NOT EXISTS schema_migrations (
-    version    integer PRIMARY KEY,
-    name       text NOT NULL,
-    checksum   text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)
-"""
-
-
-def applied_migrations(conn: psycopg.Connection) -> dict[int, str]:
-    exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()[0]
-    if not exists:
-        return {}
-    return dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
-
-
-def pending_migrations(conn: psycopg.Connection) -> list[Migration]:
-    done = applied_migrations(conn)
-    return [m for m in load_migrations() if m.version not in done]
-
-
-def changed_migrations(conn: psycopg.Connection) -> list[Migration]:
-    """Applied migrations whose file no longer matches what was applied."""
-    done = applied_migrations(conn)
-    return [m for m in load_migrations() if m.version in done and done[m.version] != m.checksum]
-
-
-def migrate(url: str, *, progress=None) -> list[Migration]:
-    """Apply pending migrations in order, each exactly once.
-
-    A session advisory lock serialises concurrent runs (two hosts deploying at
-    once): the second waits, then finds nothing left to do. Each migration
-    commits together with its ledger row, so a failure leaves no half-applied
-    version behind.
-    """
-    applied: list[Migration] = []
-    with connect(url) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_ID,))
-        try:
-            conn.execute(_LEDGER)
-            for migration in pending_migrations(conn):
-                if progress:
-                    progress(f"applying {migration.name} ...")
-                started = time.monotonic()
-                try:
-                    with conn.transaction():
-                        conn.execute(migration.sql)
-                        conn.execute(
-                            "INSERT INTO schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                            (migration.version, migration.name, migration.checksum),
-                        )
-                except psycopg.Error as exc:
-                    raise DatabaseError(f"migration {migration.name} failed: {exc}".strip()) from exc
-                applied.append(migration)
-                if progress:
-                    progress(f"applied {migration.name} in {time.monotonic() - started:.2f}s")
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_ID,))
-    return applied
-
-
-def retrying(what: str, *, first: float = 0.5, cap: float = 30.0) -> Iterator[float]:
-    """Delays for retrying a database operation: exponential, capped, for ever."""
-    delay = first
-    while True:
-        yield delay
-        log.debug("retrying %s in %.1fs", what, delay)
-        delay = min(cap, delay * 2)

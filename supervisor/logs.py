@@ -1,10 +1,11 @@
-"""One-line JSON log records for journald and log shippers."""
+"""Logging for every process: one line per event on stderr (journald), JSON when configured."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import sys
 
 _STANDARD = set(vars(logging.makeLogRecord({})))
 
@@ -24,3 +25,17 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
+
+
+def configure_logging(level: str = "INFO", json_logs: bool = False) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if json_logs:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s %(levelname)s [{os.getpid()}] %(name)s: %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("psycopg.pool").setLevel(logging.WARNING)

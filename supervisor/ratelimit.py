@@ -14,7 +14,30 @@ from dataclasses import dataclass
 
 import psycopg
 
-from .queries import ratelimit as sql
+# --- every SQL statement on rate_limiter_state ---------------------------------
+# One statement: refill, check block/quota/tokens, take, and report (see 004_rate_limits.sql).
+_TAKE = """
+SELECT granted, wait_seconds, reason, tokens_left, used_today
+  FROM rate_limit_take(%(key)s, %(cost)s, %(burst)s, %(rate)s, %(quota)s)
+"""
+
+# A 429 from upstream: nobody takes from this key until the block ends, and the
+# bucket restarts empty so the first requests after it do not arrive as a burst.
+_BLOCK = """
+INSERT INTO rate_limiter_state AS s (key, tokens, burst, rate_per_second, updated_at, blocked_until)
+VALUES (%(key)s, 0, 1, 1, clock_timestamp(), clock_timestamp() + %(seconds)s * interval '1 second')
+ON CONFLICT (key) DO UPDATE
+   SET blocked_until = greatest(coalesce(s.blocked_until, '-infinity'), EXCLUDED.blocked_until),
+       tokens = 0,
+       updated_at = greatest(s.updated_at, EXCLUDED.updated_at)
+RETURNING blocked_until
+"""
+
+_STATE = """
+SELECT key, tokens, burst, rate_per_second, updated_at, daily_quota, quota_day, quota_used,
+       blocked_until, granted_total, denied_total
+  FROM rate_limiter_state WHERE key = %(key)s
+"""
 
 
 @dataclass(frozen=True)
@@ -49,7 +72,7 @@ def take(conn: psycopg.Connection, key: str, limit: Limit, cost: int = 1) -> Dec
     if cost < 1 or cost > limit.burst:
         raise ValueError(f"cost {cost} must be between 1 and the burst ({limit.burst})")
     row = conn.execute(
-        sql.TAKE,
+        _TAKE,
         {"key": key, "cost": cost, "burst": float(limit.burst), "rate": limit.per_minute / 60.0,
          "quota": limit.daily_quota},
     ).fetchone()
@@ -86,11 +109,11 @@ def acquire(
 
 def block(conn: psycopg.Connection, key: str, seconds: float) -> None:
     """Refuse every take for ``key`` for ``seconds`` (upstream said 429 Retry-After)."""
-    conn.execute(sql.BLOCK, {"key": key, "seconds": max(0.0, float(seconds))})
+    conn.execute(_BLOCK, {"key": key, "seconds": max(0.0, float(seconds))})
 
 
 def state(conn: psycopg.Connection, key: str) -> dict | None:
-    cur = conn.execute(sql.STATE, {"key": key})
+    cur = conn.execute(_STATE, {"key": key})
     row = cur.fetchone()
     if row is None:
         return None

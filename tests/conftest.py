@@ -20,7 +20,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from supervisor import db
+from supervisor import apps, db
+from supervisor.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +61,7 @@ def database_url(worker_id: str) -> Iterator[str]:
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     url = _with_dbname(server, name)
-    db.migrate(url)
+    migrate(url, apps.installed())
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(TEST_TABLES)
     os.environ["DATABASE_URL"] = url

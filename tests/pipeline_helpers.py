@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,10 @@ from typing import Any
 import dramatiq
 import pytest
 
+from actors.queries import pipeline as pipeline_sql
+from actors.queries import sources as sources_sql
 from supervisor import runtime
 from supervisor.broker import PostgresBroker
-from supervisor.queries import pipeline as pipeline_sql
-from supervisor.queries import sources as sources_sql
 from tests.conftest import WorkerProc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,20 +57,23 @@ class LivePipeline(dict):
 
     def __setitem__(self, key: str, value: Any) -> None:
         super().__setitem__(key, value)
-        runtime.configure(pipeline=self)
+        runtime.configure(app_settings={"pipeline": self})
 
 
 @pytest.fixture(name="pipeline_config")
 def pipeline_config_fixture() -> Iterator[LivePipeline]:
     """The ``pipeline:`` mapping the actors see; tests fill it in, it is reset after."""
     config = LivePipeline()
-    runtime.configure(pipeline=config)
+    runtime.configure(app_settings={"pipeline": config})
     yield config
-    runtime.configure(pipeline={})
+    runtime.configure(app_settings={})
 
 
 def set_pipeline(config: dict) -> None:
-    runtime.configure(pipeline=config)
+    runtime.configure(app_settings={"pipeline": config})
+
+
+_BOOTED: weakref.WeakSet[PostgresBroker] = weakref.WeakSet()
 
 
 @contextlib.contextmanager
@@ -77,10 +81,10 @@ def running_worker(broker: PostgresBroker, queues=QUEUES, threads: int = 4) -> I
     """An in-process Dramatiq worker on the real broker."""
     broker.set_capacity(threads)
     broker.resume_claiming()
-    if not getattr(broker, "_pipeline_booted", False):
+    if broker not in _BOOTED:
         # Once per broker: TimeLimit starts its timer thread on boot.
         broker.emit_after("process_boot")
-        broker._pipeline_booted = True
+        _BOOTED.add(broker)
     worker = dramatiq.Worker(broker, queues=set(queues), worker_threads=threads, worker_timeout=100)
     worker.queue_prefetch = threads
     worker.start()
@@ -92,7 +96,7 @@ def running_worker(broker: PostgresBroker, queues=QUEUES, threads: int = 4) -> I
 
 
 class PipelineWorker(WorkerProc):
-    """A real worker process (supervisor.process.run) with a pipeline config."""
+    """A real worker process (supervisor.worker.process.run) with a pipeline config."""
 
     def __init__(self, url: str, *, queues=QUEUES, actors=ACTOR_MODULES, threads: int = 4, lease: float = 30.0,
                  heartbeat: float = 2.0, pipeline: dict | None = None, schedules: list[dict] | None = None):
@@ -103,16 +107,18 @@ class PipelineWorker(WorkerProc):
 
 
 def _main() -> int:
-    from supervisor.process import WorkerSettings, configure_logging, run
-    from supervisor.scheduler import SimpleSchedule
+    from supervisor.config import ScheduleConfig
+    from supervisor.logs import configure_logging
+    from supervisor.worker.process import run
+    from supervisor.worker.settings import WorkerSettings
 
     spec = json.loads(os.environ["PIPELINE_WORKER"])
     configure_logging(os.environ.get("PIPELINE_LOG_LEVEL", "WARNING"))
     settings = WorkerSettings(
         queues=tuple(spec["queues"]), actors=tuple(spec["actors"]), role="pipeline-test",
         threads=spec["threads"], lease_seconds=spec["lease"], heartbeat_seconds=spec["heartbeat"],
-        shutdown_timeout=10.0, poll_interval=0.2, pipeline=spec["pipeline"],
-        schedules=tuple(SimpleSchedule(**s) for s in spec["schedules"]),
+        shutdown_timeout=10.0, poll_interval=0.2, app_settings={"pipeline": spec["pipeline"]},
+        schedules=tuple(ScheduleConfig(**s) for s in spec["schedules"]),
     )
     return run(settings, os.environ["DATABASE_URL"])
 

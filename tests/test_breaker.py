@@ -1,5 +1,5 @@
-from supervisor import breaker
-from supervisor.queries import sources as sources_sql
+from actors import breaker
+from actors.queries import sources as sources_sql
 from tests.conftest import scalar, wait_for
 
 

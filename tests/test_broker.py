@@ -11,7 +11,7 @@ import pytest
 from dramatiq.message import Message
 
 from supervisor.broker import PostgresBroker
-from supervisor.retries import Retries, backoff_ms
+from supervisor.broker.middleware import Retries, backoff_ms
 from tests.conftest import scalar, wait_for
 
 
@@ -93,7 +93,7 @@ def test_retry_goes_through_retryable_with_backoff(conn, actors, worker):
 
 def test_retry_run_at_is_in_the_future(conn, actors, broker):
     msg = actors.flaky.send_with_options(args=(5,), min_backoff=60_000)
-    [claimed] = broker._claim("tests", 1)
+    [claimed] = broker.claim("tests", 1)
     claimed.stuff_exception(RuntimeError("boom"))
     retries = next(m for m in broker.middleware if isinstance(m, Retries))
     retries.after_process_message(broker, claimed, exception=RuntimeError("boom"))
@@ -188,7 +188,7 @@ def test_priority_then_run_at_order(conn, actors, broker):
     high = actors.record.send_with_options(args=(2,), priority=10)
     later = actors.record.send_with_options(args=(3,), priority=10)
     delayed = actors.record.send_with_options(args=(4,), priority=99, delay=60_000)
-    claimed = broker._claim("tests", 10)
+    claimed = broker.claim("tests", 10)
     assert [m.message_id for m in claimed] == [high.message_id, later.message_id, low.message_id]
     assert status(conn, delayed.message_id) == "pending"
     broker.requeue(claimed)
@@ -231,14 +231,14 @@ def test_conditional_ack_after_reclaim_changes_nothing(conn, actors, database_ur
         for x in (a, b):
             x.declare_queue("tests")
         msg = actors.record.send(1)
-        [mine] = a._claim("tests", 1)
+        [mine] = a.claim("tests", 1)
         conn.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
                      (msg.message_id,))
-        reaped = b.reap_expired()
+        reaped = b.leases.reap_expired()
         assert reaped == [(msg.message_id, "pending", "host-a:1:aaaaaa")]
         reason = scalar(conn, "SELECT reason FROM job_events WHERE job_id = %s", (msg.message_id,))
         assert "prior owner host-a:1:aaaaaa" in reason and "attempt 1 of 4" in reason
-        [theirs] = b._claim("tests", 1)
+        [theirs] = b.claim("tests", 1)
         assert theirs.attempts == 2
         a.ack(mine)  # late ack from the old owner: fenced out
         a.flush_acks(5)
@@ -254,10 +254,10 @@ def test_conditional_ack_after_reclaim_changes_nothing(conn, actors, database_ur
 def test_poison_pill_fails_at_max_attempts(conn, actors, broker):
     msg = actors.record.send_with_options(args=(1,), max_retries=1)  # 2 attempts
     for attempt in (1, 2):
-        [claimed] = broker._claim("tests", 1)
+        [claimed] = broker.claim("tests", 1)
         assert claimed.attempts == attempt
         broker.capacity.release()
-        released = broker.release_owner(broker.owner, why="process died")
+        released = broker.leases.release_owner(broker.owner, why="process died")
         assert released[0][1] == ("pending" if attempt == 1 else "failed")
     assert status(conn, msg.message_id) == "failed"
     assert "giving up" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (msg.message_id,))
@@ -265,7 +265,7 @@ def test_poison_pill_fails_at_max_attempts(conn, actors, broker):
 
 def test_requeue_returns_prefetched_rows_uncounted(conn, actors, broker):
     sent = [actors.record.send(i).message_id for i in range(3)]
-    claimed = broker._claim("tests", 3)
+    claimed = broker.claim("tests", 3)
     assert len(claimed) == 3
     assert broker.requeue(claimed) == 3
     rows = conn.execute("SELECT status, attempts, lease_owner FROM jobs WHERE id = ANY(%s)", (sent,)).fetchall()
@@ -278,10 +278,10 @@ def test_heartbeat_renews_only_own_leases(conn, actors, broker, database_url):
         other.declare_queue("tests")
         actors.record.send(1)
         actors.record.send(2)
-        [mine] = broker._claim("tests", 1)
-        [theirs] = other._claim("tests", 1)
+        [mine] = broker.claim("tests", 1)
+        [theirs] = other.claim("tests", 1)
         conn.execute("UPDATE jobs SET lease_expires_at = now() WHERE status = 'running'")
-        assert broker.heartbeat() == 1
+        assert broker.leases.heartbeat() == 1
         expiry = dict(conn.execute("SELECT id::text, lease_expires_at > now() + interval '20 s' FROM jobs"
                                    " WHERE status = 'running'").fetchall())
         assert expiry == {mine.message_id: True, theirs.message_id: False}
@@ -307,7 +307,7 @@ def test_concurrency_key_claims_never_overlap(conn, actors, broker, database_url
         b.declare_queue("tests")
         try:
             while not done.is_set():
-                got = b._claim("tests", 4)
+                got = b.claim("tests", 4)
                 with b.pool.connection() as c:
                     worst = c.execute(
                         "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM jobs"
@@ -348,7 +348,8 @@ def test_concurrency_key_serialises_real_runs(conn, actors, worker, broker):
 
 
 def test_retention_prunes_old_finished_rows_only(conn, broker):
-    from supervisor.upkeep import Upkeep, UpkeepSettings
+    from supervisor.worker.registry import Registration
+    from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 
     conn.execute(
         "INSERT INTO jobs (actor, status, finished_at) SELECT 'x', s, now() - interval '8 days'"
@@ -356,7 +357,8 @@ def test_retention_prunes_old_finished_rows_only(conn, broker):
     )
     conn.execute("INSERT INTO jobs (actor, status, finished_at) VALUES ('x', 'succeeded', now())")
     conn.execute("INSERT INTO jobs (actor, status, created_at) VALUES ('x', 'pending', now() - interval '30 days')")
-    upkeep = Upkeep(broker, role="t", queues=["tests"], settings=UpkeepSettings(retention_seconds=7 * 86400))
+    registration = Registration(broker.pool, broker.owner, role="t", queues=["tests"])
+    upkeep = Upkeep(broker, registration, settings=UpkeepSettings(retention_seconds=7 * 86400), state=lambda: "running")
     assert upkeep.prune() == 3
     assert sorted(r[0] for r in conn.execute("SELECT status FROM jobs")) == ["pending", "succeeded"]
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from supervisor import config
-from supervisor.config import ConfigError, parse, parse_duration, parse_size
-from supervisor.process import WorkerSettings
-from supervisor.reload import diff
+from supervisor.config import ConfigError, parse
+from supervisor.master.reload import diff
+from supervisor.units import parse_duration, parse_size
+from supervisor.worker.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,7 +40,7 @@ def test_minimal_config_gets_defaults():
     assert (role.lease, role.heartbeat, role.shutdown_timeout) == (30.0, 10.0, 30.0)
     assert cfg.database.url is None
     assert cfg.supervisor.control_socket.name == "supervisor.sock"
-    assert cfg.schedules == () and cfg.pipeline == {}
+    assert cfg.schedules == () and cfg.app_settings == {}
 
 
 @pytest.mark.parametrize("text,seconds", [
@@ -92,14 +93,14 @@ def test_every_role_setting_reaches_worker_settings():
         pipeline:
           http: {timeout: 15s}
     """)
-    s = cfg.worker_settings("scraping")
+    s = WorkerSettings.from_role(cfg, "scraping")
     assert isinstance(s, WorkerSettings)
     assert s == WorkerSettings(
         queues=("scraping", "slow"), actors=("actors.scraping",), role="scraping", threads=5,
         prefetch=10, lease_seconds=60.0, heartbeat_seconds=20.0, shutdown_timeout=10.0, max_retries=4,
         min_backoff_ms=500, max_backoff_ms=3_600_000, time_limit_ms=120_000, schedules=cfg.schedules,
     )
-    assert s.pipeline == {"http": {"timeout": "15s"}}
+    assert s.app_settings == {"pipeline": {"http": {"timeout": 15.0}}}  # validated and parsed at load
     role = cfg.role("scraping")
     assert role.limits == config.Limits(memory_percent=90.0, cpu_percent=95.0, max_rss=512 << 20, max_jobs=1000)
     (sched,) = cfg.schedules
@@ -117,15 +118,16 @@ def test_interpolation():
             queues: ["${QUEUE:-default}"]
             actors: [m]
         pipeline:
-          key: "${API_KEY:-}"
-          literal: "costs $$5"
-          quoted: "${THREADS}"
+          http: {user_agent: "costs $$5"}
+          notification: {username: "${THREADS}"}
+          extraction: {llm: {api_key_env: "${API_KEY:-KEY}"}}
     """, env={"THREADS": "3", "QUEUE": ""})
     role = cfg.role("a")
     assert cfg.database.url == "embedded"
     assert role.processes == 2 and role.threads == 3  # unquoted: a number, as if written in place
     assert role.queues == ("default",)  # :- also replaces an empty value
-    assert cfg.pipeline == {"key": "", "literal": "costs $5", "quoted": "3"}
+    assert cfg.app_settings["pipeline"] == {"http": {"user_agent": "costs $5"}, "notification": {"username": "3"},
+                                            "extraction": {"llm": {"api_key_env": "KEY"}}}
 
 
 def test_unset_variable_names_it():
@@ -302,7 +304,7 @@ def test_reload_diff():
           a: {processes: 2, queues: [q], actors: [m]}
           b: {processes: 1, queues: [r], actors: [m], threads: 4}
           c: {queues: [s], actors: [m]}
-        pipeline: {x: 1}
+        pipeline: {scoring: {min_samples: 3}}
     """)
     assert set(diff(old, piped).rolled) == {"a", "b", "c"}  # children read pipeline: at boot
 

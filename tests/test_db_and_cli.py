@@ -7,14 +7,15 @@ import threading
 
 import psycopg
 
-from supervisor import db
+from supervisor import apps, db
+from supervisor.migrate import load_migrations, migrate
 from tests.conftest import run_cli, scalar
 
 
 def test_migrate_applies_each_file_once(fresh_database):
-    first = db.migrate(fresh_database)
-    assert [m.version for m in first] == [m.version for m in db.load_migrations()]
-    assert db.migrate(fresh_database) == []  # running it again changes nothing
+    first = migrate(fresh_database, apps.installed())
+    assert [m.version for m in first] == [m.version for m in load_migrations(apps.installed())]
+    assert migrate(fresh_database, apps.installed()) == []  # running it again changes nothing
     with psycopg.connect(fresh_database) as c:
         assert scalar(c, "SELECT count(*) FROM schema_migrations") == len(first)
 
@@ -25,7 +26,7 @@ def test_two_hosts_migrating_at_once(fresh_database):
 
     def run():
         try:
-            results.append(db.migrate(fresh_database))
+            results.append(migrate(fresh_database, apps.installed()))
         except BaseException as exc:
             errors.append(exc)
 
@@ -36,7 +37,7 @@ def test_two_hosts_migrating_at_once(fresh_database):
         t.join(60)
     assert errors == []
     applied = sorted(m.version for r in results for m in r)
-    assert applied == [m.version for m in db.load_migrations()]  # each exactly once overall
+    assert applied == [m.version for m in load_migrations(apps.installed())]  # each exactly once overall
 
 
 def test_check_reports_pending_then_ok(fresh_database):

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from supervisor import ledger
+from actors import ledger
 from tests.conftest import scalar
 from tests.pipeline_helpers import make_alert, make_source, make_watch
 

@@ -118,7 +118,7 @@ def test_pipeline_delivers_each_deal_exactly_once(conn, database_url, pipeline_b
         wait_for(lambda: notifier["current"].proc.poll() is not None, timeout=60,
                  message="the notification worker to be killed mid-request")
         # What the supervisor does when it reaps a dead child: release its leases at once.
-        released = pipeline_broker.release_owner(dead_owner, why="worker killed")
+        released = pipeline_broker.leases.release_owner(dead_owner, why="worker killed")
         assert len(released) == 1
         notifier["current"] = PipelineWorker(database_url, queues=["notification"], actors=["actors.notification"],
                                              threads=1, pipeline=pipeline)

@@ -8,12 +8,13 @@ from datetime import UTC, datetime, timedelta
 import dramatiq
 import pytest
 
-from supervisor.scheduler import Scheduler, SimpleSchedule
+from supervisor.config import ScheduleConfig
+from supervisor.worker.scheduler import Scheduler
 from tests.conftest import scalar, wait_for
 from tests.pipeline_helpers import pipeline_broker_fixture  # noqa: F401  (fixture)
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
-POLL = SimpleSchedule(name="poll", cron="* * * * *", actor="poll_due_watches", queue="scraping",
+POLL = ScheduleConfig(name="poll", cron="* * * * *", actor="poll_due_watches", queue="scraping",
                       kwargs={"limit": 10}, lock_ttl_seconds=30)
 
 
@@ -56,9 +57,9 @@ def test_a_live_previous_job_makes_the_next_fire_a_skip(conn, pipeline_broker):
 
 
 def test_a_lease_held_by_a_crashed_host_expires(conn, pipeline_broker):
-    from supervisor.queries import scheduler as sql
+    from supervisor.worker import scheduler_sql as sql
 
-    short = SimpleSchedule(name="short", cron="* * * * *", actor="noop", queue="default", lock_ttl_seconds=0.5)
+    short = ScheduleConfig(name="short", cron="* * * * *", actor="noop", queue="default", lock_ttl_seconds=0.5)
     conn.execute(sql.ACQUIRE, {"name": "short", "holder": "dead-host", "ttl_s": 0.5, "fire_at": T0})
     (a,) = hosts(pipeline_broker, 1)
     assert a.fire(short, T0 + timedelta(minutes=1)) == "not-ours"
@@ -68,7 +69,7 @@ def test_a_lease_held_by_a_crashed_host_expires(conn, pipeline_broker):
 def test_runs_follow_their_jobs_and_crashes_are_found(conn, pipeline_broker):
     (a,) = hosts(pipeline_broker, 1)
     for n, name in enumerate(["ok", "bad", "lost"]):
-        s = SimpleSchedule(name=name, cron="* * * * *", actor="noop", queue="default")
+        s = ScheduleConfig(name=name, cron="* * * * *", actor="noop", queue="default")
         assert a.fire(s, T0 + timedelta(minutes=n)) == "fired"
     conn.execute("UPDATE jobs SET status = 'succeeded', finished_at = now() WHERE dedupe_key = 'schedule:ok'")
     conn.execute("UPDATE jobs SET status = 'failed', finished_at = now(), last_error = 'boom'"
@@ -104,7 +105,8 @@ def test_scheduler_threads_on_two_hosts_fire_each_minute_once(conn, pipeline_bro
 
 
 def test_the_worker_process_runs_the_scheduler_only_with_schedules(database_url, conn, pipeline_broker):
-    from supervisor.process import WorkerProcess, WorkerSettings
+    from supervisor.worker.process import WorkerProcess
+    from supervisor.worker.settings import WorkerSettings
 
     previous = dramatiq.broker.global_broker
     try:
@@ -124,4 +126,4 @@ def test_the_worker_process_runs_the_scheduler_only_with_schedules(database_url,
 @pytest.mark.parametrize("bad", ["* * *", "61 * * * *"])
 def test_a_bad_cron_is_refused_up_front(pipeline_broker, bad):
     with pytest.raises(ValueError):
-        Scheduler(pipeline_broker, [SimpleSchedule(name="x", cron=bad, actor="a")], holder="h")
+        Scheduler(pipeline_broker, [ScheduleConfig(name="x", cron=bad, actor="a")], holder="h")

@@ -164,7 +164,7 @@ def test_rescraping_listings_without_ids_adds_nothing(conn, pipeline_broker, pip
 
 
 def test_a_stronger_match_replaces_a_weaker_price_point(conn, pipeline_broker, shop):
-    from supervisor.queries import pipeline as sql
+    from actors.queries import pipeline as sql
 
     source_id, watch_id = shop
     row = {"watch_id": watch_id, "source_id": source_id, "listing_id": None, "dedupe_key": "ext_Z",

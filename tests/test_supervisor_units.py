@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import signal
 
-from supervisor.children import Child, RoleState, describe_exit, plan
 from supervisor.config import Limits, RoleConfig
-from supervisor.guard import Guard, Reading
-from supervisor.process import WorkerSettings
+from supervisor.master.children import Child, RoleState, describe_exit, plan
+from supervisor.worker.guard import Guard, Reading
+from supervisor.worker.settings import WorkerSettings
 
 
 def role_state(processes: int = 2) -> RoleState:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from supervisor import config
-from supervisor.systemd import Notifier
+from supervisor.master.systemd import Notifier
+from supervisor.units import parse_duration
 from tests.conftest import ROOT, wait_for
 from tests.supervisor_helpers import cli, role, supervisor, write_config  # noqa: F401
 
@@ -154,7 +155,7 @@ def _unit() -> dict[str, list[str]]:
 
 
 def _seconds(value: str) -> float:
-    return config.parse_duration(value.replace("sec", "s"))
+    return parse_duration(value.replace("sec", "s"))
 
 
 def test_unit_file_settings():

@@ -1,0 +1,29 @@
+"""The price tracker as an app of the supervisor (the `actor_supervisor.apps` entry point).
+
+Importing this module is cheap: it imports no actor and no CLI code; those load
+only when a worker imports an actor module or the CLI asks for the commands.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.apps import App
+from supervisor.migrate import sql_dir
+
+from .config import parse_pipeline
+
+
+def _commands() -> list[Any]:
+    from .cli import commands
+
+    return commands()
+
+
+APP = App(
+    name="actors",
+    packages=("actors",),
+    migrations=sql_dir("actors"),
+    sections={"pipeline": parse_pipeline},
+    commands=_commands,
+)

@@ -1,0 +1,81 @@
+"""Apps: packages of actors that bring their own tables, config sections and CLI commands.
+
+An app declares itself with an entry point in the ``actor_supervisor.apps``
+group whose object is an ``App``::
+
+    [project.entry-points."actor_supervisor.apps"]
+    myapp = "myapp.supervisor_app:APP"
+
+The runtime never imports an app by name: it finds apps through this group.
+An app's migrations are applied only when the config uses it (a role lists
+one of its actor modules, or the config's ``apps:`` names it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+GROUP = "actor_supervisor.apps"
+
+
+@dataclass(frozen=True)
+class App:
+    name: str
+    # Actor modules under these packages belong to the app.
+    packages: tuple[str, ...]
+    # A folder of NNN_name.sql files; versions are unique across every owner.
+    migrations: Path | None = None
+    # Top-level config sections the app owns: name -> parser(reader, item) -> value.
+    # The parser validates with the runtime's Section and checkers (file, line, key).
+    sections: Mapping[str, Callable[[Any, Any], Any]] = field(default_factory=dict)
+    # Returns the app's click commands, added to `supervisor ...` (imported only when needed).
+    commands: Callable[[], Iterable[Any]] | None = None
+
+    def owns(self, module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in self.packages)
+
+
+class AppError(RuntimeError):
+    pass
+
+
+@cache
+def installed() -> tuple[App, ...]:
+    """Every app registered in the entry-point group, in name order."""
+    apps: list[App] = []
+    for ep in sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name):
+        try:
+            app = ep.load()
+        except Exception as exc:  # a broken app must not take the runtime down
+            log.error("cannot load app %s (%s): %s", ep.name, ep.value, exc)
+            continue
+        if not isinstance(app, App):
+            log.error("entry point %s (%s) is not a supervisor.apps.App", ep.name, ep.value)
+            continue
+        apps.append(app)
+    return tuple(apps)
+
+
+def by_name(name: str) -> App:
+    for app in installed():
+        if app.name == name:
+            return app
+    known = ", ".join(a.name for a in installed()) or "none"
+    raise AppError(f"no app named {name!r} is installed (installed: {known})")
+
+
+def in_use(actor_modules: Iterable[str], explicit: Iterable[str] = ()) -> tuple[App, ...]:
+    """The apps a set of actor modules (plus an explicit list) needs."""
+    modules = list(actor_modules)
+    names = set(explicit)
+    for n in names:
+        by_name(n)  # raises for an unknown app
+    return tuple(a for a in installed() if a.name in names or any(a.owns(m) for m in modules))

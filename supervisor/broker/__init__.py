@@ -1,0 +1,9 @@
+"""What producers and workers import: the broker, its consumer, leases and middleware."""
+
+from .broker import PostgresBroker, setup_broker
+from .consumer import PostgresConsumer
+from .leases import Leases
+from .message import PgMessageProxy
+from .middleware import JobOptions, Retries
+
+__all__ = ["JobOptions", "Leases", "PgMessageProxy", "PostgresBroker", "PostgresConsumer", "Retries", "setup_broker"]

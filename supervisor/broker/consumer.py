@@ -1,0 +1,128 @@
+"""PostgresConsumer: claims rows of one queue in batches, sized by what the process can run."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from dramatiq.broker import Consumer
+from dramatiq.errors import BrokerConnectionError
+
+from .capacity import Capacity
+from .message import PgMessageProxy
+
+log = logging.getLogger(__name__)
+
+ClaimFn = Callable[[str, int, bool], list[PgMessageProxy]]
+
+
+class Outcomes(Protocol):
+    """Where a consumer writes what became of a message (the broker)."""
+
+    def ack(self, message: PgMessageProxy) -> None: ...
+    def nack(self, message: PgMessageProxy) -> None: ...
+    def requeue(self, messages: Iterable[PgMessageProxy]) -> int: ...
+
+
+class PostgresConsumer(Consumer):
+    """Given everything it needs: the claim function, its queue's wake-up event,
+    the process's capacity and claiming switch, and where outcomes go.
+
+    The consumer is the one owner of capacity: it reserves before a claim and
+    releases what the claim did not fill and every finished message.
+    """
+
+    def __init__(
+        self,
+        queue_name: str,
+        *,
+        prefetch: int,
+        timeout_ms: int,
+        claim: ClaimFn,
+        wakeup: threading.Event,
+        capacity: Capacity,
+        claiming: threading.Event,
+        poll_interval: float,
+        outcomes: Outcomes,
+    ) -> None:
+        self.queue_name = queue_name
+        self.prefetch = max(1, prefetch)
+        self.timeout = timeout_ms / 1000
+        self.buffer: deque[PgMessageProxy] = deque()
+        self.wakeup = wakeup
+        self.capacity = capacity
+        self.claiming = claiming
+        self.poll_interval = poll_interval
+        self.outcomes = outcomes
+        self._claim = claim
+        self._more = True  # claim at once on start: there may be a backlog
+        self._next_poll = 0.0
+
+    def __next__(self) -> PgMessageProxy | None:
+        """Return a claimed message, or None after ``timeout`` so the consumer
+        thread can notice a stop. The database is asked only when there is
+        reason to expect work: a NOTIFY for this queue, the last claim came back
+        full, or the poll interval (for delayed and retried jobs) has passed."""
+        if self.buffer:
+            return self.buffer.popleft()
+        deadline = time.monotonic() + self.timeout
+        while True:
+            now = time.monotonic()
+            remaining = deadline - now
+            if remaining <= 0:
+                return None
+            if not self.claiming.is_set():
+                self.claiming.wait(remaining)
+                continue
+            if not (self._more or self.wakeup.is_set() or now >= self._next_poll):
+                self.wakeup.wait(min(remaining, self._next_poll - now))
+                continue
+            n = self.capacity.reserve(self.prefetch)
+            if n == 0:
+                self.capacity.wait_free(remaining)
+                continue
+            self.wakeup.clear()
+            try:
+                claimed = self._claim(self.queue_name, n, not self._more)
+            except BaseException:
+                self.capacity.release(n)
+                raise
+            self.capacity.release(n - len(claimed))
+            self._more = len(claimed) == n
+            self._next_poll = time.monotonic() + self.poll_interval
+            if claimed:
+                self.buffer.extend(claimed)
+                return self.buffer.popleft()
+
+    def ack(self, message: PgMessageProxy) -> None:
+        try:
+            self.outcomes.ack(message)
+        finally:
+            self.capacity.release()
+
+    def nack(self, message: PgMessageProxy) -> None:
+        try:
+            self.outcomes.nack(message)
+        finally:
+            self.capacity.release()
+
+    def requeue(self, messages: Iterable[PgMessageProxy]) -> None:
+        messages = list(messages)
+        try:
+            count = self.outcomes.requeue(messages)
+        finally:
+            self.capacity.release(len(messages))
+        if count:
+            log.info("requeued %d unstarted jobs of %s", count, self.queue_name)
+
+    def close(self) -> None:
+        if self.buffer:
+            try:
+                self.requeue(list(self.buffer))
+            except BrokerConnectionError:
+                log.warning("could not requeue %d prefetched jobs; their leases will expire", len(self.buffer))
+            self.buffer.clear()

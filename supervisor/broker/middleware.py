@@ -1,0 +1,96 @@
+"""The broker's middleware: Retries counted by the job row, and the job options.
+
+Retries use deterministic exponential backoff.
+
+Dramatiq's own Retries counts retries in the message options and adds jitter.
+Here the row's ``attempts`` (incremented by every claim, including claims that
+ended in a crash) is the count, so a job that keeps killing its process and a
+job that keeps raising share one budget: ``max_attempts``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dramatiq
+from dramatiq.middleware import Middleware
+
+from .. import defaults
+
+
+class JobOptions(Middleware):
+    """Declares the broker's own options so actors may set them as defaults."""
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"dedupe_key", "concurrency_key", "max_attempts"}
+
+
+def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
+    """Delay before retry number ``attempt`` (1-based): base * 2^(attempt-1), capped."""
+    return int(min(cap_ms, base_ms * (2 ** max(0, attempt - 1))))
+
+
+class Retries(Middleware):
+    """Drop-in for dramatiq's Retries: same actor options, DB-counted attempts."""
+
+    def __init__(
+        self,
+        *,
+        max_retries: int = defaults.MAX_RETRIES,
+        min_backoff: int = defaults.MIN_BACKOFF_MS,
+        max_backoff: int = defaults.MAX_BACKOFF_MS,
+        retry_when: Any = None,
+    ) -> None:
+        self.max_retries = max_retries
+        self.min_backoff = min_backoff
+        self.max_backoff = max_backoff
+        self.retry_when = retry_when
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"max_retries", "min_backoff", "max_backoff", "retry_when", "throws", "on_retry_exhausted"}
+
+    def _option(self, message, actor, name: str, default: Any) -> Any:
+        value = message.options.get(name)
+        if value is None:
+            value = actor.options.get(name)
+        return default if value is None else value
+
+    def max_attempts_for(self, message, actor) -> int:
+        """The attempt budget written into a new row."""
+        return int(self._option(message, actor, "max_retries", self.max_retries)) + 1
+
+    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        if exception is None:
+            return
+        actor = broker.get_actor(message.actor_name)
+        throws = message.options.get("throws") or actor.options.get("throws")
+        if throws and isinstance(exception, throws):
+            message.fail()
+            return
+
+        attempt = getattr(message, "attempts", None) or message.options.get("retries", 0) + 1
+        max_attempts = getattr(message, "max_attempts", None) or self.max_attempts_for(message, actor)
+        message.options["retries"] = attempt
+        retry_when = actor.options.get("retry_when", self.retry_when)
+        if retry_when is not None:
+            exhausted = not retry_when(attempt - 1, exception)
+        else:
+            exhausted = attempt >= max_attempts
+        if exhausted:
+            message.fail()
+            target = message.options.get("on_retry_exhausted") or actor.options.get("on_retry_exhausted")
+            if target:
+                broker.get_actor(target).send(
+                    message.asdict(), {"retries": attempt - 1, "max_retries": max_attempts - 1}
+                )
+            return
+
+        if isinstance(exception, dramatiq.Retry) and exception.delay is not None:
+            delay = exception.delay
+        else:
+            base = self._option(message, actor, "min_backoff", self.min_backoff)
+            cap = min(self._option(message, actor, "max_backoff", self.max_backoff), defaults.MAX_BACKOFF_MS)
+            delay = backoff_ms(attempt, base, cap)
+        broker.enqueue(message, delay=delay)

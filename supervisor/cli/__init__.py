@@ -1,0 +1,1 @@
+"""`supervisor ...` commands by area; apps add theirs through an entry-point group."""

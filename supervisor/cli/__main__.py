@@ -1,0 +1,5 @@
+"""`python -m supervisor.cli ...`, the same as the `supervisor` console script."""
+
+from .main import main
+
+main()

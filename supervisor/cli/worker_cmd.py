@@ -1,0 +1,60 @@
+"""`supervisor worker`: one worker process in the foreground."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import apps, db, defaults, exit_codes
+from ..logs import configure_logging
+from ..migrate import migrate
+from .context import config_option, die, url
+
+
+@click.command()
+@config_option
+@click.option("--queues", "-q", required=True, help="Comma-separated queue names to consume.")
+@click.option("--actors", "-a", required=True, help="Comma-separated actor modules to import.")
+@click.option("--threads", "-t", default=defaults.THREADS, show_default=True, type=click.IntRange(min=1))
+@click.option("--prefetch", default=None, type=click.IntRange(min=1),
+              help="Rows held claimed at most (default: --threads; 2x threads suits many short jobs).")
+@click.option("--role", default="worker", show_default=True, help="Role name recorded in the workers table.")
+@click.option("--shutdown-timeout", default=defaults.SHUTDOWN_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to let running jobs finish on SIGTERM.")
+@click.option("--lease", default=defaults.LEASE_SECONDS, show_default=True, type=click.FloatRange(min=1),
+              help="Lease seconds; renewed by the heartbeat.")
+@click.option("--heartbeat", default=defaults.HEARTBEAT_SECONDS, show_default=True, type=click.FloatRange(min=0.1),
+              help="Heartbeat interval seconds (keep well under --lease).")
+@click.option("--no-migrate", is_flag=True, help="Do not apply pending migrations at start.")
+@click.option("--log-level", default="INFO", show_default=True)
+@click.pass_context
+def worker(ctx: click.Context, queues: str, actors: str, threads: int, prefetch: int | None, role: str, shutdown_timeout: float,
+           lease: float, heartbeat: float, no_migrate: bool, log_level: str) -> None:
+    """Run one worker process until SIGTERM, then drain and exit 0."""
+    from ..worker.process import run
+    from ..worker.settings import WorkerSettings
+
+    if heartbeat >= lease:
+        die(f"--heartbeat ({heartbeat}s) must be shorter than --lease ({lease}s)", exit_codes.USAGE)
+    configure_logging(log_level.upper())
+    db_url = url(ctx)
+    modules = tuple(a.strip() for a in actors.split(",") if a.strip())
+    if not no_migrate:
+        try:
+            migrate(db_url, apps.in_use(modules))
+        except db.DatabaseError as exc:
+            die(str(exc), exit_codes.DATABASE)
+    settings = WorkerSettings(
+        queues=tuple(q.strip() for q in queues.split(",") if q.strip()),
+        actors=modules,
+        role=role,
+        threads=threads,
+        prefetch=max(prefetch, threads) if prefetch else None,
+        lease_seconds=lease,
+        heartbeat_seconds=heartbeat,
+        shutdown_timeout=shutdown_timeout,
+    )
+    sys.exit(run(settings, db_url))
+
+

@@ -1,0 +1,120 @@
+"""The config as frozen dataclasses, and the error every bad value raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import defaults
+
+
+class ConfigError(ValueError):
+    """A config problem: where it is and what to do about it."""
+
+    def __init__(self, path: str | Path, line: int | None, key: str | None, message: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.key = key
+        self.message = message
+        where = self.path if line is None else f"{self.path}:{line}"
+        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.path, "line": self.line, "key": self.key, "message": self.message, "text": str(self)}
+
+
+# --- the dataclasses -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    # None: DATABASE_URL, else the embedded server (supervisor.db.resolve_url decides).
+    url: str | None = None
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    control_socket: Path
+    state_dir: Path | None = None
+    shutdown_timeout: float = defaults.SHUTDOWN_TIMEOUT
+    watch_config: bool = False
+    tick: float = defaults.TICK
+    log_level: str = "INFO"
+    log_json: bool = False
+    # A hung or overdue child gets this long after SIGTERM before SIGKILL.
+    kill_grace: float = defaults.KILL_GRACE
+    # A child that has not become ready this long after its fork is treated as hung.
+    start_timeout: float = defaults.START_TIMEOUT
+    # Crash backoff per role: restart_backoff * 2^(streak-1), capped.
+    restart_backoff: float = defaults.RESTART_BACKOFF
+    restart_backoff_max: float = defaults.RESTART_BACKOFF_MAX
+
+
+@dataclass(frozen=True)
+class Limits:
+    # Host-wide thresholds: over either, a process stops claiming until it recovers.
+    memory_percent: float | None = None
+    cpu_percent: float | None = None
+    # Per-process ceilings: past either, the process is recycled (rolled).
+    max_rss: int | None = None
+    max_jobs: int | None = None
+
+
+@dataclass(frozen=True)
+class RoleConfig:
+    name: str
+    queues: tuple[str, ...]
+    actors: tuple[str, ...]
+    processes: int = 1
+    threads: int = defaults.THREADS
+    # Claimed-but-unfinished rows a process may hold; None means `threads`.
+    prefetch: int | None = None
+    lease: float = defaults.LEASE_SECONDS
+    heartbeat: float = defaults.HEARTBEAT_SECONDS
+    max_retries: int = defaults.MAX_RETRIES
+    min_backoff: float = defaults.MIN_BACKOFF_MS / 1000
+    max_backoff: float = defaults.MAX_BACKOFF_MS / 1000
+    shutdown_timeout: float = defaults.SHUTDOWN_TIMEOUT
+    time_limit: float | None = None
+    limits: Limits = field(default_factory=Limits)
+    line: int = field(default=0, compare=False)
+
+    def differences(self, other: RoleConfig) -> list[str]:
+        """Names of the settings (other than line) that differ from ``other``."""
+        names = [f for f in self.__dataclass_fields__ if f not in ("line", "name")]
+        return [n for n in names if getattr(self, n) != getattr(other, n)]
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    name: str
+    cron: str
+    actor: str
+    queue: str = "default"
+    args: tuple = field(default=(), hash=False)
+    kwargs: dict = field(default_factory=dict, hash=False)
+    lock_ttl_seconds: float = defaults.SCHEDULE_LOCK_TTL
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    database: DatabaseConfig
+    supervisor: SupervisorConfig
+    roles: tuple[RoleConfig, ...]
+    schedules: tuple[ScheduleConfig, ...] = ()
+    # Apps named explicitly under `apps:` (apps owning a role's actor modules are in use anyway).
+    apps: tuple[str, ...] = ()
+    # Sections owned by apps (e.g. the price tracker's `pipeline:`), as their parsers returned them.
+    app_settings: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def actor_modules(self) -> list[str]:
+        return [m for r in self.roles for m in r.actors]
+
+    @property
+    def roles_by_name(self) -> dict[str, RoleConfig]:
+        return {r.name: r for r in self.roles}
+
+    def role(self, name: str) -> RoleConfig:
+        return self.roles_by_name[name]

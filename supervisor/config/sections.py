@@ -1,0 +1,324 @@
+"""The YAML config: parsed into frozen, validated dataclasses.
+
+Every error names the file, the line and the dotted key, because the person
+reading it is editing that file (often through `supervisor reload`). The node
+tree from ``yaml.compose`` keeps line numbers that plain ``safe_load`` throws away.
+
+Relative paths (``control_socket``, ``state_dir``) are relative to the config
+file's directory, so the master and every CLI client agree on them whatever
+their working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import yaml
+
+from .. import apps, defaults
+from ..cron import parse as cron_parse
+from ..units import parse_size
+from .model import (
+    Config,
+    ConfigError,
+    DatabaseConfig,
+    Limits,
+    RoleConfig,
+    ScheduleConfig,
+    SupervisorConfig,
+)
+from .reader import (
+    MODULE,
+    NAME,
+    Item,
+    Reader,
+    Section,
+    boolean,
+    duration,
+    integer,
+    kind,
+    names,
+    percent,
+    plain,
+    string,
+)
+
+DEFAULT_PATH = Path("config/supervisor.yaml")
+ENV_PATH = "SUPERVISOR_CONFIG"
+
+
+# --- finding the file --------------------------------------------------------------
+
+
+def find_path(explicit: str | Path | None = None) -> Path:
+    """-c/--config, else $SUPERVISOR_CONFIG, else config/supervisor.yaml."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(ENV_PATH)
+    if env:
+        return Path(env)
+    return DEFAULT_PATH
+
+
+def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(path, None, None, f"cannot read the config file: {exc.strerror or exc}") from exc
+    return parse(text, path, env=env)
+
+
+# --- sections -------------------------------------------------------------------------------
+
+_TOP = ("database", "supervisor", "roles", "schedules", "apps")
+_SUPERVISOR = ("control_socket", "state_dir", "shutdown_timeout", "watch_config", "tick", "log_level",
+               "log_json", "kill_grace", "start_timeout", "restart_backoff", "restart_backoff_max")
+_ROLE = ("processes", "threads", "prefetch", "queues", "actors", "lease", "heartbeat", "max_retries", "min_backoff",
+         "max_backoff", "shutdown_timeout", "time_limit", "limits")
+_LIMITS = ("memory_percent", "cpu_percent", "max_rss", "max_jobs")
+_SCHEDULE = ("cron", "actor", "queue", "args", "kwargs", "lock_ttl")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def parse(text: str, path: str | Path = "<config>", env: Mapping[str, str] | None = None) -> Config:
+    path = Path(path)
+    reader = Reader(path, os.environ if env is None else env)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        raise ConfigError(path, line, None, f"YAML syntax error: {problem}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, None, None, f"YAML error: {exc}") from exc
+    if node is None:
+        raise ConfigError(path, 1, None, "the file is empty; it needs at least a roles: section")
+    app_sections = {name: fn for app in apps.installed() for name, fn in app.sections.items()}
+    top = Section(reader, reader.tree(node, ""), _TOP + tuple(app_sections), extensions=True)
+
+    database = DatabaseConfig(url=top.get("database", lambda i: _database(reader, i), None))
+    supervisor = _supervisor(reader, top.map.get("supervisor"), path)
+    roles_item = top.map.get("roles")
+    if roles_item is None or roles_item.value is None:
+        raise ConfigError(path, 1, "roles", "is required: map each role name to its processes, queues and actors")
+    roles = _roles(reader, roles_item, supervisor)
+    schedules = _schedules(reader, top.map.get("schedules"), roles)
+    explicit = top.get("apps", _app_names, ())
+    app_settings = {name: top.get(name, lambda i, fn=fn: fn(reader, i), None) for name, fn in app_sections.items()}
+    return Config(path=path, database=database, supervisor=supervisor, roles=roles, schedules=schedules,
+                  apps=explicit, app_settings={k: v for k, v in app_settings.items() if v is not None})
+
+
+def _app_names(item: Item) -> tuple[str, ...]:
+    chosen = names(NAME, "app name")(item)
+    known = {a.name for a in apps.installed()}
+    for name in chosen:
+        if name not in known:
+            raise ValueError(f"no app named {name!r} is installed (installed: {', '.join(sorted(known)) or 'none'})")
+    return chosen
+
+
+def _database(reader: Reader, item: Item) -> str | None:
+    section = Section(reader, item, ("url",))
+    return section.get("url", string)
+
+
+def _path(base: Path) -> Callable[[Item], Path]:
+    def check(item: Item) -> Path:
+        p = Path(string(item)).expanduser()
+        return p if p.is_absolute() else (base / p)
+
+    return check
+
+
+def _supervisor(reader: Reader, item: Item | None, path: Path) -> SupervisorConfig:
+    base = path.resolve().parent
+    if item is None or item.value is None:
+        item = Item({}, 1, "supervisor")
+    s = Section(reader, item, _SUPERVISOR)
+    state_dir = s.get("state_dir", _path(base))
+    control = s.get("control_socket", _path(base))
+    if control is None:
+        from ..db import state_dir as default_state_dir
+
+        control = (state_dir or default_state_dir()) / "supervisor.sock"
+    if len(str(control).encode()) > 107:
+        line_item = s.map.get("control_socket") or item
+        raise reader.error(line_item, f"path is too long for a unix socket ({len(str(control))} > 107 bytes): {control}",
+                           key="supervisor.control_socket")
+
+    def level(i: Item) -> str:
+        v = string(i).upper()
+        if v not in _LOG_LEVELS:
+            raise ValueError(f"expected one of {', '.join(_LOG_LEVELS)}, got {i.value!r}")
+        return v
+
+    cfg = SupervisorConfig(
+        control_socket=control,
+        state_dir=state_dir,
+        shutdown_timeout=s.get("shutdown_timeout", duration(0), defaults.SHUTDOWN_TIMEOUT),
+        watch_config=s.get("watch_config", boolean, False),
+        tick=s.get("tick", duration(0, strict=True), defaults.TICK),
+        log_level=s.get("log_level", level, "INFO"),
+        log_json=s.get("log_json", boolean, False),
+        kill_grace=s.get("kill_grace", duration(0, strict=True), defaults.KILL_GRACE),
+        start_timeout=s.get("start_timeout", duration(0, strict=True), defaults.START_TIMEOUT),
+        restart_backoff=s.get("restart_backoff", duration(0), defaults.RESTART_BACKOFF),
+        restart_backoff_max=s.get("restart_backoff_max", duration(0), defaults.RESTART_BACKOFF_MAX),
+    )
+    if cfg.tick > 10:
+        raise reader.error(s.map["tick"], "must be at most 10s (the master reconciles and beats systemd every tick)")
+    if cfg.restart_backoff_max < cfg.restart_backoff:
+        raise reader.error(s.map.get("restart_backoff_max") or item, "must not be shorter than restart_backoff",
+                           key="supervisor.restart_backoff_max")
+    return cfg
+
+
+def _roles(reader: Reader, item: Item, sup: SupervisorConfig) -> tuple[RoleConfig, ...]:
+    if not isinstance(item.value, dict):
+        raise reader.error(item, f"must map role names to role settings, got {kind(item.value)}")
+    if not item.value:
+        raise reader.error(item, "must define at least one role")
+    roles = []
+    for name, role_item in item.value.items():
+        if not NAME.match(name):
+            raise reader.error(role_item, "role names may use letters, digits, '_', '-' and '.'")
+        roles.append(_role(reader, name, role_item, sup))
+    return tuple(roles)
+
+
+def _role(reader: Reader, name: str, item: Item, sup: SupervisorConfig) -> RoleConfig:
+    s = Section(reader, item, _ROLE)
+    defaults = RoleConfig(name=name, queues=(), actors=())
+    lease = s.get("lease", duration(1), defaults.lease)
+    heartbeat = s.get("heartbeat", duration(0, strict=True), defaults.heartbeat)
+    if heartbeat >= lease:
+        hb = s.map.get("heartbeat") or s.map.get("lease") or item
+        raise reader.error(
+            hb, f"heartbeat ({heartbeat:g}s) must be shorter than lease ({lease:g}s), or leases expire between beats",
+            key=f"{item.key}.heartbeat",
+        )
+    shutdown = s.get("shutdown_timeout", duration(0), sup.shutdown_timeout)
+    if shutdown > sup.shutdown_timeout:
+        raise reader.error(
+            s.map["shutdown_timeout"],
+            f"{shutdown:g}s is longer than supervisor.shutdown_timeout ({sup.shutdown_timeout:g}s): "
+            "the master would kill this role's processes before they finish draining",
+        )
+    min_backoff = s.get("min_backoff", duration(0), defaults.min_backoff)
+    max_backoff = s.get("max_backoff", duration(0), defaults.max_backoff)
+    if max_backoff < min_backoff:
+        raise reader.error(s.map.get("max_backoff") or item, f"must not be shorter than min_backoff ({min_backoff:g}s)",
+                           key=f"{item.key}.max_backoff")
+    threads = s.get("threads", integer(1), defaults.threads)
+    prefetch = s.get("prefetch", integer(1), None)
+    if prefetch is not None and prefetch < threads:
+        raise reader.error(s.map.get("prefetch") or item, f"must be at least threads ({threads})",
+                           key=f"{item.key}.prefetch")
+    limits_item = s.map.get("limits")
+    return RoleConfig(
+        name=name,
+        queues=s.get("queues", names(NAME, "queue name"), required=True),
+        actors=s.get("actors", names(MODULE, "module name"), required=True),
+        processes=s.get("processes", integer(0), defaults.processes),
+        threads=threads,
+        prefetch=prefetch,
+        lease=lease,
+        heartbeat=heartbeat,
+        max_retries=s.get("max_retries", integer(0), defaults.max_retries),
+        min_backoff=min_backoff,
+        max_backoff=max_backoff,
+        shutdown_timeout=shutdown,
+        time_limit=s.get("time_limit", duration(0, strict=True), None),
+        limits=_limits(reader, limits_item) if limits_item is not None and limits_item.value is not None else Limits(),
+        line=item.line,
+    )
+
+
+def _limits(reader: Reader, item: Item) -> Limits:
+    s = Section(reader, item, _LIMITS)
+
+    def rss(i: Item) -> int:
+        v = parse_size(i.value)
+        if v < 1 << 20:
+            raise ValueError(f"{i.value!r} is under 1MB; write a size like 512MB")
+        return v
+
+    return Limits(
+        memory_percent=s.get("memory_percent", percent),
+        cpu_percent=s.get("cpu_percent", percent),
+        max_rss=s.get("max_rss", rss),
+        max_jobs=s.get("max_jobs", integer(1)),
+    )
+
+
+def _schedules(reader: Reader, item: Item | None, roles: tuple[RoleConfig, ...]) -> tuple[ScheduleConfig, ...]:
+    if item is None or item.value is None:
+        return ()
+    if not isinstance(item.value, dict):
+        raise reader.error(item, f"must map schedule names to schedules, got {kind(item.value)}")
+    served = {q for r in roles for q in r.queues}
+    out = []
+    for name, sched_item in item.value.items():
+        s = Section(reader, sched_item, _SCHEDULE)
+        cron = s.get("cron", string, required=True)
+        try:
+            cron_parse(cron)
+        except ValueError as exc:
+            raise reader.error(s.map["cron"], f"bad cron expression {cron!r}: {exc}") from exc
+        queue = s.get("queue", string, required=True)
+        if queue not in served:
+            raise reader.error(
+                s.map["queue"], f"queue {queue!r} is served by no role; add it to a role's queues "
+                f"(served: {', '.join(sorted(served)) or 'none'})",
+            )
+        out.append(ScheduleConfig(
+            name=name,
+            cron=cron,
+            actor=s.get("actor", string, required=True),
+            queue=queue,
+            args=tuple(s.get("args", lambda i: plain(reader, i, sequence=True), [])),
+            kwargs=s.get("kwargs", lambda i: plain(reader, i, mapping=True), {}),
+            lock_ttl_seconds=s.get("lock_ttl", duration(0, strict=True), defaults.SCHEDULE_LOCK_TTL),
+        ))
+    return tuple(out)
+
+
+def control_socket_of(path: str | Path, env: Mapping[str, str] | None = None) -> Path:
+    """Only where the control socket is, read leniently.
+
+    Control commands need nothing else from the file, and should still reach the
+    master when the file is invalid elsewhere (`supervisor reload` then gets the
+    master's own, precise error) or interpolates secrets the operator's shell
+    does not have. Raises ConfigError when even this cannot be found out.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(path, None, None, f"cannot read the config file: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise ConfigError(path, mark.line + 1 if mark else None, None, f"YAML syntax error: {exc}") from exc
+    sup = data.get("supervisor") if isinstance(data, dict) else None
+    sup = sup if isinstance(sup, dict) else {}
+    reader = Reader(path, os.environ if env is None else env)
+    base = path.resolve().parent
+
+    def value(key: str) -> Path | None:
+        raw = sup.get(key)
+        if not isinstance(raw, str) or not raw.strip():
+            return None
+        p = Path(reader.interpolate(raw, 0, f"supervisor.{key}")).expanduser()
+        return p if p.is_absolute() else base / p
+
+    control = value("control_socket")
+    if control is None:
+        from ..db import state_dir as default_state_dir
+
+        control = (value("state_dir") or default_state_dir()) / "supervisor.sock"
+    return control

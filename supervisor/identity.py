@@ -1,0 +1,30 @@
+"""Who a process is: the owner id written into leases, the registry and logs.
+
+Format: ``host:pid:token``. The random token tells apart two processes that
+got the same pid (after a reboot, or in a container) so a late writer of an old
+process never matches a new one.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+import socket
+
+HOSTNAME = socket.gethostname()
+
+
+def new_token() -> str:
+    return secrets.token_hex(3)
+
+
+def owner_id(pid: int | None = None, token: str | None = None) -> str:
+    """The owner id of process ``pid`` (default: this one). A supervisor picks the
+    token before forking, so it knows its child's id as soon as it has the pid."""
+    return f"{HOSTNAME}:{os.getpid() if pid is None else pid}:{token or new_token()}"
+
+
+def operator() -> str:
+    """Who ran a CLI command, for `job_events.who`."""
+    return f"operator {getpass.getuser()}@{HOSTNAME}"

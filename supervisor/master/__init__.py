@@ -1,0 +1,1 @@
+"""The master (arbiter) process: forks, watches and replaces worker processes."""

@@ -1,0 +1,387 @@
+"""The master process: fork, reap, reconcile, reload, signals, sd_notify.
+
+One thread runs everything here around a selector: the self-pipe (signals and
+wake-ups from other threads), the control socket and one beat pipe per child.
+It never blocks on the database: what must be written (releasing a dead
+child's leases, the registry rows) goes to the janitor thread.
+
+Forks happen only from this (main) thread, which lives as long as the master:
+PR_SET_PDEATHSIG in the children fires when the forking thread exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import selectors
+import signal
+import time
+from typing import Any
+
+import psutil
+
+from .. import db, defaults, exit_codes
+from ..config import Config
+from ..control import AlreadyRunning, Connection, ControlServer
+from ..identity import owner_id
+from ..worker.settings import WorkerSettings
+from .bootstrap import ChildBootstrap, ChildSpec
+from .children import Child, RoleState, describe_exit, plan, spawn
+from .handlers import Handlers, Waiter
+from .janitor import Janitor
+from .proctitle import MASTER_TITLE, set_title
+from .systemd import Notifier
+from .watcher import CONFIG_CHANGED, WAKE, ConfigWatcher, poke
+
+log = logging.getLogger(__name__)
+
+RECYCLE_JITTER = 2.0  # seconds; spreads recycles of processes that hit a limit together
+
+
+class Arbiter(Handlers):
+    def __init__(self, cfg: Config, url: str) -> None:
+        self.config = cfg
+        self.url = url
+        self.pid = os.getpid()
+        self.owner = owner_id(self.pid)
+        self.roles: dict[str, RoleState] = {}
+        self.selector = selectors.DefaultSelector()
+        self.notifier = Notifier()
+        self.control = ControlServer(cfg.supervisor.control_socket)
+        self.janitor: Janitor | None = None
+        self.watcher: ConfigWatcher | None = None
+        self.waiters: list[Waiter] = []
+        self.stopping = False
+        self.stop_deadline: float | None = None
+        self.ready_sent = False
+        self.started = time.monotonic()
+        self.reloads = 0
+        self.last_reload: dict[str, Any] | None = None
+        self.config_text = self._read_text()
+        self._wake_r = self._wake_w = -1
+        self._signals: list[int] = []
+        self._next_master_beat = 0.0
+        self._proc = psutil.Process()
+
+    # --- setup and teardown --------------------------------------------------------
+
+    def _read_text(self) -> str | None:
+        try:
+            return self.config.path.read_text()
+        except OSError:
+            return None
+
+    def _setup(self) -> None:
+        set_title(MASTER_TITLE)
+        self.control.open()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
+        self.selector.register(self.control.fileno(), selectors.EVENT_READ, self._on_accept)
+        # The handler only notes the signal (it runs in this thread, between bytecodes);
+        # the wakeup fd makes select() return so the loop acts on it at once.
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda signum, frame: self._signals.append(signum))
+        queues = sorted({q for r in self.config.roles for q in r.queues})
+        self.janitor = Janitor(self.url, self.owner, queues=queues, on_done=self._wake_loop)
+        self.janitor.start()
+        self.janitor.register_master()
+        # Before the first fork, so no child of ours can be mistaken for an orphan. Bounded:
+        # if the database is slow, the children's reapers recover by lease expiry instead.
+        self.janitor.submit("recover orphans", self.janitor.recover_orphans, retry_for=5.0)
+        if not self.janitor.idle.wait(10.0):
+            log.warning("orphan recovery is still waiting for the database; starting the roles anyway")
+        for role_cfg in self.config.roles:
+            self.roles[role_cfg.name] = RoleState(role_cfg, WorkerSettings.from_role(self.config, role_cfg.name))
+        self._set_watch(self.config.supervisor.watch_config)
+        self.notifier.status("starting")
+        log.info("master %d up: %d role(s), control socket %s, database %s", self.pid, len(self.roles),
+                 self.config.supervisor.control_socket, db.redact(self.url))
+
+    def _teardown(self) -> None:
+        self._set_watch(False)
+        for w in self.waiters:
+            if w.conn:
+                w.conn.reply({"ok": False, "error": "the supervisor stopped before the new state was reached"})
+        self.waiters.clear()
+        if self.janitor is not None:
+            self.janitor.mark_stopped(self.owner, "stopped")
+            if not self.janitor.stop(timeout=5.0):
+                log.warning("janitor did not finish in 5s; any lease it could not release expires on its own")
+        self.control.close()
+        signal.set_wakeup_fd(-1)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.notifier.drain(1.0)
+        self.notifier.close()
+
+    def _set_watch(self, on: bool) -> None:
+        if on and self.watcher is None:
+            self.watcher = ConfigWatcher(self.config.path, self._wake_w)
+            self.watcher.start()
+        elif not on and self.watcher is not None:
+            self.watcher.stop()
+            self.watcher = None
+
+    def _wake_loop(self) -> None:
+        poke(self._wake_w, WAKE)
+
+    def _rss(self) -> int:
+        return int(self._proc.memory_info().rss)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            self._setup()
+        except AlreadyRunning as exc:
+            log.error("%s", exc)
+            return exit_codes.PROBLEM
+        try:
+            while True:
+                now = time.monotonic()
+                for key, _ in self.selector.select(self._timeout(now)):
+                    key.data(key)
+                self._handle_signals()
+                now = time.monotonic()
+                self._reap(now)
+                self._watch_children(now)
+                if not self.stopping:
+                    self._reconcile(now)
+                self._settle(now)
+                self._housekeeping(now)
+                if self.stopping and not any(r.children for r in self.roles.values()):
+                    break
+        finally:
+            self._teardown()
+        log.info("master %d stopped", self.pid)
+        return exit_codes.OK
+
+    def _timeout(self, now: float) -> float:
+        timeout = self.config.supervisor.tick
+        for role in self.roles.values():
+            if role.next_start > now and len(role.live()) < role.wanted:
+                timeout = min(timeout, role.next_start - now)
+            for c in role.children.values():
+                if c.kill_at is not None and not c.killed:
+                    timeout = min(timeout, c.kill_at - now)
+        return max(timeout, 0.005)
+
+    def _on_wake(self, key) -> None:
+        try:
+            data = os.read(self._wake_r, 65536)
+        except BlockingIOError:
+            return
+        # Signal numbers in here are only wake-ups: self._signals has them, even if
+        # a full pipe dropped the byte.
+        if CONFIG_CHANGED in data and self._read_text() != self.config_text:
+            self.reload(None, source="config file change")
+
+    def _handle_signals(self) -> None:
+        while self._signals:
+            sig = self._signals.pop(0)
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                self.begin_stop(signal.Signals(sig).name, hard=self.stopping and sig == signal.SIGINT)
+            elif sig == signal.SIGHUP:
+                self.reload(None, source="SIGHUP")
+
+    # --- children -------------------------------------------------------------------------
+
+    def _fds_to_close(self) -> list[int]:
+        fds = [self._wake_r, self._wake_w, self.control.fileno()]
+        with contextlib.suppress(Exception):
+            fds.append(self.selector.fileno())
+        for key in list(self.selector.get_map().values()):
+            fds.append(key.fd)
+        # Clients waiting for a reload: the reply must be the end of their connection.
+        fds += [w.conn.fileno() for w in self.waiters if w.conn is not None and not w.conn.closed]
+        fds += self.notifier.fds()
+        return sorted(set(fds))
+
+    def _spawn(self, role: RoleState, now: float) -> Child:
+        sup = self.config.supervisor
+        spec = ChildSpec(role=role.name, slot=role.free_slot(), settings=role.settings, limits=role.config.limits,
+                         url=self.url, token=ChildBootstrap.new_token(), master_pid=self.pid,
+                         beat_interval=min(1.0, sup.tick, role.config.heartbeat),
+                         log_level=sup.log_level, log_json=sup.log_json)
+        child = spawn(role, ChildBootstrap(spec, self._fds_to_close()), now)
+        role.children[child.pid] = child
+        self.selector.register(child.fd, selectors.EVENT_READ, lambda key, c=child: self._on_beat(c))
+        log.info("started %s[%d] pid %d (generation %d)", role.name, child.slot, child.pid, child.generation)
+        return child
+
+    def _on_beat(self, child: Child) -> None:
+        try:
+            data = os.read(child.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        now = time.monotonic()
+        if not data:
+            self._forget_fd(child)
+            return
+        for event in child.feed(data, now):
+            kind = event.get("e")
+            if kind == "ready":
+                log.info("%s[%d] pid %d ready in %.2fs", child.role, child.slot, child.pid, now - child.forked_at)
+            elif kind == "recycle" and child.recycle_why is None:
+                child.recycle_why = str(event.get("why"))
+                child.recycle_at = now + random.uniform(0, RECYCLE_JITTER)
+                log.info("%s[%d] pid %d asks to be recycled (%s)", child.role, child.slot, child.pid,
+                         child.recycle_why)
+
+    def _forget_fd(self, child: Child) -> None:
+        if child.fd >= 0:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(child.fd)
+            with contextlib.suppress(OSError):
+                os.close(child.fd)
+            child.fd = -1
+
+    def _find(self, pid: int) -> tuple[RoleState, Child] | None:
+        for role in self.roles.values():
+            if pid in role.children:
+                return role, role.children[pid]
+        return None
+
+    def _reap(self, now: float) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            found = self._find(pid)
+            if found is None:
+                continue
+            role, child = found
+            if child.fd >= 0:  # read what it said last (a final beat or a recycle request)
+                self._on_beat(child)
+                self._forget_fd(child)
+            del role.children[pid]
+            how = describe_exit(status)
+            expected = child.stop_reason is not None and not child.stop_reason.startswith("hung")
+            reason = f"{child.stop_reason}; {how}" if child.stop_reason else how
+            clean = expected and how == "exited 0"
+            assert self.janitor is not None
+            self.janitor.release(child.owner, f"{role.name} process {pid} {how}", lease_seconds=role.config.lease)
+            if not clean:
+                self.janitor.mark_stopped(child.owner, "killed" if child.killed else "crashed")
+            role.record_exit(child, reason, expected, now, self.config.supervisor.restart_backoff,
+                             self.config.supervisor.restart_backoff_max)
+            (log.info if expected else log.warning)(
+                "%s[%d] pid %d ended after %.1fs: %s", role.name, child.slot, pid, now - child.forked_at, reason)
+            if role.removed and not role.children:
+                del self.roles[role.name]
+
+    def _terminate(self, child: Child, reason: str, grace: float, now: float) -> None:
+        child.stop_reason = reason
+        child.term_at = now
+        child.kill_at = now + grace
+        child.state = "draining"
+        log.info("stopping %s[%d] pid %d: %s", child.role, child.slot, child.pid, reason)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGTERM)
+
+    def _kill(self, child: Child, why: str) -> None:
+        if child.killed:
+            return
+        child.killed = True
+        log.warning("killing %s[%d] pid %d: %s", child.role, child.slot, child.pid, why)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
+
+    def _watch_children(self, now: float) -> None:
+        sup = self.config.supervisor
+        for role in self.roles.values():
+            hang_after = max(role.config.lease, 3 * min(1.0, sup.tick, role.config.heartbeat), 2.0)
+            recycling = any(c.recycling for c in role.live())
+            for c in list(role.children.values()):
+                if c.stopping:
+                    if c.kill_at is not None and now >= c.kill_at:
+                        self._kill(c, f"still running {now - c.term_at:.1f}s after SIGTERM ({c.stop_reason})")
+                    continue
+                if not c.ready and now - c.forked_at > sup.start_timeout:
+                    self._terminate(c, f"hung: not ready {sup.start_timeout:g}s after start", sup.kill_grace, now)
+                elif c.ready and now - c.last_beat > hang_after:
+                    self._terminate(c, f"hung: no beat for {now - c.last_beat:.1f}s", sup.kill_grace, now)
+                elif (c.recycle_at is not None and not c.recycling and not recycling and now >= c.recycle_at
+                      and not self.stopping and all(role.is_current(o) for o in role.live())):
+                    # One recycle per role at a time, and not during a roll.
+                    c.recycling = True
+                    recycling = True
+
+    def _reconcile(self, now: float) -> None:
+        sup = self.config.supervisor
+        for role in list(self.roles.values()):
+            role.settle_streak(now)
+            start, drains = plan(role, now)
+            for child, why in drains:
+                self._terminate(child, why, role.config.shutdown_timeout + sup.kill_grace, now)
+            for _ in range(start):
+                self._spawn(role, now)
+
+    # --- stop -------------------------------------------------------------------------------
+
+    def begin_stop(self, why: str, *, hard: bool = False) -> None:
+        now = time.monotonic()
+        if self.stopping:
+            if hard:
+                for role in self.roles.values():
+                    for c in role.children.values():
+                        self._kill(c, "second interrupt")
+            return
+        sup = self.config.supervisor
+        self.stopping = True
+        self.stop_deadline = now + sup.shutdown_timeout
+        log.info("stopping (%s): draining every role, up to %gs", why, sup.shutdown_timeout)
+        self.notifier.stopping()
+        self.notifier.status(f"stopping ({why})")
+        self._set_watch(False)
+        for role in self.roles.values():
+            for c in role.children.values():
+                if not c.stopping:
+                    self._terminate(c, "shutdown", sup.shutdown_timeout, now)
+                elif c.kill_at is None or c.kill_at > self.stop_deadline:
+                    c.kill_at = self.stop_deadline
+        for w in self.waiters:
+            if w.conn:
+                w.conn.reply({"ok": False, "error": "the supervisor is stopping"})
+        self.waiters.clear()
+
+    # --- control socket ---------------------------------------------------------------------------
+
+    def _on_accept(self, key: selectors.SelectorKey) -> None:
+        conn = self.control.accept()
+        if conn is not None:
+            fd = conn.fileno()
+            self.selector.register(fd, selectors.EVENT_READ, lambda k, c=conn, fd=fd: self._on_request(c, fd))
+
+    def _on_request(self, conn: Connection, fd: int) -> None:
+        req = conn.read()
+        if req is None and not conn.closed:
+            return  # not a full line yet
+        # Unregistered by number: the socket may already be closed (and the fd is not reused
+        # before this line: nothing is accepted in between).
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(fd)
+        if req is not None:
+            self.handle(conn, req)
+
+    def _housekeeping(self, now: float) -> None:
+        self.notifier.flush()
+        self.notifier.watchdog(now)
+        if self.ready_sent and not self.stopping:
+            self.notifier.status(self.status_line())
+        if now >= self._next_master_beat and self.janitor is not None and self.janitor.idle.is_set():
+            self._next_master_beat = now + defaults.MASTER_BEAT_SECONDS
+            self.janitor.beat_master("stopping" if self.stopping else "running")
+
+

@@ -1,0 +1,240 @@
+"""The master's control commands: one handler method per command (ping, status,
+reload, scale, stop), plus what reload and scale need to reply once the new
+state is reached. Mixed into the Arbiter; runs on its loop thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .. import config as config_mod
+from .. import db
+from ..config import Config, ConfigError
+from ..control import Connection
+from ..logs import configure_logging
+from ..worker.settings import WorkerSettings
+from .children import RoleState
+from .reload import Diff, diff
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Waiter:
+    """A control client waiting for the new state (after reload or scale)."""
+
+    conn: Connection | None
+    kind: str
+    changes: list[str]
+    started: float
+    warnings: list[str] = field(default_factory=list)
+
+
+
+class Handlers:
+    """Control commands, one ``cmd_<name>`` method each. The Arbiter provides the
+    state below and ``begin_stop``; everything here runs on its loop thread."""
+
+    config: Config
+    roles: dict[str, RoleState]
+    waiters: list[Waiter]
+    stopping: bool
+    ready_sent: bool
+    pid: int
+    url: str
+    started: float
+    reloads: int
+    last_reload: dict[str, Any] | None
+    config_text: str | None
+
+    def begin_stop(self, why: str, *, hard: bool = False) -> None:
+        raise NotImplementedError
+
+    def _read_text(self) -> str | None:
+        raise NotImplementedError
+
+    def _set_watch(self, on: bool) -> None:
+        raise NotImplementedError
+
+    def _rss(self) -> int:
+        raise NotImplementedError
+
+    def handle(self, conn: Connection, req: dict[str, Any]) -> None:
+        cmd = str(req.get("cmd"))
+        handler = getattr(self, f"cmd_{cmd}", None)
+        if handler is None:
+            names = ", ".join(n[4:] for n in dir(self) if n.startswith("cmd_"))
+            conn.reply({"ok": False, "error": f"unknown command {cmd!r} ({names})"})
+            return
+        handler(conn, req)
+
+    def cmd_ping(self, conn: Connection, req: dict[str, Any]) -> None:
+        conn.reply({"ok": True, "pid": self.pid})
+
+    def cmd_status(self, conn: Connection, req: dict[str, Any]) -> None:
+        conn.reply({"ok": True, **self.status()})
+
+    def cmd_reload(self, conn: Connection, req: dict[str, Any]) -> None:
+        self.reload(conn, source="control socket")
+
+    def cmd_scale(self, conn: Connection, req: dict[str, Any]) -> None:
+        self.scale(conn, str(req.get("role")), req.get("processes"))
+
+    def cmd_stop(self, conn: Connection, req: dict[str, Any]) -> None:
+        conn.reply({"ok": True, "pid": self.pid, "stopping": True})
+        self.begin_stop("stop command")
+
+    # --- reload and scale ---------------------------------------------------------------------
+
+    def reload(self, conn: Connection | None, *, source: str) -> None:
+        now = time.monotonic()
+        if self.stopping:
+            if conn:
+                conn.reply({"ok": False, "error": "the supervisor is stopping"})
+            return
+        text = self._read_text()
+        try:
+            new = config_mod.load(self.config.path)
+        except ConfigError as exc:
+            log.error("reload (%s) rejected, still running the previous config: %s", source, exc)
+            if conn:
+                conn.reply({"ok": False, "error": str(exc), "detail": exc.as_dict()})
+            return
+        self.config_text = text
+        self.notifier.reloading()
+        d = diff(self.config, new)
+        changes = [] if d.empty else d.lines()
+        for name, role in self.roles.items():
+            target = new.roles_by_name.get(name)
+            if role.override is not None and target is not None and role.override != target.processes:
+                changes.append(f"{name}: scale {role.override} cleared, back to {target.processes} from the config")
+        changes = changes or ["no changes"]
+        log.info("reload (%s): %s", source, "; ".join(changes))
+        self._apply(new, d)
+        self.reloads += 1
+        self.waiters.append(Waiter(conn, "reload", changes, now))
+
+    def _apply(self, new: Config, d: Diff) -> None:
+        old_sup = self.config.supervisor
+        # What only a restart can change stays as it is (and was reported).
+        new = _replace_config(new, control_socket=old_sup.control_socket, state_dir=old_sup.state_dir,
+                              database=self.config.database)
+        if (new.supervisor.log_level, new.supervisor.log_json) != (old_sup.log_level, old_sup.log_json):
+            configure_logging(new.supervisor.log_level, new.supervisor.log_json)
+        self.config = new
+        self._set_watch(new.supervisor.watch_config)
+        for name in d.removed:
+            role = self.roles.get(name)
+            if role is not None:
+                role.removed = True
+                role.override = None
+        for role_cfg in new.roles:
+            role = self.roles.get(role_cfg.name)
+            settings = WorkerSettings.from_role(new, role_cfg.name)
+            if role is None:
+                self.roles[role_cfg.name] = RoleState(role_cfg, settings)
+                continue
+            if role.removed or role_cfg.name in d.rolled:
+                role.generation += 1  # every live child is now old: the role is rolled
+            role.removed = False
+            role.override = None  # `scale` lasts until the next reload
+            role.config = role_cfg
+            role.settings = settings
+
+    def scale(self, conn: Connection | None, name: str, processes: Any) -> None:
+        role = self.roles.get(name)
+        if self.stopping:
+            err = "the supervisor is stopping"
+        elif role is None or role.removed:
+            err = f"no role {name!r} (roles: {', '.join(sorted(n for n, r in self.roles.items() if not r.removed))})"
+        elif isinstance(processes, bool) or not isinstance(processes, int) or not 0 <= processes <= 1000:
+            err = f"processes must be a whole number from 0 to 1000, got {processes!r}"
+        else:
+            err = None
+        if err:
+            if conn:
+                conn.reply({"ok": False, "error": err})
+            return
+        before = role.wanted
+        role.override = processes
+        change = f"{name}: scaled {before} -> {processes} (until the next reload)"
+        log.info("%s", change)
+        self.waiters.append(Waiter(conn, "scale", [change], time.monotonic()))
+
+    def _settle(self, now: float) -> None:
+        settled = all(r.converged() or r.crash_looping for r in self.roles.values())
+        if not self.ready_sent and settled and not self.stopping:
+            self.ready_sent = True
+            self.notifier.ready(self.status_line())
+            log.info("ready: %s", self.status_line())
+        if not self.waiters or not settled:
+            return
+        warnings = [f"{r.name} is crash-looping: {r.last_exit}" for r in self.roles.values() if r.crash_looping]
+        reloaded = any(w.kind == "reload" for w in self.waiters)
+        for w in self.waiters:
+            result = {"ok": True, "kind": w.kind, "changes": w.changes, "warnings": warnings,
+                      "seconds": round(now - w.started, 3)}
+            if w.kind == "reload":
+                self.last_reload = {**result, "at": time.time()}
+            if w.conn:
+                w.conn.reply(result)
+        self.waiters.clear()
+        if reloaded and self.ready_sent:
+            self.notifier.ready(self.status_line())
+
+    # --- status and systemd ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        roles = []
+        for role in self.roles.values():
+            roles.append({
+                "name": role.name,
+                "wanted": role.wanted,
+                "running": len(role.ready_current()),
+                "state": role.state(now),
+                "scaled": role.override is not None,
+                "queues": list(role.config.queues),
+                "threads": role.config.threads,
+                "restarts": role.restarts,
+                "last_exit": role.last_exit,
+                "last_exit_ago": round(now - role.last_exit_at, 1) if role.last_exit_at else None,
+                "next_restart_in": round(role.next_start - now, 1) if role.next_start > now else None,
+                "processes": [c.snapshot(now, role.generation)
+                              for c in sorted(role.children.values(), key=lambda c: (c.slot, c.forked_at))],
+            })
+        state = "stopping" if self.stopping else ("reloading" if self.waiters else
+                                                  ("running" if self.ready_sent else "starting"))
+        return {
+            "pid": self.pid,
+            "state": state,
+            "uptime": round(now - self.started, 1),
+            "rss": self._rss(),
+            "config": str(self.config.path),
+            "control_socket": str(self.config.supervisor.control_socket),
+            "database": db.redact(self.url),
+            "reloads": self.reloads,
+            "last_reload": self.last_reload,
+            "roles": roles,
+        }
+
+    def status_line(self) -> str:
+        parts = []
+        for role in self.roles.values():
+            part = f"{role.name} {len(role.ready_current())}/{role.wanted}"
+            if role.crash_looping:
+                part += " crash-looping"
+            parts.append(part)
+        return ", ".join(parts) or "no roles"
+
+
+
+def _replace_config(cfg: Config, *, control_socket, state_dir, database) -> Config:
+
+    return replace(cfg, database=database,
+                   supervisor=replace(cfg.supervisor, control_socket=control_socket, state_dir=state_dir))
+
+

@@ -1,0 +1,87 @@
+"""What a reload changes: the diff between the running config and the new file.
+
+Pure data in, data out; the arbiter applies it. Settings the running master
+cannot change in place (where the database is, where the control socket is)
+are reported as needing a restart instead of being half-applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import Config
+
+# Supervisor settings the master picks up on reload; the rest need a restart.
+LIVE_SUPERVISOR_KEYS = ("shutdown_timeout", "watch_config", "tick", "log_level", "log_json", "kill_grace",
+                        "start_timeout", "restart_backoff", "restart_backoff_max")
+RESTART_SUPERVISOR_KEYS = ("control_socket", "state_dir")
+
+
+@dataclass
+class Diff:
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    resized: dict[str, tuple[int, int]] = field(default_factory=dict)
+    rolled: dict[str, list[str]] = field(default_factory=dict)  # role -> what changed
+    supervisor: list[str] = field(default_factory=list)
+    needs_restart: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.resized or self.rolled or self.supervisor
+                    or self.needs_restart)
+
+    def lines(self) -> list[str]:
+        out = [f"{name}: added" for name in self.added]
+        out += [f"{name}: removed (draining)" for name in self.removed]
+        for name, fields in self.rolled.items():
+            out.append(f"{name}: rolled ({', '.join(fields)})")
+        for name, (a, b) in self.resized.items():
+            out.append(f"{name}: resized {a} -> {b}")
+        out += self.supervisor
+        out += [f"{what}: changed, but only a restart applies it" for what in self.needs_restart]
+        return out or ["no changes"]
+
+
+def _show(value) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def diff(old: Config, new: Config) -> Diff:
+    d = Diff()
+    old_roles, new_roles = old.roles_by_name, new.roles_by_name
+    everywhere = []
+    if old.schedules != new.schedules:
+        everywhere.append("schedules")
+    for name in sorted(set(old.app_settings) | set(new.app_settings)):
+        if old.app_settings.get(name) != new.app_settings.get(name):
+            everywhere.append(name)  # apps read their sections at boot
+    for name, role in new_roles.items():
+        before = old_roles.get(name)
+        if before is None:
+            d.added.append(name)
+            continue
+        changed = [f for f in before.differences(role) if f != "processes"]
+        what = [f"{f} {_show(getattr(before, f))} -> {_show(getattr(role, f))}" for f in changed if f != "limits"]
+        if "limits" in changed:
+            what.append("limits")
+        what += everywhere
+        if what:
+            d.rolled[name] = what
+        if before.processes != role.processes:
+            d.resized[name] = (before.processes, role.processes)
+    d.removed = [name for name in old_roles if name not in new_roles]
+    for key in LIVE_SUPERVISOR_KEYS:
+        a, b = getattr(old.supervisor, key), getattr(new.supervisor, key)
+        if a != b:
+            d.supervisor.append(f"supervisor.{key}: {_show(a)} -> {_show(b)}")
+    for key in RESTART_SUPERVISOR_KEYS:
+        if getattr(old.supervisor, key) != getattr(new.supervisor, key):
+            d.needs_restart.append(f"supervisor.{key}")
+    if old.database != new.database:
+        d.needs_restart.append("database.url")
+    return d

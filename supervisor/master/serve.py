@@ -1,0 +1,41 @@
+"""`supervisor run`: resolve the database once, migrate, then run the master."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .. import apps, backoff, db, exit_codes
+from ..config import Config
+from ..logs import configure_logging
+from ..migrate import migrate
+from .arbiter import Arbiter
+
+log = logging.getLogger(__name__)
+
+DB_START_PATIENCE = 30.0  # seconds to wait for the database at start before giving up
+
+
+def serve(cfg: Config) -> int:
+    """`supervisor run`: resolve the database once, migrate, then run the master.
+
+    A database that is not there yet (booting with the VM, restarting, out of
+    connections) is retried for a while; then the exit code says so and systemd's
+    Restart=on-failure tries again later.
+    """
+    configure_logging(cfg.supervisor.log_level, cfg.supervisor.log_json)
+    if cfg.supervisor.state_dir is not None:
+        os.environ["SUPERVISOR_STATE_DIR"] = str(cfg.supervisor.state_dir)
+
+    def prepare() -> str:
+        url = db.resolve_url(cfg.database.url)
+        migrate(url, apps.in_use(cfg.actor_modules(), cfg.apps))
+        return url
+
+    try:
+        url = backoff.retry(prepare, "preparing the database", first=0.5, cap=5.0,
+                            give_up_after=DB_START_PATIENCE, logger=log)
+    except Exception as exc:
+        log.error("cannot prepare the database: %s", db.redact(str(exc)))
+        return exit_codes.DATABASE
+    return Arbiter(cfg, url).run()

@@ -1,1 +1,0 @@
-"""SQL statements, one module per table (or group of tables that change together)."""

@@ -1,0 +1,1 @@
+"""One worker process: settings, boot and drain, upkeep, guard, schedules, the registry."""

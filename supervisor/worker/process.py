@@ -1,0 +1,207 @@
+"""One worker process: boot a Dramatiq Worker on the PostgresBroker, keep its
+leases alive, and drain cleanly on SIGTERM.
+
+This is what ``supervisor worker`` runs and what the supervisor forks per role.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+import threading
+import time
+
+import dramatiq
+from dramatiq import Worker
+
+from .. import backoff, exit_codes, runtime
+from ..broker import PostgresBroker
+from .registry import Registration
+from .scheduler import Scheduler
+from .settings import WorkerSettings
+from .upkeep import Upkeep, UpkeepSettings
+
+log = logging.getLogger(__name__)
+
+# How often idle Dramatiq threads look up to notice a stop: bounds every drain
+# (and so every roll step). Claims do not follow it; see PostgresConsumer.
+WORKER_TIMEOUT_MS = 100
+
+
+class ActorImportError(RuntimeError):
+    pass
+
+
+def import_actors(modules: tuple[str, ...]) -> None:
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise ActorImportError(
+                f"cannot import actor module {name!r}: {type(exc).__name__}: {exc}. "
+                "Check the module path (it must be importable from the working directory or PYTHONPATH)."
+            ) from exc
+
+
+class WorkerProcess:
+    """Owns the broker, the Dramatiq Worker and the upkeep thread of one process."""
+
+    def __init__(self, settings: WorkerSettings, url: str, *, owner: str | None = None) -> None:
+        self.settings = settings
+        self.url = url
+        self.owner = owner
+        self.stopping = threading.Event()
+        self.ready = threading.Event()
+        self.broker: PostgresBroker | None = None
+        self.worker: Worker | None = None
+        self.upkeep: Upkeep | None = None
+        self.scheduler: Scheduler | None = None
+        self.state = "starting"
+
+    def in_flight(self) -> int:
+        return self.broker.leases.count() if self.broker else 0
+
+    def start(self) -> None:
+        s = self.settings
+        broker = PostgresBroker(
+            self.url,
+            lease_seconds=s.lease_seconds,
+            poll_interval=s.poll_interval,
+            max_retries=s.max_retries,
+            min_backoff=s.min_backoff_ms,
+            max_backoff=s.max_backoff_ms,
+            pool_size=s.threads + 4,
+            owner=self.owner,
+        )
+        if s.time_limit_ms:
+            for m in broker.middleware:
+                if isinstance(m, dramatiq.middleware.TimeLimit):
+                    m.time_limit = s.time_limit_ms
+        self.broker = broker
+        # Actor modules use @dramatiq.actor, which binds to the global broker at
+        # import time: it must be ours before the first import.
+        dramatiq.set_broker(broker)
+        runtime.configure(app_settings=s.app_settings, worker_id=broker.owner)
+        import_actors(s.actors)
+        for queue in s.queues:
+            broker.declare_queue(queue)
+        broker.set_capacity(s.capacity)
+        broker.emit_after("process_boot")
+
+        registration = Registration(broker.pool, broker.owner, role=s.role, queues=list(s.queues))
+        self.upkeep = Upkeep(
+            broker,
+            registration,
+            settings=UpkeepSettings(
+                heartbeat_seconds=s.heartbeat_seconds,
+                reap_seconds=max(s.lease_seconds / 2, 1.0),
+                retention_seconds=s.retention_seconds,
+            ),
+            state=lambda: self.state,
+        )
+        # The database may still be starting (a reboot): wait for it, unless told to stop.
+        backoff.retry(registration.register, "registering with the database", cap=30.0, stop=self.stopping,
+                      logger=log)
+        self.upkeep.start()
+
+        worker = Worker(broker, queues=set(s.queues), worker_threads=s.threads,
+                        worker_timeout=WORKER_TIMEOUT_MS)
+        # Per-queue claim batch; the broker's capacity caps the process as a whole.
+        worker.queue_prefetch = s.capacity
+        worker.start()
+        self.worker = worker
+        if s.schedules:
+            self.scheduler = Scheduler(broker, s.schedules, holder=broker.owner)
+            self.scheduler.start()
+        self.state = "running"
+        self.ready.set()
+        log.info(
+            "worker %s ready: role=%s queues=%s threads=%d actors=%s",
+            broker.owner, s.role, ",".join(s.queues), s.threads, ",".join(s.actors),
+        )
+
+    def drain(self) -> None:
+        """Stop claiming, finish running jobs (up to shutdown_timeout), requeue
+        what was prefetched, release any lease still held, and close."""
+        s = self.settings
+        broker = self.broker
+        self.state = "draining"
+        started = time.monotonic()
+        log.info("draining: finishing running jobs (up to %.0fs)", s.shutdown_timeout)
+        broker.pause_claiming()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        if self.worker is not None:
+            self.worker.stop(timeout=int(s.shutdown_timeout * 1000))
+        broker.flush_acks(timeout=max(1.0, s.shutdown_timeout - (time.monotonic() - started)))
+        try:
+            left = broker.leases.release_owner(broker.owner, why="worker stopped before the job finished")
+            if left:
+                log.warning("released %d jobs still running at the shutdown timeout", len(left))
+        except Exception as exc:
+            log.warning("could not release leases (%s); they expire in %.0fs", exc, s.lease_seconds)
+        if self.upkeep is not None:
+            self.upkeep.stop()
+            try:
+                self.upkeep.registration.stop()
+            except Exception as exc:
+                log.warning("could not mark worker row stopped: %s", exc)
+        broker.close()
+        self.state = "stopped"
+        log.info("worker %s stopped in %.2fs", broker.owner, time.monotonic() - started)
+
+
+def install_stop_signals(stop: threading.Event) -> None:
+    def handler(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+class Hooks:
+    """What a supervisor adds around a worker process (the standalone worker adds nothing).
+
+    ``on_tick`` runs every ``tick_interval`` seconds on the main thread (the
+    supervisor's child sends master beats, checks for orphaning and runs the
+    resource guard there); ``on_stop`` runs just before the drain.
+    """
+
+    tick_interval: float = 1.0
+
+    def on_ready(self, proc: WorkerProcess) -> None:
+        """The process is claiming."""
+
+    def on_tick(self, proc: WorkerProcess) -> None:
+        """Called every ``tick_interval`` seconds until told to stop."""
+
+    def on_stop(self, proc: WorkerProcess) -> None:
+        """Told to stop; the drain follows."""
+
+
+def run(settings: WorkerSettings, url: str, *, owner: str | None = None, hooks: Hooks | None = None) -> int:
+    """Run a worker until SIGTERM/SIGINT, then drain. Returns the exit code.
+
+    ``owner`` is the lease owner id, chosen by the supervisor so it can release
+    this process's leases if it dies.
+    """
+    hooks = hooks or Hooks()
+    proc = WorkerProcess(settings, url, owner=owner)
+    install_stop_signals(proc.stopping)
+    try:
+        proc.start()
+    except ActorImportError as exc:
+        log.error("%s", exc)
+        return exit_codes.BAD_ACTORS
+    except Exception:
+        if proc.stopping.is_set():  # told to stop while still starting (the database was away)
+            log.info("stopped before it was ready")
+            return exit_codes.OK
+        raise
+    hooks.on_ready(proc)
+    while not proc.stopping.wait(hooks.tick_interval):
+        hooks.on_tick(proc)
+    hooks.on_stop(proc)
+    proc.drain()
+    return exit_codes.OK

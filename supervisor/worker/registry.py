@@ -1,0 +1,93 @@
+"""The `workers` registry: every process (worker, master, HTTP) registers, beats
+and stops through this one class, as Solid Queue's Registrable. Its SQL lives here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import psutil
+from psycopg_pool import ConnectionPool
+
+from ..identity import HOSTNAME
+
+log = logging.getLogger(__name__)
+
+REGISTER = """
+INSERT INTO workers (id, host, pid, role, queues, state)
+VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, %(queues)s, 'running')
+ON CONFLICT (id) DO UPDATE SET state = 'running', heartbeat_at = now(), stopped_at = NULL
+"""
+
+BEAT = """
+UPDATE workers
+   SET heartbeat_at = now(), state = %(state)s, rss_bytes = %(rss)s, cpu_percent = %(cpu)s,
+       jobs_in_flight = %(in_flight)s, jobs_done = %(done)s
+ WHERE id = %(id)s
+"""
+
+STOPPED = """
+UPDATE workers SET state = %(state)s, stopped_at = now(), jobs_in_flight = 0 WHERE id = %(id)s
+"""
+
+# Rows of processes that stopped (or vanished) long ago.
+PRUNE = """
+DELETE FROM workers
+ WHERE heartbeat_at < now() - %(older_than_s)s * interval '1 second'
+"""
+
+LIST = """
+SELECT id, host, pid, role, queues, state, started_at, heartbeat_at, stopped_at,
+       rss_bytes, cpu_percent, jobs_in_flight, jobs_done
+  FROM workers
+ WHERE stopped_at IS NULL OR stopped_at > now() - interval '1 hour'
+ ORDER BY host, role, started_at
+"""
+
+
+@dataclass(frozen=True)
+class Beat:
+    state: str
+    in_flight: int = 0
+    done: int = 0
+
+
+class Registration:
+    """One process's row in `workers`. ``beat`` samples RSS and CPU itself."""
+
+    def __init__(self, pool: ConnectionPool, worker_id: str, *, role: str, queues: list[str]) -> None:
+        self.pool = pool
+        self.id = worker_id
+        self.role = role
+        self.queues = queues
+        self._proc = psutil.Process()
+        self._proc.cpu_percent(None)
+
+    def register(self, timeout: float = 30.0) -> None:
+        with self.pool.connection(timeout=timeout) as c:
+            c.execute(REGISTER, {"id": self.id, "host": HOSTNAME, "pid": os.getpid(),
+                                 "role": self.role, "queues": self.queues})
+
+    def sample(self, beat: Beat) -> dict[str, object]:
+        """The BEAT parameters, sampled now (callable from a thread that must not wait on the database)."""
+        return {"id": self.id, "state": beat.state, "rss": self._proc.memory_info().rss,
+                "cpu": self._proc.cpu_percent(None), "in_flight": beat.in_flight, "done": beat.done}
+
+    def beat(self, beat: Beat, params: dict[str, object] | None = None) -> None:
+        with self.pool.connection(timeout=10) as c:
+            c.execute(BEAT, params or self.sample(beat))
+
+    def stop(self, state: str = "stopped", *, worker_id: str | None = None) -> None:
+        """Mark this process's row (or another's, for a reaped child) stopped."""
+        with self.pool.connection(timeout=10) as c:
+            c.execute(STOPPED, {"id": worker_id or self.id, "state": state})
+
+    def prune(self, older_than_s: float) -> None:
+        with self.pool.connection(timeout=10) as c:
+            c.execute(PRUNE, {"older_than_s": older_than_s})
+
+    def list(self) -> list[tuple]:
+        with self.pool.connection(timeout=10) as c:
+            return c.execute(LIST).fetchall()

@@ -1,0 +1,62 @@
+"""WorkerSettings: everything one worker process needs, built from a role in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import defaults
+from ..config import Config, ScheduleConfig
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Built once, from the CLI (`supervisor worker`) or from a config role (`from_role`)."""
+
+    queues: tuple[str, ...]
+    actors: tuple[str, ...]
+    role: str = "worker"
+    threads: int = defaults.THREADS
+    # Rows a process may hold claimed (running or waiting for a thread). The
+    # default, `threads`, never hoards; 2 x threads lets the next claim overlap
+    # the current batch, which pays off for many short jobs.
+    prefetch: int | None = None
+    lease_seconds: float = defaults.LEASE_SECONDS
+    heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS
+    shutdown_timeout: float = defaults.SHUTDOWN_TIMEOUT
+    poll_interval: float = defaults.POLL_INTERVAL
+    max_retries: int = defaults.MAX_RETRIES
+    min_backoff_ms: int = defaults.MIN_BACKOFF_MS
+    max_backoff_ms: int = defaults.MAX_BACKOFF_MS
+    retention_seconds: float = defaults.RETENTION_SECONDS
+    time_limit_ms: int | None = None
+    # Cron schedules this process helps fire (scheduler_locks make each fire once).
+    schedules: tuple[ScheduleConfig, ...] = ()
+    # The config's app sections (e.g. `pipeline:`), read by app code via supervisor.runtime.
+    app_settings: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def capacity(self) -> int:
+        """Rows this process may hold claimed at once."""
+        return self.prefetch or self.threads
+
+    @classmethod
+    def from_role(cls, cfg: Config, name: str) -> WorkerSettings:
+        """The settings a child of role ``name`` runs with."""
+        r = cfg.role(name)
+        return cls(
+            queues=r.queues,
+            actors=r.actors,
+            role=r.name,
+            threads=r.threads,
+            prefetch=r.prefetch or r.threads,
+            lease_seconds=r.lease,
+            heartbeat_seconds=r.heartbeat,
+            shutdown_timeout=r.shutdown_timeout,
+            max_retries=r.max_retries,
+            min_backoff_ms=int(r.min_backoff * 1000),
+            max_backoff_ms=int(r.max_backoff * 1000),
+            time_limit_ms=int(r.time_limit * 1000) if r.time_limit else None,
+            schedules=cfg.schedules,
+            app_settings=dict(cfg.app_settings),
+        )
