@@ -10,7 +10,7 @@ half-open the pause is over but the streak is still at the threshold: one caller
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import psycopg
@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class BreakerSettings:
     threshold: int = 5
-    cooldown_seconds: float = 300.0
-    probe_seconds: float = 60.0
+    # Durations: the config gives them in its grammar (see settings.duration).
+    cooldown_seconds: float = field(default=300.0, metadata={"duration": True})
+    probe_seconds: float = field(default=60.0, metadata={"duration": True})
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,19 @@ _CONDITIONS = (
     ("new", ("brand new", "new sealed", "sealed", "bnib", "new")),
 )
 
+# In order of precedence: the first that matches wins.
+_FORM_FACTORS = (
+    (re.compile(r"\b(so-?dimm|laptop)\b"), "sodimm"),
+    (re.compile(r"\b(ecc|rdimm|registered)\b"), "rdimm"),
+    (re.compile(r"\bm\.2\b|\bnvme\b"), "m.2"),
+    (re.compile(r'\b2\.5\s*(?:"|in\b|inch)'), "2.5in"),
+    (re.compile(r'\b3\.5\s*(?:"|in\b|inch)'), "3.5in"),
+)
+_INTERFACES = (
+    (re.compile(r"\bnvme\b"), "nvme"),
+    (re.compile(r"\bsata\b"), "sata"),
+    (re.compile(r"\bsas\b"), "sas"),
+)
 _CAPACITY = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*(tb|gb)\b", re.I)
 _KIT = re.compile(r"(?<![\w.])(\d{1,2})\s*[x×]\s*(\d+)\s*(tb|gb)\b", re.I)
 _KIT_SUFFIX = re.compile(r"(?<![\w.])(\d+)\s*(gb)\s*[x×]\s*(\d{1,2})\b", re.I)
@@ -138,25 +151,13 @@ def extract(title: str, description: str | None = None, condition: str | None = 
         attrs["speed_mts"] = int(speed.group(1))
     elif pc:
         attrs["speed_mts"] = min(_JEDEC_SPEEDS, key=lambda v: abs(v - int(pc.group(2)) / 8))
-    if re.search(r"\b(so-?dimm|laptop)\b", text):
-        attrs["form_factor"] = "sodimm"
-    elif re.search(r"\b(ecc|rdimm|registered)\b", text):
-        attrs["form_factor"] = "rdimm"
-    elif re.search(r"\bm\.2\b|\bnvme\b", text):
-        attrs["form_factor"] = "m.2"
-    elif re.search(r'\b2\.5\s*(?:"|in\b|inch)', text):
-        attrs["form_factor"] = "2.5in"
-    elif re.search(r'\b3\.5\s*(?:"|in\b|inch)', text):
-        attrs["form_factor"] = "3.5in"
+    if form_factor := _first_match(_FORM_FACTORS, text):
+        attrs["form_factor"] = form_factor
     if rpm := _RPM.search(head):
         value = rpm.group(1).lower()
         attrs["rpm"] = {"10k": 10000, "15k": 15000}.get(value, int(value) if value.isdigit() else value)
-    if re.search(r"\bnvme\b", text):
-        attrs["interface"] = "nvme"
-    elif re.search(r"\bsata\b", text):
-        attrs["interface"] = "sata"
-    elif re.search(r"\bsas\b", text):
-        attrs["interface"] = "sas"
+    if interface := _first_match(_INTERFACES, text):
+        attrs["interface"] = interface
     if gpu := _GPU.search(head):
         attrs["gpu_model"] = "".join(p.lower() for p in gpu.groups() if p)
     if cpu := _CPU.search(head):
@@ -169,6 +170,11 @@ def extract(title: str, description: str | None = None, condition: str | None = 
     if key is None:
         notes.append("not enough attributes for a product key")
     return Extraction(attrs, key, quantity, "rules", notes)
+
+
+def _first_match(table: tuple[tuple[re.Pattern[str], str], ...], text: str) -> str | None:
+    """The value of the first pattern that matches (the tables are in order of precedence)."""
+    return next((value for pattern, value in table if pattern.search(text)), None)
 
 
 def product_key(attrs: dict[str, Any], title: str) -> str | None:

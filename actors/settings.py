@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 from supervisor import runtime
 from supervisor.units import parse_duration
@@ -36,41 +36,54 @@ def section(*path: str) -> Mapping[str, Any]:
     return node if isinstance(node, Mapping) else {}
 
 
+def duration(default: float) -> Any:
+    """A dataclass field holding seconds, given in the config's duration grammar."""
+    return field(default=default, metadata={"duration": True})
+
+
+T = TypeVar("T")
+_TYPES: dict[str, Any] = {"float": float, "int": int, "bool": bool, "str": str}
+
+
+def _read(cls: type[T], *path: str, keys: Mapping[str, str] | None = None, **fixed: Any) -> T:
+    """Build ``cls`` from the section at ``path``: each field from its key (``keys``
+    renames), else the field's own default, so every default is written once."""
+    s = section(*path)
+    values: dict[str, Any] = dict(fixed)
+    for f in fields(cls):  # type: ignore[arg-type]
+        key = (keys or {}).get(f.name, f.name)
+        if f.name in fixed or s.get(key) is None:
+            continue
+        raw = s[key]
+        if f.metadata.get("duration"):
+            values[f.name] = seconds(raw, ".".join((*path, key)))
+        else:
+            values[f.name] = _TYPES.get(str(f.type).split(" ")[0], lambda v: v)(raw)
+    return cls(**values)
+
+
 @dataclass(frozen=True)
 class HttpSettings:
     user_agent: str = DEFAULT_USER_AGENT
-    timeout: float = 15.0
+    timeout: float = duration(15.0)
 
 
 def http() -> HttpSettings:
-    s = section("http")
-    return HttpSettings(
-        user_agent=str(s.get("user_agent") or DEFAULT_USER_AGENT),
-        timeout=seconds(s.get("timeout", 15.0), "http.timeout"),
-    )
+    return _read(HttpSettings, "http")
 
 
 @dataclass(frozen=True)
 class ScrapingSettings:
-    max_inline_wait: float = 5.0  # sleep through rate-limit waits up to this; defer longer ones
+    max_inline_wait: float = duration(5.0)  # sleep through rate-limit waits up to this; defer longer ones
     min_match_strength: float = 0.0
 
 
 def scraping() -> ScrapingSettings:
-    s = section("scraping")
-    return ScrapingSettings(
-        max_inline_wait=seconds(s.get("max_inline_wait", 5.0), "scraping.max_inline_wait"),
-        min_match_strength=float(s.get("min_match_strength", 0.0)),
-    )
+    return _read(ScrapingSettings, "scraping")
 
 
 def breaker() -> BreakerSettings:
-    s = section("breaker")
-    return BreakerSettings(
-        threshold=int(s.get("threshold", 5)),
-        cooldown_seconds=seconds(s.get("cooldown", 300), "breaker.cooldown"),
-        probe_seconds=seconds(s.get("probe", 60), "breaker.probe"),
-    )
+    return _read(BreakerSettings, "breaker", keys={"cooldown_seconds": "cooldown", "probe_seconds": "probe"})
 
 
 @dataclass(frozen=True)
@@ -80,7 +93,7 @@ class LlmSettings:
     api_key: str | None
     concurrency: int = 2
     rate_per_minute: float = 60.0
-    timeout: float = 30.0
+    timeout: float = duration(30.0)
 
 
 def llm() -> LlmSettings | None:
@@ -88,14 +101,9 @@ def llm() -> LlmSettings | None:
     if not s or not s.get("base_url") or not s.get("model"):
         return None
     key_env = s.get("api_key_env")
-    return LlmSettings(
-        base_url=str(s["base_url"]).rstrip("/"),
-        model=str(s["model"]),
-        api_key=os.environ.get(str(key_env)) if key_env else None,
-        concurrency=max(1, int(s.get("concurrency", 2))),
-        rate_per_minute=float(s.get("rate_per_minute", 60)),
-        timeout=seconds(s.get("timeout", 30), "extraction.llm.timeout"),
-    )
+    settings = _read(LlmSettings, "extraction", "llm", base_url=str(s["base_url"]).rstrip("/"),
+                     api_key=os.environ.get(str(key_env)) if key_env else None)
+    return replace(settings, concurrency=max(1, settings.concurrency))
 
 
 @dataclass(frozen=True)
@@ -106,31 +114,22 @@ class ScoringSettings:
 
 
 def scoring() -> ScoringSettings:
-    s = section("scoring")
-    return ScoringSettings(
-        deal_threshold=float(s.get("deal_threshold", 0.15)),
-        min_samples=int(s.get("min_samples", 5)),
-        window_days=int(s.get("window_days", 30)),
-    )
+    return _read(ScoringSettings, "scoring")
 
 
 @dataclass(frozen=True)
 class AlertSettings:
     re_alerts_enabled: bool = False
-    re_alerts_cooldown: float = 24 * 3600.0
+    re_alerts_cooldown: float = duration(24 * 3600.0)
 
 
 def alerts() -> AlertSettings:
-    s = section("alerts")
-    return AlertSettings(
-        re_alerts_enabled=bool(s.get("re_alerts_enabled", False)),
-        re_alerts_cooldown=seconds(s.get("re_alerts_cooldown", "24h"), "alerts.re_alerts_cooldown"),
-    )
+    return _read(AlertSettings, "alerts")
 
 
 @dataclass(frozen=True)
 class NotificationSettings:
-    timeout: float = 10.0
+    timeout: float = duration(10.0)
     # After a worker died mid-request or a response timed out, the webhook may or
     # may not have the message. False (default): do not resend (no duplicates; the
     # alert stays unnotified with an 'unknown' attempt). True: resend, carrying the
@@ -140,12 +139,7 @@ class NotificationSettings:
 
 
 def notification() -> NotificationSettings:
-    s = section("notification")
-    return NotificationSettings(
-        timeout=seconds(s.get("timeout", 10), "notification.timeout"),
-        resend_unknown=bool(s.get("resend_unknown", False)),
-        username=str(s.get("username", "Price tracker")),
-    )
+    return _read(NotificationSettings, "notification")
 
 
 @dataclass(frozen=True)
@@ -157,10 +151,4 @@ class ForecastSettings:
 
 
 def forecasting() -> ForecastSettings:
-    s = section("forecasting")
-    return ForecastSettings(
-        horizon_days=int(s.get("horizon_days", 14)),
-        min_days=int(s.get("min_days", 10)),
-        history_days=int(s.get("history_days", 180)),
-        level=float(s.get("level", 0.95)),
-    )
+    return _read(ForecastSettings, "forecasting")

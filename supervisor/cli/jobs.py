@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from .. import admin, exit_codes
-from .context import config_option, connect, die, producer
-from .output import fmt, print_json, table
+from .context import config_option, connect, die, json_option, producer
+from .output import fmt, print_json, rows
 
 
 @click.command()
@@ -65,11 +67,8 @@ def jobs() -> None:
 def jobs_list(ctx, status, queue, limit, as_json) -> None:
     """Most recent jobs first."""
     with connect(ctx) as conn:
-        rows = admin.list_jobs(conn, status=status, queue=queue, limit=limit)
-    if as_json:
-        print_json(rows)
-    else:
-        table(rows, ["id", "queue", "actor", "status", "attempts", "run_at", "last_error"])
+        found = admin.list_jobs(conn, status=status, queue=queue, limit=limit)
+    rows(found, as_json, ["id", "queue", "actor", "status", "attempts", "run_at", "last_error"])
 
 
 @jobs.command("show")
@@ -79,11 +78,9 @@ def jobs_list(ctx, status, queue, limit, as_json) -> None:
 @click.pass_context
 def jobs_show(ctx, job_id, as_json) -> None:
     """One job with its history of state changes."""
+    job_id = _job_id(job_id)
     with connect(ctx) as conn:
-        try:
-            job = admin.show_job(conn, job_id)
-        except Exception as exc:
-            die(f"bad job id {job_id!r}: {exc}", exit_codes.USAGE)
+        job = admin.show_job(conn, job_id)
     if job is None:
         die(f"no job {job_id}")
     if as_json:
@@ -97,55 +94,55 @@ def jobs_show(ctx, job_id, as_json) -> None:
         click.echo(f"  {fmt(e['at'])}  {e['from_status'] or '-'} -> {e['to_status']}  by {e['who']}: {e['reason']}")
 
 
-@jobs.command("retry")
-@config_option
-@click.argument("job_id")
-@click.pass_context
-def jobs_retry(ctx, job_id) -> None:
-    """Put a failed or cancelled job back to pending."""
+def _job_id(job_id: str) -> str:
+    try:
+        return str(uuid.UUID(job_id))
+    except ValueError:
+        die(f"{job_id!r} is not a job id (a UUID like 0b6c3f9e-...; `supervisor jobs list` shows them)",
+            exit_codes.USAGE)
+
+
+def _change(ctx: click.Context, job_id: str, change: Callable[[Any, str], bool], to: str, allowed: str) -> None:
+    job_id = _job_id(job_id)
     with connect(ctx) as conn:
-        if not admin.retry_job(conn, job_id):
-            die(f"job {job_id} is not failed or cancelled (or does not exist)")
-    click.echo(f"{job_id} -> pending")
+        if not change(conn, job_id):
+            die(f"job {job_id} is not {allowed} (or does not exist)")
+    click.echo(f"{job_id} -> {to}")
 
 
-@jobs.command("cancel")
-@config_option
-@click.argument("job_id")
-@click.pass_context
-def jobs_cancel(ctx, job_id) -> None:
-    """Cancel a pending or retryable job."""
-    with connect(ctx) as conn:
-        if not admin.cancel_job(conn, job_id):
-            die(f"job {job_id} is not pending or retryable (or does not exist)")
-    click.echo(f"{job_id} -> cancelled")
+def _job_change(name: str, change: Callable[[Any, str], bool], to: str, allowed: str, doc: str) -> None:
+    """Add ``jobs NAME JOB_ID``: one state change of one job."""
+
+    @jobs.command(name, help=doc)
+    @config_option
+    @click.argument("job_id")
+    @click.pass_context
+    def command(ctx: click.Context, job_id: str) -> None:
+        _change(ctx, job_id, change, to, allowed)
 
 
-@click.command()
-@config_option
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def runs(ctx, as_json) -> None:
-    """The latest run of every schedule (job_runs): when, where, outcome."""
-    with connect(ctx) as conn:
-        rows = admin.latest_runs(conn)
-    if as_json:
-        print_json(rows)
-    else:
-        table(rows, ["job_name", "scheduled_for", "status", "holder", "started_at", "completed_at", "error_text"])
+_job_change("retry", admin.retry_job, "pending", "failed or cancelled", "Put a failed or cancelled job back to pending.")
+_job_change("cancel", admin.cancel_job, "cancelled", "pending or retryable", "Cancel a pending or retryable job.")
 
 
-@click.command()
-@config_option
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def queues(ctx, as_json) -> None:
-    """Per-queue counts: ready, scheduled, running, failed, done in the last hour."""
-    with connect(ctx) as conn:
-        rows = admin.queue_stats(conn)
-    if as_json:
-        print_json(rows)
-    else:
-        table(rows, ["queue", "ready", "scheduled", "retryable", "running", "failed", "succeeded_last_hour"])
+def _listing(name: str, gather: Callable[[Any], list[dict[str, Any]]], columns: list[str], doc: str) -> click.Command:
+    """A read-only command that prints what ``gather`` finds, as a table or JSON."""
+
+    @click.command(name, help=doc)
+    @config_option
+    @json_option
+    @click.pass_context
+    def command(ctx: click.Context, as_json: bool) -> None:
+        with connect(ctx) as conn:
+            found = gather(conn)
+        rows(found, as_json, columns)
+
+    return command
 
 
+runs = _listing("runs", admin.latest_runs,
+                ["job_name", "scheduled_for", "status", "holder", "started_at", "completed_at", "error_text"],
+                "The latest run of every schedule (job_runs): when, where, outcome.")
+queues = _listing("queues", admin.queue_stats,
+                  ["queue", "ready", "scheduled", "retryable", "running", "failed", "succeeded_last_hour"],
+                  "Per-queue counts: ready, scheduled, running, failed, done in the last hour.")

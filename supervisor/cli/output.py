@@ -36,3 +36,11 @@ def table(rows: list[dict[str, Any]], columns: list[str]) -> None:
     click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)))
     for row in cells:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+def rows(data: list[dict[str, Any]], as_json: bool, columns: list[str]) -> None:
+    """Rows as JSON (every column) or as a table of ``columns``."""
+    if as_json:
+        print_json(data)
+    else:
+        table(data, columns)

@@ -22,6 +22,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from dramatiq.message import Message
 
