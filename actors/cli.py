@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 from dramatiq.message import Message
 
@@ -20,7 +22,7 @@ def alerts() -> None:
 def alerts_resend(ctx: click.Context, alert_id: int) -> None:
     """Deliver ALERT_ID again even if an earlier attempt's outcome is unknown
     (at-least-once: the receiver may see it twice; the Idempotency-Key is reused)."""
-    message = Message(queue_name="notification", actor_name="deliver_alert", args=(alert_id,),
+    message: Message[Any] = Message(queue_name="notification", actor_name="deliver_alert", args=(alert_id,),
                       kwargs={"resend_unknown": True}, options={})
     with producer(ctx) as broker:
         sent = broker.enqueue(message)

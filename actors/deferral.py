@@ -12,6 +12,7 @@ successfully. The deferred copy records why and how often it was put off.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from dramatiq.message import Message
 from dramatiq.middleware import CurrentMessage
@@ -31,7 +32,7 @@ def defer(broker, delay_ms: int, reason: str) -> Message:
     options["deferred_because"] = reason
     if current.options.get("dedupe_key"):
         options["origin_dedupe_key"] = current.options["dedupe_key"]
-    message = Message(
+    message: Message[Any] = Message(
         queue_name=current.queue_name,
         actor_name=current.actor_name,
         args=tuple(current.args),

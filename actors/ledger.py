@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import psycopg
 
+from supervisor import db
+
 from .queries import notifications as sql
 from .queries import pipeline as pipeline_sql
 
@@ -82,8 +84,8 @@ def begin(conn: psycopg.Connection, alert_id: int, job_id: str | None, job_attem
             raise AlreadyDelivered(f"alert {alert_id} was delivered meanwhile")
         if any(status == "in_flight" for _, status, _, _ in rows):
             raise AttemptInFlight(f"alert {alert_id} is being delivered by another run")
-        return conn.execute(sql.BEGIN, {"alert_id": alert_id, "job_id": job_id, "job_attempt": job_attempt,
-                                        "target": target}).fetchone()[0]
+        return db.one(conn.execute(sql.BEGIN, {"alert_id": alert_id, "job_id": job_id, "job_attempt": job_attempt,
+                                        "target": target}))
 
 
 def finish(conn: psycopg.Connection, attempt_id: int, status: str, *, http_status: int | None = None,

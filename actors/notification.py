@@ -143,6 +143,8 @@ def run_delivery(alert_id: int, resend_unknown: bool | None = None) -> str:
 
 
 def _send(pool, alert: Alert, target: str, job_id, job_attempt, cfg, resend: bool) -> str:
+    assert alert.webhook_url is not None  # deliver() returned early without one
+    webhook_url: str = alert.webhook_url
     attempt_id: int | None = None
 
     def trace(event: str, info: dict) -> None:
@@ -162,7 +164,7 @@ def _send(pool, alert: Alert, target: str, job_id, job_attempt, cfg, resend: boo
     try:
         with http.client(timeout=cfg.timeout) as client:
             response = client.post(
-                alert.webhook_url, json=body,
+                webhook_url, json=body,
                 headers={"Idempotency-Key": f"alert-{alert.id}"},
                 extensions={"trace": trace},
             )
@@ -171,17 +173,17 @@ def _send(pool, alert: Alert, target: str, job_id, job_attempt, cfg, resend: boo
     except ledger.AttemptInFlight as exc:
         raise DeliveryFailed(str(exc)) from None
     except httpx.TransportError as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        reason = f"{type(exc).__name__}: {exc}"
         with pool.connection() as conn:
             if attempt_id is None:
-                ledger.record_unsent(conn, alert.id, job_id, job_attempt, target, error, elapsed_ms())
-                raise DeliveryFailed(f"alert {alert.id}: could not reach {target}: {error}") from None
+                ledger.record_unsent(conn, alert.id, job_id, job_attempt, target, reason, elapsed_ms())
+                raise DeliveryFailed(f"alert {alert.id}: could not reach {target}: {reason}") from None
             # Sent, at least in part, but no answer: the receiver may have it.
-            ledger.finish(conn, attempt_id, "unknown", error=error, duration_ms=elapsed_ms())
+            ledger.finish(conn, attempt_id, "unknown", error=reason, duration_ms=elapsed_ms())
         if resend:
-            raise DeliveryFailed(f"alert {alert.id}: no answer from {target} ({error}); resending") from None
+            raise DeliveryFailed(f"alert {alert.id}: no answer from {target} ({reason}); resending") from None
         raise DeliveryOutcomeUnknown(
-            f"alert {alert.id}: sent to {target} but no answer ({error}); it may have been received, "
+            f"alert {alert.id}: sent to {target} but no answer ({reason}); it may have been received, "
             "so it is not resent"
         ) from None
 

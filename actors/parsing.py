@@ -71,8 +71,8 @@ def _currency(value: Any, default: str = "USD") -> str:
     for sign, code in _CURRENCY_SIGNS.items():
         if sign in text:
             return code
-    code = re.search(r"\b([A-Z]{3})\b", text)
-    return code.group(1) if code else default
+    found = re.search(r"\b([A-Z]{3})\b", text)
+    return found.group(1) if found else default
 
 
 def _price_type(value: Any) -> str:

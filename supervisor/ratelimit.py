@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import psycopg
@@ -76,11 +77,12 @@ def take(conn: psycopg.Connection, key: str, limit: Limit, cost: int = 1) -> Dec
         {"key": key, "cost": cost, "burst": float(limit.burst), "rate": limit.per_minute / 60.0,
          "quota": limit.daily_quota},
     ).fetchone()
+    assert row is not None  # the function always returns one row
     return Decision(bool(row[0]), float(row[1]), row[2], float(row[3]), int(row[4]))
 
 
 def acquire(
-    connect: Callable[[], psycopg.Connection],
+    connect: Callable[[], AbstractContextManager[psycopg.Connection]],
     key: str,
     limit: Limit,
     *,
@@ -117,4 +119,4 @@ def state(conn: psycopg.Connection, key: str) -> dict | None:
     row = cur.fetchone()
     if row is None:
         return None
-    return dict(zip([c.name for c in cur.description], row, strict=True))
+    return dict(zip([c.name for c in cur.description or ()], row, strict=True))

@@ -341,7 +341,7 @@ class PostgresBroker(Broker):
         }
         try:
             with self._conn() as c:
-                count = c.execute(sql.REQUEUE, params).fetchone()[0]
+                count = db.one(c.execute(sql.REQUEUE, params))
         finally:
             self.leases.let_go(*(m.message_id for m in messages))
         return int(count)
@@ -371,7 +371,7 @@ class PostgresBroker(Broker):
         deadline = None if timeout is None else time.monotonic() + timeout / 1000
         while True:
             with self._conn() as c:
-                live = c.execute(sql.LIVE_IN_QUEUE, {"queue": queue_name}).fetchone()[0]
+                live = db.one(c.execute(sql.LIVE_IN_QUEUE, {"queue": queue_name}))
             if live == 0:
                 return
             if deadline is not None and time.monotonic() > deadline:

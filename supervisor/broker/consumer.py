@@ -98,19 +98,19 @@ class PostgresConsumer(Consumer):
                 self.buffer.extend(claimed)
                 return self.buffer.popleft()
 
-    def ack(self, message: PgMessageProxy) -> None:
+    def ack(self, message: PgMessageProxy) -> None:  # type: ignore[override]  # only our claims arrive
         try:
             self.outcomes.ack(message)
         finally:
             self.capacity.release()
 
-    def nack(self, message: PgMessageProxy) -> None:
+    def nack(self, message: PgMessageProxy) -> None:  # type: ignore[override]  # only our claims arrive
         try:
             self.outcomes.nack(message)
         finally:
             self.capacity.release()
 
-    def requeue(self, messages: Iterable[PgMessageProxy]) -> None:
+    def requeue(self, messages: Iterable[PgMessageProxy]) -> None:  # type: ignore[override]
         messages = list(messages)
         try:
             count = self.outcomes.requeue(messages)

@@ -35,7 +35,7 @@ def from_claimed_row(row: tuple[Any, ...]) -> PgMessageProxy:
     """Build the message of one row of ``sql.CLAIM``."""
     job_id, queue, actor, body, attempts, max_attempts, ckey, created_ms = row
     args, kwargs, options = json.loads(body)
-    message = Message(
+    message: Message[Any] = Message(
         queue_name=queue,
         actor_name=actor,
         args=tuple(args),

@@ -69,7 +69,8 @@ def load_config(ctx: click.Context) -> Config:
         if cfg.supervisor.state_dir is not None:
             os.environ["SUPERVISOR_STATE_DIR"] = str(cfg.supervisor.state_dir)
         o["loaded_config"] = cfg
-    return o["loaded_config"]  # type: ignore[no-any-return]
+    loaded: Config = o["loaded_config"]
+    return loaded
 
 
 def url(ctx: click.Context) -> str:

@@ -45,7 +45,7 @@ def enqueue(ctx, actor, queue, args_json, kwargs_json, delay, priority, dedupe_k
         options["concurrency_key"] = concurrency_key
     if max_retries is not None:
         options["max_attempts"] = max_retries + 1
-    message = Message(queue_name=queue, actor_name=actor, args=tuple(args), kwargs=kwargs, options=options)
+    message: Message[Any] = Message(queue_name=queue, actor_name=actor, args=tuple(args), kwargs=kwargs, options=options)
     with producer(ctx) as broker:
         sent = broker.enqueue(message, delay=int(delay * 1000))
     click.echo(sent.message_id)

@@ -8,11 +8,12 @@ from typing import Any
 def human_bytes(n: int | None) -> str:
     if not n:
         return "-"
+    size = float(n)
     for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return str(n)
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
+        size /= 1024
+    return str(size)
 
 
 def human_duration(seconds: float | None) -> str:

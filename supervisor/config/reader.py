@@ -98,6 +98,7 @@ class Reader:
             return Item(out, line, key)
         if isinstance(node, yaml.SequenceNode):
             return Item([self.tree(n, f"{key}[{i}]") for i, n in enumerate(node.value)], line, key)
+        assert isinstance(node, yaml.ScalarNode)
         return Item(self.scalar(node, line, key), line, key)
 
     def scalar(self, node: yaml.ScalarNode, line: int, key: str) -> Any:

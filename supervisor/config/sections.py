@@ -11,6 +11,7 @@ their working directory.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -108,7 +109,7 @@ def parse(text: str, path: str | Path = "<config>", env: Mapping[str, str] | Non
     roles = _roles(reader, roles_item, supervisor)
     schedules = _schedules(reader, top.map.get("schedules"), roles)
     explicit = top.get("apps", _app_names, ())
-    app_settings = {name: top.get(name, lambda i, fn=fn: fn(reader, i), None) for name, fn in app_sections.items()}
+    app_settings = {name: top.get(name, functools.partial(fn, reader), None) for name, fn in app_sections.items()}
     return Config(path=path, database=database, supervisor=supervisor, roles=roles, schedules=schedules,
                   apps=explicit, app_settings={k: v for k, v in app_settings.items() if v is not None})
 

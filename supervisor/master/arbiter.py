@@ -306,7 +306,7 @@ class Arbiter(Handlers):
             for c in list(role.children.values()):
                 if c.stopping:
                     if c.kill_at is not None and now >= c.kill_at:
-                        self._kill(c, f"still running {now - c.term_at:.1f}s after SIGTERM ({c.stop_reason})")
+                        self._kill(c, f"still running {now - (c.term_at or now):.1f}s after SIGTERM ({c.stop_reason})")
                     continue
                 if not c.ready and now - c.forked_at > sup.start_timeout:
                     self._terminate(c, f"hung: not ready {sup.start_timeout:g}s after start", sup.kill_grace, now)

@@ -203,7 +203,7 @@ class RoleState:
 
     def settle_streak(self, now: float) -> None:
         """Forget past crashes once a current child has stayed ready long enough."""
-        if self.streak and any(now - c.ready_at >= STABLE_AFTER for c in self.ready_current()):
+        if self.streak and any(now - (c.ready_at or now) >= STABLE_AFTER for c in self.ready_current()):
             self.streak = 0
 
 

@@ -18,6 +18,7 @@ from ..logs import configure_logging
 from ..worker.settings import WorkerSettings
 from .children import RoleState
 from .reload import Diff, diff
+from .systemd import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class Handlers:
     reloads: int
     last_reload: dict[str, Any] | None
     config_text: str | None
+    notifier: Notifier
 
     def begin_stop(self, why: str, *, hard: bool = False) -> None:
         raise NotImplementedError
@@ -154,7 +156,7 @@ class Handlers:
             err = f"processes must be a whole number from 0 to 1000, got {processes!r}"
         else:
             err = None
-        if err:
+        if err or role is None:
             if conn:
                 conn.reply({"ok": False, "error": err})
             return

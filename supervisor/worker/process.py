@@ -126,6 +126,7 @@ class WorkerProcess:
         what was prefetched, release any lease still held, and close."""
         s = self.settings
         broker = self.broker
+        assert broker is not None, "drain() before start()"
         self.state = "draining"
         started = time.monotonic()
         log.info("draining: finishing running jobs (up to %.0fs)", s.shutdown_timeout)

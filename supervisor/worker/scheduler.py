@@ -18,6 +18,7 @@ as cron does.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -79,7 +80,7 @@ class Scheduler(threading.Thread):
         if row is None:
             return "not-ours"  # recorded already (the lease row was reset by hand)
         run_id = row[0]
-        message = Message(
+        message: Message[Any] = Message(
             queue_name=schedule.queue,
             actor_name=schedule.actor,
             args=tuple(schedule.args or ()),
@@ -155,7 +156,7 @@ class Scheduler(threading.Thread):
                                 s.name, fire_at.isoformat(), now - fire_at)
                     outcome = "missed"
                 else:
-                    outcome = self._safely(f"firing {s.name}", lambda s=s, f=fire_at: self.fire(s, f)) or "failed"
+                    outcome = self._safely(f"firing {s.name}", functools.partial(self.fire, s, fire_at)) or "failed"
                 self.fired.append((s.name, fire_at, outcome))
                 due[s.name] = self.crons[s.name].next_after(max(fire_at, now - self.grace))
             if (now - last_sync).total_seconds() >= self.sync_seconds:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import defaults
+from .. import db, defaults
 from ..broker import PostgresBroker
 from ..broker import sql as jobs_sql
 from .registry import Beat, Registration
@@ -56,9 +56,9 @@ class Upkeep(threading.Thread):
 
     def prune(self) -> int:
         with self.broker.pool.connection(timeout=10) as c:
-            deleted = c.execute(
+            deleted = db.one(c.execute(
                 jobs_sql.PRUNE, {"older_than_s": self.settings.retention_seconds, "limit": 5000}
-            ).fetchone()[0]
+            ))
         self.registration.prune(max(self.settings.retention_seconds, 86400))
         if deleted:
             log.info("pruned %d finished jobs older than %.0fs", deleted, self.settings.retention_seconds)
