@@ -25,6 +25,9 @@ from supervisor.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Fixtures of the helper modules, available to every test without importing them.
+pytest_plugins = ["tests.supervisor_helpers", "tests.pipeline_helpers"]
+
 TEST_TABLES = """
 CREATE TABLE IF NOT EXISTS test_results (
     id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -168,10 +171,14 @@ def fresh_database() -> Iterator[str]:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def run_cli(*args: str, url: str | None = None, env: dict | None = None, timeout: float = 60):
-    """Run `supervisor ARGS...` as a user would; returns the CompletedProcess."""
+def cli(*args: str, config: Path | None = None, url: str | None = None, env: dict | None = None,
+        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `supervisor ARGS...` as a user would (``-c CONFIG`` appended when given,
+    DATABASE_URL set to ``url`` when given); returns the CompletedProcess."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     if url:
         full_env["DATABASE_URL"] = url
-    return subprocess.run([sys.executable, "-m", "supervisor.cli", *args], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    cmd = [sys.executable, "-m", "supervisor.cli", *args]
+    if config is not None:
+        cmd += ["-c", str(config)]
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -19,7 +19,9 @@ import pytest
 import yaml
 
 from supervisor import control
-from tests.conftest import ROOT, scalar, wait_for
+from tests.conftest import ROOT, cli, scalar, wait_for
+
+__all__ = ["cli"]  # the one CLI runner, re-exported for the supervisor tests
 
 # Short everything, so roll steps, hang detection and backoff take a second, not a minute.
 FAST_SUPERVISOR = {
@@ -50,14 +52,6 @@ def write_config(path: Path, url: str, roles: dict[str, dict], socket: Path | No
     tmp.write_text(yaml.safe_dump(data, sort_keys=False))
     tmp.replace(path)  # atomically, as editors do: the master never reads half a file
     return path
-
-
-def cli(*args: str, config: Path | None = None, timeout: float = 120, env: dict | None = None):
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    cmd = [sys.executable, "-m", "supervisor.cli", *args]
-    if config is not None:
-        cmd += ["-c", str(config)]
-    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 class Supervisor:

@@ -8,7 +8,7 @@ import socket
 import stat
 
 from supervisor import control
-from tests.supervisor_helpers import Supervisor, cli, role, supervisor, write_config  # noqa: F401
+from tests.supervisor_helpers import Supervisor, cli, role, write_config
 
 
 def _raw(path, data: bytes) -> dict:
@@ -26,7 +26,7 @@ def _raw(path, data: bytes) -> dict:
     return json.loads(reply)
 
 
-def test_socket_is_private_and_serves_one_master(tmp_path, database_url, supervisor):  # noqa: F811
+def test_socket_is_private_and_serves_one_master(tmp_path, database_url, supervisor):
     path = write_config(tmp_path / "s.yaml", database_url, {"alpha": role(processes=1, threads=1)})
     s = supervisor(path)
     s.wait_state({"alpha": 1})
@@ -53,7 +53,7 @@ def test_socket_is_private_and_serves_one_master(tmp_path, database_url, supervi
     assert not s.socket.exists()  # removed on the way out
 
 
-def test_stale_socket_is_replaced(tmp_path, database_url, supervisor):  # noqa: F811
+def test_stale_socket_is_replaced(tmp_path, database_url, supervisor):
     sock_path = tmp_path / "ctl.sock"
     leftover = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     leftover.bind(str(sock_path))  # a socket file nobody listens on: a master that died

@@ -9,7 +9,7 @@ import psycopg
 
 from supervisor import apps, db
 from supervisor.migrate import load_migrations, migrate
-from tests.conftest import run_cli, scalar
+from tests.conftest import cli, scalar
 
 
 def test_migrate_applies_each_file_once(fresh_database):
@@ -41,17 +41,17 @@ def test_two_hosts_migrating_at_once(fresh_database):
 
 
 def test_check_reports_pending_then_ok(fresh_database):
-    pending = run_cli("check", "--json", url=fresh_database)
+    pending = cli("check", "--json", url=fresh_database)
     assert pending.returncode == 1
     report = json.loads(pending.stdout)
     assert report["reachable"] and report["pending"][0] == "001_jobs"
-    migrated = run_cli("migrate", url=fresh_database)
+    migrated = cli("migrate", url=fresh_database)
     assert migrated.returncode == 0, migrated.stderr
-    assert run_cli("check", url=fresh_database).returncode == 0
+    assert cli("check", url=fresh_database).returncode == 0
 
 
 def test_check_unreachable_database_exits_4():
-    result = run_cli("check", url="postgresql://nobody@127.0.0.1:1/none")
+    result = cli("check", url="postgresql://nobody@127.0.0.1:1/none")
     assert result.returncode == 4
     assert "unreachable" in result.stdout and "cannot connect" in result.stdout
 
@@ -71,30 +71,30 @@ def test_embedded_default_survives_and_is_reused(tmp_path, monkeypatch):
 
 
 def test_job_commands(conn, database_url):
-    sent = run_cli("enqueue", "record", "--queue", "tests", "--args", "[1]", "--dedupe-key", "k1",
+    sent = cli("enqueue", "record", "--queue", "tests", "--args", "[1]", "--dedupe-key", "k1",
                    url=database_url)
     assert sent.returncode == 0, sent.stderr
     job_id = sent.stdout.strip()
-    again = run_cli("enqueue", "record", "--queue", "tests", "--dedupe-key", "k1", url=database_url)
+    again = cli("enqueue", "record", "--queue", "tests", "--dedupe-key", "k1", url=database_url)
     assert again.stdout.strip() == job_id  # deduplicated
 
-    listed = json.loads(run_cli("jobs", "list", "--json", url=database_url).stdout)
+    listed = json.loads(cli("jobs", "list", "--json", url=database_url).stdout)
     assert [j["id"] for j in listed] == [job_id]
-    queues = json.loads(run_cli("queues", "--json", url=database_url).stdout)
+    queues = json.loads(cli("queues", "--json", url=database_url).stdout)
     assert queues[0]["queue"] == "tests" and queues[0]["ready"] == 1
 
-    assert run_cli("jobs", "cancel", job_id, url=database_url).returncode == 0
+    assert cli("jobs", "cancel", job_id, url=database_url).returncode == 0
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job_id,)) == "cancelled"
-    assert run_cli("jobs", "cancel", job_id, url=database_url).returncode == 1  # not cancellable twice
-    assert run_cli("jobs", "retry", job_id, url=database_url).returncode == 0
+    assert cli("jobs", "cancel", job_id, url=database_url).returncode == 1  # not cancellable twice
+    assert cli("jobs", "retry", job_id, url=database_url).returncode == 0
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job_id,)) == "pending"
 
-    shown = run_cli("jobs", "show", job_id, url=database_url)
+    shown = cli("jobs", "show", job_id, url=database_url)
     assert "cancelled by operator" in shown.stdout and "retried by operator" in shown.stdout
 
 
 def test_enqueue_rejects_bad_json(database_url):
-    result = run_cli("enqueue", "record", "--args", "{not json", url=database_url)
+    result = cli("enqueue", "record", "--args", "{not json", url=database_url)
     assert result.returncode == 2
     assert "must be JSON" in result.stderr
 
@@ -105,12 +105,12 @@ def test_runs_shows_the_latest_run_per_schedule(conn, database_url):
         " ('poll', now() - interval '10 minutes', 'failed', 'boom'), ('poll', now(), 'succeeded', NULL),"
         " ('forecast', now(), 'crashed', 'lost')"
     )
-    rows = json.loads(run_cli("runs", "--json", url=database_url).stdout)
+    rows = json.loads(cli("runs", "--json", url=database_url).stdout)
     assert {(r["job_name"], r["status"]) for r in rows} == {("poll", "succeeded"), ("forecast", "crashed")}
 
 
 def test_alerts_resend_enqueues_a_forced_delivery(conn, database_url):
-    result = run_cli("alerts", "resend", "42", url=database_url)
+    result = cli("alerts", "resend", "42", url=database_url)
     assert result.returncode == 0, result.stderr
     row = conn.execute("SELECT queue, actor, args, kwargs FROM jobs WHERE id = %s",
                        (result.stdout.strip(),)).fetchone()

@@ -12,13 +12,10 @@ from werkzeug import Response
 
 from actors import extract_rules
 from tests.conftest import scalar
-from tests.pipeline_helpers import (  # noqa: F401  (fixtures)
+from tests.pipeline_helpers import (
     make_source,
     make_watch,
-    pipeline_broker_fixture,
-    pipeline_config_fixture,
     seed_baseline,
-    threaded_server_fixture,
 )
 
 

@@ -9,11 +9,9 @@ import pytest
 
 from actors import forecast_model as fm
 from tests.conftest import scalar
-from tests.pipeline_helpers import (  # noqa: F401  (fixtures)
+from tests.pipeline_helpers import (
     make_source,
     make_watch,
-    pipeline_broker_fixture,
-    pipeline_config_fixture,
 )
 
 

@@ -10,14 +10,11 @@ import pytest
 from werkzeug import Response
 
 from tests.conftest import scalar, wait_for
-from tests.pipeline_helpers import (  # noqa: F401  (fixtures)
+from tests.pipeline_helpers import (
     make_alert,
     make_source,
     make_watch,
-    pipeline_broker_fixture,
-    pipeline_config_fixture,
     running_worker,
-    threaded_server_fixture,
 )
 
 SECRET = "s3cretT0ken-9f8e7d"

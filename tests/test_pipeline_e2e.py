@@ -18,14 +18,12 @@ import time
 from werkzeug import Response
 
 from tests.conftest import scalar, wait_for
-from tests.pipeline_helpers import (  # noqa: F401  (fixtures)
+from tests.pipeline_helpers import (
     PipelineWorker,
     make_source,
     make_watch,
-    pipeline_broker_fixture,
     seed_baseline,
     settled,
-    threaded_server_fixture,
 )
 
 RAM = [

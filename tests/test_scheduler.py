@@ -11,7 +11,6 @@ import pytest
 from supervisor.config import ScheduleConfig
 from supervisor.worker.scheduler import Scheduler
 from tests.conftest import scalar, wait_for
-from tests.pipeline_helpers import pipeline_broker_fixture  # noqa: F401  (fixture)
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 POLL = ScheduleConfig(name="poll", cron="* * * * *", actor="poll_due_watches", queue="scraping",

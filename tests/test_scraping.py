@@ -12,11 +12,9 @@ from werkzeug import Response
 
 from actors import dedupe, parsing
 from tests.conftest import scalar, wait_for
-from tests.pipeline_helpers import (  # noqa: F401  (fixtures)
+from tests.pipeline_helpers import (
     make_source,
     make_watch,
-    pipeline_broker_fixture,
-    pipeline_config_fixture,
     running_worker,
 )
 

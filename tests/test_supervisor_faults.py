@@ -14,7 +14,6 @@ from tests.supervisor_helpers import (
     dead,
     enqueue,
     role,
-    supervisor,  # noqa: F401 - the fixture
     wait_all_succeeded,
     write_config,
 )
@@ -23,7 +22,7 @@ from tests.supervisor_helpers import (
 KILL_SECONDS = 10
 
 
-def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database_url, supervisor):  # noqa: F811
+def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database_url, supervisor):
     # A 60s lease: only the master's immediate release can bring jobs back within a second.
     path = write_config(tmp_path / "s.yaml", database_url,
                         {"alpha": role(processes=3, threads=2, lease="60s", heartbeat="5s")})
@@ -35,7 +34,9 @@ def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database
     kills: list[tuple[str, float]] = []
     for _ in range(KILL_SECONDS):
         time.sleep(1.0)  # the pace of the fault injection, not a wait for a condition
-        procs = [p for p in s.roles()["alpha"]["processes"] if p["ready"] and not p["stop_reason"]]
+        # Only a process that holds jobs: the release of its leases is what is measured.
+        procs = [p for p in s.roles()["alpha"]["processes"]
+                 if p["ready"] and not p["stop_reason"] and p["in_flight"] > 0]
         if not procs:
             continue
         victim = rng.choice(procs)
@@ -50,18 +51,17 @@ def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database
     for owner, killed_at in kills:
         last = scalar(conn, "SELECT max(at) FROM job_events WHERE to_status = 'pending' AND reason LIKE %s",
                       (f"%prior owner {owner}%",))
-        if last is None:
-            continue  # it happened to hold no job at that instant
+        assert last is not None, f"{owner} held jobs when killed, but none was released"
         released += 1
         assert last.timestamp() - killed_at < 1.0, (owner, last.timestamp() - killed_at)
-    assert released >= len(kills) // 2, "most victims held jobs"
+    assert released == len(kills)
     alpha = s.wait_state({"alpha": 3}, timeout=15)["roles"][0]
     # Each kill is a restart (more only if a replacement failed to start in time,
     # which the master then handles as a hung start).
     assert alpha["restarts"] >= len(kills)
 
 
-def test_sigkill_master_children_exit_and_orphans_are_recovered(tmp_path, conn, database_url, supervisor):  # noqa: F811
+def test_sigkill_master_children_exit_and_orphans_are_recovered(tmp_path, conn, database_url, supervisor):
     path = write_config(tmp_path / "s.yaml", database_url,
                         {"alpha": role(processes=2, threads=2, lease="60s", heartbeat="5s")})
 

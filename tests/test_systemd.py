@@ -20,7 +20,7 @@ from supervisor import config
 from supervisor.master.systemd import Notifier
 from supervisor.units import parse_duration
 from tests.conftest import ROOT, wait_for
-from tests.supervisor_helpers import cli, role, supervisor, write_config  # noqa: F401
+from tests.supervisor_helpers import cli, role, write_config
 
 UNIT = ROOT / "systemd" / "actor-supervisor.service"
 
@@ -124,7 +124,7 @@ def test_a_full_notify_queue_never_blocks_and_keeps_state_changes_in_order(fake_
     assert got[-2:] == ["READY=1", "STOPPING=1"]
 
 
-def test_master_notifies_ready_reloading_stopping_in_order(tmp_path, fake_systemd, database_url, supervisor):  # noqa: F811
+def test_master_notifies_ready_reloading_stopping_in_order(tmp_path, fake_systemd, database_url, supervisor):
     fake = fake_systemd()
     path = write_config(tmp_path / "s.yaml", database_url, {"alpha": role(processes=2, threads=2),
                                                            "beta": role(processes=1, threads=2)})
