@@ -6,6 +6,8 @@ import logging
 import threading
 from collections.abc import Callable
 
+from .. import backoff
+
 log = logging.getLogger(__name__)
 
 
@@ -26,7 +28,6 @@ class AckBatcher(threading.Thread):
         self._cond = threading.Condition()
         self._busy = False
         self._halt = False
-        self.written = 0
 
     def add(self, job_id: str, attempt: int) -> None:
         with self._cond:
@@ -46,7 +47,7 @@ class AckBatcher(threading.Thread):
         return flushed
 
     def run(self) -> None:
-        delay = 0.1
+        waits = backoff.delays(first=0.1, cap=10.0)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending or self._halt)
@@ -58,16 +59,15 @@ class AckBatcher(threading.Thread):
             try:
                 self._write([job_id for job_id, _ in batch], [attempt for _, attempt in batch])
             except Exception as exc:
+                delay = next(waits)
                 log.warning("could not write %d acks (%s); retrying in %.1fs", len(batch), exc, delay)
                 with self._cond:
                     self._pending[:0] = batch
                     self._busy = False
                     self._cond.notify_all()
                     self._cond.wait(delay)
-                delay = min(delay * 2, 10.0)
                 continue
-            delay = 0.1
+            waits = backoff.delays(first=0.1, cap=10.0)
             with self._cond:
-                self.written += len(batch)
                 self._busy = False
                 self._cond.notify_all()

@@ -7,6 +7,7 @@ import threading
 
 import psycopg
 
+from .. import backoff
 from ..db import redact
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,13 @@ class Listener(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        delay = 0.2
+        waits = backoff.delays(first=0.2, cap=10.0)
         while not self._halt.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self.connected.set()
-                    delay = 0.2
+                    waits = backoff.delays(first=0.2, cap=10.0)
                     self._wake_all()  # anything inserted while we were away
                     while not self._halt.is_set():
                         for note in conn.notifies(timeout=1.0):
@@ -59,8 +60,8 @@ class Listener(threading.Thread):
                 self.connected.clear()
                 if self._halt.is_set():
                     break
+                delay = next(waits)
                 log.warning("listener lost %s (%s); reconnecting in %.1fs", redact(self.url), exc, delay)
                 self._wake_all()
                 self._halt.wait(delay)
-                delay = min(delay * 2, 10.0)
         self.connected.clear()

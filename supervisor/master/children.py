@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 
 from .. import exit_codes
@@ -41,7 +40,6 @@ class Child:
     owner: str
     fd: int
     forked_at: float
-    started_wall: float
     ready_at: float | None = None
     last_beat: float = 0.0
     state: str = "starting"
@@ -276,6 +274,5 @@ def spawn(role: RoleState, bootstrap: ChildBootstrap, now: float) -> Child:
         owner=bootstrap.owner_for(pid),
         fd=read_fd,
         forked_at=now,
-        started_wall=time.time(),
         last_beat=now,
     )
