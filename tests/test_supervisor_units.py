@@ -19,7 +19,7 @@ def role_state(processes: int = 2) -> RoleState:
 
 def add(role: RoleState, pid: int, *, ready: bool = True, generation: int | None = None, at: float = 0.0) -> Child:
     c = Child(pid=pid, role="r", slot=pid, generation=generation or role.generation, owner=f"o{pid}", fd=-1,
-              forked_at=at, started_wall=0.0, ready_at=at if ready else None)
+              forked_at=at, ready_at=at if ready else None)
     role.children[pid] = c
     return c
 
@@ -87,7 +87,7 @@ def test_describe_exit():
 
 
 def test_child_feed_parses_whole_lines_only():
-    c = Child(pid=1, role="r", slot=1, generation=1, owner="o", fd=-1, forked_at=0.0, started_wall=0.0)
+    c = Child(pid=1, role="r", slot=1, generation=1, owner="o", fd=-1, forked_at=0.0)
     assert c.feed(b'{"e":"ready","owner":"o"}\n{"e":"beat","state":"run', 1.0)[0]["e"] == "ready"
     assert c.ready and c.last_beat == 1.0
     events = c.feed(b'ning","rss":100,"cpu":1.5,"in_flight":2,"done":9,"paused":null}\ngarbage\n', 2.0)
