@@ -321,3 +321,25 @@ def test_control_socket_is_found_even_in_an_invalid_file(tmp_path):
     path.write_text("roles: [unclosed\n")
     with pytest.raises(ConfigError):
         config.control_socket_of(path)
+
+
+def test_app_sections_are_validated_at_load_with_file_line_and_key():
+    with pytest.raises(ConfigError) as err:
+        load("""
+            roles:
+              a: {queues: [q], actors: [m]}
+            pipeline:
+              http:
+                timout: 5s
+        """)
+    assert (err.value.line, err.value.key) == (6, "pipeline.http.timout")
+    assert "did you mean 'timeout'" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load("""
+            roles:
+              a: {queues: [q], actors: [m]}
+            pipeline:
+              notification: {timeout: soon}
+        """)
+    assert (err.value.line, err.value.key) == (5, "pipeline.notification.timeout")
+    assert "expected a duration" in str(err.value)

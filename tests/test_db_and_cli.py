@@ -115,3 +115,36 @@ def test_alerts_resend_enqueues_a_forced_delivery(conn, database_url):
     row = conn.execute("SELECT queue, actor, args, kwargs FROM jobs WHERE id = %s",
                        (result.stdout.strip(),)).fetchone()
     assert row == ("notification", "deliver_alert", [42], {"resend_unknown": True})
+
+
+def _tables(url: str) -> set[str]:
+    with psycopg.connect(url) as c:
+        return {r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+
+
+def test_migrate_creates_only_the_tables_of_the_apps_in_use(tmp_path, fresh_database):
+    own = tmp_path / "own.yaml"
+    own.write_text("roles:\n  mine: {queues: [tests], actors: [tests.sample_actors]}\n")
+    out = cli("migrate", config=own, url=fresh_database)
+    assert out.returncode == 0, out.stderr
+    tables = _tables(fresh_database)
+    assert {"jobs", "job_events", "workers", "scheduler_locks", "rate_limiter_state"} <= tables
+    assert not tables & {"sources", "watches", "listings", "alerts", "predictions_daily"}  # no tracker tables
+
+    tracker = tmp_path / "tracker.yaml"
+    tracker.write_text("roles:\n  scraping: {queues: [scraping], actors: [actors.scraping]}\n")
+    out = cli("migrate", config=tracker, url=fresh_database)
+    assert out.returncode == 0 and "002_pipeline" in out.stderr, out.stderr
+    assert {"sources", "watches", "alerts", "predictions_daily"} <= _tables(fresh_database)
+    # Existing version numbers are kept: a database migrated before the split sees no change.
+    with psycopg.connect(fresh_database) as c:
+        versions = [r[0] for r in c.execute("SELECT version FROM schema_migrations ORDER BY 1")]
+    assert versions[:6] == [1, 2, 3, 4, 5, 6]
+
+
+def test_an_unknown_app_is_a_one_line_error(tmp_path, fresh_database):
+    path = tmp_path / "s.yaml"
+    path.write_text("apps: [nosuchapp]\nroles:\n  a: {queues: [q], actors: [m]}\n")
+    out = cli("migrate", config=path, url=fresh_database)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert f"{path}:1: apps: no app named 'nosuchapp' is installed" in out.stderr, out.stderr
