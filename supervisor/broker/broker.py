@@ -283,7 +283,7 @@ class PostgresBroker(Broker):
             c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
 
     def ack(self, message: PgMessageProxy) -> None:
-        _, acks = self._start()
+        acks = self._acks if self._acks is not None else self._start()[1]  # no lock on the hot path
         acks.add(message.message_id, message.attempts)
         self.leases.let_go(message.message_id)
         self.jobs_done += 1
