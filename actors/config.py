@@ -25,7 +25,8 @@ SCHEMA: Schema = {
     "alerts": {"re_alerts_enabled": boolean, "re_alerts_cooldown": duration(0)},
     "notification": {"timeout": duration(0, strict=True), "resend_unknown": boolean, "username": string},
     "forecasting": {"horizon_days": integer(1), "min_days": integer(1), "history_days": integer(1),
-                    "level": number(0, 1)},
+                    "level": number(0, 1), "max_range_days": integer(1)},
+    "cache": {"enabled": boolean, "ttl": duration(0)},
 }
 
 

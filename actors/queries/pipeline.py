@@ -42,19 +42,20 @@ WITH before AS (
     SELECT price_cents FROM listings WHERE source_id = %(source_id)s AND external_id = %(external_id)s
 )
 INSERT INTO listings AS l (source_id, external_id, url, title, description, price_cents, currency,
-                           price_type, condition_text, raw)
+                           price_type, condition_text, raw, listing_type, auction_ends_at)
 VALUES (%(source_id)s, %(external_id)s, %(url)s, %(title)s, %(description)s, %(price_cents)s,
-        %(currency)s, %(price_type)s, %(condition)s, %(raw)s)
+        %(currency)s, %(price_type)s, %(condition)s, %(raw)s, %(listing_type)s, %(auction_ends_at)s)
 ON CONFLICT (source_id, external_id) DO UPDATE
    SET url = EXCLUDED.url, title = EXCLUDED.title, description = EXCLUDED.description,
        price_cents = EXCLUDED.price_cents, currency = EXCLUDED.currency, price_type = EXCLUDED.price_type,
-       condition_text = EXCLUDED.condition_text, raw = EXCLUDED.raw, last_seen_at = now()
+       condition_text = EXCLUDED.condition_text, raw = EXCLUDED.raw, listing_type = EXCLUDED.listing_type,
+       auction_ends_at = EXCLUDED.auction_ends_at, last_seen_at = now()
 RETURNING l.id, (xmax = 0) AS inserted, (SELECT price_cents FROM before)
 """
 
 LISTING_FOR_EXTRACTION = """
 SELECT id, title, description, condition_text, price_cents, currency, price_type, url,
-       attributes, product_key, extractor
+       listing_type, auction_ends_at, first_seen_at, now(), attributes, product_key, extractor
   FROM listings WHERE id = %(id)s
 """
 
@@ -65,7 +66,37 @@ UPDATE listings
  WHERE id = %(id)s
 """
 
-SAVE_SCORE = "UPDATE listings SET score = %(score)s WHERE id = %(id)s"
+SAVE_SCORE = """
+UPDATE listings SET score = %(score)s, time_score = %(time_score)s, composite_score = %(composite)s
+ WHERE id = %(id)s
+"""
+
+# refresh_baselines re-scores every listing, one page at a time by id cursor.
+RESCORE_PAGE = """
+SELECT l.id, l.unit_price_cents, l.listing_type, l.auction_ends_at, l.first_seen_at, b.median_cents,
+       coalesce(b.sample_count, 0), now()
+  FROM listings l LEFT JOIN price_baselines b ON b.product_key = l.product_key
+ WHERE l.id > %(after)s
+ ORDER BY l.id
+ LIMIT %(limit)s
+"""
+
+SAVE_SCORES = """
+UPDATE listings l
+   SET score = s.score, time_score = s.time_score, composite_score = s.composite
+  FROM unnest(%(ids)s::bigint[], %(scores)s::real[], %(time_scores)s::smallint[], %(composites)s::real[])
+       AS s(id, score, time_score, composite)
+ WHERE l.id = s.id
+"""
+
+# Re-extraction: the listings to read again (one watch's, or all), each with the
+# watch that found it (the latest price point), so a new deal can alert.
+LISTINGS_TO_REEXTRACT = """
+SELECT DISTINCT ON (l.id) l.id, p.watch_id
+  FROM listings l LEFT JOIN price_points p ON p.listing_id = l.id
+ WHERE %(watch_id)s::bigint IS NULL OR p.watch_id = %(watch_id)s
+ ORDER BY l.id, p.observed_at DESC NULLS LAST
+"""
 
 ACTIVE_PRODUCT_KEYS = """
 SELECT DISTINCT product_key FROM listings
