@@ -15,7 +15,7 @@ import time
 import dramatiq
 from dramatiq import Worker
 
-from .. import backoff, exit_codes, runtime
+from .. import apps, backoff, exit_codes, runtime
 from ..broker import PostgresBroker
 from .registry import Registration
 from .scheduler import Scheduler
@@ -42,6 +42,16 @@ def import_actors(modules: tuple[str, ...]) -> None:
                 f"cannot import actor module {name!r}: {type(exc).__name__}: {exc}. "
                 "Check the module path (it must be importable from the working directory or PYTHONPATH)."
             ) from exc
+
+
+def start_apps(actor_modules: tuple[str, ...], pool) -> None:
+    """Each app's on_worker_start hook (see supervisor.apps.App); a failing hook is logged."""
+    for app in apps.in_use(actor_modules):
+        if app.on_worker_start is not None:
+            try:
+                app.on_worker_start(pool)
+            except Exception as exc:
+                log.error("app %s: start hook failed: %s: %s", app.name, type(exc).__name__, exc)
 
 
 class WorkerProcess:
@@ -103,6 +113,7 @@ class WorkerProcess:
         # The database may still be starting (a reboot): wait for it, unless told to stop.
         backoff.retry(registration.register, "registering with the database", cap=30.0, stop=self.stopping,
                       logger=log)
+        start_apps(s.actors, broker.pool)
         self.upkeep.start()
 
         worker = Worker(broker, queues=set(s.queues), worker_threads=s.threads,
