@@ -18,7 +18,7 @@ from dramatiq import Worker
 from .. import apps, backoff, exit_codes, runtime
 from ..broker import PostgresBroker
 from .registry import Registration
-from .scheduler import Scheduler
+from .scheduler import RunResults, Scheduler
 from .settings import WorkerSettings
 from .upkeep import Upkeep, UpkeepSettings
 
@@ -88,6 +88,7 @@ class WorkerProcess:
             for m in broker.middleware:
                 if isinstance(m, dramatiq.middleware.TimeLimit):
                     m.time_limit = s.time_limit_ms
+        broker.add_middleware(RunResults())
         self.broker = broker
         # Actor modules use @dramatiq.actor, which binds to the global broker at
         # import time: it must be ours before the first import.
