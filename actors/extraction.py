@@ -13,6 +13,7 @@ price baseline from recent listings.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import dramatiq
 from psycopg.types.json import Jsonb
@@ -126,17 +127,19 @@ def refresh_all_baselines() -> int:
 RESCORE_BATCH = 200
 
 
-def rescore_all(batch: int = RESCORE_BATCH) -> int:
+def rescore_pages(batch: int) -> Iterator[tuple[int, int]]:
     """Re-score every listing against the current baselines, ``batch`` rows at a
-    time by id cursor, so one scored against a cold baseline is re-scored once it
-    warms. Each page commits on its own: a large table never holds one long lock."""
+    time by id cursor (``WHERE id > cursor ORDER BY id LIMIT batch``), so one
+    scored against a cold baseline is re-scored once it warms. Each page commits
+    on its own: a large table is never held in one long transaction. Yields
+    (cursor, rows) per page."""
     min_samples = settings.scoring().min_samples
-    after, total = 0, 0
+    after = 0
     while True:
         with store.pool().connection() as conn:
             rows = conn.execute(sql.RESCORE_PAGE, {"after": after, "limit": batch}).fetchall()
             if not rows:
-                break
+                return
             ids, scores, times, composites = [], [], [], []
             for lid, unit, kind, ends, first_seen, median, samples, now in rows:
                 timing = time_score(listing_type=kind, auction_ends_at=ends, first_seen_at=first_seen, now=now)
@@ -147,10 +150,13 @@ def rescore_all(batch: int = RESCORE_BATCH) -> int:
                 composites.append(composite_score(under, timing))
             conn.execute(sql.SAVE_SCORES, {"ids": ids, "scores": scores, "time_scores": times,
                                            "composites": composites})
-        total += len(rows)
+        yield after, len(rows)
         after = rows[-1][0]
         if len(rows) < batch:
-            break
+            return
+
+
+def rescore_all(batch: int | None = None) -> int:
+    total = sum(n for _, n in rescore_pages(batch or RESCORE_BATCH))
     log.info("re-scored %d listings", total)
     return total
-
