@@ -69,7 +69,7 @@ SET_WATCH_ENABLED = "UPDATE watches SET enabled = %(enabled)s WHERE id = %(id)s 
 DELETE_WATCH = "DELETE FROM watches WHERE id = %(id)s RETURNING id"
 
 DELETE_UNDECLARED_WATCHES = """
-DELETE FROM watches WHERE name IS NULL OR NOT (name = ANY(%(names)s)) RETURNING id
+DELETE FROM watches WHERE name IS NULL OR NOT (name = ANY(%(names)s)) RETURNING coalesce(name, '#' || id)
 """
 
 # --- listings -----------------------------------------------------------------
