@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -40,7 +40,7 @@ def tracker_db(ctx: click.Context) -> Iterator[psycopg.Connection]:
             die(f"database: {str(exc).strip().splitlines()[0]}", exit_codes.DATABASE)
 
 
-def _show(data: Any, as_json: bool) -> None:
+def _print(data: Any, as_json: bool) -> None:
     if as_json:
         print_json(data)
     elif isinstance(data, dict):
@@ -56,6 +56,36 @@ def _done(as_json: bool, data: dict[str, Any], text: str) -> None:
         print_json(data)
     else:
         click.echo(text)
+
+
+def _show(kind: str, argument: str, get: Callable[[psycopg.Connection, str], dict[str, Any]]) -> click.Command:
+    @config_option
+    @click.argument("ref", metavar=argument)
+    @json_option
+    @click.pass_context
+    def command(ctx, ref, as_json) -> None:
+        with tracker_db(ctx) as conn:
+            _print(get(conn, ref), as_json)
+
+    command.__doc__ = f"One {kind} ({argument}: {'id or name' if kind == 'watch' else 'its name'}), every column."
+    return click.command("show")(command)
+
+
+def _toggle(kind: str, argument: str, change: Callable[[psycopg.Connection, str, bool], Any],
+            enabled: bool) -> click.Command:
+    verb = "enable" if enabled else "disable"
+
+    @config_option
+    @click.argument("ref", metavar=argument)
+    @json_option
+    @click.pass_context
+    def command(ctx, ref, as_json) -> None:
+        with tracker_db(ctx) as conn:
+            change(conn, ref, enabled)
+            _done(as_json, {kind: ref, "enabled": enabled}, f"{kind} {ref} {verb}d")
+
+    command.__doc__ = f"{verb.capitalize()} {kind} {argument} ({'resume' if enabled else 'pause'} its polling)."
+    return click.command(verb)(command)
 
 
 # --- sources -------------------------------------------------------------------------
@@ -103,35 +133,9 @@ def sources_list(ctx, as_json) -> None:
               "last_error"])
 
 
-@sources.command("show")
-@config_option
-@click.argument("name")
-@json_option
-@click.pass_context
-def sources_show(ctx, name, as_json) -> None:
-    """One source, every column."""
-    with tracker_db(ctx) as conn:
-        _show(catalog.get_source(conn, name), as_json)
-
-
-def _source_toggle(enabled: bool) -> click.Command:
-    verb = "enable" if enabled else "disable"
-
-    @config_option
-    @click.argument("name")
-    @json_option
-    @click.pass_context
-    def command(ctx, name, as_json) -> None:
-        with tracker_db(ctx) as conn:
-            catalog.set_source_enabled(conn, name, enabled)
-            _done(as_json, {"name": name, "enabled": enabled}, f"source {name} {verb}d")
-
-    command.__doc__ = f"{verb.capitalize()} source NAME (its watches {'resume' if enabled else 'pause'})."
-    return click.command(verb)(command)
-
-
-sources.add_command(_source_toggle(True))
-sources.add_command(_source_toggle(False))
+sources.add_command(_show("source", "NAME", catalog.get_source))
+sources.add_command(_toggle("source", "NAME", catalog.set_source_enabled, True))
+sources.add_command(_toggle("source", "NAME", catalog.set_source_enabled, False))
 
 
 @sources.command("remove")
@@ -195,35 +199,9 @@ def watches_list(ctx, source, as_json) -> None:
                              "pending_alerts"])
 
 
-@watches.command("show")
-@config_option
-@click.argument("watch")
-@json_option
-@click.pass_context
-def watches_show(ctx, watch, as_json) -> None:
-    """One watch (by id or name), every column."""
-    with tracker_db(ctx) as conn:
-        _show(catalog.get_watch(conn, watch), as_json)
-
-
-def _watch_toggle(enabled: bool) -> click.Command:
-    verb = "enable" if enabled else "disable"
-
-    @config_option
-    @click.argument("watch")
-    @json_option
-    @click.pass_context
-    def command(ctx, watch, as_json) -> None:
-        with tracker_db(ctx) as conn:
-            wid = catalog.set_watch_enabled(conn, watch, enabled)
-            _done(as_json, {"id": wid, "enabled": enabled}, f"watch {wid} {verb}d")
-
-    command.__doc__ = f"{verb.capitalize()} WATCH (by id or name)."
-    return click.command(verb)(command)
-
-
-watches.add_command(_watch_toggle(True))
-watches.add_command(_watch_toggle(False))
+watches.add_command(_show("watch", "WATCH", catalog.get_watch))
+watches.add_command(_toggle("watch", "WATCH", catalog.set_watch_enabled, True))
+watches.add_command(_toggle("watch", "WATCH", catalog.set_watch_enabled, False))
 
 
 @watches.command("remove")
@@ -292,7 +270,7 @@ def tracker_group() -> None:
 def tracker_state(ctx, as_json) -> None:
     """The system_state view: watches, listings, alerts, baselines, queue depth."""
     with tracker_db(ctx) as conn:
-        _show(tracker.system_state(conn), as_json)
+        _print(tracker.system_state(conn), as_json)
 
 
 @tracker_group.command("reextract")
