@@ -20,10 +20,17 @@ def _commands() -> list[Any]:
     return commands()
 
 
+def _on_worker_start(pool: Any) -> None:
+    from .boot import on_worker_start
+
+    on_worker_start(pool)
+
+
 APP = App(
     name="actors",
     packages=("actors",),
     migrations=sql_dir("actors"),
     sections={"pipeline": parse_pipeline},
     commands=_commands,
+    on_worker_start=_on_worker_start,
 )

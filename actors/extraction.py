@@ -13,14 +13,15 @@ price baseline from recent listings.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import dramatiq
 from psycopg.types.json import Jsonb
 
-from . import extract_rules, llm, settings, store
+from . import cache, extract_rules, llm, settings, store
 from .notification import deliver_alert
 from .queries import pipeline as sql
-from .scoring import Verdict, judge
+from .scoring import Verdict, composite_score, fraction_under, judge, time_score
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ def run_extraction(listing_id: int, watch_id: int | None = None) -> dict:
         log.info("listing %s no longer exists; nothing to extract", listing_id)
         return {"skipped": "listing does not exist"}
     price_cents, currency, price_type = row[4], row[5], row[6]
+    listing_type, auction_ends_at, first_seen_at, now = row[8], row[9], row[10], row[11]
     extraction = _extract(pool, row)
     unit_price = price_cents / max(1, extraction.quantity)
     scoring, alerting = settings.scoring(), settings.alerts()
@@ -85,7 +87,10 @@ def run_extraction(listing_id: int, watch_id: int | None = None) -> dict:
                             target_price_cents=target,
                             deal_threshold=threshold if threshold is not None else scoring.deal_threshold,
                             baseline_median=median, baseline_samples=samples, min_samples=scoring.min_samples)
-        conn.execute(sql.SAVE_SCORE, {"id": listing_id, "score": verdict.score})
+        timing = time_score(listing_type=listing_type, auction_ends_at=auction_ends_at,
+                            first_seen_at=first_seen_at, now=now)
+        conn.execute(sql.SAVE_SCORE, {"id": listing_id, "score": verdict.score, "time_score": timing,
+                                      "composite": composite_score(verdict.score, timing)})
         if verdict.deal and watch is not None and watch[1]:
             created = conn.execute(sql.CREATE_ALERT, {
                 "watch_id": watch_id, "listing_id": listing_id, "price_cents": price_cents,
@@ -102,9 +107,13 @@ def run_extraction(listing_id: int, watch_id: int | None = None) -> dict:
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=3, min_backoff=10_000)
-def refresh_baselines() -> None:
-    """Recompute every product's baseline from listings seen in the window."""
-    refresh_all_baselines()
+def refresh_baselines() -> dict:
+    """Recompute every product's baseline, then re-score every listing against it."""
+    baselines = refresh_all_baselines()
+    rescored = rescore_all()
+    pruned = cache.prune()
+    return {"baselines": baselines, "rescored": rescored, "cache_pruned": pruned,
+            "rows_affected": baselines + rescored}
 
 
 def refresh_all_baselines() -> int:
@@ -113,3 +122,41 @@ def refresh_all_baselines() -> int:
         count = conn.execute(sql.REFRESH_BASELINES, {"days": scoring.window_days, "product_key": None}).rowcount
     log.info("refreshed %d price baselines", count)
     return count
+
+
+RESCORE_BATCH = 200
+
+
+def rescore_pages(batch: int) -> Iterator[tuple[int, int]]:
+    """Re-score every listing against the current baselines, ``batch`` rows at a
+    time by id cursor (``WHERE id > cursor ORDER BY id LIMIT batch``), so one
+    scored against a cold baseline is re-scored once it warms. Each page commits
+    on its own: a large table is never held in one long transaction. Yields
+    (cursor, rows) per page."""
+    min_samples = settings.scoring().min_samples
+    after = 0
+    while True:
+        with store.pool().connection() as conn:
+            rows = conn.execute(sql.RESCORE_PAGE, {"after": after, "limit": batch}).fetchall()
+            if not rows:
+                return
+            ids, scores, times, composites = [], [], [], []
+            for lid, unit, kind, ends, first_seen, median, samples, now in rows:
+                timing = time_score(listing_type=kind, auction_ends_at=ends, first_seen_at=first_seen, now=now)
+                under = fraction_under(unit, median, samples, min_samples) if unit is not None else None
+                ids.append(lid)
+                scores.append(under)
+                times.append(timing)
+                composites.append(composite_score(under, timing))
+            conn.execute(sql.SAVE_SCORES, {"ids": ids, "scores": scores, "time_scores": times,
+                                           "composites": composites})
+        yield after, len(rows)
+        after = rows[-1][0]
+        if len(rows) < batch:
+            return
+
+
+def rescore_all(batch: int | None = None) -> int:
+    total = sum(n for _, n in rescore_pages(batch or RESCORE_BATCH))
+    log.info("re-scored %d listings", total)
+    return total

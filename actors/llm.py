@@ -1,23 +1,28 @@
 """Attribute extraction through an OpenAI-compatible chat completions API.
 
-Bounded twice: a per-process semaphore (``concurrency`` requests at once from
-one worker process) and the shared PostgreSQL rate limiter (``rate_per_minute``
-for the whole fleet, key ``llm:<model>``). Any failure falls back to the rules,
-so a slow or broken model never stalls the pipeline.
+Bounded twice, both for the whole fleet: a PostgreSQL semaphore (``concurrency``
+requests in flight across every process and host: advisory locks a killed
+process cannot leak, see queries/slots.py) and the shared rate limiter
+(``rate_per_minute``, key ``llm:<model>``). Any failure, or no free slot within
+the timeout, falls back to the rules, so a slow or broken model never stalls
+the pipeline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
-from supervisor import ratelimit
+from supervisor import backoff, ratelimit
 
 from . import extract_rules, http
+from .queries import slots as slots_sql
 from .settings import LlmSettings
 
 log = logging.getLogger(__name__)
@@ -34,19 +39,31 @@ _KEYS = {"component": str, "brand": str, "capacity_gb": float, "modules": int, "
          "memory_type": str, "speed_mts": int, "form_factor": str, "interface": str, "rpm": int,
          "gpu_model": str, "cpu_model": str, "condition": str, "quantity": int}
 
-_semaphores: dict[int, threading.BoundedSemaphore] = {}
-_semaphores_lock = threading.Lock()
 
 
 class LlmUnavailable(Exception):
     pass
 
 
-def _semaphore(n: int) -> threading.BoundedSemaphore:
-    with _semaphores_lock:
-        if n not in _semaphores:
-            _semaphores[n] = threading.BoundedSemaphore(n)
-        return _semaphores[n]
+@contextlib.contextmanager
+def fleet_slot(pool, key: str, slots: int, wait: float) -> Iterator[None]:
+    """Hold one of ``slots`` fleet-wide slots for ``key`` while the block runs;
+    LlmUnavailable when none frees up within ``wait`` seconds. The connection
+    holding the lock stays checked out of the pool until the block ends."""
+    deadline = time.monotonic() + wait
+    with pool.connection() as conn:
+        for delay in backoff.delays(first=0.02, cap=0.25):
+            slot = next((n for n in range(slots)
+                         if conn.execute(slots_sql.TRY_SLOT, {"key": key, "slot": n}).fetchone()[0]), None)
+            if slot is not None:
+                break
+            if time.monotonic() + delay > deadline:
+                raise LlmUnavailable(f"all {slots} fleet-wide slots busy for {wait:.0f}s")
+            time.sleep(delay)
+        try:
+            yield
+        finally:
+            conn.execute(slots_sql.RELEASE_SLOT, {"key": key, "slot": slot})
 
 
 def _clean(data: Any) -> dict[str, Any]:
@@ -97,7 +114,7 @@ def extract(cfg: LlmSettings, pool, title: str, description: str | None,
     if not decision.granted:
         return _fallback(rules, f"rate limit ({decision.reason}, {decision.wait_seconds:.0f}s)")
     try:
-        with _semaphore(cfg.concurrency):
+        with fleet_slot(pool, f"llm:{cfg.model}", cfg.concurrency, cfg.timeout):
             attrs = complete(cfg, title, description)
     except LlmUnavailable as exc:
         return _fallback(rules, str(exc))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from html.parser import HTMLParser
 from typing import Any
@@ -37,6 +38,8 @@ class ParsedListing:
     currency: str = "USD"
     price_type: str = "ask"
     seller: str | None = None
+    listing_type: str = "fixed"  # auction | fixed (the time score's input)
+    auction_ends_at: datetime | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -79,6 +82,24 @@ def _price_type(value: Any) -> str:
     return _PRICE_TYPES.get(str(value or "ask").strip().lower().replace(" ", "_"), "ask")
 
 
+def _listing_type(item: dict, price_type: str) -> str:
+    kind = str(_first(item, "listing_type", "format", "type") or "").strip().lower()
+    return "auction" if kind == "auction" or price_type == "bid" else "fixed"
+
+
+def _when(value: Any) -> datetime | None:
+    """An ISO-8601 time or epoch seconds; naive times are UTC; anything else is no time."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        if isinstance(value, int | float):
+            return datetime.fromtimestamp(float(value), UTC)
+        when = datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+    except (ValueError, OverflowError, OSError):
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
 def _first(item: dict, *names: str) -> Any:
     for name in names:
         if item.get(name) not in (None, ""):
@@ -105,6 +126,8 @@ def _from_item(item: Any, base_url: str) -> ParsedListing:
     else:
         raise ValueError(f"item {title!r} has no price")
     url = _text(_first(item, "url", "link", "href"))
+    price_type = _price_type(_first(item, "price_type", "type", "listing_type"))
+    listing_type = _listing_type(item, price_type)
     return ParsedListing(
         title=title,
         price_cents=price_cents,
@@ -113,8 +136,11 @@ def _from_item(item: Any, base_url: str) -> ParsedListing:
         description=_text(_first(item, "description", "subtitle")),
         condition=_text(_first(item, "condition")),
         currency=str(item.get("currency") or _currency(price)).upper(),
-        price_type=_price_type(_first(item, "price_type", "type", "listing_type")),
+        price_type=price_type,
         seller=_text(_first(item, "seller")),
+        listing_type=listing_type,
+        auction_ends_at=_when(_first(item, "auction_ends_at", "ends_at", "end_time"))
+        if listing_type == "auction" else None,
         raw=item,
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 
 @dataclass(frozen=True)
@@ -22,8 +23,8 @@ def judge(*, unit_price_cents: float, currency: str, price_type: str, target_pri
           deal_threshold: float, baseline_median: float | None, baseline_samples: int,
           min_samples: int) -> Verdict:
     median = baseline_median if baseline_median is not None and baseline_median > 0 else None
-    warm = median is not None and baseline_samples >= min_samples
-    score = (median - unit_price_cents) / median if median is not None and warm else None
+    score = fraction_under(unit_price_cents, median, baseline_samples, min_samples)
+    warm = score is not None
     price = money(unit_price_cents, currency)
     if price_type == "sold":
         return Verdict(False, score, "already sold")
@@ -35,3 +36,33 @@ def judge(*, unit_price_cents: float, currency: str, price_type: str, target_pri
     if not warm and target_price_cents is None:
         return Verdict(False, score, f"no warm baseline yet ({baseline_samples} of {min_samples} listings)")
     return Verdict(False, score, "not a deal")
+
+
+# The plan's time factor: an auction about to end is the most urgent, a listing
+# new to the tracker next, everything else waits.
+AUCTION_ENDING_SOON = timedelta(hours=4)
+NEW_LISTING = timedelta(hours=24)
+TIME_WEIGHT = 0.05  # of the composite score; the rest is value against the baseline
+
+
+def time_score(*, listing_type: str, auction_ends_at: datetime | None, first_seen_at: datetime,
+               now: datetime) -> int:
+    if listing_type == "auction" and auction_ends_at is not None and auction_ends_at - now < AUCTION_ENDING_SOON:
+        return 100
+    if now - first_seen_at < NEW_LISTING:
+        return 80
+    return 30
+
+
+def composite_score(fraction_under: float | None, time: int) -> float:
+    """0..100: value (100 at half the baseline median or less, 0 at or over it;
+    50 with no warm baseline) weighted 95%, the time score 5%."""
+    value = 50.0 if fraction_under is None else max(0.0, min(100.0, fraction_under * 200.0))
+    return round((1 - TIME_WEIGHT) * value + TIME_WEIGHT * time, 2)
+
+
+def fraction_under(unit_price_cents: float, median: float | None, samples: int, min_samples: int) -> float | None:
+    """How far under the baseline median the price is, once the baseline is warm."""
+    if median is None or median <= 0 or samples < min_samples:
+        return None
+    return (median - unit_price_cents) / median

@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 
 from supervisor import ratelimit
 
-from . import breaker, deferral, http, settings, store
+from . import breaker, cache, deferral, http, settings, store
 from .dedupe import dedupe_key, match_strength, normalise_title, url_key
 from .extraction import extract_listing
 from .parsing import ParseError, parse
@@ -76,8 +76,8 @@ def search_url(template: str, query: str) -> str:
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=5, min_backoff=5_000, max_backoff=300_000,
                 throws=(PermanentScrapeError,))
-def scrape_watch(watch_id: int, requested_at: float | None = None) -> None:
-    run_scrape(watch_id, requested_at)
+def scrape_watch(watch_id: int, requested_at: float | None = None) -> dict:
+    return run_scrape(watch_id, requested_at)
 
 
 def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
@@ -92,7 +92,12 @@ def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
         if requested_at and target.last_polled_at and target.last_polled_at.timestamp() >= requested_at:
             # A scrape that ran after this one was asked for already has fresh data.
             return {"skipped": "already polled since requested"}
-        admission = breaker.admit(conn, target.source_id, settings.breaker())
+        # A cached page costs the source nothing: no breaker, no token, no request.
+        cached = cache.get(conn, target.source_id, target.query)
+        admission = breaker.admit(conn, target.source_id, settings.breaker()) if cached is None else None
+    if cached is not None:
+        return {**_store(pool, target, _parse(target, cached)), "cached": True}
+    assert admission is not None
     if not admission.allowed:
         deferral.defer(store.broker(), int(admission.wait_seconds * 1000) + 100,
                        f"source {target.source_name} paused by its circuit breaker")
@@ -105,14 +110,21 @@ def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
                        f"source {target.source_name} rate limit ({decision.reason})")
         return {"deferred": f"rate limit ({decision.reason})", "seconds": decision.wait_seconds}
 
-    listings = _fetch(pool, target)
+    page = _fetch(pool, target)
+    listings = _parse(target, page)
+    with pool.connection() as conn:
+        cache.put(conn, target.source_id, target.query, page)
     return _store(pool, target, listings)
 
 
-def _fetch(pool, target: _Target):
+def _where(target: _Target) -> str:
+    return f"source {target.source_name} ({http.redact_url(search_url(target.search_url, target.query))})"
+
+
+def _fetch(pool, target: _Target) -> cache.Page:
     url = search_url(target.search_url, target.query)
     bsettings = settings.breaker()
-    where = f"source {target.source_name} ({http.redact_url(url)})"
+    where = _where(target)
     try:
         with http.client() as client:
             response = client.get(url, headers={"Accept": "application/json, text/html;q=0.9"})
@@ -135,11 +147,14 @@ def _fetch(pool, target: _Target):
         raise PermanentScrapeError(f"{where}: HTTP {status}; check the source's search_url and the query")
     with pool.connection() as conn:
         breaker.record_success(conn, target.source_id)
+    return cache.Page(str(response.url), response.text, response.headers.get("content-type", ""))
+
+
+def _parse(target: _Target, page: cache.Page):
     try:
-        return parse(response.text, content_type=response.headers.get("content-type", ""),
-                     fmt=target.fmt, base_url=str(response.url))
+        return parse(page.body, content_type=page.content_type, fmt=target.fmt, base_url=page.url)
     except ParseError as exc:
-        raise PermanentScrapeError(f"{where}: {exc}") from None
+        raise PermanentScrapeError(f"{_where(target)}: {exc}") from None
 
 
 def _store(pool, target: _Target, listings) -> dict:
@@ -158,7 +173,7 @@ def _store(pool, target: _Target, listings) -> dict:
                 "source_id": target.source_id, "external_id": external_id, "url": item.url,
                 "title": item.title, "description": item.description, "price_cents": item.price_cents,
                 "currency": item.currency, "price_type": item.price_type, "condition": item.condition,
-                "raw": Jsonb(item.raw),
+                "raw": Jsonb(item.raw), "listing_type": item.listing_type, "auction_ends_at": item.auction_ends_at,
             }).fetchone()
             key = dedupe_key(external_id=item.external_id, url=item.url, title=item.title,
                              price_cents=item.price_cents, day=today, price_type=item.price_type)
@@ -184,10 +199,10 @@ def _store(pool, target: _Target, listings) -> dict:
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=3, min_backoff=10_000)
-def poll_due_watches(limit: int = 500, older_than_seconds: float | None = None) -> None:
+def poll_due_watches(limit: int = 500, older_than_seconds: float | None = None) -> dict:
     """Enqueue a scrape for every enabled watch not polled within its interval
     (at most one live scrape per watch: the dedupe key)."""
-    enqueue_due_watches(limit, older_than_seconds)
+    return {"rows_affected": enqueue_due_watches(limit, older_than_seconds)}
 
 
 def enqueue_due_watches(limit: int = 500, older_than_seconds: float | None = None) -> int:

@@ -148,7 +148,18 @@ class ForecastSettings:
     min_days: int = 10
     history_days: int = 180
     level: float = 0.95
+    max_range_days: int = 90  # a requested range may end at most this long after the last observed day
 
 
 def forecasting() -> ForecastSettings:
     return _read(ForecastSettings, "forecasting")
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    enabled: bool = True
+    ttl: float = duration(3600.0)  # a fetched search page is served from the cache this long
+
+
+def cache() -> CacheSettings:
+    return _read(CacheSettings, "cache")

@@ -38,6 +38,11 @@ class App:
     sections: Mapping[str, Callable[[Any, Any], Any]] = field(default_factory=dict)
     # Returns the app's click commands, added to `supervisor ...` (imported only when needed).
     commands: Callable[[], Iterable[Any]] | None = None
+    # Called in every worker process that runs the app's actors, once the database
+    # answers, with the process's connection pool: at `supervisor run` and after
+    # every reload (a changed app section rolls every worker). For app work at
+    # start, e.g. syncing declared config into tables. Errors are logged, not fatal.
+    on_worker_start: Callable[[Any], None] | None = None
 
     def owns(self, module: str) -> bool:
         return any(module == p or module.startswith(p + ".") for p in self.packages)

@@ -105,7 +105,9 @@ def test_forecast_upserts_the_horizon_and_reruns_change_only_generated_at(conn, 
     prices = [20_000.0 - 100 * k for k in range(30)]
     prices[10] = prices[11] = None  # gaps are interpolated
     last = seed_series(conn, "gpu:rtx3080", prices)
-    assert run_forecast("gpu:rtx3080") == {"product_key": "gpu:rtx3080", "days": 30, "horizon": 7}
+    result = run_forecast("gpu:rtx3080")
+    assert {k: result[k] for k in ("product_key", "days", "horizon", "rows_affected")} == {
+        "product_key": "gpu:rtx3080", "days": 30, "horizon": 7, "rows_affected": 7}
     rows = conn.execute("SELECT date, y_hat, y_lo, y_hi, model_version, generated_at FROM predictions_daily"
                         " WHERE product_key = 'gpu:rtx3080' ORDER BY date").fetchall()
     assert [r[0] for r in rows] == [last + timedelta(days=h) for h in range(1, 8)]
@@ -130,6 +132,27 @@ def test_too_little_history_is_a_recorded_skip(conn, pipeline_broker, pipeline_c
     assert conn.execute("SELECT status, points FROM forecast_status").fetchone() == ("skipped", 3)
     assert scalar(conn, "SELECT count(*) FROM predictions_daily") == 0
     assert run_forecast("nothing:at:all")["skipped"].startswith("only 0 day(s)")
+
+
+def test_a_requested_range_is_forecast_and_bad_ranges_are_clear_skips(conn, pipeline_broker, pipeline_config):
+    from actors.forecasting import run_forecast
+
+    pipeline_config["forecasting"] = {"max_range_days": 30}
+    last = seed_series(conn, "ram:ddr4:32", [10_000.0 + 10 * k for k in range(15)])
+    start, end = last + timedelta(days=3), last + timedelta(days=5)
+    result = run_forecast("ram:ddr4:32", start.isoformat(), end.isoformat())
+    assert result["horizon"] == 3 and result["rows_affected"] == 3
+    assert [r[0] for r in conn.execute("SELECT date FROM predictions_daily ORDER BY date")] == [
+        start, start + timedelta(days=1), end]
+
+    before = run_forecast("ram:ddr4:32", (last - timedelta(days=9)).isoformat(), last.isoformat())
+    assert "is not after the data" in before["skipped"] and str(last) in before["skipped"]
+    too_long = run_forecast("ram:ddr4:32", None, (last + timedelta(days=31)).isoformat())
+    assert "ends 31 days after the last observed day" in too_long["skipped"] and "at most 30" in too_long["skipped"]
+    backwards = run_forecast("ram:ddr4:32", end.isoformat(), start.isoformat())
+    assert backwards["skipped"] == f"date_from {end} is after date_to {start}"
+    assert conn.execute("SELECT status, reason FROM forecast_status").fetchone() == ("skipped", backwards["skipped"])
+    assert scalar(conn, "SELECT count(*) FROM predictions_daily") == 3
 
 
 def test_forecast_daily_enqueues_one_job_per_recent_product(conn, pipeline_broker):

@@ -126,3 +126,32 @@ def test_the_worker_process_runs_the_scheduler_only_with_schedules(database_url,
 def test_a_bad_cron_is_refused_up_front(pipeline_broker, bad):
     with pytest.raises(ValueError):
         Scheduler(pipeline_broker, [ScheduleConfig(name="x", cron=bad, actor="a")], holder="h")
+
+
+def test_scheduled_jobs_record_rows_affected_on_their_run(conn, database_url, pipeline_broker):
+    """A worker process records what each bundled scheduled actor reports."""
+    from tests.pipeline_helpers import PipelineWorker, make_source, make_watch
+
+    source_id = make_source(conn)
+    for n in range(3):
+        make_watch(conn, source_id, f"q{n}", enabled=n < 2)  # two due watches
+    conn.execute("INSERT INTO listings (source_id, external_id, title, price_cents, product_key, last_seen_at)"
+                 " SELECT %s, 'l' || n, 't', 100, 'k:' || n, now() FROM generate_series(1, 4) n", (source_id,))
+    conn.execute("UPDATE listings SET unit_price_cents = price_cents")
+    (a,) = hosts(pipeline_broker, 1)
+    schedules = [ScheduleConfig(name="poll", cron="* * * * *", actor="poll_due_watches", queue="scraping"),
+                 ScheduleConfig(name="baselines", cron="* * * * *", actor="refresh_baselines", queue="extraction"),
+                 ScheduleConfig(name="forecasts", cron="* * * * *", actor="forecast_daily", queue="forecasting")]
+    for s in schedules:
+        assert a.fire(s, T0) == "fired"
+    worker = PipelineWorker(database_url, queues=("scraping", "extraction", "forecasting"),
+                            actors=("actors.scraping", "actors.extraction", "actors.forecasting"))
+    try:
+        worker.wait_ready(conn)
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM job_runs WHERE rows_affected IS NOT NULL") == 3, 30,
+                 message="rows_affected on every run")
+    finally:
+        worker.kill()
+    # 2 watches due; 4 baselines + 4 listings re-scored; 4 products to forecast.
+    assert dict(conn.execute("SELECT job_name, rows_affected FROM job_runs").fetchall()) == {
+        "poll": 2, "baselines": 8, "forecasts": 4}

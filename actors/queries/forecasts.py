@@ -18,3 +18,12 @@ ON CONFLICT (product_key) DO UPDATE
    SET status = EXCLUDED.status, reason = EXCLUDED.reason, points = EXCLUDED.points,
        model_version = EXCLUDED.model_version, params = EXCLUDED.params, updated_at = now()
 """
+
+# Products forecast successfully, with the range of their predicted prices.
+FORECASTS_OK = """
+SELECT s.product_key, s.updated_at, count(p.date), min(p.y_hat), max(p.y_hat)
+  FROM forecast_status s JOIN predictions_daily p USING (product_key)
+ WHERE s.status = 'ok'
+ GROUP BY s.product_key, s.updated_at
+ ORDER BY s.product_key
+"""

@@ -33,6 +33,45 @@ SELECT w.id
  LIMIT %(limit)s
 """
 
+# The catalog (CLI and config sync). Pending alerts: not yet notified.
+WATCH_COLUMNS = """
+w.id, w.name, w.query, s.name AS source, w.enabled, w.target_price_cents, w.deal_threshold,
+w.webhook_url, w.poll_interval_seconds AS every_seconds, w.last_polled_at, w.created_at,
+(SELECT count(*) FROM alerts a WHERE a.watch_id = w.id AND NOT a.notified) AS pending_alerts
+"""
+
+WATCHES = f"""
+SELECT {WATCH_COLUMNS} FROM watches w JOIN sources s ON s.id = w.source_id
+ WHERE %(source)s::text IS NULL OR s.name = %(source)s
+ ORDER BY w.id
+"""
+
+WATCH = f"SELECT {WATCH_COLUMNS} FROM watches w JOIN sources s ON s.id = w.source_id WHERE w.id = %(id)s"
+
+WATCH_ID_BY_NAME = "SELECT id FROM watches WHERE name = %(name)s ORDER BY id LIMIT 1"
+
+# Declared watches are keyed by name (the CLI's may have none).
+UPDATE_WATCH_BY_NAME = """
+UPDATE watches w
+   SET query = %(query)s, source_id = %(source_id)s, target_price_cents = %(target_price_cents)s,
+       deal_threshold = %(deal_threshold)s, webhook_url = %(webhook_url)s, enabled = %(enabled)s,
+       poll_interval_seconds = %(poll_interval_seconds)s
+ WHERE w.id = (SELECT id FROM watches WHERE name = %(name)s ORDER BY id LIMIT 1)
+   AND (w.query, w.source_id, w.target_price_cents, w.deal_threshold, w.webhook_url, w.enabled,
+        w.poll_interval_seconds)
+       IS DISTINCT FROM (%(query)s, %(source_id)s, %(target_price_cents)s, %(deal_threshold)s::real,
+                         %(webhook_url)s, %(enabled)s, %(poll_interval_seconds)s)
+RETURNING w.id
+"""
+
+SET_WATCH_ENABLED = "UPDATE watches SET enabled = %(enabled)s WHERE id = %(id)s RETURNING id"
+
+DELETE_WATCH = "DELETE FROM watches WHERE id = %(id)s RETURNING id"
+
+DELETE_UNDECLARED_WATCHES = """
+DELETE FROM watches WHERE name IS NULL OR NOT (name = ANY(%(names)s)) RETURNING coalesce(name, '#' || id)
+"""
+
 # --- listings -----------------------------------------------------------------
 
 # Returns the listing id, whether it is new, and its price before this upsert (so
@@ -42,19 +81,20 @@ WITH before AS (
     SELECT price_cents FROM listings WHERE source_id = %(source_id)s AND external_id = %(external_id)s
 )
 INSERT INTO listings AS l (source_id, external_id, url, title, description, price_cents, currency,
-                           price_type, condition_text, raw)
+                           price_type, condition_text, raw, listing_type, auction_ends_at)
 VALUES (%(source_id)s, %(external_id)s, %(url)s, %(title)s, %(description)s, %(price_cents)s,
-        %(currency)s, %(price_type)s, %(condition)s, %(raw)s)
+        %(currency)s, %(price_type)s, %(condition)s, %(raw)s, %(listing_type)s, %(auction_ends_at)s)
 ON CONFLICT (source_id, external_id) DO UPDATE
    SET url = EXCLUDED.url, title = EXCLUDED.title, description = EXCLUDED.description,
        price_cents = EXCLUDED.price_cents, currency = EXCLUDED.currency, price_type = EXCLUDED.price_type,
-       condition_text = EXCLUDED.condition_text, raw = EXCLUDED.raw, last_seen_at = now()
+       condition_text = EXCLUDED.condition_text, raw = EXCLUDED.raw, listing_type = EXCLUDED.listing_type,
+       auction_ends_at = EXCLUDED.auction_ends_at, last_seen_at = now()
 RETURNING l.id, (xmax = 0) AS inserted, (SELECT price_cents FROM before)
 """
 
 LISTING_FOR_EXTRACTION = """
 SELECT id, title, description, condition_text, price_cents, currency, price_type, url,
-       attributes, product_key, extractor
+       listing_type, auction_ends_at, first_seen_at, now(), attributes, product_key, extractor
   FROM listings WHERE id = %(id)s
 """
 
@@ -65,12 +105,58 @@ UPDATE listings
  WHERE id = %(id)s
 """
 
-SAVE_SCORE = "UPDATE listings SET score = %(score)s WHERE id = %(id)s"
+SAVE_SCORE = """
+UPDATE listings SET score = %(score)s, time_score = %(time_score)s, composite_score = %(composite)s
+ WHERE id = %(id)s
+"""
+
+# refresh_baselines re-scores every listing, one page at a time by id cursor.
+RESCORE_PAGE = """
+SELECT l.id, l.unit_price_cents, l.listing_type, l.auction_ends_at, l.first_seen_at, b.median_cents,
+       coalesce(b.sample_count, 0), now()
+  FROM listings l LEFT JOIN price_baselines b ON b.product_key = l.product_key
+ WHERE l.id > %(after)s
+ ORDER BY l.id
+ LIMIT %(limit)s
+"""
+
+SAVE_SCORES = """
+UPDATE listings l
+   SET score = s.score, time_score = s.time_score, composite_score = s.composite
+  FROM unnest(%(ids)s::bigint[], %(scores)s::real[], %(time_scores)s::smallint[], %(composites)s::real[])
+       AS s(id, score, time_score, composite)
+ WHERE l.id = s.id
+"""
+
+# Re-extraction: the listings to read again (one watch's, or all), each with the
+# watch that found it (the latest price point), so a new deal can alert.
+LISTINGS_TO_REEXTRACT = """
+SELECT DISTINCT ON (l.id) l.id, p.watch_id
+  FROM listings l LEFT JOIN price_points p ON p.listing_id = l.id
+ WHERE %(watch_id)s::bigint IS NULL OR p.watch_id = %(watch_id)s
+ ORDER BY l.id, p.observed_at DESC NULLS LAST
+"""
 
 ACTIVE_PRODUCT_KEYS = """
 SELECT DISTINCT product_key FROM listings
  WHERE product_key IS NOT NULL AND last_seen_at > now() - %(days)s * interval '1 day'
  ORDER BY product_key
+"""
+
+# Past observations of a product (the demo's seed history): a listing seen on
+# that day, extracted already, and its price point for a watch.
+SEED_OBSERVATION = """
+WITH l AS (
+    INSERT INTO listings (source_id, external_id, title, price_cents, product_key, unit_price_cents,
+                          attributes, extractor, extracted_at, first_seen_at, last_seen_at)
+    VALUES (%(source_id)s, %(external_id)s, %(title)s, %(price_cents)s, %(product_key)s, %(price_cents)s,
+            '{}', 'history', now(), %(day)s::date + time '12:00', %(day)s::date + time '12:00')
+    ON CONFLICT (source_id, external_id) DO NOTHING
+    RETURNING id
+)
+INSERT INTO price_points (watch_id, source_id, listing_id, dedupe_key, price_cents, currency, price_type,
+                          observed_on, match_strength)
+SELECT %(watch_id)s, %(source_id)s, l.id, %(external_id)s, %(price_cents)s, 'USD', 'ask', %(day)s, 1 FROM l
 """
 
 # --- price points ---------------------------------------------------------------
@@ -177,4 +263,24 @@ LOCK_ALERT = "SELECT notified FROM alerts WHERE id = %(id)s FOR UPDATE"
 
 MARK_ALERT_NOTIFIED = """
 UPDATE alerts SET notified = true, notified_at = now() WHERE id = %(id)s AND NOT notified
+"""
+
+# Alerts with their delivery state from the ledger (notification_attempts).
+ALERTS = """
+SELECT a.id, a.watch_id, w.query, l.title, a.price_cents, a.reason, a.created_at, a.notified, a.notified_at,
+       att.attempts, att.last_status,
+       CASE WHEN a.notified THEN 'delivered'
+            WHEN w.webhook_url IS NULL THEN 'no webhook'
+            ELSE coalesce(att.last_status, 'pending') END AS delivery
+  FROM alerts a
+  JOIN watches w ON w.id = a.watch_id
+  JOIN listings l ON l.id = a.listing_id
+  LEFT JOIN LATERAL (
+        SELECT count(*) AS attempts,
+               (array_agg(n.status ORDER BY n.id DESC))[1] AS last_status
+          FROM notification_attempts n WHERE n.alert_id = a.id) att ON true
+ WHERE (%(watch_id)s::bigint IS NULL OR a.watch_id = %(watch_id)s)
+   AND (NOT %(pending)s OR NOT a.notified)
+ ORDER BY a.id DESC
+ LIMIT %(limit)s
 """

@@ -141,7 +141,7 @@ def _listing(name: str, gather: Callable[[Any], list[dict[str, Any]]], columns: 
 
 
 runs = _listing("runs", admin.latest_runs,
-                ["job_name", "scheduled_for", "status", "holder", "started_at", "completed_at", "error_text"],
+                ["job_name", "scheduled_for", "status", "holder", "started_at", "completed_at", "rows_affected", "error_text"],
                 "The latest run of every schedule (job_runs): when, where, outcome.")
 queues = _listing("queues", admin.queue_stats,
                   ["queue", "ready", "scheduled", "retryable", "running", "failed", "succeeded_last_hour"],

@@ -15,10 +15,10 @@ import time
 import dramatiq
 from dramatiq import Worker
 
-from .. import backoff, exit_codes, runtime
+from .. import apps, backoff, exit_codes, runtime
 from ..broker import PostgresBroker
 from .registry import Registration
-from .scheduler import Scheduler
+from .scheduler import RunResults, Scheduler
 from .settings import WorkerSettings
 from .upkeep import Upkeep, UpkeepSettings
 
@@ -42,6 +42,16 @@ def import_actors(modules: tuple[str, ...]) -> None:
                 f"cannot import actor module {name!r}: {type(exc).__name__}: {exc}. "
                 "Check the module path (it must be importable from the working directory or PYTHONPATH)."
             ) from exc
+
+
+def start_apps(actor_modules: tuple[str, ...], pool) -> None:
+    """Each app's on_worker_start hook (see supervisor.apps.App); a failing hook is logged."""
+    for app in apps.in_use(actor_modules):
+        if app.on_worker_start is not None:
+            try:
+                app.on_worker_start(pool)
+            except Exception as exc:
+                log.error("app %s: start hook failed: %s: %s", app.name, type(exc).__name__, exc)
 
 
 class WorkerProcess:
@@ -78,6 +88,7 @@ class WorkerProcess:
             for m in broker.middleware:
                 if isinstance(m, dramatiq.middleware.TimeLimit):
                     m.time_limit = s.time_limit_ms
+        broker.add_middleware(RunResults())
         self.broker = broker
         # Actor modules use @dramatiq.actor, which binds to the global broker at
         # import time: it must be ours before the first import.
@@ -103,6 +114,7 @@ class WorkerProcess:
         # The database may still be starting (a reboot): wait for it, unless told to stop.
         backoff.retry(registration.register, "registering with the database", cap=30.0, stop=self.stopping,
                       logger=log)
+        start_apps(s.actors, broker.pool)
         self.upkeep.start()
 
         worker = Worker(broker, queues=set(s.queues), worker_threads=s.threads,

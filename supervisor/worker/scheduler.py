@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dramatiq.message import Message
+from dramatiq.middleware import Middleware
 
 from .. import cron, defaults
 from ..config import ScheduleConfig
@@ -35,6 +36,27 @@ log = logging.getLogger(__name__)
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def rows_affected(result: Any) -> int | None:
+    """An actor reports rows affected by returning an int, or a dict with an int "rows_affected"."""
+    value = result.get("rows_affected") if isinstance(result, dict) else result
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class RunResults(Middleware):
+    """Records what a scheduled job reports (``rows_affected``) on its ``job_runs`` row."""
+
+    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        schedule, fire_at = message.options.get("schedule"), message.options.get("scheduled_for")
+        rows = rows_affected(result) if exception is None else None
+        if not schedule or not fire_at or rows is None:
+            return
+        try:
+            with broker.pool.connection() as conn:
+                conn.execute(sql.SET_ROWS_AFFECTED, {"rows": rows, "name": schedule, "fire_at": fire_at})
+        except Exception as exc:  # bookkeeping only: the job itself succeeded
+            log.warning("schedule %s: could not record rows_affected: %s", schedule, exc)
 
 
 class Scheduler(threading.Thread):

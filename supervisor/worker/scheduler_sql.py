@@ -32,6 +32,13 @@ UPDATE job_runs SET status = %(status)s, completed_at = now(), error_text = %(er
  WHERE id = %(id)s AND status = 'running'
 """
 
+# What the run's job reported (RunResults); keyed by the message's schedule options,
+# so it lands even if the job finishes before SET_RUN_JOB commits.
+SET_ROWS_AFFECTED = """
+UPDATE job_runs SET rows_affected = %(rows)s
+ WHERE job_name = %(name)s AND scheduled_for = %(fire_at)s::timestamptz
+"""
+
 # A run reports its job's outcome once the job is finished.
 SYNC_FINISHED = """
 UPDATE job_runs r
@@ -63,6 +70,6 @@ PURGE_OLD = "DELETE FROM job_runs WHERE started_at < now() - interval '30 days'"
 
 LATEST_RUNS = """
 SELECT DISTINCT ON (job_name) id, job_name, scheduled_for, holder, started_at, completed_at, status, job_id,
-       error_text
+       error_text, rows_affected
   FROM job_runs ORDER BY job_name, started_at DESC
 """
