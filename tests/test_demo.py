@@ -8,11 +8,11 @@ import re
 import psutil
 import psycopg
 
-from tests.conftest import run_cli
+from tests.conftest import cli
 
 
 def test_the_demo_shows_deals_notifications_and_forecasts_then_stops_everything(fresh_database):
-    result = run_cli("demo", "--for", "30s", url=fresh_database, timeout=180)
+    result = cli("demo", "--for", "30s", url=fresh_database, timeout=180)
     out = result.stdout
     assert result.returncode == 0, f"{out}\n{result.stderr}"
     deals = re.findall(r"^deal found +#(\d+)", out, re.M)

@@ -12,7 +12,6 @@ import threading
 import psycopg
 
 from tests.conftest import ROOT, scalar, wait_for
-from tests.pipeline_helpers import threaded_server_fixture  # noqa: F401  (fixture)
 from tests.test_extraction import fake_llm
 
 MODEL = "fleet-fake"

@@ -9,25 +9,26 @@ import json
 from click.testing import CliRunner
 
 from supervisor.cli.main import main
-from tests.conftest import run_cli, scalar
+from tests.conftest import cli, scalar
 from tests.pipeline_helpers import make_alert
 
 SEARCH = "http://127.0.0.1:9/search?q={query}"
 
 
-def cli(*args: str, url: str):
+def invoke(*args: str, url: str):
+    """In process (click's runner), for speed; `cli` runs a real process."""
     result = CliRunner().invoke(main, ["--database-url", url, *args], catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
 
 
 def ok(*args: str, url: str):
-    code, out, err = cli(*args, url=url)
+    code, out, err = invoke(*args, url=url)
     assert code == 0, f"{args}: {code}\n{out}\n{err}"
     return json.loads(out) if "--json" in args else out
 
 
 def fails(*args: str, url: str, code: int = 2) -> str:
-    got, out, err = cli(*args, url=url)
+    got, out, err = invoke(*args, url=url)
     assert got == code, f"{args}: {got}\n{out}\n{err}"
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), err
@@ -37,11 +38,11 @@ def fails(*args: str, url: str, code: int = 2) -> str:
 def test_a_real_supervisor_process_lists_watches(conn, database_url):
     ok("sources", "add", "shop", "--search-url", SEARCH, url=database_url)
     ok("watches", "add", "--source", "shop", "--query", "ddr4", url=database_url)
-    result = run_cli("watches", "list", "--json", url=database_url)
+    result = cli("watches", "list", "--json", url=database_url)
     assert result.returncode == 0, result.stderr
     assert [(w["query"], w["source"], w["last_polled_at"]) for w in json.loads(result.stdout)] == [
         ("ddr4", "shop", None)]
-    bad = run_cli("watches", "add", "--source", "nope", "--query", "x", url=database_url)
+    bad = cli("watches", "add", "--source", "nope", "--query", "x", url=database_url)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error: unknown source 'nope'")
     assert len(bad.stderr.strip().splitlines()) == 1
 

@@ -10,11 +10,9 @@ import pytest
 
 from actors import parsing, scoring
 from tests.conftest import scalar
-from tests.pipeline_helpers import (  # noqa: F401  (fixtures)
+from tests.pipeline_helpers import (
     make_source,
     make_watch,
-    pipeline_broker_fixture,
-    pipeline_config_fixture,
     seed_baseline,
 )
 

@@ -10,7 +10,7 @@ import yaml
 
 from supervisor.config import ConfigError, load
 from tests.conftest import scalar, wait_for
-from tests.supervisor_helpers import cli, role, supervisor, write_config  # noqa: F401  (fixture)
+from tests.supervisor_helpers import cli, role, write_config
 
 SEARCH = "http://127.0.0.1:9/search?q={query}"
 
@@ -52,7 +52,7 @@ def test_a_good_declaration_loads_parsed(tmp_path):
     assert pipeline["watches"]["ram"] == {"source": "shop", "query": "ddr4", "target_price": 1250, "every": 1800.0}
 
 
-def test_synced_at_start_and_on_reload_never_silently_deleted(tmp_path, conn, database_url, supervisor):  # noqa: F811
+def test_synced_at_start_and_on_reload_never_silently_deleted(tmp_path, conn, database_url, supervisor):
     roles = {"scraping": role(2, queues=["scraping"], actors=["actors.scraping"])}
     path = write_config(tmp_path / "s.yaml", database_url, roles)
     s = supervisor(path)
