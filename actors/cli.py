@@ -88,6 +88,21 @@ def _toggle(kind: str, argument: str, change: Callable[[psycopg.Connection, str,
     return click.command(verb)(command)
 
 
+def _remove(kind: str, argument: str, remove: Callable[[psycopg.Connection, str, bool], Any], doc: str,
+            force_help: str | None = None) -> click.Command:
+    def command(ctx, ref, as_json, force: bool = False) -> None:
+        with tracker_db(ctx) as conn:
+            remove(conn, ref, force)
+            _done(as_json, {kind: ref, "removed": True}, f"{kind} {ref} removed")
+
+    command.__doc__ = doc
+    if force_help:
+        command = click.option("--force", is_flag=True, help=force_help)(command)
+    for decorate in (json_option, click.argument("ref", metavar=argument), config_option):
+        command = decorate(command)
+    return click.command("remove")(click.pass_context(command))
+
+
 # --- sources -------------------------------------------------------------------------
 
 
@@ -138,17 +153,9 @@ sources.add_command(_toggle("source", "NAME", catalog.set_source_enabled, True))
 sources.add_command(_toggle("source", "NAME", catalog.set_source_enabled, False))
 
 
-@sources.command("remove")
-@config_option
-@click.argument("name")
-@click.option("--force", is_flag=True, help="Also remove the source's watches, listings and alerts.")
-@json_option
-@click.pass_context
-def sources_remove(ctx, name, force, as_json) -> None:
-    """Remove source NAME (refused while it has watches, unless --force)."""
-    with tracker_db(ctx) as conn:
-        catalog.remove_source(conn, name, force)
-        _done(as_json, {"name": name, "removed": True}, f"source {name} removed")
+sources.add_command(_remove("source", "NAME", catalog.remove_source,
+                           "Remove source NAME (refused while it has watches, unless --force).",
+                           force_help="Also remove the source's watches, listings and alerts."))
 
 
 # --- watches -------------------------------------------------------------------------
@@ -204,16 +211,8 @@ watches.add_command(_toggle("watch", "WATCH", catalog.set_watch_enabled, True))
 watches.add_command(_toggle("watch", "WATCH", catalog.set_watch_enabled, False))
 
 
-@watches.command("remove")
-@config_option
-@click.argument("watch")
-@json_option
-@click.pass_context
-def watches_remove(ctx, watch, as_json) -> None:
-    """Remove WATCH (by id or name) with its price points and alerts."""
-    with tracker_db(ctx) as conn:
-        wid = catalog.remove_watch(conn, watch)
-        _done(as_json, {"id": wid, "removed": True}, f"watch {wid} removed")
+watches.add_command(_remove("watch", "WATCH", lambda conn, ref, force: catalog.remove_watch(conn, ref),
+                           "Remove WATCH (by id or name) with its price points and alerts."))
 
 
 # --- alerts --------------------------------------------------------------------------
