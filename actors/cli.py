@@ -116,10 +116,11 @@ def sources() -> None:
 @click.argument("name")
 @click.option("--search-url", required=True, metavar="TEMPLATE",
               help="Search URL with {query} where the URL-encoded query goes.")
-@click.option("--format", "fmt", type=click.Choice(catalog.FORMATS), default="auto", show_default=True)
-@click.option("--rate-per-minute", type=float, default=60.0, show_default=True,
-              help="Requests per minute to this source, across every process and host.")
-@click.option("--burst", type=int, default=1, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(catalog.FORMATS), default=catalog.SourceSpec.format,
+              show_default=True)
+@click.option("--rate-per-minute", type=float, default=None,
+              help="Requests per minute to this source, across every process and host (default: 60).")
+@click.option("--burst", type=int, default=None, help="Requests allowed at once (default: 1).")
 @click.option("--daily-quota", type=int, default=None, help="At most this many requests a day (default: none).")
 @json_option
 @click.pass_context
@@ -129,9 +130,10 @@ def sources_add(ctx, name, search_url, fmt, rate_per_minute, burst, daily_quota,
         spec = catalog.SourceSpec(
             name=catalog.checked("NAME", "name", name),
             search_url=catalog.checked("--search-url", "search_url", search_url), format=fmt,
-            rate_limit_per_minute=catalog.checked("--rate-per-minute", "rate_per_minute", rate_per_minute),
-            burst=catalog.checked("--burst", "burst", burst),
-            daily_quota=catalog.checked("--daily-quota", "daily_quota", daily_quota))
+            **catalog.given(
+                rate_limit_per_minute=catalog.checked("--rate-per-minute", "rate_per_minute", rate_per_minute),
+                burst=catalog.checked("--burst", "burst", burst),
+                daily_quota=catalog.checked("--daily-quota", "daily_quota", daily_quota)))
         sid = catalog.add_source(conn, spec)
         _done(as_json, {"id": sid, "name": name}, f"source {name} added (id {sid})")
 
@@ -175,7 +177,7 @@ def watches() -> None:
 @click.option("--deal-threshold", type=float, default=None, metavar="FRACTION",
               help="A deal is this fraction under the typical price (0.2); default pipeline.scoring.")
 @click.option("--webhook", default=None, metavar="URL", help="Where alerts are posted (Discord or JSON).")
-@click.option("--every", default="1h", show_default=True, help="How often to poll (30m, 1h, ...).")
+@click.option("--every", default=None, help="How often to poll (30m, 1h, ...; default: 1h).")
 @json_option
 @click.pass_context
 def watches_add(ctx, source, query, name, target_price, deal_threshold, webhook, every, as_json) -> None:
@@ -186,7 +188,7 @@ def watches_add(ctx, source, query, name, target_price, deal_threshold, webhook,
             target_price_cents=catalog.checked("--target-price", "target_price", target_price),
             deal_threshold=catalog.checked("--deal-threshold", "deal_threshold", deal_threshold),
             webhook_url=catalog.checked("--webhook", "webhook", webhook),
-            poll_interval_seconds=catalog.checked("--every", "every", every))
+            **catalog.given(poll_interval_seconds=catalog.checked("--every", "every", every)))
         wid = catalog.add_watch(conn, spec)
         _done(as_json, {"id": wid, "query": query, "source": source}, f"watch {wid} added: {query!r} on {source}")
 
