@@ -93,18 +93,18 @@ def check_every(value: Any) -> int:
     return round(seconds)
 
 
-def _positive(minimum: float, what: str):
+def _at_least(minimum: float):
     def check(value: Any) -> Any:
         if value < minimum:
-            raise ValueError(f"{value!r} must be at least {minimum:g} {what}".rstrip())
+            raise ValueError(f"{value!r} must be at least {minimum:g}")
         return value
     return check
 
 
 CHECKS: dict[str, Any] = {
     "name": check_name, "search_url": check_search_url, "webhook": check_webhook, "target_price": price_cents,
-    "deal_threshold": check_threshold, "every": check_every, "rate_per_minute": _positive(0.001, ""),
-    "burst": _positive(1, ""), "daily_quota": _positive(0, ""),
+    "deal_threshold": check_threshold, "every": check_every, "rate_per_minute": _at_least(0.001),
+    "burst": _at_least(1), "daily_quota": _at_least(0),
 }
 
 
