@@ -13,7 +13,7 @@ from dramatiq.message import Message
 
 from supervisor import exit_codes
 from supervisor.cli.context import config_option, connect, die, json_option, load_config, producer, url
-from supervisor.cli.output import print_json, rows
+from supervisor.cli.output import fmt, print_json, rows
 from supervisor.migrate import migrate
 
 from . import catalog, tracker
@@ -46,7 +46,7 @@ def _print(data: Any, as_json: bool) -> None:
     elif isinstance(data, dict):
         width = max(map(len, data), default=0)
         for key, value in data.items():
-            click.echo(f"{key.ljust(width)}  {'-' if value is None else value}")
+            click.echo(f"{key.ljust(width)}  {fmt(value)}")
     else:
         click.echo(data)
 
