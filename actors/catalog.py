@@ -93,18 +93,18 @@ def check_every(value: Any) -> int:
     return round(seconds)
 
 
-def _positive(minimum: float, what: str):
+def _at_least(minimum: float):
     def check(value: Any) -> Any:
         if value < minimum:
-            raise ValueError(f"{value!r} must be at least {minimum:g} {what}".rstrip())
+            raise ValueError(f"{value!r} must be at least {minimum:g}")
         return value
     return check
 
 
 CHECKS: dict[str, Any] = {
     "name": check_name, "search_url": check_search_url, "webhook": check_webhook, "target_price": price_cents,
-    "deal_threshold": check_threshold, "every": check_every, "rate_per_minute": _positive(0.001, ""),
-    "burst": _positive(1, ""), "daily_quota": _positive(0, ""),
+    "deal_threshold": check_threshold, "every": check_every, "rate_per_minute": _at_least(0.001),
+    "burst": _at_least(1), "daily_quota": _at_least(0),
 }
 
 
@@ -254,19 +254,27 @@ def remove_watch(conn, ref: str) -> int:
 # --- the config's declared entries -----------------------------------------------------
 
 
+# Config key -> spec field; a key not given leaves the spec's default.
+SOURCE_KEYS = {"search_url": "search_url", "format": "format", "rate_per_minute": "rate_limit_per_minute",
+               "burst": "burst", "daily_quota": "daily_quota", "enabled": "enabled"}
+WATCH_KEYS = {"source": "source", "query": "query", "target_price": "target_price_cents",
+              "deal_threshold": "deal_threshold", "webhook": "webhook_url", "every": "poll_interval_seconds",
+              "enabled": "enabled"}
+
+
+def given(**values: Any) -> dict[str, Any]:
+    """Only the values that were given (None: use the spec's default)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def declared_sources(section: Mapping[str, Any]) -> list[SourceSpec]:
-    return [SourceSpec(name=name, search_url=s["search_url"], format=s.get("format", "auto"),
-                       rate_limit_per_minute=s.get("rate_per_minute", 60.0), burst=s.get("burst", 1),
-                       daily_quota=s.get("daily_quota"), enabled=s.get("enabled", True))
-            for name, s in (section.get("sources") or {}).items()]
+    return [SourceSpec(name=name, **{SOURCE_KEYS[k]: v for k, v in entry.items()})
+            for name, entry in (section.get("sources") or {}).items()]
 
 
 def declared_watches(section: Mapping[str, Any]) -> list[WatchSpec]:
-    return [WatchSpec(name=name, query=w["query"], source=w["source"],
-                      target_price_cents=w.get("target_price"), deal_threshold=w.get("deal_threshold"),
-                      webhook_url=w.get("webhook"), poll_interval_seconds=int(w.get("every", 3600)),
-                      enabled=w.get("enabled", True))
-            for name, w in (section.get("watches") or {}).items()]
+    return [WatchSpec(name=name, **{WATCH_KEYS[k]: round(v) if k == "every" else v for k, v in entry.items()})
+            for name, entry in (section.get("watches") or {}).items()]
 
 
 @dataclass

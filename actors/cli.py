@@ -13,7 +13,7 @@ from dramatiq.message import Message
 
 from supervisor import exit_codes
 from supervisor.cli.context import config_option, connect, die, json_option, load_config, producer, url
-from supervisor.cli.output import print_json, rows
+from supervisor.cli.output import fmt, print_json, rows
 from supervisor.migrate import migrate
 
 from . import catalog, tracker
@@ -46,7 +46,7 @@ def _print(data: Any, as_json: bool) -> None:
     elif isinstance(data, dict):
         width = max(map(len, data), default=0)
         for key, value in data.items():
-            click.echo(f"{key.ljust(width)}  {'-' if value is None else value}")
+            click.echo(f"{key.ljust(width)}  {fmt(value)}")
     else:
         click.echo(data)
 
@@ -88,6 +88,21 @@ def _toggle(kind: str, argument: str, change: Callable[[psycopg.Connection, str,
     return click.command(verb)(command)
 
 
+def _remove(kind: str, argument: str, remove: Callable[[psycopg.Connection, str, bool], Any], doc: str,
+            force_help: str | None = None) -> click.Command:
+    def command(ctx, ref, as_json, force: bool = False) -> None:
+        with tracker_db(ctx) as conn:
+            remove(conn, ref, force)
+            _done(as_json, {kind: ref, "removed": True}, f"{kind} {ref} removed")
+
+    command.__doc__ = doc
+    if force_help:
+        command = click.option("--force", is_flag=True, help=force_help)(command)
+    for decorate in (json_option, click.argument("ref", metavar=argument), config_option):
+        command = decorate(command)
+    return click.command("remove")(click.pass_context(command))
+
+
 # --- sources -------------------------------------------------------------------------
 
 
@@ -101,10 +116,11 @@ def sources() -> None:
 @click.argument("name")
 @click.option("--search-url", required=True, metavar="TEMPLATE",
               help="Search URL with {query} where the URL-encoded query goes.")
-@click.option("--format", "fmt", type=click.Choice(catalog.FORMATS), default="auto", show_default=True)
-@click.option("--rate-per-minute", type=float, default=60.0, show_default=True,
-              help="Requests per minute to this source, across every process and host.")
-@click.option("--burst", type=int, default=1, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(catalog.FORMATS), default=catalog.SourceSpec.format,
+              show_default=True)
+@click.option("--rate-per-minute", type=float, default=None,
+              help="Requests per minute to this source, across every process and host (default: 60).")
+@click.option("--burst", type=int, default=None, help="Requests allowed at once (default: 1).")
 @click.option("--daily-quota", type=int, default=None, help="At most this many requests a day (default: none).")
 @json_option
 @click.pass_context
@@ -114,9 +130,10 @@ def sources_add(ctx, name, search_url, fmt, rate_per_minute, burst, daily_quota,
         spec = catalog.SourceSpec(
             name=catalog.checked("NAME", "name", name),
             search_url=catalog.checked("--search-url", "search_url", search_url), format=fmt,
-            rate_limit_per_minute=catalog.checked("--rate-per-minute", "rate_per_minute", rate_per_minute),
-            burst=catalog.checked("--burst", "burst", burst),
-            daily_quota=catalog.checked("--daily-quota", "daily_quota", daily_quota))
+            **catalog.given(
+                rate_limit_per_minute=catalog.checked("--rate-per-minute", "rate_per_minute", rate_per_minute),
+                burst=catalog.checked("--burst", "burst", burst),
+                daily_quota=catalog.checked("--daily-quota", "daily_quota", daily_quota)))
         sid = catalog.add_source(conn, spec)
         _done(as_json, {"id": sid, "name": name}, f"source {name} added (id {sid})")
 
@@ -138,17 +155,9 @@ sources.add_command(_toggle("source", "NAME", catalog.set_source_enabled, True))
 sources.add_command(_toggle("source", "NAME", catalog.set_source_enabled, False))
 
 
-@sources.command("remove")
-@config_option
-@click.argument("name")
-@click.option("--force", is_flag=True, help="Also remove the source's watches, listings and alerts.")
-@json_option
-@click.pass_context
-def sources_remove(ctx, name, force, as_json) -> None:
-    """Remove source NAME (refused while it has watches, unless --force)."""
-    with tracker_db(ctx) as conn:
-        catalog.remove_source(conn, name, force)
-        _done(as_json, {"name": name, "removed": True}, f"source {name} removed")
+sources.add_command(_remove("source", "NAME", catalog.remove_source,
+                           "Remove source NAME (refused while it has watches, unless --force).",
+                           force_help="Also remove the source's watches, listings and alerts."))
 
 
 # --- watches -------------------------------------------------------------------------
@@ -168,7 +177,7 @@ def watches() -> None:
 @click.option("--deal-threshold", type=float, default=None, metavar="FRACTION",
               help="A deal is this fraction under the typical price (0.2); default pipeline.scoring.")
 @click.option("--webhook", default=None, metavar="URL", help="Where alerts are posted (Discord or JSON).")
-@click.option("--every", default="1h", show_default=True, help="How often to poll (30m, 1h, ...).")
+@click.option("--every", default=None, help="How often to poll (30m, 1h, ...; default: 1h).")
 @json_option
 @click.pass_context
 def watches_add(ctx, source, query, name, target_price, deal_threshold, webhook, every, as_json) -> None:
@@ -179,7 +188,7 @@ def watches_add(ctx, source, query, name, target_price, deal_threshold, webhook,
             target_price_cents=catalog.checked("--target-price", "target_price", target_price),
             deal_threshold=catalog.checked("--deal-threshold", "deal_threshold", deal_threshold),
             webhook_url=catalog.checked("--webhook", "webhook", webhook),
-            poll_interval_seconds=catalog.checked("--every", "every", every))
+            **catalog.given(poll_interval_seconds=catalog.checked("--every", "every", every)))
         wid = catalog.add_watch(conn, spec)
         _done(as_json, {"id": wid, "query": query, "source": source}, f"watch {wid} added: {query!r} on {source}")
 
@@ -204,16 +213,8 @@ watches.add_command(_toggle("watch", "WATCH", catalog.set_watch_enabled, True))
 watches.add_command(_toggle("watch", "WATCH", catalog.set_watch_enabled, False))
 
 
-@watches.command("remove")
-@config_option
-@click.argument("watch")
-@json_option
-@click.pass_context
-def watches_remove(ctx, watch, as_json) -> None:
-    """Remove WATCH (by id or name) with its price points and alerts."""
-    with tracker_db(ctx) as conn:
-        wid = catalog.remove_watch(conn, watch)
-        _done(as_json, {"id": wid, "removed": True}, f"watch {wid} removed")
+watches.add_command(_remove("watch", "WATCH", lambda conn, ref, force: catalog.remove_watch(conn, ref),
+                           "Remove WATCH (by id or name) with its price points and alerts."))
 
 
 # --- alerts --------------------------------------------------------------------------

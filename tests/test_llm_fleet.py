@@ -42,6 +42,8 @@ def extract_many(url: str, base_url: str, n: int, barrier, out) -> None:
 
 
 def test_the_llm_cap_holds_across_three_processes(conn, database_url, threaded_server):
+    from actors.queries import slots
+
     seen = fake_llm(threaded_server, {"component": "ssd", "capacity_gb": 1000, "interface": "nvme"}, delay=0.2)
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(3), ctx.Queue()
@@ -54,7 +56,7 @@ def test_the_llm_cap_holds_across_three_processes(conn, database_url, threaded_s
         p.join(30)
     assert [sorted(r) for r in results] == [[f"llm:{MODEL}"] * 3] * 3  # nobody fell back to the rules
     assert len(seen["requests"]) == 9 and seen["peak"] == 2
-    assert scalar(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == 0
+    assert scalar(conn, slots.HELD, {"key": f"llm:{MODEL}"}) == 0  # every slot given back
 
 
 HOLD = """

@@ -56,9 +56,9 @@ def test_synced_at_start_and_on_reload_never_silently_deleted(tmp_path, conn, da
     roles = {"scraping": role(2, queues=["scraping"], actors=["actors.scraping"])}
     path = write_config(tmp_path / "s.yaml", database_url, roles)
     s = supervisor(path)
-    s.wait_state({"scraping": 2})
+    s.wait_state({"scraping": 2}, timeout=90)  # generous: CI machines can be very busy
     # An empty tracker says how to begin, once for the whole fleet.
-    wait_for(lambda: "no watches yet" in s.log(), 20, message="the empty-tracker hint")
+    wait_for(lambda: "no watches yet" in s.log(), 60, message="the empty-tracker hint")
     assert s.log().count("no watches yet") == 1 and "supervisor demo" in s.log()
 
     with_pipeline(path, {
@@ -67,7 +67,7 @@ def test_synced_at_start_and_on_reload_never_silently_deleted(tmp_path, conn, da
                     "gpu": {"source": "shop", "query": "rtx 3080", "deal_threshold": 0.25, "every": "10m"}}})
     out = cli("reload", config=path)
     assert out.returncode == 0, out.stderr
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM watches") == 2, 20, message="declared watches synced")
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM watches") == 2, 60, message="declared watches synced")
     assert conn.execute("SELECT name, query, target_price_cents, deal_threshold, poll_interval_seconds"
                         " FROM watches ORDER BY name").fetchall() == [
         ("gpu", "rtx 3080", None, 0.25, 600), ("ram", "ddr4 32gb", 5000, None, 3600)]

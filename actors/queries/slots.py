@@ -11,4 +11,5 @@ RELEASE_SLOT = "SELECT pg_advisory_unlock(hashtext(%(key)s), %(slot)s)"
 HELD = """
 SELECT count(*) FROM pg_locks
  WHERE locktype = 'advisory' AND granted AND classid::int = hashtext(%(key)s) AND objsubid = 2
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
