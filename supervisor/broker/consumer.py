@@ -23,14 +23,15 @@ ClaimFn = Callable[[str, int, bool], list[PgMessageProxy]]
 class Outcomes(Protocol):
     """Where a consumer writes what became of a message (the broker)."""
 
-    def ack(self, message: PgMessageProxy) -> None: ...
+    def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None: ...
     def nack(self, message: PgMessageProxy) -> None: ...
     def requeue(self, messages: Iterable[PgMessageProxy]) -> int: ...
 
 
 class PostgresConsumer(Consumer):
     """Given everything it needs: the claim function, its queue's wake-up event,
-    the process's capacity and claiming switch, and where outcomes go.
+    its capacity (the queue's prefetch bound, within the process's capacity),
+    the process's claiming switch, and where outcomes go.
 
     The consumer is the one owner of capacity: it reserves before a claim and
     releases what the claim did not fill and every finished message.
@@ -99,10 +100,13 @@ class PostgresConsumer(Consumer):
                 return self.buffer.popleft()
 
     def ack(self, message: PgMessageProxy) -> None:  # type: ignore[override]  # only our claims arrive
+        # The slot is freed once the ack is committed: until then the row is still
+        # 'running', and prefetch bounds what the database shows as held.
         try:
-            self.outcomes.ack(message)
-        finally:
+            self.outcomes.ack(message, on_written=self.capacity.release)
+        except BaseException:
             self.capacity.release()
+            raise
 
     def nack(self, message: PgMessageProxy) -> None:  # type: ignore[override]  # only our claims arrive
         try:

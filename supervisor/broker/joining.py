@@ -1,0 +1,85 @@
+"""Dramatiq's test helper ``join`` on the jobs table, with the stub broker's ``fail_fast``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from datetime import UTC, datetime
+
+from dramatiq.errors import QueueJoinTimeout
+from psycopg_pool import ConnectionPool
+
+from .. import db
+from . import sql
+
+# How often join looks at the queue.
+JOIN_POLL_SECONDS = 0.02
+
+
+class JobFailed(Exception):
+    """A job of the joined queue failed where its exception object could not be kept
+    (another process); the message is the job, its actor and its last error line."""
+
+
+class Failures:
+    """The failures a ``join(fail_fast=True)`` reports: jobs of the queue that ended
+    ``failed`` since this broker was made or last flushed.
+
+    When ``keep`` is set, the exception objects of jobs that failed in this
+    process are kept (a few, most recent) so join re-raises the actor's own
+    exception, as Dramatiq's stub broker does. A worker process leaves it unset:
+    an exception holds its frames, and their locals, alive.
+    """
+
+    KEEP = 32
+
+    def __init__(self, *, keep: bool) -> None:
+        self.keep = keep
+        self.since = datetime.now(UTC)
+        self._exceptions: OrderedDict[str, BaseException] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def record(self, job_id: str, exception: BaseException | None) -> None:
+        if not self.keep or exception is None:
+            return
+        with self._lock:
+            self._exceptions[job_id] = exception
+            while len(self._exceptions) > self.KEEP:
+                self._exceptions.popitem(last=False)
+
+    def reset(self, since: datetime) -> None:
+        with self._lock:
+            self.since = since
+            self._exceptions.clear()
+
+    def exception_for(self, job_id: str, actor: str, error: str | None) -> BaseException:
+        with self._lock:
+            kept = self._exceptions.get(job_id)
+        if kept is not None:
+            return kept
+        last_line = next((line for line in reversed((error or "").splitlines()) if line.strip()), "no error kept")
+        return JobFailed(f"job {job_id} ({actor}) failed: {last_line.strip()}")
+
+
+def join(pool: ConnectionPool, queue: str, *, timeout_ms: int | None, fail_fast: bool,
+         failures: Failures) -> None:
+    """Wait until ``queue`` has no pending, retryable or running job; then, with
+    ``fail_fast``, raise the exception of a job that failed (see Failures).
+
+    Raises QueueJoinTimeout when ``timeout_ms`` passes first.
+    """
+    deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+    while True:
+        with pool.connection(timeout=10) as c:
+            live = db.one(c.execute(sql.LIVE_IN_QUEUE, {"queue": queue}))
+            failed = None
+            if live == 0 and fail_fast:
+                failed = c.execute(sql.FAILED_SINCE, {"queue": queue, "since": failures.since}).fetchone()
+        if live == 0:
+            if failed is not None:
+                raise failures.exception_for(str(failed[0]), failed[1], failed[2]) from None
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise QueueJoinTimeout(queue)
+        time.sleep(JOIN_POLL_SECONDS)

@@ -1,0 +1,87 @@
+"""Wake a queue's consumers when its earliest future job becomes due (retries, delays)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+# NOTIFY payload prefix for "a row of this queue is due later" (sql.RETRY, the insert trigger).
+LATER = "@"
+# Fire this long after the due time: the claim compares run_at with the server's
+# clock, so firing a hair early would find nothing and wait for the next refresh.
+SLACK_SECONDS = 0.001
+# Refreshes come from NOTIFY; under a flood of delayed sends, at most one per gap.
+MIN_GAP_SECONDS = 0.005
+# Without any NOTIFY (the listener was away), look again this often. Consumers
+# still poll on their own, so this only bounds how late a timer can be.
+REFRESH_SECONDS = 30.0
+
+NextDue = Callable[[list[str]], dict[str, float]]
+
+
+class DueTimer(threading.Thread):
+    """One per worker process: keeps a deadline per served queue and sets that
+    queue's wake-up event (the one NOTIFY sets) when it passes.
+
+    The deadlines come from one query over every served queue (``next_due``:
+    queue -> seconds until its earliest future run_at), run again when
+    ``refresh`` is set (a NOTIFY '@queue', or a queue newly served), after each
+    wake-up it gives, and every ``REFRESH_SECONDS``.
+    """
+
+    def __init__(self, next_due: NextDue) -> None:
+        super().__init__(name="due-timer", daemon=True)
+        self.next_due = next_due
+        self.refresh = threading.Event()
+        self._wakeups: dict[str, threading.Event] = {}
+        self._deadlines: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._halt = False
+
+    def serve(self, queue: str, wakeup: threading.Event) -> None:
+        with self._lock:
+            self._wakeups[queue] = wakeup
+        self.refresh.set()
+
+    def stop(self) -> None:
+        self._halt = True
+        self.refresh.set()
+
+    def _fire_due(self, now: float) -> bool:
+        fired = [q for q, at in self._deadlines.items() if at <= now]
+        for queue in fired:
+            del self._deadlines[queue]
+            self._wakeups[queue].set()
+        return bool(fired)
+
+    def _reload(self) -> None:
+        with self._lock:
+            queues = list(self._wakeups)
+        started = time.monotonic()
+        due = self.next_due(queues)
+        self._deadlines = {q: started + max(0.0, s) + SLACK_SECONDS for q, s in due.items()}
+
+    def run(self) -> None:
+        next_refresh = 0.0
+        while True:
+            now = time.monotonic()
+            until = min([next_refresh, *self._deadlines.values()]) - now
+            if until > 0:
+                self.refresh.wait(until)
+            if self._halt:
+                return
+            now = time.monotonic()
+            if not (self._fire_due(now) or self.refresh.is_set() or now >= next_refresh):
+                continue
+            self.refresh.clear()
+            try:
+                self._reload()
+                next_refresh = time.monotonic() + REFRESH_SECONDS
+            except Exception as exc:  # the consumers' own poll covers the gap
+                log.warning("could not read the next due jobs (%s); retrying in 1s", exc)
+                next_refresh = time.monotonic() + 1.0
+            time.sleep(MIN_GAP_SECONDS)
