@@ -28,15 +28,17 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import backoff, db, defaults
 from ..identity import owner_id
-from . import joining, sql
+from . import sql
 from .acks import AckBatcher
 from .capacity import Capacity
 from .consumer import PostgresConsumer
+from .joining import Failures, QueueHelpers
+from .keeper import LeaseKeeper
 from .leases import Leases
 from .listener import Listener
 from .message import PgMessageProxy, body_columns, error_text, from_claimed_row
 from .middleware import JobOptions, Retries
-from .timer import LATER, DueTimer
+from .timer import DueTimer
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ _transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.Co
 )
 
 
-class PostgresBroker(Broker):
+class PostgresBroker(QueueHelpers, Broker):
     """A Dramatiq broker whose queues are rows of the ``jobs`` table.
 
     Parameters:
@@ -55,8 +57,9 @@ class PostgresBroker(Broker):
       max_retries / min_backoff / max_backoff: defaults for the Retries middleware
         (milliseconds, like Dramatiq's).
       pool_size: connections this process may open (claims, acks, retries).
-      fail_fast_default: what ``join`` does about failed jobs when not told
-        (see JoinHelpers; the pytest plugin's broker sets it, as the stub broker does).
+      fail_fast_default: ``join``'s default for ``fail_fast`` (see joining.Failures).
+      keep_leases: a consuming broker renews and reaps leases itself (LeaseKeeper:
+        the dramatiq CLI); a supervisor worker process does it in its upkeep thread.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class PostgresBroker(Broker):
         pool_size: int = 8,
         owner: str | None = None,
         fail_fast_default: bool = False,
+        keep_leases: bool = False,
     ) -> None:
         if middleware is None:
             middleware = [
@@ -106,13 +110,14 @@ class PostgresBroker(Broker):
         # as with Dramatiq's own brokers, within the process's capacity.
         self.queue_capacity: dict[str, Capacity] = {}
         self.fail_fast_default = fail_fast_default
-        self.failures = joining.Failures(keep=fail_fast_default)
+        self.failures = Failures(keep=fail_fast_default)
         self.claiming = threading.Event()
         self.claiming.set()
         self.leases = Leases(self.pool, self.owner, lease_seconds)
         self._listener: Listener | None = None
         self._acks: AckBatcher | None = None
         self._timer: DueTimer | None = None
+        self._keeper = LeaseKeeper(self.leases) if keep_leases else None
         self._start_lock = threading.Lock()
         self.jobs_done = 0
 
@@ -260,22 +265,17 @@ class PostgresBroker(Broker):
                 self._acks = AckBatcher(self._write_acks)
                 self._acks.start()
             if self._timer is None:
-                self._timer = DueTimer(self._next_due)
+                self._timer = DueTimer(self.pool)
                 self._timer.start()
+            if self._keeper is not None and self._keeper.ident is None:
+                self._keeper.start()
             return self._listener, self._acks
 
-    def _next_due(self, queues: list[str]) -> dict[str, float]:
-        with self._conn() as c:
-            return dict(c.execute(sql.NEXT_DUE, {"queues": queues}).fetchall())
-
     def _serve(self, queue_name: str, prefetch: int) -> tuple[threading.Event, Capacity]:
-        """Wake-ups and in-flight bound of a queue's consumer: NOTIFY 'queue' and
-        the due timer set the event; NOTIFY '@queue' moves the timer."""
+        """A queue consumer's wake-up event (NOTIFY or the due timer) and in-flight bound."""
         listener, _ = self._start()
         assert self._timer is not None
-        wakeup = listener.event_for(queue_name)
-        listener.watch(LATER + queue_name, self._timer.refresh)
-        self._timer.serve(queue_name, wakeup)
+        wakeup = self._timer.serve(queue_name, listener)
         with self._start_lock:
             bound = self.queue_capacity.setdefault(queue_name, Capacity(prefetch, within=self.capacity))
         bound.set_limit(prefetch)
@@ -384,40 +384,15 @@ class PostgresBroker(Broker):
             self._acks.stop(timeout=10)
         if self._listener is not None:
             self._listener.stop()
-        if self._timer is not None:
-            self._timer.stop()
+        for thread in (self._timer, self._keeper):
+            if thread is not None:
+                thread.stop()
         self.idle_claim_pool.close()
         self.pool.close()
 
-    # --- test and admin helpers ----------------------------------------------
-
-    def flush(self, queue_name: str) -> None:
-        """Drop the queue's pending and retryable jobs; ``join`` forgets its failures."""
-        with self._conn() as c:
-            c.execute(sql.FLUSH_QUEUE, {"queue": queue_name})
-        self.forget_failures()
-
-    def forget_failures(self) -> None:
-        """From now on ``join`` reports only jobs that fail after this call."""
-        with self._conn() as c:
-            self.failures.reset(db.one(c.execute(sql.NOW)))
-
-    def flush_all(self) -> None:
-        for queue in self.queues:
-            self.flush(queue)
-
-    def join(self, queue_name: str, *, timeout: int | None = None, fail_fast: bool | None = None) -> None:
-        """Wait until the queue has no live job (tests). With ``fail_fast`` (default:
-        ``fail_fast_default``), then raise the exception of a job of the queue that
-        failed since the broker was made or flushed, as Dramatiq's stub broker does."""
-        if queue_name not in self.queues:
-            raise QueueNotFound(queue_name)
-        fail_fast = self.fail_fast_default if fail_fast is None else fail_fast
-        joining.join(self.pool, queue_name, timeout_ms=timeout, fail_fast=fail_fast, failures=self.failures)
-
 
 def setup_broker(url: str | None = None, **options: Any) -> PostgresBroker:
-    """Install a PostgresBroker as Dramatiq's global broker (for producers).
+    """Install a PostgresBroker as Dramatiq's global broker (producers, the dramatiq CLI).
 
     Call once, before importing actor modules. URL from the argument, else
     DATABASE_URL, else the embedded default.
@@ -425,6 +400,7 @@ def setup_broker(url: str | None = None, **options: Any) -> PostgresBroker:
     current = dramatiq.broker.global_broker
     if isinstance(current, PostgresBroker) and (url is None or current.url == url):
         return current
+    options.setdefault("keep_leases", True)  # nobody else renews them under the dramatiq CLI
     broker = PostgresBroker(url, **options)
     dramatiq.set_broker(broker)
     return broker

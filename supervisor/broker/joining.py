@@ -1,4 +1,4 @@
-"""Dramatiq's test helper ``join`` on the jobs table, with the stub broker's ``fail_fast``."""
+"""Dramatiq's test helpers on the jobs table: flush, flush_all, and join with the stub broker's ``fail_fast``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from collections import OrderedDict
 from datetime import UTC, datetime
 
-from dramatiq.errors import QueueJoinTimeout
+from dramatiq.errors import QueueJoinTimeout, QueueNotFound
 from psycopg_pool import ConnectionPool
 
 from .. import db
@@ -60,6 +60,40 @@ class Failures:
             return kept
         last_line = next((line for line in reversed((error or "").splitlines()) if line.strip()), "no error kept")
         return JobFailed(f"job {job_id} ({actor}) failed: {last_line.strip()}")
+
+
+class QueueHelpers:
+    """Mixed into PostgresBroker: Dramatiq's flush, flush_all and join."""
+
+    pool: ConnectionPool
+    queues: dict[str, None]
+    failures: Failures
+    fail_fast_default: bool
+
+    def flush(self, queue_name: str) -> None:
+        """Drop the queue's pending and retryable jobs."""
+        with self.pool.connection(timeout=10) as c:
+            c.execute(sql.FLUSH_QUEUE, {"queue": queue_name})
+
+    def flush_all(self) -> None:
+        """Flush every queue; ``join`` forgets earlier failures (the stub drops its dead letters)."""
+        for queue in self.queues:
+            self.flush(queue)
+        self.forget_failures()
+
+    def forget_failures(self) -> None:
+        """From now on ``join`` reports only jobs that fail after this call."""
+        with self.pool.connection(timeout=10) as c:
+            self.failures.reset(db.one(c.execute(sql.NOW)))
+
+    def join(self, queue_name: str, *, timeout: int | None = None, fail_fast: bool | None = None) -> None:
+        """Wait until the queue has no live job (tests). With ``fail_fast`` (default:
+        ``fail_fast_default``), then raise the exception of a job of the queue that
+        failed since the broker was made or flushed, as Dramatiq's stub broker does."""
+        if queue_name not in self.queues:
+            raise QueueNotFound(queue_name)
+        fail_fast = self.fail_fast_default if fail_fast is None else fail_fast
+        join(self.pool, queue_name, timeout_ms=timeout, fail_fast=fail_fast, failures=self.failures)
 
 
 def join(pool: ConnectionPool, queue: str, *, timeout_ms: int | None, fail_fast: bool,

@@ -5,7 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+
+from psycopg_pool import ConnectionPool
+
+from . import sql
+from .listener import Listener
 
 log = logging.getLogger(__name__)
 
@@ -20,32 +24,39 @@ MIN_GAP_SECONDS = 0.005
 # still poll on their own, so this only bounds how late a timer can be.
 REFRESH_SECONDS = 30.0
 
-NextDue = Callable[[list[str]], dict[str, float]]
-
 
 class DueTimer(threading.Thread):
     """One per worker process: keeps a deadline per served queue and sets that
     queue's wake-up event (the one NOTIFY sets) when it passes.
 
-    The deadlines come from one query over every served queue (``next_due``:
+    The deadlines come from one query over every served queue (``sql.NEXT_DUE``:
     queue -> seconds until its earliest future run_at), run again when
     ``refresh`` is set (a NOTIFY '@queue', or a queue newly served), after each
     wake-up it gives, and every ``REFRESH_SECONDS``.
     """
 
-    def __init__(self, next_due: NextDue) -> None:
+    def __init__(self, pool: ConnectionPool) -> None:
         super().__init__(name="due-timer", daemon=True)
-        self.next_due = next_due
+        self.pool = pool
         self.refresh = threading.Event()
         self._wakeups: dict[str, threading.Event] = {}
         self._deadlines: dict[str, float] = {}
         self._lock = threading.Lock()
         self._halt = False
 
-    def serve(self, queue: str, wakeup: threading.Event) -> None:
+    def serve(self, queue: str, listener: Listener) -> threading.Event:
+        """Time ``queue`` too; returns its wake-up event (set by NOTIFY 'queue' and by
+        this timer). NOTIFY '@queue' refreshes the timer."""
+        wakeup = listener.event_for(queue)
+        listener.watch(LATER + queue, self.refresh)
         with self._lock:
             self._wakeups[queue] = wakeup
         self.refresh.set()
+        return wakeup
+
+    def next_due(self, queues: list[str]) -> dict[str, float]:
+        with self.pool.connection(timeout=10) as c:
+            return dict(c.execute(sql.NEXT_DUE, {"queues": queues}).fetchall())
 
     def stop(self) -> None:
         self._halt = True
