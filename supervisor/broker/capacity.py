@@ -37,11 +37,17 @@ class Capacity:
         return n
 
     def release(self, n: int = 1) -> None:
-        if n <= 0:
-            return
-        self._give_back(n)
+        self.release_own(n)
+        self.release_within(n)
+
+    def release_within(self, n: int = 1) -> None:
+        """Give back to the enclosing capacity only (this bound keeps the slot)."""
         if self.within is not None:
             self.within.release(n)
+
+    def release_own(self, n: int = 1) -> None:
+        """Give back to this bound only (the enclosing one was given back already)."""
+        self._give_back(n)
 
     def _give_back(self, n: int) -> None:
         if n <= 0:

@@ -100,13 +100,17 @@ class PostgresConsumer(Consumer):
                 return self.buffer.popleft()
 
     def ack(self, message: PgMessageProxy) -> None:  # type: ignore[override]  # only our claims arrive
-        # The slot is freed once the ack is committed: until then the row is still
-        # 'running', and prefetch bounds what the database shows as held.
+        # The process's slot is free once the job is done (the next claim overlaps
+        # the ack's commit); the queue's prefetch slot only once the ack has
+        # committed: until then the row is 'running', and prefetch bounds what the
+        # database shows as held, as with Dramatiq's own brokers.
         try:
-            self.outcomes.ack(message, on_written=self.capacity.release)
+            self.outcomes.ack(message, on_written=self.capacity.release_own)
         except BaseException:
-            self.capacity.release()
+            self.capacity.release_own()
             raise
+        finally:
+            self.capacity.release_within()
 
     def nack(self, message: PgMessageProxy) -> None:  # type: ignore[override]  # only our claims arrive
         try:
