@@ -134,3 +134,26 @@ def test_the_dramatiq_cli_drains_a_queue(tmp_path, conn, database_url):
     assert code == 0, output
     assert scalar(conn, "SELECT count(DISTINCT n) FROM test_results") == 50
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE status <> 'succeeded'") == 0
+
+
+def test_a_broker_made_for_the_cli_keeps_its_leases(conn, database_url):
+    """Under the dramatiq CLI no supervisor upkeep runs: the broker renews what it
+    holds and returns the expired leases of processes that died."""
+    broker = PostgresBroker(database_url, keep_leases=True, lease_seconds=1.5, pool_size=2)
+    try:
+        broker.declare_queue("kept")
+        held = broker.enqueue(Message(queue_name="kept", actor_name="a", args=(), kwargs={}, options={}))
+        dead = scalar(conn, "INSERT INTO jobs (queue, actor, status, attempts, lease_owner, lease_expires_at)"
+                            " VALUES ('elsewhere', 'a', 'running', 1, 'gone:1:dead', now() - interval '1 minute')"
+                            " RETURNING id")
+        consumer = broker.consume("kept", prefetch=1, timeout=5000)
+        claimed = next(consumer)
+        assert claimed is not None and claimed.message_id == held.message_id
+        wait_for(lambda: scalar(conn, "SELECT heartbeat_at > claimed_at + interval '1.6 seconds'"
+                                      " AND lease_expires_at > now() FROM jobs WHERE id = %s", (held.message_id,)),
+                 20, message="the lease to be renewed past its first expiry")
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (dead,)) == "pending", 20,
+                 message="the dead process's job to be reaped")
+        consumer.requeue([claimed])
+    finally:
+        broker.close()

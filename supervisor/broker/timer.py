@@ -19,7 +19,7 @@ LATER = "@"
 # clock, so firing a hair early would find nothing and wait for the next refresh.
 SLACK_SECONDS = 0.001
 # Refreshes come from NOTIFY; under a flood of delayed sends, at most one per gap.
-MIN_GAP_SECONDS = 0.005
+MIN_GAP_SECONDS = 0.01
 # Without any NOTIFY (the listener was away), look again this often. Consumers
 # still poll on their own, so this only bounds how late a timer can be.
 REFRESH_SECONDS = 30.0
