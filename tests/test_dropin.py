@@ -18,6 +18,7 @@ from dramatiq.message import Message
 from dramatiq.middleware import CurrentMessage
 
 from supervisor.broker import PostgresBroker
+from supervisor.broker.timer import DueTimer
 from tests.conftest import run_cli, scalar, wait_for
 
 QUEUE = "dropin"
@@ -157,6 +158,25 @@ def test_a_delayed_retry_starts_when_due(conn, broker, actors, worker):
     ).fetchone()
     assert attempts == 2
     assert 0 <= late < 0.1, f"the retry started {late * 1000:.0f} ms after it was due"
+
+
+def test_a_delayed_send_starts_when_due(conn, broker, actors, worker):
+    wait_for(lambda: broker.queue_capacity.get(QUEUE), 10, message="the consumer to start")
+    message = actors.capture.send_with_options(delay=100)  # the insert trigger's NOTIFY '@dropin' sets the timer
+    broker.join(QUEUE, timeout=10_000)
+    late = scalar(conn, "SELECT extract(epoch FROM claimed_at - run_at) FROM jobs WHERE id = %s",
+                  (message.message_id,))
+    assert 0 <= late < 0.1, f"the delayed job started {late * 1000:.0f} ms after it was due"
+
+
+def test_the_next_due_query_sees_every_priority(conn, broker):
+    timer = DueTimer(broker.pool)
+    assert timer.next_due([QUEUE, "empty"]) == {}
+    for priority, seconds in ((5, 300), (0, 60), (-3, 30), (0, -10)):  # the last one is due already
+        conn.execute("INSERT INTO jobs (queue, actor, priority, run_at) VALUES (%s, 'a', %s, now() + %s * interval '1 s')",
+                     (QUEUE, priority, seconds))
+    due = timer.next_due([QUEUE, "empty"])
+    assert list(due) == [QUEUE] and 29 < due[QUEUE] <= 30
 
 
 def test_ten_zero_backoff_retries_take_under_a_second(conn, broker, actors, worker):
