@@ -16,9 +16,10 @@ log = logging.getLogger(__name__)
 # NOTIFY payload prefix for "a row of this queue is due later" (sql.RETRY, the insert trigger).
 LATER = "@"
 # Fire this long after the due time: the claim compares run_at with the server's
-# clock, so firing a hair early would find nothing and wait for the next refresh.
+# clock, so firing a hair early would find nothing and need another round.
 SLACK_SECONDS = 0.001
-# Refreshes come from NOTIFY; under a flood of delayed sends, at most one per gap.
+# Reloads come from NOTIFY; under a flood of delayed sends, at most one per gap
+# (deadlines still fire on time meanwhile).
 MIN_GAP_SECONDS = 0.01
 # Without any NOTIFY (the listener was away), look again this often. Consumers
 # still poll on their own, so this only bounds how late a timer can be.
@@ -72,27 +73,37 @@ class DueTimer(threading.Thread):
     def _reload(self) -> None:
         with self._lock:
             queues = list(self._wakeups)
-        started = time.monotonic()
         due = self.next_due(queues)
-        self._deadlines = {q: started + max(0.0, s) + SLACK_SECONDS for q, s in due.items()}
+        # Counted from when the answer arrived, which is after the server read its
+        # clock: a deadline may be a little late, never early.
+        answered = time.monotonic()
+        self._deadlines = {q: answered + max(0.0, s) + SLACK_SECONDS for q, s in due.items()}
+
+    def _reload_or_retry(self) -> float:
+        """Reload the deadlines; return when to reload at the latest."""
+        try:
+            self._reload()
+            return time.monotonic() + REFRESH_SECONDS
+        except Exception as exc:  # the consumers' own poll covers the gap
+            if not self._halt:
+                log.warning("could not read the next due jobs (%s); retrying in 1s", exc)
+            return time.monotonic() + 1.0
 
     def run(self) -> None:
         next_refresh = 0.0
-        while True:
+        last_reload = -MIN_GAP_SECONDS
+        while not self._halt:
             now = time.monotonic()
-            until = min([next_refresh, *self._deadlines.values()]) - now
-            if until > 0:
-                self.refresh.wait(until)
-            if self._halt:
-                return
-            now = time.monotonic()
-            if not (self._fire_due(now) or self.refresh.is_set() or now >= next_refresh):
+            if self._fire_due(now):
+                self.refresh.set()  # what comes next for those queues is not known yet
+            reload_due = self.refresh.is_set() or now >= next_refresh
+            if reload_due and now >= last_reload + MIN_GAP_SECONDS:
+                self.refresh.clear()
+                last_reload = now
+                next_refresh = self._reload_or_retry()
                 continue
-            self.refresh.clear()
-            try:
-                self._reload()
-                next_refresh = time.monotonic() + REFRESH_SECONDS
-            except Exception as exc:  # the consumers' own poll covers the gap
-                log.warning("could not read the next due jobs (%s); retrying in 1s", exc)
-                next_refresh = time.monotonic() + 1.0
-            time.sleep(MIN_GAP_SECONDS)
+            until = min([next_refresh, *self._deadlines.values()]) - now
+            if reload_due:  # the event is set, so waiting on it would not block
+                time.sleep(max(0.0, min(until, last_reload + MIN_GAP_SECONDS - now)))
+            elif until > 0:
+                self.refresh.wait(until)
