@@ -358,6 +358,8 @@ class PostgresBroker(QueueHelpers, Broker):
         }
         self._write_until_done("schedule retry", sql.RETRY, params)
         self.leases.let_go(message.message_id)
+        if not delay and self._listener is not None:  # due now: wake our consumer before the NOTIFY does
+            self._listener.event_for(message.queue_name).set()
         return message
 
     def requeue(self, messages: Iterable[PgMessageProxy]) -> int:
