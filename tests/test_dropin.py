@@ -211,12 +211,14 @@ def test_retries_look_like_dramatiq_s(conn, broker, actors, worker, caplog):
 
 
 def test_join_raises_only_with_fail_fast(conn, broker, actors, worker):
-    actors.refuse.send()
+    refused = actors.refuse.send()
     broker.join(QUEUE, timeout=10_000, fail_fast=False)
+    assert broker.dead_letters == [refused]
     with pytest.raises(ValueError, match="refused on purpose"):
         broker.join(QUEUE, timeout=10_000)
     broker.forget_failures()
     broker.join(QUEUE, timeout=10_000)
+    assert broker.dead_letters == []
     stop_worker(broker, worker)
     actors.noop.send()
     with pytest.raises(QueueJoinTimeout):

@@ -1,4 +1,5 @@
-"""Dramatiq's test helpers on the jobs table: flush, flush_all, and join with the stub broker's ``fail_fast``."""
+"""Dramatiq's test helpers on the jobs table: flush, flush_all, join with the stub broker's
+``fail_fast``, and its ``dead_letters``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from psycopg_pool import ConnectionPool
 
 from .. import db
 from . import sql
+from .message import PgMessageProxy, from_claimed_row
 
 # How often join looks at the queue.
 JOIN_POLL_SECONDS = 0.02
@@ -63,7 +65,8 @@ class Failures:
 
 
 class QueueHelpers:
-    """Mixed into PostgresBroker: Dramatiq's flush, flush_all and join."""
+    """Mixed into PostgresBroker: Dramatiq's flush, flush_all and join, and the
+    stub broker's ``dead_letters``."""
 
     pool: ConnectionPool
     queues: dict[str, None]
@@ -80,6 +83,14 @@ class QueueHelpers:
         for queue in self.queues:
             self.flush(queue)
         self.forget_failures()
+
+    @property
+    def dead_letters(self) -> list[PgMessageProxy]:
+        """The jobs of the declared queues that failed since the broker was made or
+        ``flush_all()``, oldest first: what the stub broker calls its dead letters."""
+        params = {"queues": list(self.queues), "since": self.failures.since}
+        with self.pool.connection(timeout=10) as c:
+            return [from_claimed_row(row) for row in c.execute(sql.DEAD_LETTERS, params).fetchall()]
 
     def forget_failures(self) -> None:
         """From now on ``join`` reports only jobs that fail after this call."""

@@ -282,6 +282,14 @@ SELECT id, actor, last_error FROM jobs
 
 NOW = "SELECT clock_timestamp()"
 
+# Broker.dead_letters: the stub broker's view of failed jobs (since a cut-off).
+DEAD_LETTERS = f"""
+SELECT {_CLAIMED}
+  FROM jobs j
+ WHERE j.queue = ANY(%(queues)s) AND j.status = 'failed' AND j.finished_at >= %(since)s
+ ORDER BY j.finished_at, j.id
+"""
+
 GET = "SELECT * FROM jobs WHERE id = %(id)s"
 
 EVENTS = "SELECT * FROM job_events WHERE job_id = %(id)s ORDER BY at, id"
