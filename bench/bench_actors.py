@@ -36,3 +36,24 @@ def latency(sent: float) -> None:
             "INSERT INTO bench_latency (job_id, sent, started) VALUES (%s, %s, %s)",
             (job_id, sent, started),
         )
+
+
+def _record_start() -> None:
+    started = time.time()
+    job_id = CurrentMessage.get_current_message().message_id
+    with dramatiq.get_broker().pool.connection() as c:
+        c.execute("INSERT INTO bench_latency (job_id, sent, started) VALUES (%s, 0, %s)", (job_id, started))
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def delayed() -> None:
+    """Sent with a delay: records when it started (its due time is the row's run_at)."""
+    _record_start()
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=1)
+def retried(delay_ms: int) -> None:
+    """Asks for one retry in ``delay_ms``, then records when the retry started."""
+    if CurrentMessage.get_current_message().options.get("retries", 0) == 0:
+        raise dramatiq.Retry(delay=delay_ms)
+    _record_start()

@@ -23,7 +23,20 @@ def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
         if job is None:
             return None
         job["events"] = cur.execute(sql.EVENTS, {"id": job_id}).fetchall()
+        _describe_payload(job)
         return job
+
+
+def _describe_payload(job: dict[str, Any]) -> None:
+    """A non-JSON encoder's payload is opaque here (decoding it needs the producer's
+    encoder, and unpickling is not for an admin tool): say so instead of showing bytes."""
+    payload = job.get("payload")
+    if payload is None:
+        return
+    job["payload"] = (f"cannot render: {len(payload)} bytes written by a non-JSON Dramatiq encoder "
+                      "(e.g. PickleEncoder); args, kwargs and options are in it")
+    for key in ("args", "kwargs", "options"):
+        job[key] = "(in payload)"
 
 
 def retry_job(conn: psycopg.Connection, job_id: str) -> bool:

@@ -147,7 +147,8 @@ def test_age_limit_skips_an_old_message(conn, actors, worker):
     broker.pause_claiming()
     try:
         msg = actors.record.send_with_options(args=(1,), max_age=60_000)
-        conn.execute("UPDATE jobs SET created_at = now() - interval '1 hour' WHERE id = %s", (msg.message_id,))
+        conn.execute("UPDATE jobs SET message_timestamp = message_timestamp - 3600 * 1000 WHERE id = %s",
+                     (msg.message_id,))
     finally:
         broker.resume_claiming()
     wait_status(conn, msg.message_id, "failed")

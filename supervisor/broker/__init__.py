@@ -2,8 +2,9 @@
 
 from .broker import PostgresBroker, setup_broker
 from .consumer import PostgresConsumer
+from .joining import JobFailed
 from .leases import Leases
 from .message import PgMessageProxy
 from .middleware import JobOptions, Retries
 
-__all__ = ["JobOptions", "Leases", "PgMessageProxy", "PostgresBroker", "PostgresConsumer", "Retries", "setup_broker"]
+__all__ = ["JobFailed", "JobOptions", "Leases", "PgMessageProxy", "PostgresBroker", "PostgresConsumer", "Retries", "setup_broker"]

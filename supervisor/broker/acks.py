@@ -8,11 +8,14 @@ from collections.abc import Callable
 
 from .. import backoff
 
+Done = Callable[[], None] | None
+
 log = logging.getLogger(__name__)
 
 
 class AckBatcher(threading.Thread):
-    """Collects (job id, attempt) pairs and writes them in batches.
+    """Collects (job id, attempt) pairs and writes them in batches; each pair's
+    ``done`` callback runs once its ack is committed (a consumer frees its slot then).
 
     While one batch is in flight the next accumulates, so under load the
     number of commits falls far below the number of jobs, and when idle an
@@ -24,14 +27,14 @@ class AckBatcher(threading.Thread):
         super().__init__(name="ack-batcher", daemon=True)
         self._write = write
         self._max_batch = max_batch
-        self._pending: list[tuple[str, int]] = []
+        self._pending: list[tuple[str, int, Done]] = []
         self._cond = threading.Condition()
         self._busy = False
         self._halt = False
 
-    def add(self, job_id: str, attempt: int) -> None:
+    def add(self, job_id: str, attempt: int, done: Done = None) -> None:
         with self._cond:
-            self._pending.append((job_id, attempt))
+            self._pending.append((job_id, attempt, done))
             self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -57,7 +60,7 @@ class AckBatcher(threading.Thread):
                 del self._pending[: self._max_batch]
                 self._busy = True
             try:
-                self._write([job_id for job_id, _ in batch], [attempt for _, attempt in batch])
+                self._write([job_id for job_id, _, _ in batch], [attempt for _, attempt, _ in batch])
             except Exception as exc:
                 delay = next(waits)
                 log.warning("could not write %d acks (%s); retrying in %.1fs", len(batch), exc, delay)
@@ -68,6 +71,9 @@ class AckBatcher(threading.Thread):
                     self._cond.wait(delay)
                 continue
             waits = backoff.delays(first=0.1, cap=10.0)
+            for _, _, done in batch:
+                if done is not None:
+                    done()
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()

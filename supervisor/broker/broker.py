@@ -7,8 +7,7 @@ import contextvars
 import dataclasses
 import logging
 import threading
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import dramatiq
@@ -33,10 +32,13 @@ from . import sql
 from .acks import AckBatcher
 from .capacity import Capacity
 from .consumer import PostgresConsumer
+from .joining import Failures, QueueHelpers
+from .keeper import LeaseKeeper
 from .leases import Leases
 from .listener import Listener
-from .message import PgMessageProxy, error_text, from_claimed_row, jsonb
+from .message import PgMessageProxy, body_columns, error_text, from_claimed_row
 from .middleware import JobOptions, Retries
+from .timer import DueTimer
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ _transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.Co
 )
 
 
-class PostgresBroker(Broker):
+class PostgresBroker(QueueHelpers, Broker):
     """A Dramatiq broker whose queues are rows of the ``jobs`` table.
 
     Parameters:
@@ -55,6 +57,9 @@ class PostgresBroker(Broker):
       max_retries / min_backoff / max_backoff: defaults for the Retries middleware
         (milliseconds, like Dramatiq's).
       pool_size: connections this process may open (claims, acks, retries).
+      fail_fast_default: ``join``'s default for ``fail_fast`` (see joining.Failures).
+      keep_leases: a consuming broker renews and reaps leases itself (LeaseKeeper:
+        the dramatiq CLI); a supervisor worker process does it in its upkeep thread.
     """
 
     def __init__(
@@ -69,6 +74,8 @@ class PostgresBroker(Broker):
         max_backoff: int = defaults.MAX_BACKOFF_MS,
         pool_size: int = 8,
         owner: str | None = None,
+        fail_fast_default: bool = False,
+        keep_leases: bool = False,
     ) -> None:
         if middleware is None:
             middleware = [
@@ -99,11 +106,18 @@ class PostgresBroker(Broker):
         self.queues: dict[str, None] = {}
         # Unbounded until a worker process sets it to what it can run at once.
         self.capacity = Capacity(limit=1 << 30)
+        # Each queue's consumer holds at most its prefetch (claimed, not finished),
+        # as with Dramatiq's own brokers, within the process's capacity.
+        self.queue_capacity: dict[str, Capacity] = {}
+        self.fail_fast_default = fail_fast_default
+        self.failures = Failures(keep=fail_fast_default)
         self.claiming = threading.Event()
         self.claiming.set()
         self.leases = Leases(self.pool, self.owner, lease_seconds)
         self._listener: Listener | None = None
         self._acks: AckBatcher | None = None
+        self._timer: DueTimer | None = None
+        self._keeper = LeaseKeeper(self.leases) if keep_leases else None
         self._start_lock = threading.Lock()
         self.jobs_done = 0
 
@@ -148,9 +162,8 @@ class PostgresBroker(Broker):
             "id": message.message_id,
             "queue": message.queue_name,
             "actor": message.actor_name,
-            "args": list(message.args),
-            "kwargs": message.kwargs,
-            "options": options,
+            **body_columns(message),
+            "message_timestamp": message.message_timestamp,
             "priority": int(options.get("priority") or 0),
             "delay_ms": int(delay or 0),
             "max_attempts": int(max_attempts),
@@ -182,11 +195,9 @@ class PostgresBroker(Broker):
             return self._retry(message, delay)
         self.emit_before("enqueue", message, delay)
         row = self._row(message, delay)
-        params = {**row, "args": jsonb(row["args"]), "kwargs": jsonb(row["kwargs"]),
-                  "options": jsonb(row["options"])}
         with self._conn(conn) as c:
             for _ in range(5):
-                if c.execute(sql.INSERT, params).fetchone() is not None or not row["dedupe_key"]:
+                if c.execute(sql.INSERT, row).fetchone() is not None or not row["dedupe_key"]:
                     break
                 live = c.execute(sql.LIVE_BY_DEDUPE_KEYS, {"keys": [row["dedupe_key"]]}).fetchone()
                 if live is not None:
@@ -209,9 +220,11 @@ class PostgresBroker(Broker):
             "ids": [r["id"] for r in rows],
             "queues": [r["queue"] for r in rows],
             "actors": [r["actor"] for r in rows],
-            "args": [jsonb(r["args"]) for r in rows],
-            "kwargs": [jsonb(r["kwargs"]) for r in rows],
-            "options": [jsonb(r["options"]) for r in rows],
+            "args": [r["args"] for r in rows],
+            "kwargs": [r["kwargs"] for r in rows],
+            "options": [r["options"] for r in rows],
+            "message_timestamps": [r["message_timestamp"] for r in rows],
+            "payloads": [r["payload"] for r in rows],
             "priorities": [r["priority"] for r in rows],
             "delays": [r["delay_ms"] for r in rows],
             "max_attempts": [r["max_attempts"] for r in rows],
@@ -251,19 +264,34 @@ class PostgresBroker(Broker):
             if self._acks is None:
                 self._acks = AckBatcher(self._write_acks)
                 self._acks.start()
+            if self._timer is None:
+                self._timer = DueTimer(self.pool)
+                self._timer.start()
+            if self._keeper is not None and self._keeper.ident is None:
+                self._keeper.start()
             return self._listener, self._acks
+
+    def _serve(self, queue_name: str, prefetch: int) -> tuple[threading.Event, Capacity]:
+        """A queue consumer's wake-up event (NOTIFY or the due timer) and in-flight bound."""
+        listener, _ = self._start()
+        assert self._timer is not None
+        wakeup = self._timer.serve(queue_name, listener)
+        with self._start_lock:
+            bound = self.queue_capacity.setdefault(queue_name, Capacity(prefetch, within=self.capacity))
+        bound.set_limit(prefetch)
+        return wakeup, bound
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> PostgresConsumer:
         if queue_name not in self.queues:
             raise QueueNotFound(queue_name)
-        listener, _ = self._start()
+        wakeup, bound = self._serve(queue_name, prefetch)
         return PostgresConsumer(
             queue_name,
             prefetch=prefetch,
             timeout_ms=timeout,
             claim=lambda queue, n, idle: self.claim(queue, n, idle=idle),
-            wakeup=listener.event_for(queue_name),
-            capacity=self.capacity,
+            wakeup=wakeup,
+            capacity=bound,
             claiming=self.claiming,
             poll_interval=self.poll_interval,
             outcomes=self,
@@ -282,9 +310,9 @@ class PostgresBroker(Broker):
         with self.pool.connection(timeout=10) as c:
             c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
 
-    def ack(self, message: PgMessageProxy) -> None:
+    def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None:
         acks = self._acks if self._acks is not None else self._start()[1]  # no lock on the hot path
-        acks.add(message.message_id, message.attempts)
+        acks.add(message.message_id, message.attempts, on_written)
         self.leases.let_go(message.message_id)
         self.jobs_done += 1
 
@@ -294,6 +322,7 @@ class PostgresBroker(Broker):
         reason = f"attempt {message.attempts} of {message.max_attempts}: {type(exc).__name__ if exc else 'failed'}"
         params = {"id": message.message_id, "attempts": message.attempts, "owner": self.owner,
                   "error": error, "reason": reason}
+        self.failures.record(message.message_id, exc)
         try:
             self._write_until_done("record failure", sql.NACK, params)
         finally:
@@ -315,12 +344,13 @@ class PostgresBroker(Broker):
 
     def _retry(self, message: PgMessageProxy, delay: int | None) -> PgMessageProxy:
         exc = getattr(message, "_exception", None)
-        options = {k: v for k, v in message.options.items() if k != "traceback"}
+        body = body_columns(message)
         params = {
             "id": message.message_id,
             "attempts": message.attempts,
             "owner": self.owner,
-            "options": jsonb(options),
+            "options": body["options"],
+            "payload": body["payload"],
             "error": error_text(exc),
             "delay_ms": int(delay or 0),
             "reason": f"attempt {message.attempts} of {message.max_attempts} failed"
@@ -328,6 +358,8 @@ class PostgresBroker(Broker):
         }
         self._write_until_done("schedule retry", sql.RETRY, params)
         self.leases.let_go(message.message_id)
+        if not delay and self._listener is not None:  # due now: wake our consumer before the NOTIFY does
+            self._listener.event_for(message.queue_name).set()
         return message
 
     def requeue(self, messages: Iterable[PgMessageProxy]) -> int:
@@ -354,33 +386,15 @@ class PostgresBroker(Broker):
             self._acks.stop(timeout=10)
         if self._listener is not None:
             self._listener.stop()
+        for thread in (self._timer, self._keeper):
+            if thread is not None:
+                thread.stop()
         self.idle_claim_pool.close()
         self.pool.close()
 
-    # --- test and admin helpers ----------------------------------------------
-
-    def flush(self, queue_name: str) -> None:
-        with self._conn() as c:
-            c.execute(sql.FLUSH_QUEUE, {"queue": queue_name})
-
-    def flush_all(self) -> None:
-        for queue in self.queues:
-            self.flush(queue)
-
-    def join(self, queue_name: str, *, timeout: int | None = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout / 1000
-        while True:
-            with self._conn() as c:
-                live = db.one(c.execute(sql.LIVE_IN_QUEUE, {"queue": queue_name}))
-            if live == 0:
-                return
-            if deadline is not None and time.monotonic() > deadline:
-                raise dramatiq.errors.QueueJoinTimeout(queue_name)
-            time.sleep(0.05)
-
 
 def setup_broker(url: str | None = None, **options: Any) -> PostgresBroker:
-    """Install a PostgresBroker as Dramatiq's global broker (for producers).
+    """Install a PostgresBroker as Dramatiq's global broker (producers, the dramatiq CLI).
 
     Call once, before importing actor modules. URL from the argument, else
     DATABASE_URL, else the embedded default.
@@ -388,6 +402,7 @@ def setup_broker(url: str | None = None, **options: Any) -> PostgresBroker:
     current = dramatiq.broker.global_broker
     if isinstance(current, PostgresBroker) and (url is None or current.url == url):
         return current
+    options.setdefault("keep_leases", True)  # nobody else renews them under the dramatiq CLI
     broker = PostgresBroker(url, **options)
     dramatiq.set_broker(broker)
     return broker

@@ -13,9 +13,12 @@ class Capacity:
     claimed releases on ack, nack, requeue or an unused reservation.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, within: Capacity | None = None) -> None:
         self.limit = max(1, limit)
         self.used = 0
+        # A bound inside another: a queue's prefetch inside its process's capacity.
+        # Reserving takes from both; releasing gives back to both.
+        self.within = within
         self._cond = threading.Condition()
 
     def set_limit(self, limit: int) -> None:
@@ -27,9 +30,26 @@ class Capacity:
         with self._cond:
             n = max(0, min(want, self.limit - self.used))
             self.used += n
-            return n
+        if self.within is not None and n:
+            got = self.within.reserve(n)
+            self._give_back(n - got)
+            n = got
+        return n
 
     def release(self, n: int = 1) -> None:
+        self.release_own(n)
+        self.release_within(n)
+
+    def release_within(self, n: int = 1) -> None:
+        """Give back to the enclosing capacity only (this bound keeps the slot)."""
+        if self.within is not None:
+            self.within.release(n)
+
+    def release_own(self, n: int = 1) -> None:
+        """Give back to this bound only (the enclosing one was given back already)."""
+        self._give_back(n)
+
+    def _give_back(self, n: int) -> None:
         if n <= 0:
             return
         with self._cond:
@@ -37,5 +57,10 @@ class Capacity:
             self._cond.notify_all()
 
     def wait_free(self, timeout: float) -> None:
+        """Wait until a reserve may succeed: this bound has room, then the one it is within."""
         with self._cond:
-            self._cond.wait_for(lambda: self.used < self.limit, timeout)
+            full = self.used >= self.limit
+            if full:
+                self._cond.wait_for(lambda: self.used < self.limit, timeout)
+        if not full and self.within is not None:
+            self.within.wait_free(timeout)

@@ -23,14 +23,15 @@ ClaimFn = Callable[[str, int, bool], list[PgMessageProxy]]
 class Outcomes(Protocol):
     """Where a consumer writes what became of a message (the broker)."""
 
-    def ack(self, message: PgMessageProxy) -> None: ...
+    def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None: ...
     def nack(self, message: PgMessageProxy) -> None: ...
     def requeue(self, messages: Iterable[PgMessageProxy]) -> int: ...
 
 
 class PostgresConsumer(Consumer):
     """Given everything it needs: the claim function, its queue's wake-up event,
-    the process's capacity and claiming switch, and where outcomes go.
+    its capacity (the queue's prefetch bound, within the process's capacity),
+    the process's claiming switch, and where outcomes go.
 
     The consumer is the one owner of capacity: it reserves before a claim and
     releases what the claim did not fill and every finished message.
@@ -99,10 +100,17 @@ class PostgresConsumer(Consumer):
                 return self.buffer.popleft()
 
     def ack(self, message: PgMessageProxy) -> None:  # type: ignore[override]  # only our claims arrive
+        # The process's slot is free once the job is done (the next claim overlaps
+        # the ack's commit); the queue's prefetch slot only once the ack has
+        # committed: until then the row is 'running', and prefetch bounds what the
+        # database shows as held, as with Dramatiq's own brokers.
         try:
-            self.outcomes.ack(message)
+            self.outcomes.ack(message, on_written=self.capacity.release_own)
+        except BaseException:
+            self.capacity.release_own()
+            raise
         finally:
-            self.capacity.release()
+            self.capacity.release_within()
 
     def nack(self, message: PgMessageProxy) -> None:  # type: ignore[override]  # only our claims arrive
         try:

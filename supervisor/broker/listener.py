@@ -34,6 +34,11 @@ class Listener(threading.Thread):
         with self._lock:
             return self._events.setdefault(queue, threading.Event())
 
+    def watch(self, payload: str, event: threading.Event) -> None:
+        """Set ``event`` on NOTIFY ``payload`` too (several payloads may share one event)."""
+        with self._lock:
+            self._events[payload] = event
+
     def _wake_all(self) -> None:
         with self._lock:
             for event in self._events.values():

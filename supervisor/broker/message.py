@@ -7,8 +7,9 @@ import traceback
 from typing import Any
 
 from dramatiq.broker import MessageProxy
+from dramatiq.encoder import JSONEncoder
 from dramatiq.errors import ActorNotFound
-from dramatiq.message import Message
+from dramatiq.message import Message, get_encoder
 from psycopg.types.json import Jsonb
 
 
@@ -19,6 +20,27 @@ def _dumps(value: Any) -> str:
 def jsonb(value: Any) -> Jsonb:
     """A value for a jsonb parameter, compact (the rows stay small)."""
     return Jsonb(value, dumps=_dumps)
+
+
+def body_columns(message: Message | MessageProxy) -> dict[str, Any]:
+    """The args, kwargs, options and payload columns of a message.
+
+    With Dramatiq's JSONEncoder (the default) the message is readable jsonb and
+    there is no payload. Any other encoder (Pickle, a user's own) is honoured:
+    the payload holds exactly what it encodes, and the jsonb columns stay empty.
+    """
+    if type(get_encoder()) is JSONEncoder:
+        return {"args": jsonb(list(message.args)), "kwargs": jsonb(message.kwargs),
+                "options": jsonb(message.options), "payload": None}
+    return {"args": jsonb([]), "kwargs": jsonb({}), "options": jsonb({}), "payload": message.encode()}
+
+
+def _fields(body: str, payload: bytes | None) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+    if payload is None:
+        args, kwargs, options = json.loads(body)
+        return args, kwargs, options
+    data = get_encoder().decode(bytes(payload))
+    return data["args"], data["kwargs"], data["options"]
 
 
 class PgMessageProxy(MessageProxy):
@@ -33,8 +55,8 @@ class PgMessageProxy(MessageProxy):
 
 def from_claimed_row(row: tuple[Any, ...]) -> PgMessageProxy:
     """Build the message of one row of ``sql.CLAIM``."""
-    job_id, queue, actor, body, attempts, max_attempts, ckey, created_ms = row
-    args, kwargs, options = json.loads(body)
+    job_id, queue, actor, body, attempts, max_attempts, ckey, timestamp_ms, payload = row
+    args, kwargs, options = _fields(body, payload)
     message: Message[Any] = Message(
         queue_name=queue,
         actor_name=actor,
@@ -42,7 +64,7 @@ def from_claimed_row(row: tuple[Any, ...]) -> PgMessageProxy:
         kwargs=kwargs,
         options=options,
         message_id=job_id,
-        message_timestamp=int(created_ms),
+        message_timestamp=int(timestamp_ms),
     )
     return PgMessageProxy(message, attempts=attempts, max_attempts=max_attempts, concurrency_key=ckey)
 

@@ -3,13 +3,15 @@
 Retries use deterministic exponential backoff.
 
 Dramatiq's own Retries counts retries in the message options and adds jitter.
-Here the row's ``attempts`` (incremented by every claim, including claims that
+Here (a subclass of it, so code that looks for Dramatiq's Retries finds it) the row's ``attempts`` (incremented by every claim, including claims that
 ended in a crash) is the count, so a job that keeps killing its process and a
 job that keeps raising share one budget: ``max_attempts``.
 """
 
 from __future__ import annotations
 
+import time
+import traceback
 from typing import Any
 
 import dramatiq
@@ -31,8 +33,14 @@ def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
     return int(min(cap_ms, base_ms * (2 ** max(0, attempt - 1))))
 
 
-class Retries(Middleware):
-    """Drop-in for dramatiq's Retries: same actor options, DB-counted attempts."""
+class Retries(dramatiq.middleware.Retries):
+    """Dramatiq's Retries with the row's attempt count and deterministic backoff.
+
+    What a user sees is Dramatiq's: the same actor options, ``options["retries"]``,
+    ``["traceback"]`` and ``["requeue_timestamp"]``, ``Retry(delay=...)``, the
+    ``on_retry_exhausted`` message and the same log lines on the same logger
+    (``dramatiq.middleware.retries.Retries``).
+    """
 
     def __init__(
         self,
@@ -42,14 +50,10 @@ class Retries(Middleware):
         max_backoff: int = defaults.MAX_BACKOFF_MS,
         retry_when: Any = None,
     ) -> None:
-        self.max_retries = max_retries
+        super().__init__(max_retries=max_retries, retry_when=retry_when)
+        # Dramatiq's constructor turns a 0 backoff into its default; ours is taken as given.
         self.min_backoff = min_backoff
         self.max_backoff = max_backoff
-        self.retry_when = retry_when
-
-    @property
-    def actor_options(self) -> set[str]:
-        return {"max_retries", "min_backoff", "max_backoff", "retry_when", "throws", "on_retry_exhausted"}
 
     def _option(self, message, actor, name: str, default: Any) -> Any:
         value = message.options.get(name)
@@ -67,18 +71,22 @@ class Retries(Middleware):
         actor = broker.get_actor(message.actor_name)
         throws = message.options.get("throws") or actor.options.get("throws")
         if throws and isinstance(exception, throws):
+            self.logger.info("Aborting message %r.", message.message_id)
             message.fail()
             return
 
         attempt = getattr(message, "attempts", None) or message.options.get("retries", 0) + 1
         max_attempts = getattr(message, "max_attempts", None) or self.max_attempts_for(message, actor)
         message.options["retries"] = attempt
+        message.options["traceback"] = traceback.format_exc(limit=30)
+        message.options["requeue_timestamp"] = int(time.time() * 1000)
         retry_when = actor.options.get("retry_when", self.retry_when)
         if retry_when is not None:
             exhausted = not retry_when(attempt - 1, exception)
         else:
             exhausted = attempt >= max_attempts
         if exhausted:
+            self.logger.warning("Retries exceeded for message %r.", message.message_id)
             message.fail()
             target = message.options.get("on_retry_exhausted") or actor.options.get("on_retry_exhausted")
             if target:
@@ -93,4 +101,5 @@ class Retries(Middleware):
             base = self._option(message, actor, "min_backoff", self.min_backoff)
             cap = min(self._option(message, actor, "max_backoff", self.max_backoff), defaults.MAX_BACKOFF_MS)
             delay = backoff_ms(attempt, base, cap)
+        self.logger.info("Retrying message %r in %d milliseconds.", message.message_id, delay)
         broker.enqueue(message, delay=delay)

@@ -9,14 +9,14 @@ All statements take parameters; none is built from input. Live statuses are
 # the client instead of three jsonb decodes (the claim's largest client cost).
 _CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, j.options)::text,
     j.attempts, j.max_attempts, j.concurrency_key,
-    (extract(epoch FROM j.created_at) * 1000)::bigint AS created_ms"""
+    coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload"""
 
 INSERT = """
 INSERT INTO jobs (id, queue, actor, args, kwargs, options, priority, run_at,
-                  max_attempts, dedupe_key, concurrency_key)
+                  max_attempts, dedupe_key, concurrency_key, message_timestamp, payload)
 VALUES (%(id)s, %(queue)s, %(actor)s, %(args)s, %(kwargs)s, %(options)s, %(priority)s,
         now() + %(delay_ms)s * interval '1 millisecond', %(max_attempts)s,
-        %(dedupe_key)s, %(concurrency_key)s)
+        %(dedupe_key)s, %(concurrency_key)s, %(message_timestamp)s, %(payload)s)
 ON CONFLICT DO NOTHING
 RETURNING id
 """
@@ -24,15 +24,16 @@ RETURNING id
 # The bulk path: one statement, one round trip, arrays in, ids of new rows out.
 INSERT_MANY = """
 INSERT INTO jobs (id, queue, actor, args, kwargs, options, priority, run_at,
-                  max_attempts, dedupe_key, concurrency_key)
+                  max_attempts, dedupe_key, concurrency_key, message_timestamp, payload)
 SELECT id, queue, actor, args, kwargs, options, priority,
-       now() + delay_ms * interval '1 millisecond', max_attempts, dedupe_key, concurrency_key
+       now() + delay_ms * interval '1 millisecond', max_attempts, dedupe_key, concurrency_key,
+       message_timestamp, payload
   FROM unnest(%(ids)s::uuid[], %(queues)s::text[], %(actors)s::text[], %(args)s::jsonb[],
               %(kwargs)s::jsonb[], %(options)s::jsonb[], %(priorities)s::int[],
               %(delays)s::bigint[], %(max_attempts)s::int[], %(dedupe_keys)s::text[],
-              %(concurrency_keys)s::text[])
+              %(concurrency_keys)s::text[], %(message_timestamps)s::bigint[], %(payloads)s::bytea[])
        AS m(id, queue, actor, args, kwargs, options, priority, delay_ms, max_attempts,
-            dedupe_key, concurrency_key)
+            dedupe_key, concurrency_key, message_timestamp, payload)
 ON CONFLICT DO NOTHING
 RETURNING id
 """
@@ -104,18 +105,46 @@ SELECT id, %(owner)s, 'running', 'failed', %(reason)s FROM done
 """
 
 # The Retries middleware re-enqueues the message it is processing: same row, new
-# options, status 'retryable' until run_at.
+# options, status 'retryable' until run_at. The wake-up names the queue when the
+# retry is due now (consumers claim at once) and '@' || queue when it is due later
+# (each process serving the queue moves its timer to it; see timer.py).
 RETRY = """
 WITH done AS (
     UPDATE jobs
-       SET status = 'retryable', options = %(options)s, last_error = %(error)s,
+       SET status = 'retryable', options = %(options)s, payload = %(payload)s, last_error = %(error)s,
            run_at = now() + %(delay_ms)s * interval '1 millisecond', lease_expires_at = NULL
      WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
- RETURNING id
+ RETURNING id, queue, run_at <= now() AS due
+), ev AS (
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    SELECT id, %(owner)s, 'running', 'retryable', %(reason)s FROM done
 )
-INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-SELECT id, %(owner)s, 'running', 'retryable', %(reason)s FROM done
-RETURNING job_id
+SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || queue END) FROM done
+"""
+
+# Seconds until the earliest future run_at of each of a process's queues (its
+# wake-up timer). One index descent per priority level present in the queue
+# (a loose index scan over jobs_claim), so a deep backlog costs nothing extra.
+NEXT_DUE = """
+WITH RECURSIVE levels AS (
+    SELECT q.queue, (SELECT max(j.priority) FROM jobs j
+                      WHERE j.queue = q.queue AND j.status IN ('pending', 'retryable')) AS priority
+      FROM unnest(%(queues)s::text[]) AS q(queue)
+    UNION ALL
+    SELECT l.queue, (SELECT max(j.priority) FROM jobs j
+                      WHERE j.queue = l.queue AND j.status IN ('pending', 'retryable') AND j.priority < l.priority)
+      FROM levels l
+     WHERE l.priority IS NOT NULL
+)
+SELECT l.queue, extract(epoch FROM min(d.run_at) - now())::float8
+  FROM levels l
+ CROSS JOIN LATERAL (
+    SELECT j.run_at FROM jobs j
+     WHERE j.queue = l.queue AND j.status IN ('pending', 'retryable') AND j.priority = l.priority
+       AND j.run_at > now()
+     ORDER BY j.run_at
+     LIMIT 1) d
+ GROUP BY l.queue
 """
 
 # Prefetched but never started (drain): back to pending, and the claim is not
@@ -241,6 +270,24 @@ FLUSH_QUEUE = "DELETE FROM jobs WHERE queue = %(queue)s AND status IN ('pending'
 
 LIVE_IN_QUEUE = """
 SELECT count(*) FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable', 'running')
+"""
+
+# The earliest failure since a join's cut-off (Broker.join with fail_fast).
+FAILED_SINCE = """
+SELECT id, actor, last_error FROM jobs
+ WHERE queue = %(queue)s AND status = 'failed' AND finished_at >= %(since)s
+ ORDER BY finished_at
+ LIMIT 1
+"""
+
+NOW = "SELECT clock_timestamp()"
+
+# Broker.dead_letters: the stub broker's view of failed jobs (since a cut-off).
+DEAD_LETTERS = f"""
+SELECT {_CLAIMED}
+  FROM jobs j
+ WHERE j.queue = ANY(%(queues)s) AND j.status = 'failed' AND j.finished_at >= %(since)s
+ ORDER BY j.finished_at, j.id
 """
 
 GET = "SELECT * FROM jobs WHERE id = %(id)s"

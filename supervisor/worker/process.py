@@ -119,8 +119,9 @@ class WorkerProcess:
 
         worker = Worker(broker, queues=set(s.queues), worker_threads=s.threads,
                         worker_timeout=WORKER_TIMEOUT_MS)
-        # Per-queue claim batch; the broker's capacity caps the process as a whole.
-        worker.queue_prefetch = s.capacity
+        # The broker's capacity caps the process as a whole. A queue's prefetch bound
+        # also counts acks not yet committed; the slack keeps it from binding here.
+        worker.queue_prefetch = s.capacity * 4
         worker.start()
         self.worker = worker
         if s.schedules:

@@ -1,0 +1,130 @@
+"""Dramatiq's test helpers on the jobs table: flush, flush_all, join with the stub broker's
+``fail_fast``, and its ``dead_letters``."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from datetime import UTC, datetime
+
+from dramatiq.errors import QueueJoinTimeout, QueueNotFound
+from psycopg_pool import ConnectionPool
+
+from .. import db
+from . import sql
+from .message import PgMessageProxy, from_claimed_row
+
+# How often join looks at the queue.
+JOIN_POLL_SECONDS = 0.02
+
+
+class JobFailed(Exception):
+    """A job of the joined queue failed where its exception object could not be kept
+    (another process); the message is the job, its actor and its last error line."""
+
+
+class Failures:
+    """The failures a ``join(fail_fast=True)`` reports: jobs of the queue that ended
+    ``failed`` since this broker was made or last flushed.
+
+    When ``keep`` is set, the exception objects of jobs that failed in this
+    process are kept (a few, most recent) so join re-raises the actor's own
+    exception, as Dramatiq's stub broker does. A worker process leaves it unset:
+    an exception holds its frames, and their locals, alive.
+    """
+
+    KEEP = 32
+
+    def __init__(self, *, keep: bool) -> None:
+        self.keep = keep
+        self.since = datetime.now(UTC)
+        self._exceptions: OrderedDict[str, BaseException] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def record(self, job_id: str, exception: BaseException | None) -> None:
+        if not self.keep or exception is None:
+            return
+        with self._lock:
+            self._exceptions[job_id] = exception
+            while len(self._exceptions) > self.KEEP:
+                self._exceptions.popitem(last=False)
+
+    def reset(self, since: datetime) -> None:
+        with self._lock:
+            self.since = since
+            self._exceptions.clear()
+
+    def exception_for(self, job_id: str, actor: str, error: str | None) -> BaseException:
+        with self._lock:
+            kept = self._exceptions.get(job_id)
+        if kept is not None:
+            return kept
+        last_line = next((line for line in reversed((error or "").splitlines()) if line.strip()), "no error kept")
+        return JobFailed(f"job {job_id} ({actor}) failed: {last_line.strip()}")
+
+
+class QueueHelpers:
+    """Mixed into PostgresBroker: Dramatiq's flush, flush_all and join, and the
+    stub broker's ``dead_letters``."""
+
+    pool: ConnectionPool
+    queues: dict[str, None]
+    failures: Failures
+    fail_fast_default: bool
+
+    def flush(self, queue_name: str) -> None:
+        """Drop the queue's pending and retryable jobs."""
+        with self.pool.connection(timeout=10) as c:
+            c.execute(sql.FLUSH_QUEUE, {"queue": queue_name})
+
+    def flush_all(self) -> None:
+        """Flush every queue; ``join`` forgets earlier failures (the stub drops its dead letters)."""
+        for queue in self.queues:
+            self.flush(queue)
+        self.forget_failures()
+
+    @property
+    def dead_letters(self) -> list[PgMessageProxy]:
+        """The jobs of the declared queues that failed since the broker was made or
+        ``flush_all()``, oldest first: what the stub broker calls its dead letters."""
+        params = {"queues": list(self.queues), "since": self.failures.since}
+        with self.pool.connection(timeout=10) as c:
+            return [from_claimed_row(row) for row in c.execute(sql.DEAD_LETTERS, params).fetchall()]
+
+    def forget_failures(self) -> None:
+        """From now on ``join`` reports only jobs that fail after this call."""
+        with self.pool.connection(timeout=10) as c:
+            self.failures.reset(db.one(c.execute(sql.NOW)))
+
+    def join(self, queue_name: str, *, timeout: int | None = None, fail_fast: bool | None = None) -> None:
+        """Wait until the queue has no live job (tests). With ``fail_fast`` (default:
+        ``fail_fast_default``), then raise the exception of a job of the queue that
+        failed since the broker was made or flushed, as Dramatiq's stub broker does."""
+        if queue_name not in self.queues:
+            raise QueueNotFound(queue_name)
+        fail_fast = self.fail_fast_default if fail_fast is None else fail_fast
+        join(self.pool, queue_name, timeout_ms=timeout, fail_fast=fail_fast, failures=self.failures)
+
+
+def join(pool: ConnectionPool, queue: str, *, timeout_ms: int | None, fail_fast: bool,
+         failures: Failures) -> None:
+    """Wait until ``queue`` has no pending, retryable or running job; then, with
+    ``fail_fast``, raise the exception of a job that failed (see Failures).
+
+    Raises QueueJoinTimeout when ``timeout_ms`` passes first.
+    """
+    deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+    while True:
+        with pool.connection(timeout=10) as c:
+            live = db.one(c.execute(sql.LIVE_IN_QUEUE, {"queue": queue}))
+            failed = None
+            if live == 0 and fail_fast:
+                failed = c.execute(sql.FAILED_SINCE, {"queue": queue, "since": failures.since}).fetchone()
+        if live == 0:
+            if failed is not None:
+                raise failures.exception_for(str(failed[0]), failed[1], failed[2]) from None
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise QueueJoinTimeout(queue)
+        time.sleep(JOIN_POLL_SECONDS)
