@@ -33,9 +33,10 @@ from . import sql
 from .acks import AckBatcher
 from .capacity import Capacity
 from .consumer import PostgresConsumer
+from .fencing import Fence
 from .leases import Leases
-from .listener import Listener
-from .message import PgMessageProxy, error_text, from_claimed_row, jsonb
+from .listener import CANCEL_CHANNEL, Listener
+from .message import PgMessageProxy, Unreadable, error_text, from_claimed_row, jsonb
 from .middleware import JobOptions, Retries
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,9 @@ class PostgresBroker(Broker):
         self.claiming = threading.Event()
         self.claiming.set()
         self.leases = Leases(self.pool, self.owner, lease_seconds)
+        # Last, so its after_process_message runs first (see Fence).
+        self.fence = Fence(self.leases)
+        self.add_middleware(self.fence)
         self._listener: Listener | None = None
         self._acks: AckBatcher | None = None
         self._start_lock = threading.Lock()
@@ -136,14 +140,10 @@ class PostgresBroker(Broker):
             return actor_opts.get(name) if value is None else value
 
         max_attempts = option("max_attempts")
-        if max_attempts is None:
+        if max_attempts is None and actor is not None:
             retries = self._retries()
-            if retries is None:
-                max_attempts = 1
-            elif actor is None:
-                max_attempts = retries.max_retries + 1
-            else:
-                max_attempts = retries.max_attempts_for(message, actor)
+            max_attempts = 1 if retries is None else retries.max_attempts_for(message, actor)
+        # else NULL: the worker that claims it applies its actor's budget
         return {
             "id": message.message_id,
             "queue": message.queue_name,
@@ -153,7 +153,7 @@ class PostgresBroker(Broker):
             "options": options,
             "priority": int(options.get("priority") or 0),
             "delay_ms": int(delay or 0),
-            "max_attempts": int(max_attempts),
+            "max_attempts": None if max_attempts is None else int(max_attempts),
             "dedupe_key": option("dedupe_key"),
             "concurrency_key": option("concurrency_key"),
         }
@@ -246,7 +246,7 @@ class PostgresBroker(Broker):
     def _start(self) -> tuple[Listener, AckBatcher]:
         with self._start_lock:
             if self._listener is None:
-                self._listener = Listener(self.url)
+                self._listener = Listener(self.url, on_notify={CANCEL_CHANNEL: self.fence.cancel})
                 self._listener.start()
             if self._acks is None:
                 self._acks = AckBatcher(self._write_acks)
@@ -269,26 +269,75 @@ class PostgresBroker(Broker):
             outcomes=self,
         )
 
+    def _budgets(self) -> dict[str, Any]:
+        """Each known actor's exception and lease-loss budgets, for rows that carry none."""
+        retries = self._retries()
+        names = list(self.actors)
+        attempts, losses = [], []
+        for name in names:
+            actor = self.actors[name]
+            own = actor.options.get("max_attempts")
+            attempts.append(own if own is not None else 1 if retries is None else
+                            int(actor.options.get("max_retries", retries.max_retries)) + 1)
+            losses.append(actor.options.get("max_lease_losses"))
+        return {"actors": names, "actor_max_attempts": attempts, "actor_max_losses": losses,
+                "default_max_attempts": 1 if retries is None else retries.max_retries + 1,
+                "default_max_losses": defaults.MAX_LEASE_LOSSES}
+
     def claim(self, queue: str, n: int, *, idle: bool = False) -> list[PgMessageProxy]:
-        """Claim up to n rows; ``idle`` when the previous claim found the queue short."""
-        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds}
+        """Claim up to n rows; ``idle`` when the previous claim found the queue short.
+
+        A row that cannot become a message fails at once, alone; only the others
+        are returned (the consumer frees the capacity the bad ones reserved)."""
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, **self._budgets()}
+        sent = time.monotonic()
         with self._conn(pool=self.idle_claim_pool if idle else self.pool) as c:
             rows = c.execute(sql.CLAIM, params).fetchall()
-        out = [from_claimed_row(row) for row in rows]
-        self.leases.hold([m.message_id for m in out])
+        out, bad = [], []
+        for row in rows:
+            try:
+                out.append(from_claimed_row(row, self.actors))
+            except (Unreadable, ValueError, TypeError) as exc:
+                bad.append((str(row[0]), int(row[4]), f"cannot become a message: {exc}"))
+        self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
+        if bad:
+            self._fail_unreadable(bad)
         return out
+
+    def _fail_unreadable(self, bad: list[tuple[str, int, str]]) -> None:
+        for job_id, _, error in bad:
+            log.error("job %s %s; failing it", job_id, error)
+        params = {"ids": [b[0] for b in bad], "attempts": [b[1] for b in bad], "errors": [b[2] for b in bad],
+                  "owner": self.owner}
+        try:  # one try: the claim just worked; if this fails the lease expires and a later claim fails them
+            with self._conn() as c:
+                c.execute(sql.FAIL_UNREADABLE, params)
+        except BrokerConnectionError as exc:  # never lose the good rows claimed with them
+            log.warning("could not fail %d unreadable job(s) (%s); their leases will expire", len(bad), exc)
 
     def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
         with self.pool.connection(timeout=10) as c:
             c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
 
     def ack(self, message: PgMessageProxy) -> None:
+        if message.fenced:  # interrupted: another process may own it now; write nothing
+            self.leases.let_go(message.message_id)
+            return
+        if getattr(message, "_exception", None) is not None and not message.retried:
+            # It raised and nothing scheduled a retry or a failure (no Retries
+            # middleware, or an after_process_message that failed and Dramatiq
+            # swallowed): it did not succeed.
+            self.nack(message)
+            return
         _, acks = self._start()
         acks.add(message.message_id, message.attempts)
         self.leases.let_go(message.message_id)
         self.jobs_done += 1
 
     def nack(self, message: PgMessageProxy) -> None:
+        if message.fenced:
+            self.leases.let_go(message.message_id)
+            return
         exc = getattr(message, "_exception", None)
         error = error_text(exc)
         reason = f"attempt {message.attempts} of {message.max_attempts}: {type(exc).__name__ if exc else 'failed'}"
@@ -314,6 +363,9 @@ class PostgresBroker(Broker):
         backoff.retry(write, f"{what} of job {params['id']}", retry_on=(BrokerConnectionError,), logger=log)
 
     def _retry(self, message: PgMessageProxy, delay: int | None) -> PgMessageProxy:
+        message.retried = True
+        if message.fenced:
+            return message
         exc = getattr(message, "_exception", None)
         options = {k: v for k, v in message.options.items() if k != "traceback"}
         params = {

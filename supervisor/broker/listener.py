@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import psycopg
 
@@ -12,6 +13,8 @@ from ..db import redact
 log = logging.getLogger(__name__)
 
 CHANNEL = "actor_supervisor_jobs"
+# Payload: the id of a running job an operator cancelled (see sql.CANCEL).
+CANCEL_CHANNEL = "actor_supervisor_cancel"
 
 
 class Listener(threading.Thread):
@@ -21,9 +24,11 @@ class Listener(threading.Thread):
     the listener reconnects with backoff; consumers keep polling meanwhile.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, on_notify: dict[str, Callable[[str], None]] | None = None) -> None:
         super().__init__(name="pg-listener", daemon=True)
         self.url = url
+        # Other channels this connection listens to, and what to call with a payload.
+        self.on_notify = dict(on_notify or {})
         self._events: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._halt = threading.Event()
@@ -46,12 +51,17 @@ class Listener(threading.Thread):
         while not self._halt.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
+                    for channel in (CHANNEL, *self.on_notify):
+                        conn.execute(f"LISTEN {channel}")
                     self.connected.set()
                     delay = 0.2
                     self._wake_all()  # anything inserted while we were away
                     while not self._halt.is_set():
                         for note in conn.notifies(timeout=1.0):
+                            handler = self.on_notify.get(note.channel)
+                            if handler is not None:
+                                handler(note.payload)
+                                continue
                             event = self._events.get(note.payload)
                             if event is not None:
                                 event.set()

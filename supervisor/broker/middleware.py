@@ -3,9 +3,10 @@
 Retries use deterministic exponential backoff.
 
 Dramatiq's own Retries counts retries in the message options and adds jitter.
-Here the row's ``attempts`` (incremented by every claim, including claims that
-ended in a crash) is the count, so a job that keeps killing its process and a
-job that keeps raising share one budget: ``max_attempts``.
+Here the row is the count: ``attempts`` (every claim) minus ``lease_losses``
+(claims that ended with the process dead, frozen or cut off), so, as in
+Dramatiq, ``max_retries`` counts exceptions only. A job that keeps killing its
+process is stopped by its own budget, ``max_lease_losses`` (see sql.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class JobOptions(Middleware):
 
     @property
     def actor_options(self) -> set[str]:
-        return {"dedupe_key", "concurrency_key", "max_attempts"}
+        return {"dedupe_key", "concurrency_key", "max_attempts", "max_lease_losses"}
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
@@ -62,15 +63,15 @@ class Retries(Middleware):
         return int(self._option(message, actor, "max_retries", self.max_retries)) + 1
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
-        if exception is None:
-            return
+        if exception is None or getattr(message, "fenced", None):
+            return  # a fenced job is neither retried nor failed here: its process lost it
         actor = broker.get_actor(message.actor_name)
         throws = message.options.get("throws") or actor.options.get("throws")
         if throws and isinstance(exception, throws):
             message.fail()
             return
 
-        attempt = getattr(message, "attempts", None) or message.options.get("retries", 0) + 1
+        attempt = getattr(message, "deliveries", None) or message.options.get("retries", 0) + 1
         max_attempts = getattr(message, "max_attempts", None) or self.max_attempts_for(message, actor)
         message.options["retries"] = attempt
         retry_when = actor.options.get("retry_when", self.retry_when)

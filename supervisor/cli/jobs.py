@@ -122,7 +122,8 @@ def _job_change(name: str, change: Callable[[Any, str], bool], to: str, allowed:
 
 
 _job_change("retry", admin.retry_job, "pending", "failed or cancelled", "Put a failed or cancelled job back to pending.")
-_job_change("cancel", admin.cancel_job, "cancelled", "pending or retryable", "Cancel a pending or retryable job.")
+_job_change("cancel", admin.cancel_job, "cancelled", "pending, retryable or running",
+            "Cancel a job; a running one is interrupted by its process within about a second.")
 
 
 def _listing(name: str, gather: Callable[[Any], list[dict[str, Any]]], columns: list[str], doc: str) -> click.Command:
