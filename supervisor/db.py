@@ -147,6 +147,10 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
         open=False,
         # A broken connection is replaced instead of handed out again.
         check=probe_if_idle,
+        # A failed connection attempt is not retried on the pool's own backoff
+        # (1, 2, 4... s: a reconnect up to seconds after the database is back);
+        # callers retry, and each request that finds no connection starts a new attempt.
+        reconnect_timeout=0,
     )
     pool.open(wait=False)
     return pool

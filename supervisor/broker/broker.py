@@ -41,6 +41,9 @@ from .middleware import JobOptions, Retries
 
 log = logging.getLogger(__name__)
 
+# How long a claim waits for a connection while claims are failing (see claim).
+CLAIM_TIMEOUT_IN_OUTAGE = 0.25
+
 _transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.ContextVar(
     "actor_supervisor_transaction", default=None
 )
@@ -110,6 +113,7 @@ class PostgresBroker(Broker):
         self._acks: AckBatcher | None = None
         self._start_lock = threading.Lock()
         self.jobs_done = 0
+        self._claims_failing = False
 
     # --- producer side ------------------------------------------------------
 
@@ -165,14 +169,14 @@ class PostgresBroker(Broker):
         return None
 
     @contextlib.contextmanager
-    def _conn(self, conn: psycopg.Connection | None = None, *,
-              pool: ConnectionPool | None = None) -> Iterator[psycopg.Connection]:
+    def _conn(self, conn: psycopg.Connection | None = None, *, pool: ConnectionPool | None = None,
+              timeout: float = 10.0) -> Iterator[psycopg.Connection]:
         conn = conn or (None if pool else _transaction.get())
         if conn is not None:
             yield conn
             return
         try:
-            with (pool or self.pool).connection(timeout=10) as pooled:
+            with (pool or self.pool).connection(timeout=timeout) as pooled:
                 yield pooled
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise BrokerConnectionError(f"database unavailable ({db.redact(self.url)}): {exc}") from exc
@@ -291,8 +295,19 @@ class PostgresBroker(Broker):
         are returned (the consumer frees the capacity the bad ones reserved)."""
         params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, **self._budgets()}
         sent = time.monotonic()
-        with self._conn(pool=self.idle_claim_pool if idle else self.pool) as c:
-            rows = c.execute(sql.CLAIM, params).fetchall()
+        pool = self.idle_claim_pool if idle else self.pool
+        # In an outage, ask for a connection only briefly: the consumer tries again
+        # at once, and each try makes the pool attempt a fresh connection.
+        timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
+        try:
+            with self._conn(pool=pool, timeout=timeout) as c:
+                rows = c.execute(sql.CLAIM, params).fetchall()
+        except BrokerConnectionError:
+            self._claims_failing = True
+            with contextlib.suppress(Exception):
+                pool.check()  # drop every broken idle connection now, not one per try
+            raise
+        self._claims_failing = False
         out, bad = [], []
         for row in rows:
             try:

@@ -13,6 +13,9 @@ from ..db import redact
 log = logging.getLogger(__name__)
 
 CHANNEL = "actor_supervisor_jobs"
+# A short fixed pace, not a growing backoff: claims resume within a fraction of a
+# second of the database coming back (a refused connection costs next to nothing).
+RETRY_SECONDS = 0.25
 # Payload: the id of a running job an operator cancelled (see sql.CANCEL).
 CANCEL_CHANNEL = "actor_supervisor_cancel"
 
@@ -47,14 +50,16 @@ class Listener(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        delay = 0.2
+        failures = 0
         while not self._halt.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
                     for channel in (CHANNEL, *self.on_notify):
                         conn.execute(f"LISTEN {channel}")
                     self.connected.set()
-                    delay = 0.2
+                    if failures:
+                        log.warning("listener back on %s after %d failed tries", redact(self.url), failures)
+                    failures = 0
                     self._wake_all()  # anything inserted while we were away
                     while not self._halt.is_set():
                         for note in conn.notifies(timeout=1.0):
@@ -69,8 +74,11 @@ class Listener(threading.Thread):
                 self.connected.clear()
                 if self._halt.is_set():
                     break
-                log.warning("listener lost %s (%s); reconnecting in %.1fs", redact(self.url), exc, delay)
+                if not failures:
+                    log.warning("listener lost %s (%s); reconnecting every %.2fs", redact(self.url), exc, RETRY_SECONDS)
+                failures += 1
+                # Each try also wakes every consumer, so they claim (or find the
+                # database still away) at this pace until NOTIFY works again.
                 self._wake_all()
-                self._halt.wait(delay)
-                delay = min(delay * 2, 10.0)
+                self._halt.wait(RETRY_SECONDS)
         self.connected.clear()
