@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import tempfile
@@ -17,6 +18,7 @@ import pytest
 from supervisor import apps
 from supervisor.migrate import migrate
 from tests.conftest import ROOT, TEST_TABLES, scalar, wait_for
+from tests.supervisor_helpers import role, supervisor, write_config  # noqa: F401 - supervisor is a fixture
 
 
 class PrivateServer:
@@ -76,3 +78,21 @@ def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server
     wait_for(lambda: all("claiming from tests again" in p.stderr() for p in procs), 2,
              message="every worker to claim again")
     assert not any("Restarting consumer" in p.stderr() for p in procs)
+
+
+def test_a_ready_process_killed_is_replaced_at_once(tmp_path, conn, database_url, supervisor):  # noqa: F811
+    # A long crash backoff, to tell a replacement made at once from one that waited it out.
+    path = write_config(tmp_path / "s.yaml", database_url, {"alpha": role(processes=1, threads=1)},
+                        restart_backoff="10s", restart_backoff_max="10s")
+    s = supervisor(path)
+    s.wait_state({"alpha": 1})
+    for _ in range(2):  # again: the replacement, once ready, is replaced at once too
+        [victim] = s.pids("alpha")
+        wait_for(lambda: s.roles()["alpha"]["processes"][0]["uptime"] > 3.0, 15, message="the child to settle")
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda v=victim: (p := s.pids("alpha")) and v not in p, 5, interval=0.02,
+                 message="a replacement")
+        assert time.monotonic() - killed < 1.5
+        s.wait_state({"alpha": 1})
+    assert s.roles()["alpha"]["state"] == "running"
