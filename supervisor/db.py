@@ -90,9 +90,25 @@ def resolve_url(url: str | None = None) -> str:
     return embedded_url()
 
 
-def redact(url: str) -> str:
-    """The URL with its password hidden, for logs and error messages."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+# Every place a connection string can carry a secret. The user-info match runs to
+# the last '@' of the token (a password may contain '@').
+_SECRETS = (
+    re.compile(r"(://[^:/@\s]*:)\S*(?=@)"),  # scheme://user:SECRET@host
+    re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&']+)", re.IGNORECASE),  # ?password= / key=value
+)
+_MIN_ENV_SECRET = 4  # shorter PGPASSWORD values would mask ordinary text
+
+
+def redact(text: str) -> str:
+    """``text`` with every password hidden, for anything printed or logged: URL
+    user-info, ``?password=`` and ``key=value`` connection strings, and the
+    value of PGPASSWORD wherever it appears."""
+    for pattern in _SECRETS:
+        text = pattern.sub(lambda m: m.group(1) + "***", text)
+    env = os.environ.get("PGPASSWORD") or ""
+    if len(env) >= _MIN_ENV_SECRET:
+        text = text.replace(env, "***")
+    return text
 
 
 def one(cursor: psycopg.Cursor[Any]) -> Any:
