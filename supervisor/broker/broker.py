@@ -36,8 +36,8 @@ from .consumer import PostgresConsumer
 from .fencing import Fence
 from .leases import Leases
 from .listener import CANCEL_CHANNEL, Listener
-from .message import PgMessageProxy, Unreadable, error_text, from_claimed_row, jsonb
-from .middleware import JobOptions, Retries
+from .message import PgMessageProxy, decode_claimed, error_text, jsonb
+from .middleware import JobOptions, Retries, claim_budgets
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ class PostgresBroker(Broker):
         self._start_lock = threading.Lock()
         self.jobs_done = 0
         self._claims_failing = False
+        self._budget_cache: tuple[int, dict[str, Any]] | None = None
 
     # --- producer side ------------------------------------------------------
 
@@ -274,19 +275,11 @@ class PostgresBroker(Broker):
         )
 
     def _budgets(self) -> dict[str, Any]:
-        """Each known actor's exception and lease-loss budgets, for rows that carry none."""
-        retries = self._retries()
-        names = list(self.actors)
-        attempts, losses = [], []
-        for name in names:
-            actor = self.actors[name]
-            own = actor.options.get("max_attempts")
-            attempts.append(own if own is not None else 1 if retries is None else
-                            int(actor.options.get("max_retries", retries.max_retries)) + 1)
-            losses.append(actor.options.get("max_lease_losses"))
-        return {"actors": names, "actor_max_attempts": attempts, "actor_max_losses": losses,
-                "default_max_attempts": 1 if retries is None else retries.max_retries + 1,
-                "default_max_losses": defaults.MAX_LEASE_LOSSES}
+        """Each known actor's exception and lease-loss budgets, for rows that carry none
+        (computed again only when an actor was declared since)."""
+        if self._budget_cache is None or self._budget_cache[0] != len(self.actors):
+            self._budget_cache = (len(self.actors), claim_budgets(self.actors, self._retries()))
+        return self._budget_cache[1]
 
     def claim(self, queue: str, n: int, *, idle: bool = False) -> list[PgMessageProxy]:
         """Claim up to n rows; ``idle`` when the previous claim found the queue short.
@@ -308,27 +301,11 @@ class PostgresBroker(Broker):
                 pool.check()  # drop every broken idle connection now, not one per try
             raise
         self._claims_failing = False
-        out, bad = [], []
-        for row in rows:
-            try:
-                out.append(from_claimed_row(row, self.actors))
-            except (Unreadable, ValueError, TypeError) as exc:
-                bad.append((str(row[0]), int(row[4]), f"cannot become a message: {exc}"))
+        out, bad = decode_claimed(rows, self.actors)
         self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
         if bad:
-            self._fail_unreadable(bad)
+            self.leases.fail_unreadable(bad)
         return out
-
-    def _fail_unreadable(self, bad: list[tuple[str, int, str]]) -> None:
-        for job_id, _, error in bad:
-            log.error("job %s %s; failing it", job_id, error)
-        params = {"ids": [b[0] for b in bad], "attempts": [b[1] for b in bad], "errors": [b[2] for b in bad],
-                  "owner": self.owner}
-        try:  # one try: the claim just worked; if this fails the lease expires and a later claim fails them
-            with self._conn() as c:
-                c.execute(sql.FAIL_UNREADABLE, params)
-        except BrokerConnectionError as exc:  # never lose the good rows claimed with them
-            log.warning("could not fail %d unreadable job(s) (%s); their leases will expire", len(bad), exc)
 
     def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
         with self.pool.connection(timeout=10) as c:

@@ -12,7 +12,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from psycopg_pool import ConnectionPool
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import defaults
 from . import sql
@@ -111,6 +112,20 @@ class Leases:
         if lost:
             self.on_lost(lost)
         return len(renewed)
+
+    def fail_unreadable(self, bad: list[tuple[str, int, str]]) -> None:
+        """Fail held rows that cannot become messages ((id, attempt, why) each), at
+        once and alone. One try: the claim just worked; if this fails, the leases
+        expire and a later claim fails them."""
+        for job_id, _, why in bad:
+            log.error("job %s %s; failing it", job_id, why)
+        params = {"ids": [b[0] for b in bad], "attempts": [b[1] for b in bad], "errors": [b[2] for b in bad],
+                  "owner": self.owner}
+        try:
+            with self.pool.connection(timeout=10) as c:
+                c.execute(sql.FAIL_UNREADABLE, params)
+        except (psycopg.OperationalError, PoolTimeout) as exc:  # never lose the good rows claimed with them
+            log.warning("could not fail %d unreadable job(s) (%s); their leases will expire", len(bad), exc)
 
     def reap_expired(self, limit: int = 1000) -> list[tuple[str, str, str]]:
         """Return leases (of any owner) expired for longer than the reap margin to

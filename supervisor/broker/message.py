@@ -105,6 +105,18 @@ def from_claimed_row(row: tuple[Any, ...], actors: Container[str]) -> PgMessageP
                           lease_losses=losses)
 
 
+def decode_claimed(rows: list[tuple[Any, ...]], actors: Container[str]
+                   ) -> tuple[list[PgMessageProxy], list[tuple[str, int, str]]]:
+    """The messages of claimed rows, and (id, attempt, why) of rows that cannot be one."""
+    out, bad = [], []
+    for row in rows:
+        try:
+            out.append(from_claimed_row(row, actors))
+        except (Unreadable, ValueError, TypeError) as exc:
+            bad.append((str(row[0]), int(row[4]), f"cannot become a message: {exc}"))
+    return out, bad
+
+
 def unknown_actor_text(name: object) -> str:
     return (
         f"actor: no actor named {name} is declared in this worker. "

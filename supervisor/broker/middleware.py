@@ -95,3 +95,23 @@ class Retries(Middleware):
             cap = min(self._option(message, actor, "max_backoff", self.max_backoff), defaults.MAX_BACKOFF_MS)
             delay = backoff_ms(attempt, base, cap)
         broker.enqueue(message, delay=delay)
+
+
+def claim_budgets(actors: dict[str, Any], retries: Retries | None) -> dict[str, Any]:
+    """The claim's parameters for rows that carry no budgets (plain SQL inserts):
+    each actor's exception budget (max_attempts, or max_retries + 1) and lease-loss
+    budget, and the defaults for actors this process does not know."""
+    names = list(actors)
+    attempts, losses = [], []
+    for name in names:
+        options = actors[name].options
+        own = options.get("max_attempts")
+        if own is None and retries is not None:
+            retry_count = options.get("max_retries")
+            own = (retries.max_retries if retry_count is None else int(retry_count)) + 1
+        attempts.append(1 if own is None else int(own))
+        losses.append(options.get("max_lease_losses"))
+    return {"actors": names, "actor_max_attempts": attempts, "actor_max_losses": losses,
+            "default_max_attempts": 1 if retries is None else retries.max_retries + 1,
+            "default_max_losses": defaults.MAX_LEASE_LOSSES}
+
