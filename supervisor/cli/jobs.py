@@ -56,7 +56,7 @@ def _json_option(name: str, text: str, kind: type, what: str) -> Any:
         value = json.loads(text)
         json.dumps(value, allow_nan=False)
     except ValueError as exc:  # JSONDecodeError included
-        die(f"{name} must be {what} in strict JSON (no NaN or Infinity): {exc}", exit_codes.USAGE)
+        die(f"{name} must be JSON ({what}, no NaN or Infinity): {exc}", exit_codes.USAGE)
     if not isinstance(value, kind):
         die(f"{name} must be {what}, got {type(value).__name__}: {text[:60]}", exit_codes.USAGE)
     return value
