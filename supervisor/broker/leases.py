@@ -76,6 +76,10 @@ class Leases:
             held = self._held.get(job_id)
         return [] if held is None else [(job_id, held[0])]
 
+    def held(self) -> list[Hold]:
+        with self._lock:
+            return [(job_id, attempt) for job_id, (attempt, _) in self._held.items()]
+
     def count(self) -> int:
         """Jobs claimed by this process and not finished (running or about to)."""
         with self._lock:
