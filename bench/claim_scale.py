@@ -85,7 +85,8 @@ def vacuum(conn: psycopg.Connection) -> None:
 
 
 def claim_params(n: int) -> dict:
-    return {"queue": "bench", "n": n, "owner": "claim-scale-probe", "lease_s": 30.0}
+    return {"queue": "bench", "n": n, "owner": "claim-scale-probe", "lease_s": 30.0, "actors": [],
+            "actor_max_attempts": [], "actor_max_losses": [], "default_max_attempts": 21, "default_max_losses": 3}
 
 
 def explain(conn: psycopg.Connection, n: int) -> None:

@@ -44,8 +44,13 @@ def retry_job(conn: psycopg.Connection, job_id: str) -> bool:
 
 
 def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
+    """Cancel a pending, retryable or running job (its process interrupts it).
+    Cancelling a cancelled job again is harmless: True, nothing written."""
     row = conn.execute(sql.CANCEL, {"id": job_id, "who": operator(), "reason": "cancelled by operator"}).fetchone()
-    return row is not None
+    if row is not None:
+        return True
+    status = conn.execute(sql.STATUS, {"id": job_id}).fetchone()
+    return status is not None and status[0] == "cancelled"
 
 
 def queue_stats(conn: psycopg.Connection) -> list[dict]:

@@ -90,9 +90,25 @@ def resolve_url(url: str | None = None) -> str:
     return embedded_url()
 
 
-def redact(url: str) -> str:
-    """The URL with its password hidden, for logs and error messages."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+# Every place a connection string can carry a secret. The user-info match runs to
+# the last '@' of the token (a password may contain '@').
+_SECRETS = (
+    re.compile(r"(://[^:/@\s]*:)\S*(?=@)"),  # scheme://user:SECRET@host
+    re.compile(r"(\b(?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&']+)", re.IGNORECASE),  # ?password= / key=value
+)
+_MIN_ENV_SECRET = 4  # shorter PGPASSWORD values would mask ordinary text
+
+
+def redact(text: str) -> str:
+    """``text`` with every password hidden, for anything printed or logged: URL
+    user-info, ``?password=`` and ``key=value`` connection strings, and the
+    value of PGPASSWORD wherever it appears."""
+    for pattern in _SECRETS:
+        text = pattern.sub(lambda m: m.group(1) + "***", text)
+    env = os.environ.get("PGPASSWORD") or ""
+    if len(env) >= _MIN_ENV_SECRET:
+        text = text.replace(env, "***")
+    return text
 
 
 def one(cursor: psycopg.Cursor[Any]) -> Any:
@@ -147,6 +163,10 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
         open=False,
         # A broken connection is replaced instead of handed out again.
         check=probe_if_idle,
+        # A failed connection attempt is not retried on the pool's own backoff
+        # (1, 2, 4... s: a reconnect up to seconds after the database is back);
+        # callers retry, and each request that finds no connection starts a new attempt.
+        reconnect_timeout=0,
     )
     pool.open(wait=False)
     return pool

@@ -7,6 +7,15 @@ read these, so a default cannot drift between the places that use it.
 # Leases: a claim stays valid this long without a heartbeat; the heartbeat renews it.
 LEASE_SECONDS = 30.0
 HEARTBEAT_SECONDS = 10.0
+# Self-fencing: a process stops a job it could not renew this long before the lease
+# expires (a fraction of the lease, capped); other processes reclaim it only
+# REAP_MARGIN_SECONDS after it expired. Together they keep two runs of a job apart.
+FENCE_MARGIN_FRACTION = 0.2
+FENCE_MARGIN_MAX = 5.0
+REAP_MARGIN_SECONDS = 1.0
+# Poison pill: a job whose lease is lost this many times (it killed or stalled its
+# process each time) ends failed. Lost leases never spend max_retries.
+MAX_LEASE_LOSSES = 3
 # Longest idle wait between claims when no NOTIFY arrives.
 POLL_INTERVAL = 1.0
 # Retries, in milliseconds like Dramatiq's own options.

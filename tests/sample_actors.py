@@ -75,3 +75,35 @@ def on_done(message_data, result) -> None:
     with _pool().connection() as c:
         c.execute("INSERT INTO test_results (job_id, n, pid, tag) VALUES (%s, 0, %s, 'callback')",
                   (message_data["message_id"], os.getpid()))
+
+
+@dramatiq.actor(queue_name="tests", max_retries=0)
+def record_once(n: int = 0, sleep_s: float = 0.0) -> None:
+    """`record` with no retries: only a lost lease may deliver it again."""
+    record.fn(n, sleep_s)
+
+
+@dramatiq.actor(queue_name="tests", max_retries=0)
+def ticking(seconds: float, tag: str = "") -> None:
+    """Works in 20 ms steps; records when it started and its last step, also when
+    interrupted, so tests can check that two runs of one job never overlap."""
+    started = last = time.time()
+    outcome = "interrupted"
+    try:
+        for _ in range(int(seconds / 0.02)):  # steps, not wall time: a frozen run does not get ahead
+            time.sleep(0.02)
+            last = time.time()
+        outcome = "done"
+    finally:
+        with _pool().connection() as c:
+            c.execute(
+                "INSERT INTO test_results (job_id, n, pid, started, finished, tag)"
+                " VALUES (%s, 0, %s, to_timestamp(%s), to_timestamp(%s), %s)",
+                (_job_id(), os.getpid(), started, last, f"{tag}{outcome}"),
+            )
+
+
+@dramatiq.actor(queue_name="tests", max_retries=3, min_backoff=100, retry_when=lambda retries, exc: 1 / 0)
+def broken_retry_policy() -> None:
+    """Fails, and its retry policy fails too (inside Retries.after_process_message)."""
+    raise RuntimeError("the job failed")

@@ -223,7 +223,7 @@ def test_enqueue_in_callers_transaction(conn, actors, broker, database_url):
 def test_unknown_actor_name_can_be_enqueued_by_name(conn, broker):
     msg = broker.enqueue(Message(queue_name="elsewhere", actor_name="remote", args=(), kwargs={}, options={}))
     assert conn.execute("SELECT queue, actor, max_attempts FROM jobs WHERE id = %s",
-                        (msg.message_id,)).fetchone() == ("elsewhere", "remote", 21)
+                        (msg.message_id,)).fetchone() == ("elsewhere", "remote", None)  # the claiming worker's actor decides
 
 
 def test_conditional_ack_after_reclaim_changes_nothing(conn, actors, database_url):
@@ -232,6 +232,7 @@ def test_conditional_ack_after_reclaim_changes_nothing(conn, actors, database_ur
     try:
         for x in (a, b):
             x.declare_queue("tests")
+            x.actors.update(dramatiq.get_broker().actors)
         msg = actors.record.send(1)
         [mine] = a.claim("tests", 1)
         conn.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
@@ -239,7 +240,7 @@ def test_conditional_ack_after_reclaim_changes_nothing(conn, actors, database_ur
         reaped = b.leases.reap_expired()
         assert reaped == [(msg.message_id, "pending", "host-a:1:aaaaaa")]
         reason = scalar(conn, "SELECT reason FROM job_events WHERE job_id = %s", (msg.message_id,))
-        assert "prior owner host-a:1:aaaaaa" in reason and "attempt 1 of 4" in reason
+        assert "prior owner host-a:1:aaaaaa" in reason and "lease loss 1 of 3" in reason
         [theirs] = b.claim("tests", 1)
         assert theirs.attempts == 2
         a.ack(mine)  # late ack from the old owner: fenced out
@@ -253,16 +254,17 @@ def test_conditional_ack_after_reclaim_changes_nothing(conn, actors, database_ur
         b.close()
 
 
-def test_poison_pill_fails_at_max_attempts(conn, actors, broker):
-    msg = actors.record.send_with_options(args=(1,), max_retries=1)  # 2 attempts
+def test_lost_leases_spend_the_poison_pill_budget_not_max_retries(conn, actors, broker):
+    msg = actors.record.send_with_options(args=(1,), max_retries=0, max_lease_losses=2)
     for attempt in (1, 2):
         [claimed] = broker.claim("tests", 1)
-        assert claimed.attempts == attempt
-        broker.capacity.release()
+        assert (claimed.attempts, claimed.deliveries) == (attempt, 1)
+        broker.leases.let_go(claimed.message_id)
         released = broker.leases.release_owner(broker.owner, why="process died")
         assert released[0][1] == ("pending" if attempt == 1 else "failed")
     assert status(conn, msg.message_id) == "failed"
-    assert "giving up" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (msg.message_id,))
+    error = scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (msg.message_id,))
+    assert "poison pill: lease lost 2 times" in error and "max_lease_losses=2" in error
 
 
 def test_requeue_returns_prefetched_rows_uncounted(conn, actors, broker):
@@ -278,6 +280,7 @@ def test_heartbeat_renews_only_own_leases(conn, actors, broker, database_url):
     other = PostgresBroker(database_url, lease_seconds=5, owner="other:1:cccccc", pool_size=1)
     try:
         other.declare_queue("tests")
+        other.actors.update(dramatiq.get_broker().actors)
         actors.record.send(1)
         actors.record.send(2)
         [mine] = broker.claim("tests", 1)
@@ -307,6 +310,7 @@ def test_concurrency_key_claims_never_overlap(conn, actors, broker, database_url
 
     def claimer(b: PostgresBroker) -> None:
         b.declare_queue("tests")
+        b.actors.update(broker.actors)
         try:
             while not done.is_set():
                 got = b.claim("tests", 4)

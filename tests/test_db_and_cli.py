@@ -85,7 +85,8 @@ def test_job_commands(conn, database_url):
 
     assert cli("jobs", "cancel", job_id, url=database_url).returncode == 0
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job_id,)) == "cancelled"
-    assert cli("jobs", "cancel", job_id, url=database_url).returncode == 1  # not cancellable twice
+    assert cli("jobs", "cancel", job_id, url=database_url).returncode == 0  # twice is harmless
+    assert cli("jobs", "cancel", "00000000-0000-0000-0000-000000000000", url=database_url).returncode == 1
     assert cli("jobs", "retry", job_id, url=database_url).returncode == 0
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job_id,)) == "pending"
 

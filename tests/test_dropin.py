@@ -259,7 +259,12 @@ def test_the_pickle_encoder_works_end_to_end(conn, broker, actors, worker, datab
 def test_a_message_enqueued_by_name_keeps_its_timestamp(conn, broker):
     message = Message(queue_name=QUEUE, actor_name="elsewhere", args=(), kwargs={}, options={},
                       message_timestamp=1_234_567_890_123)
-    broker.enqueue(message)
+    broker.enqueue(message)  # by name: the producer does not know the actor
+
+    @dramatiq.actor(queue_name=QUEUE, actor_name="elsewhere", broker=broker)
+    def elsewhere() -> None:
+        """The worker side declares it (a row for an undeclared actor fails at claim)."""
+
     [claimed] = broker.claim(QUEUE, 1)
     try:
         assert claimed.message_timestamp == 1_234_567_890_123 and claimed == message

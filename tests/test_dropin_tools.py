@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import dramatiq
 from dramatiq.message import Message
 
 from supervisor.broker import PostgresBroker
@@ -142,6 +143,7 @@ def test_a_broker_made_for_the_cli_keeps_its_leases(conn, database_url):
     broker = PostgresBroker(database_url, keep_leases=True, lease_seconds=1.5, pool_size=2)
     try:
         broker.declare_queue("kept")
+        dramatiq.actor(lambda: None, actor_name="a", queue_name="kept", broker=broker)
         held = broker.enqueue(Message(queue_name="kept", actor_name="a", args=(), kwargs={}, options={}))
         dead = scalar(conn, "INSERT INTO jobs (queue, actor, status, attempts, lease_owner, lease_expires_at)"
                             " VALUES ('elsewhere', 'a', 'running', 1, 'gone:1:dead', now() - interval '1 minute')"

@@ -71,6 +71,24 @@ def test_crash_backoff_grows_is_capped_and_probes_with_one():
     assert role.streak == 0
 
 
+def test_a_ready_child_killed_is_replaced_at_once_however_young():
+    role = role_state(3)
+    for n in range(1, 6):  # a kill storm: one young, ready child killed every second
+        c = add(role, n, at=float(n))
+        c.ready_at = n + 0.2
+        del role.children[c.pid]
+        role.record_exit(c, "killed by SIGKILL", expected=False, now=n + 1.5, backoff=0.5, backoff_max=4.0)
+        assert role.streak == 0 and role.next_start <= n + 1.5
+        assert plan(role, n + 1.5) == (3, [])  # no backoff: start the replacement now
+    assert role.restarts == 5 and not role.crash_looping
+    # dying right after ready is a failed start: backoff, as for one that never got ready
+    c = add(role, 9, at=10.0)
+    c.ready_at = 10.2
+    del role.children[9]
+    role.record_exit(c, "killed by SIGKILL", expected=False, now=10.5, backoff=0.5, backoff_max=4.0)
+    assert role.streak == 1 and role.next_start == 11.0 and plan(role, 10.6) == (0, [])
+
+
 def test_expected_exits_are_not_crashes():
     role = role_state(1)
     c = add(role, 1)

@@ -191,3 +191,14 @@ def test_systemd_analyze_verify(tmp_path):
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "actor-supervisor.service" not in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_unit_is_hardened(tmp_path):
+    unit = tmp_path / "actor-supervisor.service"
+    unit.write_text(UNIT.read_text())
+    result = subprocess.run(["systemd-analyze", "security", "--offline=true", str(unit)],
+                            capture_output=True, text=True, timeout=60)
+    found = re.search(r"Overall exposure level for \S+: ([\d.]+)", result.stdout)
+    assert found, result.stdout + result.stderr
+    assert float(found.group(1)) <= 3.0, result.stdout

@@ -30,11 +30,20 @@ def test_four_processes_run_5000_jobs_exactly_once(conn, workers):
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE status <> 'succeeded' OR attempts <> 1") == 0
 
 
+# max_retries=0 and no budgets in the rows: a lost lease must still re-run them.
+ENQUEUE_ONCE = """
+INSERT INTO jobs (queue, actor, args)
+SELECT 'tests', 'record_once', jsonb_build_array(g, %s::float) FROM generate_series(1, %s) AS g
+"""
+
+
 def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers):
+    """Dramatiq's at-least-once: a job whose process died runs again whatever its
+    max_retries (here 0); none fails."""
     procs = [workers(threads=8, lease=2, heartbeat=0.5) for _ in range(4)]
     for p in procs:
         p.wait_ready(conn)
-    conn.execute(ENQUEUE_RECORDS, (0.002, 5000))
+    conn.execute(ENQUEUE_ONCE, (0.002, 5000))
     victim = procs[0]
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results WHERE pid = %s", (victim.pid,)) >= 100,
              120, message="the victim to be busy")
@@ -50,6 +59,9 @@ def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers):
     assert all(pids.count(victim.pid) == 1 for _, pids in twice)
     reclaimed = scalar(conn, "SELECT count(*) FROM job_events WHERE reason LIKE 'lease expired%%'")
     assert reclaimed >= len(twice)
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE lease_losses = 1") == reclaimed > 0
+    # the rows took the actor's budgets when first claimed: max_retries=0, 3 lease losses
+    assert conn.execute("SELECT DISTINCT max_attempts, max_lease_losses FROM jobs").fetchall() == [(1, 3)]
 
 
 def test_sigterm_drains_and_exits_zero(conn, workers):

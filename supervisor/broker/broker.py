@@ -7,6 +7,7 @@ import contextvars
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -32,15 +33,19 @@ from . import sql
 from .acks import AckBatcher
 from .capacity import Capacity
 from .consumer import PostgresConsumer
+from .fencing import Fence
 from .joining import Failures, QueueHelpers
 from .keeper import LeaseKeeper
 from .leases import Leases
-from .listener import Listener
-from .message import PgMessageProxy, body_columns, error_text, from_claimed_row
-from .middleware import JobOptions, Retries
+from .listener import CANCEL_CHANNEL, Listener
+from .message import PgMessageProxy, body_columns, decode_claimed, error_text
+from .middleware import JobOptions, Retries, claim_budgets
 from .timer import DueTimer
 
 log = logging.getLogger(__name__)
+
+# How long a claim waits for a connection while claims are failing (see claim).
+CLAIM_TIMEOUT_IN_OUTAGE = 0.25
 
 _transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.ContextVar(
     "actor_supervisor_transaction", default=None
@@ -114,12 +119,17 @@ class PostgresBroker(QueueHelpers, Broker):
         self.claiming = threading.Event()
         self.claiming.set()
         self.leases = Leases(self.pool, self.owner, lease_seconds)
+        # Last, so its after_process_message runs first (see Fence).
+        self.fence = Fence(self.leases)
+        self.add_middleware(self.fence)
         self._listener: Listener | None = None
         self._acks: AckBatcher | None = None
         self._timer: DueTimer | None = None
         self._keeper = LeaseKeeper(self.leases) if keep_leases else None
         self._start_lock = threading.Lock()
         self.jobs_done = 0
+        self._claims_failing = False
+        self._budget_cache: tuple[int, dict[str, Any]] | None = None
 
     # --- producer side ------------------------------------------------------
 
@@ -150,14 +160,10 @@ class PostgresBroker(QueueHelpers, Broker):
             return actor_opts.get(name) if value is None else value
 
         max_attempts = option("max_attempts")
-        if max_attempts is None:
+        if max_attempts is None and actor is not None:
             retries = self._retries()
-            if retries is None:
-                max_attempts = 1
-            elif actor is None:
-                max_attempts = retries.max_retries + 1
-            else:
-                max_attempts = retries.max_attempts_for(message, actor)
+            max_attempts = 1 if retries is None else retries.max_attempts_for(message, actor)
+        # else NULL: the worker that claims it applies its actor's budget
         return {
             "id": message.message_id,
             "queue": message.queue_name,
@@ -166,7 +172,7 @@ class PostgresBroker(QueueHelpers, Broker):
             "message_timestamp": message.message_timestamp,
             "priority": int(options.get("priority") or 0),
             "delay_ms": int(delay or 0),
-            "max_attempts": int(max_attempts),
+            "max_attempts": None if max_attempts is None else int(max_attempts),
             "dedupe_key": option("dedupe_key"),
             "concurrency_key": option("concurrency_key"),
         }
@@ -178,14 +184,14 @@ class PostgresBroker(QueueHelpers, Broker):
         return None
 
     @contextlib.contextmanager
-    def _conn(self, conn: psycopg.Connection | None = None, *,
-              pool: ConnectionPool | None = None) -> Iterator[psycopg.Connection]:
+    def _conn(self, conn: psycopg.Connection | None = None, *, pool: ConnectionPool | None = None,
+              timeout: float = 10.0) -> Iterator[psycopg.Connection]:
         conn = conn or (None if pool else _transaction.get())
         if conn is not None:
             yield conn
             return
         try:
-            with (pool or self.pool).connection(timeout=10) as pooled:
+            with (pool or self.pool).connection(timeout=timeout) as pooled:
                 yield pooled
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise BrokerConnectionError(f"database unavailable ({db.redact(self.url)}): {exc}") from exc
@@ -259,7 +265,7 @@ class PostgresBroker(QueueHelpers, Broker):
     def _start(self) -> tuple[Listener, AckBatcher]:
         with self._start_lock:
             if self._listener is None:
-                self._listener = Listener(self.url)
+                self._listener = Listener(self.url, on_notify={CANCEL_CHANNEL: self.fence.cancel})
                 self._listener.start()
             if self._acks is None:
                 self._acks = AckBatcher(self._write_acks)
@@ -297,13 +303,37 @@ class PostgresBroker(QueueHelpers, Broker):
             outcomes=self,
         )
 
+    def _budgets(self) -> dict[str, Any]:
+        """Each known actor's exception and lease-loss budgets, for rows that carry none
+        (computed again only when an actor was declared since)."""
+        if self._budget_cache is None or self._budget_cache[0] != len(self.actors):
+            self._budget_cache = (len(self.actors), claim_budgets(self.actors, self._retries()))
+        return self._budget_cache[1]
+
     def claim(self, queue: str, n: int, *, idle: bool = False) -> list[PgMessageProxy]:
-        """Claim up to n rows; ``idle`` when the previous claim found the queue short."""
-        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds}
-        with self._conn(pool=self.idle_claim_pool if idle else self.pool) as c:
-            rows = c.execute(sql.CLAIM, params).fetchall()
-        out = [from_claimed_row(row) for row in rows]
-        self.leases.hold([m.message_id for m in out])
+        """Claim up to n rows; ``idle`` when the previous claim found the queue short.
+
+        A row that cannot become a message fails at once, alone; only the others
+        are returned (the consumer frees the capacity the bad ones reserved)."""
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, **self._budgets()}
+        sent = time.monotonic()
+        pool = self.idle_claim_pool if idle else self.pool
+        # In an outage, ask for a connection only briefly: the consumer tries again
+        # at once, and each try makes the pool attempt a fresh connection.
+        timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
+        try:
+            with self._conn(pool=pool, timeout=timeout) as c:
+                rows = c.execute(sql.CLAIM, params).fetchall()
+        except BrokerConnectionError:
+            self._claims_failing = True
+            with contextlib.suppress(Exception):
+                pool.check()  # drop every broken idle connection now, not one per try
+            raise
+        self._claims_failing = False
+        out, bad = decode_claimed(rows, self.actors)
+        self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
+        if bad:
+            self.leases.fail_unreadable(bad)
         return out
 
     def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
@@ -311,12 +341,31 @@ class PostgresBroker(QueueHelpers, Broker):
             c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
 
     def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None:
+        """``on_written`` runs once the outcome is committed (or nothing is to be written)."""
+        if message.fenced:  # interrupted: another process may own it now; write nothing
+            self.leases.let_go(message.message_id)
+            if on_written is not None:
+                on_written()
+            return
+        if getattr(message, "_exception", None) is not None and not message.retried:
+            # It raised and nothing scheduled a retry or a failure (no Retries
+            # middleware, or an after_process_message that failed and Dramatiq
+            # swallowed): it did not succeed.
+            try:
+                self.nack(message)
+            finally:
+                if on_written is not None:
+                    on_written()
+            return
         acks = self._acks if self._acks is not None else self._start()[1]  # no lock on the hot path
         acks.add(message.message_id, message.attempts, on_written)
         self.leases.let_go(message.message_id)
         self.jobs_done += 1
 
     def nack(self, message: PgMessageProxy) -> None:
+        if message.fenced:
+            self.leases.let_go(message.message_id)
+            return
         exc = getattr(message, "_exception", None)
         error = error_text(exc)
         reason = f"attempt {message.attempts} of {message.max_attempts}: {type(exc).__name__ if exc else 'failed'}"
@@ -343,6 +392,9 @@ class PostgresBroker(QueueHelpers, Broker):
         backoff.retry(write, f"{what} of job {params['id']}", retry_on=(BrokerConnectionError,), logger=log)
 
     def _retry(self, message: PgMessageProxy, delay: int | None) -> PgMessageProxy:
+        message.retried = True
+        if message.fenced:
+            return message
         exc = getattr(message, "_exception", None)
         body = body_columns(message)
         params = {

@@ -19,6 +19,12 @@ log = logging.getLogger(__name__)
 
 ClaimFn = Callable[[str, int, bool], list[PgMessageProxy]]
 
+# While the database is away, claim again this often (each try is cheap: the
+# broker waits for a connection only briefly then). Dramatiq's own answer to a
+# connection error, restarting the consumer after 3 s, would add those 3 s to
+# every recovery.
+OUTAGE_RETRY_SECONDS = 0.1
+
 
 class Outcomes(Protocol):
     """Where a consumer writes what became of a message (the broker)."""
@@ -62,6 +68,7 @@ class PostgresConsumer(Consumer):
         self._claim = claim
         self._more = True  # claim at once on start: there may be a backlog
         self._next_poll = 0.0
+        self._outage = False
 
     def __next__(self) -> PgMessageProxy | None:
         """Return a claimed message, or None after ``timeout`` so the consumer
@@ -89,9 +96,20 @@ class PostgresConsumer(Consumer):
             self.wakeup.clear()
             try:
                 claimed = self._claim(self.queue_name, n, not self._more)
+            except BrokerConnectionError as exc:
+                self.capacity.release(n)
+                if not self._outage:
+                    log.warning("cannot claim from %s (%s); trying again every %.1fs",
+                                self.queue_name, exc, OUTAGE_RETRY_SECONDS)
+                self._outage = self._more = True
+                self.wakeup.wait(min(OUTAGE_RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
+                continue
             except BaseException:
                 self.capacity.release(n)
                 raise
+            if self._outage:
+                log.warning("claiming from %s again", self.queue_name)
+                self._outage = False
             self.capacity.release(n - len(claimed))
             self._more = len(claimed) == n
             self._next_poll = time.monotonic() + self.poll_interval

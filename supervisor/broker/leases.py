@@ -7,56 +7,138 @@ with nothing but a pool and its own owner id).
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
+from collections.abc import Callable
 
-from psycopg_pool import ConnectionPool
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
 
+from .. import defaults
 from . import sql
 
 log = logging.getLogger(__name__)
+
+
+# One delivery of a job: (job id, attempt number), the lease fence.
+Hold = tuple[str, int]
+
+
+def fence_margin(lease_seconds: float) -> float:
+    """How long before its lease expires a process stops a job it could not renew."""
+    return min(lease_seconds * defaults.FENCE_MARGIN_FRACTION, defaults.FENCE_MARGIN_MAX)
 
 
 class Leases:
     """The rows ``owner`` has claimed and not finished, and the statements on them.
 
     The heartbeat renews exactly these (see ``sql.HEARTBEAT``): one UPDATE per
-    process per beat, not per job.
+    process per beat, not per job. Each hold has a deadline on this process's
+    monotonic clock, taken before the statement that claimed or renewed it was
+    sent, minus a margin: past it the lease may have expired, and the job must
+    stop (``overdue``, see fencing.py). A held row the heartbeat did not renew
+    was reclaimed or cancelled: ``on_lost`` is told at once.
     """
 
-    def __init__(self, pool: ConnectionPool, owner: str, lease_seconds: float) -> None:
+    def __init__(self, pool: ConnectionPool, owner: str, lease_seconds: float,
+                 reap_margin: float = defaults.REAP_MARGIN_SECONDS) -> None:
         self.pool = pool
         self.owner = owner
         self.lease_seconds = lease_seconds
-        self._held: set[str] = set()
+        self.reap_margin = reap_margin
+        self.on_lost: Callable[[list[Hold]], None] = lambda holds: None
+        self._held: dict[str, tuple[int, float]] = {}  # job id -> (attempt, stop-by deadline)
         self._lock = threading.Lock()
 
-    def hold(self, job_ids: list[str]) -> None:
+    def _deadline(self, since: float) -> float:
+        return since + self.lease_seconds - fence_margin(self.lease_seconds)
+
+    def hold(self, holds: list[Hold], since: float | None = None) -> None:
+        """Start holding claimed rows; ``since``: monotonic time the claim was sent."""
+        deadline = self._deadline(time.monotonic() if since is None else since)
         with self._lock:
-            self._held.update(job_ids)
+            for job_id, attempt in holds:
+                self._held[job_id] = (attempt, deadline)
 
     def let_go(self, *job_ids: str) -> None:
         with self._lock:
-            self._held.difference_update(job_ids)
+            for job_id in job_ids:
+                self._held.pop(job_id, None)
+
+    def holds(self, hold: Hold) -> bool:
+        with self._lock:
+            held = self._held.get(hold[0])
+        return held is not None and held[0] == hold[1]
+
+    def holds_job(self, job_id: str) -> list[Hold]:
+        with self._lock:
+            held = self._held.get(job_id)
+        return [] if held is None else [(job_id, held[0])]
+
+    def held(self) -> list[Hold]:
+        with self._lock:
+            return [(job_id, attempt) for job_id, (attempt, _) in self._held.items()]
 
     def count(self) -> int:
         """Jobs claimed by this process and not finished (running or about to)."""
         with self._lock:
             return len(self._held)
 
-    def heartbeat(self) -> int:
-        """Renew the lease of every job this process runs: one UPDATE. Returns rows renewed."""
+    def overdue(self, now: float) -> list[Hold]:
+        """Holds past their deadline, each reported once."""
+        out = []
         with self._lock:
-            ids = list(self._held)
-        if not ids:
+            for job_id, (attempt, deadline) in self._held.items():
+                if deadline <= now:
+                    out.append((job_id, attempt))
+                    self._held[job_id] = (attempt, math.inf)
+        return out
+
+    def heartbeat(self) -> int:
+        """Renew the lease of every job this process runs: one UPDATE. Returns rows
+        renewed; held rows that were not renewed are reported to ``on_lost``."""
+        started = time.monotonic()
+        with self._lock:
+            sent = [(job_id, attempt) for job_id, (attempt, _) in self._held.items()]
+        if not sent:
             return 0
         with self.pool.connection(timeout=10) as c:
-            params = {"ids": ids, "owner": self.owner, "lease_s": self.lease_seconds}
-            return c.execute(sql.HEARTBEAT, params).rowcount
+            params = {"ids": [job_id for job_id, _ in sent], "owner": self.owner, "lease_s": self.lease_seconds}
+            renewed = {row[0] for row in c.execute(sql.HEARTBEAT, params).fetchall()}
+        deadline = self._deadline(started)
+        with self._lock:
+            for job_id, attempt in sent:
+                held = self._held.get(job_id)
+                if job_id in renewed and held is not None and held[0] == attempt and held[1] != math.inf:
+                    self._held[job_id] = (attempt, deadline)
+        lost = [h for h in sent if h[0] not in renewed]
+        if lost:
+            self.on_lost(lost)
+        return len(renewed)
+
+    def fail_unreadable(self, bad: list[tuple[str, int, str]]) -> None:
+        """Fail held rows that cannot become messages ((id, attempt, why) each), at
+        once and alone. One try: the claim just worked; if this fails, the leases
+        expire and a later claim fails them."""
+        for job_id, _, why in bad:
+            log.error("job %s %s; failing it", job_id, why)
+        params = {"ids": [b[0] for b in bad], "attempts": [b[1] for b in bad], "errors": [b[2] for b in bad],
+                  "owner": self.owner}
+        try:
+            with self.pool.connection(timeout=10) as c:
+                c.execute(sql.FAIL_UNREADABLE, params)
+        except (psycopg.OperationalError, PoolTimeout) as exc:  # never lose the good rows claimed with them
+            log.warning("could not fail %d unreadable job(s) (%s); their leases will expire", len(bad), exc)
 
     def reap_expired(self, limit: int = 1000) -> list[tuple[str, str, str]]:
-        """Return expired leases (of any owner) to pending, or failed when out of attempts."""
+        """Return leases (of any owner) expired for longer than the reap margin to
+        pending, or failed when out of lease losses. The margin covers the time a
+        process needs to notice and interrupt a job it could not renew."""
         with self.pool.connection(timeout=10) as c:
-            rows = c.execute(sql.REAP_EXPIRED, {"limit": limit, "who": self.owner, "why": "lease expired"}).fetchall()
+            rows = c.execute(sql.REAP_EXPIRED, {"limit": limit, "who": self.owner, "why": "lease expired",
+                                                "margin_s": self.reap_margin,
+                                                "default_max_losses": defaults.MAX_LEASE_LOSSES}).fetchall()
         for job_id, status, owner in rows:
             log.warning("reclaimed job %s from %s (lease expired) -> %s", job_id, owner, status)
         return [(str(r[0]), r[1], r[2]) for r in rows]
@@ -64,5 +146,6 @@ class Leases:
     def release_owner(self, owner: str, why: str = "released") -> list[tuple[str, str, str]]:
         """Release every job leased to ``owner`` now (its process is gone or stopping)."""
         with self.pool.connection(timeout=10) as c:
-            rows = c.execute(sql.RELEASE_OWNER, {"owner": owner, "who": self.owner, "why": why}).fetchall()
+            rows = c.execute(sql.RELEASE_OWNER, {"owner": owner, "who": self.owner, "why": why,
+                                                 "default_max_losses": defaults.MAX_LEASE_LOSSES}).fetchall()
         return [(str(r[0]), r[1], r[2]) for r in rows]

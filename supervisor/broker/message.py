@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import traceback
+from collections.abc import Container
 from typing import Any
 
 from dramatiq.broker import MessageProxy
@@ -44,19 +46,77 @@ def _fields(body: str, payload: bytes | None) -> tuple[list[Any], dict[str, Any]
 
 
 class PgMessageProxy(MessageProxy):
-    """A claimed row: the message plus the lease fence (attempt number)."""
+    """A claimed row: the message plus the lease fence (attempt number).
 
-    def __init__(self, message: Message, *, attempts: int, max_attempts: int, concurrency_key: str | None):
+    ``deliveries`` excludes deliveries that ended in a lost lease: it is what the
+    exception budget (``max_attempts``, max_retries + 1) is spent against.
+    ``fenced`` says why this process must not write an outcome for it any more
+    (its lease was lost or the job was cancelled while it ran).
+    """
+
+    def __init__(self, message: Message, *, attempts: int, max_attempts: int, concurrency_key: str | None,
+                 lease_losses: int = 0):
         super().__init__(message)
         self.attempts = attempts
         self.max_attempts = max_attempts
         self.concurrency_key = concurrency_key
+        self.lease_losses = lease_losses
+        self.fenced: str | None = None
+        self.retried = False  # the Retries middleware scheduled another delivery
+
+    @property
+    def deliveries(self) -> int:
+        return self.attempts - self.lease_losses
 
 
-def from_claimed_row(row: tuple[Any, ...]) -> PgMessageProxy:
-    """Build the message of one row of ``sql.CLAIM``."""
-    job_id, queue, actor, body, attempts, max_attempts, ckey, timestamp_ms, payload = row
-    args, kwargs, options = _fields(body, payload)
+class Unreadable(ValueError):
+    """A claimed row that cannot become a message; the text names the column and
+    the value's type. The row fails alone; the rows claimed with it run."""
+
+
+# Options the middleware reads as numbers, with the smallest value that makes sense.
+_NUMERIC_OPTIONS = {"max_retries": 0, "max_attempts": 1, "max_lease_losses": 1, "min_backoff": 0,
+                    "max_backoff": 0, "time_limit": 0, "max_age": 0, "eta": 0}
+_JSON_TYPES = ((bool, "a boolean"), (int, "a number"), (float, "a number"), (str, "a string"),
+               (list, "an array"), (dict, "an object"))
+
+
+def json_type(value: Any) -> str:
+    """The JSON type of a decoded value, for error messages."""
+    if value is None:
+        return "null"
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), type(value).__name__)
+
+
+def _check(row: tuple[Any, ...], args: Any, kwargs: Any, options: Any, actors: Container[str]) -> None:
+    actor = row[2]
+    if not isinstance(args, list | tuple):  # a tuple: decoded by a non-JSON encoder
+        raise Unreadable(f"args must be a JSON array, got {json_type(args)}")
+    if not isinstance(kwargs, dict):
+        raise Unreadable(f"kwargs must be a JSON object, got {json_type(kwargs)}")
+    if not isinstance(options, dict):
+        raise Unreadable(f"options must be a JSON object, got {json_type(options)}")
+    if actor not in actors:
+        raise Unreadable(unknown_actor_text(actor))
+    for name, low in _NUMERIC_OPTIONS.items():
+        value = options.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < low:
+            raise Unreadable(f"options.{name} must be a number >= {low}, got {json_type(value)} {value!r:.60}")
+
+
+def from_claimed_row(row: tuple[Any, ...], actors: Container[str]) -> PgMessageProxy:
+    """Build the message of one row of ``sql.CLAIM``; raise Unreadable if it cannot be one."""
+    job_id, queue, actor, body, attempts, max_attempts, ckey, losses, timestamp_ms, payload = row
+    try:
+        args, kwargs, options = _fields(body, payload)
+    except Exception as exc:  # a payload written by another encoder, or a corrupt one
+        raise Unreadable(f"payload cannot be decoded by {type(get_encoder()).__name__}: {exc}") from None
+    _check(row, args, kwargs, options, actors)
+    # The row's run_at schedules it. Dramatiq would hold a message with an `eta` in
+    # memory and re-send it under the same id, which the row (already there) absorbs.
+    options.pop("eta", None)
     message: Message[Any] = Message(
         queue_name=queue,
         actor_name=actor,
@@ -66,7 +126,27 @@ def from_claimed_row(row: tuple[Any, ...]) -> PgMessageProxy:
         message_id=job_id,
         message_timestamp=int(timestamp_ms),
     )
-    return PgMessageProxy(message, attempts=attempts, max_attempts=max_attempts, concurrency_key=ckey)
+    return PgMessageProxy(message, attempts=attempts, max_attempts=max_attempts, concurrency_key=ckey,
+                          lease_losses=losses)
+
+
+def decode_claimed(rows: list[tuple[Any, ...]], actors: Container[str]
+                   ) -> tuple[list[PgMessageProxy], list[tuple[str, int, str]]]:
+    """The messages of claimed rows, and (id, attempt, why) of rows that cannot be one."""
+    out, bad = [], []
+    for row in rows:
+        try:
+            out.append(from_claimed_row(row, actors))
+        except (Unreadable, ValueError, TypeError) as exc:
+            bad.append((str(row[0]), int(row[4]), f"cannot become a message: {exc}"))
+    return out, bad
+
+
+def unknown_actor_text(name: object) -> str:
+    return (
+        f"actor: no actor named {name} is declared in this worker. "
+        "Add its module to the role's actors (or fix the actor name in the job row)."
+    )
 
 
 def error_text(exception: BaseException | None) -> str:
@@ -74,9 +154,6 @@ def error_text(exception: BaseException | None) -> str:
     if exception is None:
         return "failed without an exception"
     if isinstance(exception, ActorNotFound):
-        return (
-            f"ActorNotFound: no actor named {exception} is declared in this worker. "
-            "Add its module to the role's actors (or fix the actor name in the job row)."
-        )
+        return f"ActorNotFound: {unknown_actor_text(exception)}"
     text = "".join(traceback.format_exception(exception))
     return text[-8000:]

@@ -3,9 +3,11 @@
 Retries use deterministic exponential backoff.
 
 Dramatiq's own Retries counts retries in the message options and adds jitter.
-Here (a subclass of it, so code that looks for Dramatiq's Retries finds it) the row's ``attempts`` (incremented by every claim, including claims that
-ended in a crash) is the count, so a job that keeps killing its process and a
-job that keeps raising share one budget: ``max_attempts``.
+Here (a subclass of it, so code that looks for Dramatiq's Retries finds it) the
+row is the count: ``attempts`` (every claim) minus ``lease_losses`` (claims that
+ended with the process dead, frozen or cut off), so, as in Dramatiq,
+``max_retries`` counts exceptions only. A job that keeps killing its process is
+stopped by its own budget, ``max_lease_losses`` (see sql.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class JobOptions(Middleware):
 
     @property
     def actor_options(self) -> set[str]:
-        return {"dedupe_key", "concurrency_key", "max_attempts"}
+        return {"dedupe_key", "concurrency_key", "max_attempts", "max_lease_losses"}
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
@@ -66,8 +68,8 @@ class Retries(dramatiq.middleware.Retries):
         return int(self._option(message, actor, "max_retries", self.max_retries)) + 1
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
-        if exception is None:
-            return
+        if exception is None or getattr(message, "fenced", None):
+            return  # a fenced job is neither retried nor failed here: its process lost it
         actor = broker.get_actor(message.actor_name)
         throws = message.options.get("throws") or actor.options.get("throws")
         if throws and isinstance(exception, throws):
@@ -75,7 +77,7 @@ class Retries(dramatiq.middleware.Retries):
             message.fail()
             return
 
-        attempt = getattr(message, "attempts", None) or message.options.get("retries", 0) + 1
+        attempt = getattr(message, "deliveries", None) or message.options.get("retries", 0) + 1
         max_attempts = getattr(message, "max_attempts", None) or self.max_attempts_for(message, actor)
         message.options["retries"] = attempt
         message.options["traceback"] = traceback.format_exc(limit=30)
@@ -103,3 +105,23 @@ class Retries(dramatiq.middleware.Retries):
             delay = backoff_ms(attempt, base, cap)
         self.logger.info("Retrying message %r in %d milliseconds.", message.message_id, delay)
         broker.enqueue(message, delay=delay)
+
+
+def claim_budgets(actors: dict[str, Any], retries: Retries | None) -> dict[str, Any]:
+    """The claim's parameters for rows that carry no budgets (plain SQL inserts):
+    each actor's exception budget (max_attempts, or max_retries + 1) and lease-loss
+    budget, and the defaults for actors this process does not know."""
+    names = list(actors)
+    attempts, losses = [], []
+    for name in names:
+        options = actors[name].options
+        own = options.get("max_attempts")
+        if own is None and retries is not None:
+            retry_count = options.get("max_retries")
+            own = (retries.max_retries if retry_count is None else int(retry_count)) + 1
+        attempts.append(1 if own is None else int(own))
+        losses.append(options.get("max_lease_losses"))
+    return {"actors": names, "actor_max_attempts": attempts, "actor_max_losses": losses,
+            "default_max_attempts": 1 if retries is None else retries.max_retries + 1,
+            "default_max_losses": defaults.MAX_LEASE_LOSSES}
+

@@ -8,7 +8,7 @@ All statements take parameters; none is built from input. Live statuses are
 # args, kwargs and options travel as one JSON text: one json.loads per row on
 # the client instead of three jsonb decodes (the claim's largest client cost).
 _CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, j.options)::text,
-    j.attempts, j.max_attempts, j.concurrency_key,
+    j.attempts, j.max_attempts, j.concurrency_key, j.lease_losses,
     coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload"""
 
 INSERT = """
@@ -48,7 +48,7 @@ SELECT dedupe_key, id FROM jobs
 # its key's slot in job_concurrency is free and this claim wins the INSERT.
 CLAIM = f"""
 WITH cand AS (
-    SELECT j.id, j.concurrency_key, j.priority, j.run_at
+    SELECT j.id, j.actor, j.concurrency_key, j.priority, j.run_at
       FROM jobs j
      WHERE j.queue = %(queue)s
        AND j.status IN ('pending', 'retryable')
@@ -68,10 +68,21 @@ WITH cand AS (
     SELECT concurrency_key, id FROM keyed ORDER BY concurrency_key
     ON CONFLICT DO NOTHING
     RETURNING job_id
+), budget AS (
+    -- the budgets of the actors this process knows, for rows that carry none
+    SELECT * FROM unnest(%(actors)s::text[], %(actor_max_attempts)s::int[], %(actor_max_losses)s::int[])
+        AS b(actor, max_attempts, max_lease_losses)
 )
 UPDATE jobs j
    SET status = 'running',
        attempts = j.attempts + 1,
+       max_attempts = coalesce(j.max_attempts, jobs_option_int(j.options, 'max_attempts', 1, 1e6),
+                               jobs_option_int(j.options, 'max_retries', 0, 1e6) + 1,
+                               (SELECT b.max_attempts FROM budget b WHERE b.actor = j.actor),
+                               %(default_max_attempts)s),
+       max_lease_losses = coalesce(j.max_lease_losses, jobs_option_int(j.options, 'max_lease_losses', 1, 1e6),
+                                   (SELECT b.max_lease_losses FROM budget b WHERE b.actor = j.actor),
+                                   %(default_max_losses)s),
        lease_owner = %(owner)s,
        claimed_at = now(),
        heartbeat_at = now(),
@@ -169,34 +180,44 @@ SELECT count(*)
 # Renews only the rows the process knows it holds: a row whose claim committed
 # but never reached the process (connection lost mid-claim) is left to expire
 # and be reaped, instead of being kept alive for ever by a healthy heartbeat.
+# The ids renewed come back: a held row missing from them was reclaimed or
+# cancelled, and its process interrupts the job (self-fencing).
 HEARTBEAT = """
 UPDATE jobs
    SET heartbeat_at = now(), lease_expires_at = now() + %(lease_s)s * interval '1 second'
  WHERE id = ANY(%(ids)s::uuid[]) AND lease_owner = %(owner)s AND status = 'running'
+RETURNING id::text
 """
 
-# Lease lost (process or host died, or stopped beating): the row goes back to
-# pending with the attempt counted, or to failed once attempts are used up (a job
-# that keeps killing its process is a poison pill, not a loop). The event names
-# the prior owner. Used with either an owner (supervisor saw the process die) or
-# the expiry clock (a whole host died).
+# Lease lost (process or host died, froze, or stopped beating): the row goes back
+# to pending, whatever its exception budget (max_retries counts exceptions only,
+# as in Dramatiq). Each loss is counted; at max_lease_losses the job is a poison
+# pill (it keeps killing or stalling its process) and ends failed. The event
+# names the prior owner. Used with either an owner (supervisor saw the process
+# die) or the expiry clock (a whole host died).
+_LOSS_BUDGET = """coalesce(max_lease_losses, %(default_max_losses)s) AS budget,
+           lease_losses + 1 >= coalesce(max_lease_losses, %(default_max_losses)s) AS poison"""
+
 _RELEASE_BODY = """
 , upd AS (
     UPDATE jobs j
-       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'pending' END,
-           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
-           last_error = CASE WHEN j.attempts >= j.max_attempts
-                             THEN format('lease lost %%s times (last owner %%s, %%s); giving up',
-                                         j.attempts, lost.owner, %(why)s::text)
+       SET status = CASE WHEN lost.poison THEN 'failed' ELSE 'pending' END,
+           lease_losses = j.lease_losses + 1,
+           finished_at = CASE WHEN lost.poison THEN now() END,
+           last_error = CASE WHEN lost.poison
+                             THEN format('poison pill: lease lost %%s times while running (the job killed'
+                                         ' or stalled its process; last owner %%s, %%s); budget'
+                                         ' max_lease_losses=%%s used up, giving up',
+                                         j.lease_losses + 1, lost.owner, %(why)s::text, lost.budget)
                              ELSE j.last_error END,
            lease_owner = NULL, lease_expires_at = NULL, run_at = now()
       FROM lost
      WHERE j.id = lost.id
- RETURNING j.id, j.queue, j.status, j.attempts, j.max_attempts, lost.owner
+ RETURNING j.id, j.queue, j.status, j.lease_losses, lost.budget, lost.owner
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
     SELECT id, %(who)s::text, 'running', status,
-           format('%%s; prior owner %%s; attempt %%s of %%s', %(why)s, owner, attempts, max_attempts)
+           format('%%s; prior owner %%s; lease loss %%s of %%s', %(why)s, owner, lease_losses, budget)
       FROM upd
 )
 SELECT upd.id, upd.status, upd.owner
@@ -206,7 +227,7 @@ SELECT upd.id, upd.status, upd.owner
 RELEASE_OWNER = (
     """
 WITH lost AS (
-    SELECT id, lease_owner AS owner FROM jobs
+    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
      WHERE lease_owner = %(owner)s AND status = 'running'
        FOR UPDATE SKIP LOCKED
 )"""
@@ -216,8 +237,8 @@ WITH lost AS (
 REAP_EXPIRED = (
     """
 WITH lost AS (
-    SELECT id, lease_owner AS owner FROM jobs
-     WHERE status = 'running' AND lease_expires_at < now()
+    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
+     WHERE status = 'running' AND lease_expires_at < now() - %(margin_s)s * interval '1 second'
      ORDER BY lease_expires_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -225,21 +246,42 @@ WITH lost AS (
     + _RELEASE_BODY
 )
 
+# A running job is cancelled too: the row leaves 'running' at once (which frees its
+# concurrency slot) and a trigger NOTIFYs its process, which interrupts the job.
 CANCEL = """
-WITH done AS (
-    UPDATE jobs SET status = 'cancelled', finished_at = now()
-     WHERE id = %(id)s AND status IN ('pending', 'retryable')
- RETURNING id, status
+WITH old AS (
+    SELECT id, status FROM jobs
+     WHERE id = %(id)s AND status IN ('pending', 'retryable', 'running')
+       FOR UPDATE
+), done AS (
+    UPDATE jobs j SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL
+      FROM old
+     WHERE j.id = old.id
+ RETURNING j.id, old.status AS from_status
 )
 INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-SELECT id, %(who)s, NULL, 'cancelled', %(reason)s FROM done
+SELECT id, %(who)s, from_status, 'cancelled', %(reason)s FROM done
 RETURNING job_id
+"""
+
+# A row that cannot become a message fails alone, at once, fenced like a nack.
+FAIL_UNREADABLE = """
+WITH done AS (
+    UPDATE jobs j
+       SET status = 'failed', finished_at = now(), lease_expires_at = NULL, last_error = a.error
+      FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(errors)s::text[]) AS a(id, attempts, error)
+     WHERE j.id = a.id AND j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
+ RETURNING j.id, a.error
+)
+INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+SELECT id, %(owner)s, 'running', 'failed', error FROM done
 """
 
 RETRY_FAILED = """
 WITH done AS (
     UPDATE jobs SET status = 'pending', run_at = now(), finished_at = NULL,
-                    max_attempts = greatest(max_attempts, attempts + 1)
+                    max_attempts = greatest(max_attempts, attempts - lease_losses + 1),
+                    max_lease_losses = greatest(max_lease_losses, lease_losses + 1)
      WHERE id = %(id)s AND status IN ('failed', 'cancelled')
  RETURNING id, queue
 ), ev AS (
@@ -291,6 +333,8 @@ SELECT {_CLAIMED}
 """
 
 GET = "SELECT * FROM jobs WHERE id = %(id)s"
+
+STATUS = "SELECT status FROM jobs WHERE id = %(id)s"
 
 EVENTS = "SELECT * FROM job_events WHERE job_id = %(id)s ORDER BY at, id"
 

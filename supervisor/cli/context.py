@@ -4,6 +4,7 @@ and a one-line error with a meaningful exit code. Public: app commands use it to
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -20,6 +21,18 @@ if TYPE_CHECKING:
     from ..broker import PostgresBroker
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Seconds(click.FloatRange):
+    """A FloatRange that also refuses NaN and infinities (FloatRange lets NaN through)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
 
 
 def die(message: str, code: int = exit_codes.PROBLEM) -> NoReturn:

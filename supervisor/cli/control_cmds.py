@@ -9,7 +9,7 @@ import click
 
 from .. import config as config_mod
 from .. import control, exit_codes
-from .context import config_option, die, load_config, obj
+from .context import Seconds, config_option, die, load_config, obj
 from .output import print_json
 from .status_view import render
 
@@ -66,7 +66,7 @@ def run(ctx: click.Context) -> None:
 
 @click.command()
 @config_option
-@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--timeout", default=600.0, show_default=True, type=Seconds(min=0.1),
               help="Seconds to wait for the new state.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -81,7 +81,7 @@ def reload(ctx: click.Context, timeout: float, as_json: bool) -> None:
 @config_option
 @click.argument("role")
 @click.argument("processes", type=click.IntRange(min=0, max=1000))
-@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--timeout", default=600.0, show_default=True, type=Seconds(min=0.1))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def scale(ctx: click.Context, role: str, processes: int, timeout: float, as_json: bool) -> None:
@@ -106,7 +106,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 @click.command()
 @config_option
-@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--timeout", default=600.0, show_default=True, type=Seconds(min=0.1),
               help="Seconds to wait for the master to exit.")
 @click.option("--no-wait", is_flag=True, help="Return once the master has started stopping.")
 @click.pass_context

@@ -10,8 +10,11 @@ from typing import Any
 import click
 
 from .. import admin, exit_codes
-from .context import config_option, connect, die, json_option, producer
+from .context import Seconds, config_option, connect, die, json_option, producer
 from .output import fmt, print_json, rows
+
+INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1  # jobs.priority is an integer column
+MAX_DELAY_SECONDS = 10 * 365 * 86400.0  # ten years: further than any real schedule, well inside timestamptz
 
 
 @click.command()
@@ -20,24 +23,20 @@ from .output import fmt, print_json, rows
 @click.option("--queue", "-q", default="default", show_default=True)
 @click.option("--args", "args_json", default="[]", help="JSON list of positional arguments.")
 @click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
-@click.option("--delay", type=click.FloatRange(min=0), default=0, help="Seconds before it may run.")
-@click.option("--priority", type=int, default=0, help="Higher runs first.")
+@click.option("--delay", type=Seconds(min=0, max=MAX_DELAY_SECONDS), default=0,
+              help="Seconds before it may run.")
+@click.option("--priority", type=click.IntRange(INT4_MIN, INT4_MAX), default=0, help="Higher runs first.")
 @click.option("--dedupe-key", default=None)
 @click.option("--concurrency-key", default=None)
-@click.option("--max-retries", type=click.IntRange(min=0), default=None)
+@click.option("--max-retries", type=click.IntRange(min=0, max=1_000_000), default=None)
 @click.pass_context
 def enqueue(ctx, actor, queue, args_json, kwargs_json, delay, priority, dedupe_key, concurrency_key,
             max_retries) -> None:
     """Enqueue one job for ACTOR (its module need not be importable here)."""
     from dramatiq.message import Message
 
-    try:
-        args = json.loads(args_json)
-        kwargs = json.loads(kwargs_json)
-    except json.JSONDecodeError as exc:
-        die(f"--args/--kwargs must be JSON: {exc}", exit_codes.USAGE)
-    if not isinstance(args, list) or not isinstance(kwargs, dict):
-        die("--args must be a JSON list and --kwargs a JSON object", exit_codes.USAGE)
+    args = _json_option("--args", args_json, list, "a JSON list")
+    kwargs = _json_option("--kwargs", kwargs_json, dict, "a JSON object")
     options: dict[str, Any] = {"priority": priority}
     if dedupe_key:
         options["dedupe_key"] = dedupe_key
@@ -51,6 +50,18 @@ def enqueue(ctx, actor, queue, args_json, kwargs_json, delay, priority, dedupe_k
     click.echo(sent.message_id)
 
 
+def _json_option(name: str, text: str, kind: type, what: str) -> Any:
+    """A JSON option value that PostgreSQL's jsonb can store (no NaN or Infinity)."""
+    try:
+        value = json.loads(text)
+        json.dumps(value, allow_nan=False)
+    except ValueError as exc:  # JSONDecodeError included
+        die(f"{name} must be JSON ({what}, no NaN or Infinity): {exc}", exit_codes.USAGE)
+    if not isinstance(value, kind):
+        die(f"{name} must be {what}, got {type(value).__name__}: {text[:60]}", exit_codes.USAGE)
+    return value
+
+
 @click.group()
 @config_option
 def jobs() -> None:
@@ -61,7 +72,7 @@ def jobs() -> None:
 @config_option
 @click.option("--status", type=click.Choice(["pending", "running", "retryable", "succeeded", "failed", "cancelled"]))
 @click.option("--queue", "-q", default=None)
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1))
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1, max=100_000))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def jobs_list(ctx, status, queue, limit, as_json) -> None:
@@ -122,7 +133,8 @@ def _job_change(name: str, change: Callable[[Any, str], bool], to: str, allowed:
 
 
 _job_change("retry", admin.retry_job, "pending", "failed or cancelled", "Put a failed or cancelled job back to pending.")
-_job_change("cancel", admin.cancel_job, "cancelled", "pending or retryable", "Cancel a pending or retryable job.")
+_job_change("cancel", admin.cancel_job, "cancelled", "pending, retryable or running",
+            "Cancel a job; a running one is interrupted by its process within about a second.")
 
 
 def _listing(name: str, gather: Callable[[Any], list[dict[str, Any]]], columns: list[str], doc: str) -> click.Command:

@@ -7,14 +7,38 @@ package adds its own the same way the bundled price tracker does.
 
 from __future__ import annotations
 
+import os
+
 import click
+import psycopg
+from dramatiq.errors import BrokerConnectionError
 
-from .. import apps
+from .. import apps, db, exit_codes
 from . import control_cmds, database, jobs, worker_cmd
-from .context import config_option, obj
+from .context import config_option, die, obj
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrors(click.Group):
+    """Whatever a command did not turn into a one-line error becomes one here,
+    with a meaningful exit code: never a traceback (SUPERVISOR_DEBUG=1 shows it)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get("SUPERVISOR_DEBUG"):
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            if isinstance(exc, psycopg.DataError | psycopg.errors.ProgrammingError | ValueError | OverflowError):
+                die(f"a value was refused ({type(exc).__name__}): {first}", exit_codes.USAGE)
+            if isinstance(exc, psycopg.OperationalError | BrokerConnectionError | db.DatabaseError):
+                die(f"database unavailable: {first}", exit_codes.DATABASE)
+            die(f"{type(exc).__name__}: {first} (SUPERVISOR_DEBUG=1 shows the traceback)", exit_codes.PROBLEM)
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--database-url",
     envvar="DATABASE_URL",

@@ -9,7 +9,7 @@ import click
 from .. import apps, db, defaults, exit_codes
 from ..logs import configure_logging
 from ..migrate import migrate
-from .context import config_option, die, url
+from .context import Seconds, config_option, die, url
 
 
 @click.command()
@@ -20,11 +20,11 @@ from .context import config_option, die, url
 @click.option("--prefetch", default=None, type=click.IntRange(min=1),
               help="Rows held claimed at most (default: --threads; 2x threads suits many short jobs).")
 @click.option("--role", default="worker", show_default=True, help="Role name recorded in the workers table.")
-@click.option("--shutdown-timeout", default=defaults.SHUTDOWN_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
+@click.option("--shutdown-timeout", default=defaults.SHUTDOWN_TIMEOUT, show_default=True, type=Seconds(min=0),
               help="Seconds to let running jobs finish on SIGTERM.")
-@click.option("--lease", default=defaults.LEASE_SECONDS, show_default=True, type=click.FloatRange(min=1),
+@click.option("--lease", default=defaults.LEASE_SECONDS, show_default=True, type=Seconds(min=1),
               help="Lease seconds; renewed by the heartbeat.")
-@click.option("--heartbeat", default=defaults.HEARTBEAT_SECONDS, show_default=True, type=click.FloatRange(min=0.1),
+@click.option("--heartbeat", default=defaults.HEARTBEAT_SECONDS, show_default=True, type=Seconds(min=0.1),
               help="Heartbeat interval seconds (keep well under --lease).")
 @click.option("--no-migrate", is_flag=True, help="Do not apply pending migrations at start.")
 @click.option("--log-level", default="INFO", show_default=True)

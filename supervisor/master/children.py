@@ -8,8 +8,10 @@ plain executor and lets the rolling rules be read in one place:
 - a role whose settings changed (a new generation) is rolled with one extra
   process at most: start a new one, wait until it is ready, drain an old one;
 - a process asking to be recycled is rolled the same way, one per role at a time;
-- after a crash the role waits out its backoff and then probes with one process
-  until one becomes ready, so a crash-looping role costs one fork per backoff.
+- a child that dies after it was ready is replaced at once; after a failed start
+  (death before ready, or within QUICK_DEATH of it) the role waits out its backoff
+  and then probes with one process until one becomes ready, so a crash-looping
+  role costs one fork per backoff.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 
 CRASH_LOOP_STREAK = 3  # consecutive failed starts before a role shows as crash-looping
 STABLE_AFTER = 5.0  # a child ready for this long has proved its role can start
+QUICK_DEATH = 1.0  # a child dying this soon after ready is a failed start (backoff), not a crash to replace now
 
 @dataclass
 class Child:
@@ -185,14 +188,21 @@ class RoleState:
 
     def record_exit(self, child: Child, reason: str, expected: bool, now: float, backoff: float,
                     backoff_max: float) -> None:
-        """Crash bookkeeping for a child that has exited."""
+        """Crash bookkeeping for a child that has exited.
+
+        A child that was ready (and lived past QUICK_DEATH after that) proved its
+        role can start: it is replaced at once, however young, so a kill storm or
+        an OOM kill never waits out a backoff. Backoff is for children that die
+        before they are ready or right after (a role that cannot start or run)."""
         self.last_exit = reason
         self.last_exit_at = now
         if expected:
             return
         self.restarts += 1
-        proved = child.ready_at is not None and now - child.ready_at >= STABLE_AFTER
-        self.streak = 1 if proved else self.streak + 1
+        if child.ready_at is not None and now - child.ready_at >= QUICK_DEATH:
+            self.streak = 0
+            return
+        self.streak += 1
         delay = min(backoff_max, backoff * (2 ** (self.streak - 1)))
         self.next_start = max(self.next_start, now + delay)
         if self.crash_looping:

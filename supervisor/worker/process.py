@@ -17,6 +17,7 @@ from dramatiq import Worker
 
 from .. import apps, backoff, exit_codes, runtime
 from ..broker import PostgresBroker
+from ..broker.fencing import LeaseLost
 from .registry import Registration
 from .scheduler import RunResults, Scheduler
 from .settings import WorkerSettings
@@ -149,6 +150,9 @@ class WorkerProcess:
         if self.worker is not None:
             self.worker.stop(timeout=int(s.shutdown_timeout * 1000))
         broker.flush_acks(timeout=max(1.0, s.shutdown_timeout - (time.monotonic() - started)))
+        # Jobs still running past the timeout are stopped in their threads before
+        # their rows are given back: another process may claim them at once.
+        broker.fence.stop_jobs(broker.leases.held(), LeaseLost)
         try:
             left = broker.leases.release_owner(broker.owner, why="worker stopped before the job finished")
             if left:

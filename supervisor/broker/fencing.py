@@ -1,0 +1,115 @@
+"""Self-fencing: stop running a job this process may no longer run.
+
+A job's lease is valid until ``renewed + lease``; the reaper of another process
+takes it back only a margin after that. A process that cannot renew in time
+(the database is unreachable, the heartbeat is stuck, the process was frozen)
+interrupts the job before its lease can expire, in the job's own thread, the way
+Dramatiq's TimeLimit does, and never writes an outcome for it: so two processes
+never run one job at the same moment. The same interrupt ends a job that an
+operator cancelled while it ran (``supervisor jobs cancel``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from dramatiq.middleware import Middleware
+from dramatiq.middleware.threading import Interrupt, raise_thread_exception
+
+from .leases import Hold, Leases
+from .message import PgMessageProxy
+
+log = logging.getLogger(__name__)
+
+
+class LeaseLost(Interrupt):
+    """This process could not renew the job's lease in time (or it was reclaimed):
+    another process may run the job now. The job is delivered again, elsewhere."""
+
+
+class JobCancelled(Interrupt):
+    """An operator cancelled the job while it ran."""
+
+
+_REASONS: dict[type[Interrupt], str] = {LeaseLost: "lease lost", JobCancelled: "cancelled"}
+
+
+class Fence(Middleware):
+    """Maps running jobs to their threads and interrupts the ones to stop.
+
+    Put it last in the middleware list: its ``after_process_message`` then runs
+    first, so once the actor has returned no interrupt can land in the outcome
+    writes. A job stopped before it started (prefetched) is stopped in
+    ``before_process_message`` instead, and never runs.
+    """
+
+    def __init__(self, leases: Leases, *, interval: float = 0.05) -> None:
+        self.leases = leases
+        self.interval = interval
+        self._running: dict[Hold, tuple[int, PgMessageProxy]] = {}
+        self._doomed: dict[Hold, type[Interrupt]] = {}
+        self._lock = threading.Lock()
+        self._watchdog: threading.Thread | None = None
+        leases.on_lost = lambda holds: self.stop_jobs(holds, LeaseLost)
+
+    # --- Dramatiq hooks (worker threads) -------------------------------------
+
+    def after_process_boot(self, broker) -> None:
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name="lease-fence", daemon=True)
+            self._watchdog.start()
+
+    def before_process_message(self, broker, message) -> None:
+        if not isinstance(message, PgMessageProxy):
+            return
+        key = (message.message_id, message.attempts)
+        with self._lock:
+            doomed = self._doomed.pop(key, None)
+            if doomed is None:
+                self._running[key] = (threading.get_ident(), message)
+                return
+        message.fenced = _REASONS[doomed]
+        raise doomed()
+
+    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        if isinstance(message, PgMessageProxy):
+            with self._lock:
+                self._running.pop((message.message_id, message.attempts), None)
+
+    after_skip_message = after_process_message
+
+    # --- who stops what ---------------------------------------------------------
+
+    def cancel(self, job_id: str) -> None:
+        """A NOTIFY said this job was cancelled; stop it if this process holds it."""
+        self.stop_jobs(self.leases.holds_job(job_id), JobCancelled)
+
+    def stop_jobs(self, holds: list[Hold], exc: type[Interrupt]) -> None:
+        for key in holds:
+            with self._lock:
+                if not self.leases.holds(key):
+                    continue  # finished meanwhile: its outcome is written (or being written)
+                entry = self._running.pop(key, None)
+                if entry is None:
+                    self._doomed[key] = exc  # claimed, not started: it will not start
+                    continue
+                thread_id, message = entry
+                message.fenced = _REASONS[exc]
+                raise_thread_exception(thread_id, exc)
+            log.warning("interrupted job %s (attempt %d): %s", key[0], key[1], _REASONS[exc])
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(self.interval)
+            try:
+                overdue = self.leases.overdue(time.monotonic())
+                if overdue:
+                    log.warning("could not renew the lease of %d job(s) in time: stopping them", len(overdue))
+                    self.stop_jobs(overdue, LeaseLost)
+                with self._lock:
+                    for key in [k for k in self._doomed if not self.leases.holds(k)]:
+                        del self._doomed[key]
+            except Exception:  # never let the fence die
+                log.exception("lease fence check failed")

@@ -1,0 +1,39 @@
+"""Every CLI error is one line with a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import cli
+
+BAD_INPUT = [
+    ("enqueue", "x", "--priority", "99999999999"),
+    ("enqueue", "x", "--delay", "1e300"),
+    ("enqueue", "x", "--delay", "nan"),
+    ("enqueue", "x", "--args", "[NaN]"),
+    ("enqueue", "x", "--kwargs", "[1]"),
+    ("enqueue", "x", "--kwargs", '{"a": Infinity}'),
+    ("enqueue", "x", "--max-retries", "99999999999"),
+    ("jobs", "retry", "not-a-uuid"),
+    ("jobs", "cancel", "not-a-uuid"),
+    ("jobs", "show", "not-a-uuid"),
+    ("jobs", "list", "--limit", "99999999999"),
+    ("scale", "alpha", "-1"),
+    ("status",),
+    ("run", "-c", "/nonexistent/supervisor.yaml"),
+    ("worker", "--queues", "q", "--actors", "m", "--threads", "0"),
+    ("worker", "--queues", "q", "--actors", "m", "--lease", "nan"),
+    ("worker", "--queues", "q", "--actors", "no.such.module", "--no-migrate"),
+    ("migrate", "--app", "no-such-app"),
+    ("alerts", "resend", "not-a-number"),
+]
+
+
+@pytest.mark.parametrize("argv", BAD_INPUT, ids=" ".join)
+def test_bad_input_is_one_line_and_a_nonzero_exit(argv, database_url, tmp_path):
+    env = {"SUPERVISOR_CONFIG": "", "XDG_RUNTIME_DIR": str(tmp_path)}
+    done = cli(*argv, env=env, timeout=60)
+    assert done.returncode != 0, (argv, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.startswith(("error:", "Error:")) or " ERROR [" in line]
+    assert len(said) == 1, done.stderr

