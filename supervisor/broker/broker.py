@@ -25,6 +25,7 @@ from dramatiq.middleware import (
     ShutdownNotifications,
     TimeLimit,
 )
+from dramatiq.results import Results
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import backoff, db, defaults
@@ -37,6 +38,8 @@ from .leases import Leases
 from .listener import Listener
 from .message import PgMessageProxy, error_text, from_claimed_row, jsonb
 from .middleware import JobOptions, Retries
+from .progress import ProgressBuffer
+from .results import PostgresBackend
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +73,8 @@ class PostgresBroker(Broker):
         pool_size: int = 8,
         owner: str | None = None,
     ) -> None:
+        self.url = db.resolve_url(url)
+        self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker")
         if middleware is None:
             middleware = [
                 AgeLimit(),
@@ -78,15 +83,15 @@ class PostgresBroker(Broker):
                 Callbacks(),
                 Pipelines(),
                 Retries(max_retries=max_retries, min_backoff=min_backoff, max_backoff=max_backoff),
+                # Actors with store_results=True keep their results in job_results.
+                Results(backend=PostgresBackend(url=self.url, pool=self.pool)),
                 CurrentMessage(),
                 JobOptions(),
             ]
         super().__init__(middleware=middleware)
-        self.url = db.resolve_url(url)
         self.owner = owner or owner_id()
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
-        self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker")
         # Claims made while idle commit without waiting for their WAL flush: that
         # flush is a third of the enqueue-to-start latency. A claim lost in a server
         # crash only puts the row back to pending (a rerun, like any lost lease,
@@ -104,6 +109,7 @@ class PostgresBroker(Broker):
         self.leases = Leases(self.pool, self.owner, lease_seconds)
         self._listener: Listener | None = None
         self._acks: AckBatcher | None = None
+        self._progress: ProgressBuffer | None = None
         self._start_lock = threading.Lock()
         self.jobs_done = 0
 
@@ -278,8 +284,25 @@ class PostgresBroker(Broker):
         self.leases.hold([m.message_id for m in out])
         return out
 
+    def report_progress(self, job_id: str, attempt: int, percent: float | None, message: str | None) -> None:
+        """Buffer a progress report of a running job (see ``supervisor.progress``)."""
+        progress = self._progress
+        if progress is None:
+            with self._start_lock:
+                if self._progress is None:
+                    self._progress = ProgressBuffer(self.pool)
+                    self._progress.start()
+                progress = self._progress
+        progress.record(job_id, attempt, percent, message)
+
     def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
         with self.pool.connection(timeout=10) as c:
+            if self._progress is not None and self._progress.pending():
+                # A job's latest progress lands no later than its ack: same transaction.
+                with c.transaction():
+                    self._progress.write(c)
+                    c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
+                return
             c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
 
     def ack(self, message: PgMessageProxy) -> None:
@@ -352,8 +375,18 @@ class PostgresBroker(Broker):
     def close(self) -> None:
         if self._acks is not None:
             self._acks.stop(timeout=10)
+        if self._progress is not None:
+            self._progress.stop()
+            try:
+                with self.pool.connection(timeout=10) as c:
+                    self._progress.write(c)
+            except Exception as exc:
+                log.warning("could not write the last progress reports: %s", exc)
         if self._listener is not None:
             self._listener.stop()
+        for m in self.middleware:
+            if isinstance(m, Results) and isinstance(m.backend, PostgresBackend):
+                m.backend.close()
         self.idle_claim_pool.close()
         self.pool.close()
 

@@ -1,4 +1,5 @@
-"""Every SQL statement on ``jobs``, ``job_concurrency`` and ``job_events``.
+"""Every SQL statement on ``jobs``, ``job_concurrency``, ``job_events``,
+``job_progress`` and ``queue_pauses``.
 
 All statements take parameters; none is built from input. Live statuses are
 'pending', 'retryable' and 'running'.
@@ -42,8 +43,8 @@ SELECT dedupe_key, id FROM jobs
  WHERE dedupe_key = ANY(%(keys)s) AND status IN ('pending', 'retryable', 'running')
 """
 
-# Claim up to n runnable rows of one queue in priority order. Rows locked by another
-# claimer are skipped, never waited on. A row with a concurrency key runs only if
+# Claim up to n runnable rows of one queue in priority order, none while the queue
+# is paused. Rows locked by another claimer are skipped, never waited on. A row with a concurrency key runs only if
 # its key's slot in job_concurrency is free and this claim wins the INSERT.
 CLAIM = f"""
 WITH cand AS (
@@ -52,6 +53,7 @@ WITH cand AS (
      WHERE j.queue = %(queue)s
        AND j.status IN ('pending', 'retryable')
        AND j.run_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = %(queue)s)
        AND (j.concurrency_key IS NULL
             OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))
      ORDER BY j.priority DESC, j.run_at, j.id
@@ -220,11 +222,12 @@ WITH done AS (
 SELECT id FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', done.queue)) AS wake
 """
 
-# Retention: delete a bounded batch of old finished rows per call.
+# Retention: delete a bounded batch of old finished rows of one status per call
+# (with their events and progress), so no statement holds locks for long.
 PRUNE = """
 WITH old AS (
     SELECT id FROM jobs
-     WHERE status IN ('succeeded', 'failed', 'cancelled')
+     WHERE status IN ('succeeded', 'failed', 'cancelled') AND status = %(status)s
        AND finished_at < now() - %(older_than_s)s * interval '1 second'
      ORDER BY finished_at
      LIMIT %(limit)s
@@ -232,9 +235,52 @@ WITH old AS (
     DELETE FROM jobs j USING old WHERE j.id = old.id RETURNING j.id
 ), ev AS (
     DELETE FROM job_events e USING gone WHERE e.job_id = gone.id
+), pr AS (
+    DELETE FROM job_progress p USING gone WHERE p.job_id = gone.id
 )
-SELECT count(*) FROM gone
+SELECT id FROM gone
 """
+
+# Events and progress reports of jobs that are still kept, older than their own retention.
+PRUNE_EVENTS = """
+DELETE FROM job_events WHERE id IN (
+    SELECT id FROM job_events WHERE at < now() - %(older_than_s)s * interval '1 second' ORDER BY at LIMIT %(limit)s)
+"""
+
+PRUNE_PROGRESS = """
+DELETE FROM job_progress WHERE id IN (
+    SELECT id FROM job_progress WHERE at < now() - %(older_than_s)s * interval '1 second' ORDER BY at LIMIT %(limit)s)
+"""
+
+# Progress: the reports a process gathered since its last write, in one statement.
+# jobs.progress takes each job's latest report (fenced by attempt, so a report of
+# an attempt that lost its lease never overwrites the current one).
+WRITE_PROGRESS = """
+WITH ev AS (
+    INSERT INTO job_progress (job_id, at, percent, message)
+    SELECT * FROM unnest(%(ev_ids)s::uuid[], %(ev_at)s::timestamptz[], %(ev_pct)s::real[], %(ev_msg)s::text[])
+), latest AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[]) AS l(id, attempts, progress)
+)
+UPDATE jobs j SET progress = latest.progress
+  FROM latest WHERE j.id = latest.id AND j.attempts = latest.attempts
+"""
+
+PROGRESS = "SELECT at, percent, message FROM job_progress WHERE job_id = %(id)s ORDER BY at, id"
+
+# Queue pauses: every claim reads queue_pauses; resuming wakes the queue's consumers.
+PAUSE_QUEUE = """
+INSERT INTO queue_pauses (queue, paused_by, reason) VALUES (%(queue)s, %(who)s, %(reason)s)
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue
+"""
+
+RESUME_QUEUE = """
+WITH gone AS (DELETE FROM queue_pauses WHERE queue = %(queue)s RETURNING queue)
+SELECT queue FROM gone CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', gone.queue)) AS wake
+"""
+
+PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses ORDER BY queue"
 
 # Broker.flush / Broker.join (Dramatiq's test and admin helpers).
 FLUSH_QUEUE = "DELETE FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable')"

@@ -96,7 +96,7 @@ class WorkerProcess:
             settings=UpkeepSettings(
                 heartbeat_seconds=s.heartbeat_seconds,
                 reap_seconds=max(s.lease_seconds / 2, 1.0),
-                retention_seconds=s.retention_seconds,
+                retention=s.retention,
             ),
             state=lambda: self.state,
         )
