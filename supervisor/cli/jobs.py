@@ -1,4 +1,4 @@
-"""Commands on jobs and queues: enqueue, jobs list/show/retry/cancel, queues, runs."""
+"""Commands on jobs and schedules: enqueue, jobs list/show/retry/cancel, runs, history."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def jobs_list(ctx, status, queue, limit, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def jobs_show(ctx, job_id, as_json) -> None:
-    """One job with its history of state changes."""
+    """One job with its history of state changes and progress reports."""
     job_id = _job_id(job_id)
     with connect(ctx) as conn:
         job = admin.show_job(conn, job_id)
@@ -87,11 +87,17 @@ def jobs_show(ctx, job_id, as_json) -> None:
         print_json(job)
         return
     events = job.pop("events")
+    reports = job.pop("progress_history")
     for key, value in job.items():
         click.echo(f"{key:>17}: {fmt(value) if key != 'last_error' else value}")
     click.echo("events:")
     for e in events:
         click.echo(f"  {fmt(e['at'])}  {e['from_status'] or '-'} -> {e['to_status']}  by {e['who']}: {e['reason']}")
+    if reports:
+        click.echo("progress:")
+        for p in reports:
+            pct = "-" if p["percent"] is None else f"{p['percent']:.0f}%"
+            click.echo(f"  {fmt(p['at'])}  {pct:>4}  {p['message'] or ''}".rstrip())
 
 
 def _job_id(job_id: str) -> str:
@@ -143,6 +149,16 @@ def _listing(name: str, gather: Callable[[Any], list[dict[str, Any]]], columns: 
 runs = _listing("runs", admin.latest_runs,
                 ["job_name", "scheduled_for", "status", "holder", "started_at", "completed_at", "error_text"],
                 "The latest run of every schedule (job_runs): when, where, outcome.")
-queues = _listing("queues", admin.queue_stats,
-                  ["queue", "ready", "scheduled", "retryable", "running", "failed", "succeeded_last_hour"],
-                  "Per-queue counts: ready, scheduled, running, failed, done in the last hour.")
+
+
+@click.command()
+@config_option
+@click.argument("schedule")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1))
+@json_option
+@click.pass_context
+def history(ctx: click.Context, schedule: str, limit: int, as_json: bool) -> None:
+    """Recent runs of SCHEDULE (newest first): when, where, outcome, job."""
+    with connect(ctx) as conn:
+        found = admin.schedule_history(conn, schedule, limit)
+    rows(found, as_json, ["scheduled_for", "status", "holder", "started_at", "completed_at", "job_id", "error_text"])

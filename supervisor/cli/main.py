@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import apps
-from . import control_cmds, database, jobs, worker_cmd
+from . import control_cmds, database, jobs, queues, worker_cmd
 from .context import config_option, obj
 
 
@@ -37,7 +37,7 @@ for command in (
     database.migrate, database.check,
     control_cmds.run, control_cmds.reload, control_cmds.scale, control_cmds.status, control_cmds.stop,
     worker_cmd.worker,
-    jobs.enqueue, jobs.jobs, jobs.runs, jobs.queues,
+    jobs.enqueue, jobs.jobs, jobs.runs, jobs.history, queues.queues,
 ):
     main.add_command(command)
 
