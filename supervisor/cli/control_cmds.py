@@ -51,8 +51,9 @@ def _report_change(reply: dict[str, Any], as_json: bool, what: str) -> None:
 
 @click.command()
 @config_option
+@click.option("--json", "as_json", is_flag=True, help="Log JSON lines (as supervisor.log_json: true).")
 @click.pass_context
-def run(ctx: click.Context) -> None:
+def run(ctx: click.Context, as_json: bool) -> None:
     """Run the supervisor: fork each role's worker processes and keep them running
     (SIGHUP reloads, SIGTERM drains and exits)."""
     import dataclasses
@@ -62,6 +63,8 @@ def run(ctx: click.Context) -> None:
     cfg = load_config(ctx)
     if obj(ctx).get("database_url_from_cmdline"):
         cfg = dataclasses.replace(cfg, database=config_mod.DatabaseConfig(obj(ctx)["database_url"]))
+    if as_json:
+        cfg = dataclasses.replace(cfg, supervisor=dataclasses.replace(cfg.supervisor, log_json=True))
     sys.exit(serve(cfg))
 
 
@@ -140,17 +143,18 @@ def _paused_queues(ctx: click.Context) -> list[dict[str, Any]] | None:
 @click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds to wait for the master to exit.")
 @click.option("--no-wait", is_flag=True, help="Return once the master has started stopping.")
+@click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def stop(ctx: click.Context, timeout: float, no_wait: bool) -> None:
+def stop(ctx: click.Context, timeout: float, no_wait: bool, as_json: bool) -> None:
     """Drain every role and stop the supervisor."""
     reply = _control(ctx, {"cmd": "stop"}, 10.0)
     if not reply.get("ok"):
         die(str(reply.get("error")))
-    if no_wait:
-        click.echo(f"stopping (master pid {reply['pid']})")
-        return
-    if not control.wait_gone(int(reply["pid"]), timeout):
+    if not no_wait and not control.wait_gone(int(reply["pid"]), timeout):
         die(f"master pid {reply['pid']} is still running after {timeout:g}s")
-    click.echo(f"stopped (master pid {reply['pid']})")
+    if as_json:
+        print_json({"pid": reply["pid"], "stopped": not no_wait, "stopping": True})
+    else:
+        click.echo(f"{'stopping' if no_wait else 'stopped'} (master pid {reply['pid']})")
 
 

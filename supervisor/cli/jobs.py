@@ -25,9 +25,10 @@ from .output import fmt, print_json, rows
 @click.option("--dedupe-key", default=None)
 @click.option("--concurrency-key", default=None)
 @click.option("--max-retries", type=click.IntRange(min=0), default=None)
+@json_option
 @click.pass_context
 def enqueue(ctx, actor, queue, args_json, kwargs_json, delay, priority, dedupe_key, concurrency_key,
-            max_retries) -> None:
+            max_retries, as_json) -> None:
     """Enqueue one job for ACTOR (its module need not be importable here)."""
     from dramatiq.message import Message
 
@@ -48,7 +49,10 @@ def enqueue(ctx, actor, queue, args_json, kwargs_json, delay, priority, dedupe_k
     message: Message[Any] = Message(queue_name=queue, actor_name=actor, args=tuple(args), kwargs=kwargs, options=options)
     with producer(ctx) as broker:
         sent = broker.enqueue(message, delay=int(delay * 1000))
-    click.echo(sent.message_id)
+    if as_json:
+        print_json({"id": sent.message_id, "queue": queue, "actor": actor})
+    else:
+        click.echo(sent.message_id)
 
 
 @click.group()
@@ -108,12 +112,16 @@ def _job_id(job_id: str) -> str:
             exit_codes.USAGE)
 
 
-def _change(ctx: click.Context, job_id: str, change: Callable[[Any, str], bool], to: str, allowed: str) -> None:
+def _change(ctx: click.Context, job_id: str, change: Callable[[Any, str], bool], to: str, allowed: str,
+            as_json: bool) -> None:
     job_id = _job_id(job_id)
     with connect(ctx) as conn:
         if not change(conn, job_id):
             die(f"job {job_id} is not {allowed} (or does not exist)")
-    click.echo(f"{job_id} -> {to}")
+    if as_json:
+        print_json({"id": job_id, "status": to})
+    else:
+        click.echo(f"{job_id} -> {to}")
 
 
 def _job_change(name: str, change: Callable[[Any, str], bool], to: str, allowed: str, doc: str) -> None:
@@ -122,9 +130,10 @@ def _job_change(name: str, change: Callable[[Any, str], bool], to: str, allowed:
     @jobs.command(name, help=doc)
     @config_option
     @click.argument("job_id")
+    @json_option
     @click.pass_context
-    def command(ctx: click.Context, job_id: str) -> None:
-        _change(ctx, job_id, change, to, allowed)
+    def command(ctx: click.Context, job_id: str, as_json: bool) -> None:
+        _change(ctx, job_id, change, to, allowed, as_json)
 
 
 _job_change("retry", admin.retry_job, "pending", "failed or cancelled", "Put a failed or cancelled job back to pending.")

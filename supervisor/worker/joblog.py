@@ -18,7 +18,7 @@ log = logging.getLogger("supervisor.jobs")
 
 
 class JobLog(Middleware):
-    """Added last, so the outcome it logs is the one the Retries middleware chose."""
+    """Added first: its after_* hooks run last, once Retries has chosen the outcome."""
 
     def __init__(self, role: str) -> None:
         self.role = role

@@ -79,7 +79,9 @@ class WorkerProcess:
             for m in broker.middleware:
                 if isinstance(m, dramatiq.middleware.TimeLimit):
                     m.time_limit = s.time_limit_ms
-        broker.add_middleware(JobLog(s.role))
+        # First in the list: Dramatiq runs after_* hooks in reverse, so it logs the
+        # outcome the Retries middleware settled on (and times the whole run).
+        broker.add_middleware(JobLog(s.role), before=type(broker.middleware[0]))
         self.broker = broker
         # Actor modules use @dramatiq.actor, which binds to the global broker at
         # import time: it must be ours before the first import.
