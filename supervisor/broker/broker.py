@@ -297,12 +297,8 @@ class PostgresBroker(Broker):
 
     def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
         with self.pool.connection(timeout=10) as c:
-            if self._progress is not None and self._progress.pending():
-                # A job's latest progress lands no later than its ack: same transaction.
-                with c.transaction():
-                    self._progress.write(c)
-                    c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
-                return
+            if self._progress is not None:
+                self._progress.write(c)  # a job's latest progress lands before its ack
             c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
 
     def ack(self, message: PgMessageProxy) -> None:

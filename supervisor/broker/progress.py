@@ -1,18 +1,18 @@
 """Progress reports from inside an actor: ``supervisor.progress(pct, message)``.
 
-A report costs a lock and an append: reports are gathered per process and
+A report costs a lock and a dict store: reports are gathered per process and
 written by one thread, all of them in one statement (``sql.WRITE_PROGRESS``),
 at most every ``interval`` seconds. The ack writer writes whatever is pending
-in the same transaction as its acks, so a job's latest report is in the
-database no later than its ``succeeded``.
+just before its acks, so a job's latest report is in the database no later
+than its ``succeeded``.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import UTC, datetime
-from typing import Any
 
 import dramatiq
 import psycopg
@@ -20,18 +20,20 @@ from dramatiq.middleware import CurrentMessage
 from psycopg_pool import ConnectionPool
 
 from . import sql
-from .message import jsonb
 
 log = logging.getLogger(__name__)
 
 # Longest a report waits in the process before it is written.
 FLUSH_INTERVAL = 0.5
-# Reports kept per job between writes; more are dropped (the latest always stays).
-MAX_EVENTS_PER_JOB = 100
 
 
 class ProgressBuffer(threading.Thread):
-    """The reports of one process not yet written; a daemon thread writes them."""
+    """The reports of one process not yet written; a daemon thread writes them.
+
+    Coalesced: per job, only the latest report of each write interval is kept,
+    so a job that reports in a tight loop costs one row per interval, not one
+    per call (the history keeps a report at least every ``interval`` seconds).
+    """
 
     def __init__(self, pool: ConnectionPool, *, interval: float = FLUSH_INTERVAL) -> None:
         super().__init__(name="progress-writer", daemon=True)
@@ -39,22 +41,16 @@ class ProgressBuffer(threading.Thread):
         self.interval = interval
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # one write at a time, in report order
-        self._events: list[tuple[str, datetime, float | None, str | None]] = []
-        self._per_job: dict[str, int] = {}
-        self._latest: dict[str, tuple[int, dict[str, Any]]] = {}
+        # job id -> (attempt, unix time, percent, message) of its latest report
+        self._latest: dict[str, tuple[int, float, float | None, str | None]] = {}
         self._wake = threading.Event()
         self._halt = threading.Event()
 
     def record(self, job_id: str, attempt: int, percent: float | None, message: str | None) -> None:
-        at = datetime.now(UTC)
-        latest = {"percent": percent, "message": message, "at": at.isoformat()}
+        report = (attempt, time.time(), percent, message)
         with self._lock:
             first = not self._latest
-            self._latest[job_id] = (attempt, latest)
-            n = self._per_job.get(job_id, 0)
-            if n < MAX_EVENTS_PER_JOB:
-                self._per_job[job_id] = n + 1
-                self._events.append((job_id, at, percent, message))
+            self._latest[job_id] = report
         if first:
             self._wake.set()
 
@@ -63,30 +59,25 @@ class ProgressBuffer(threading.Thread):
             return bool(self._latest)
 
     def write(self, conn: psycopg.Connection) -> int:
-        """Write everything pending through ``conn`` (in the caller's transaction, if any)."""
+        """Write everything pending through ``conn``: one statement. Returns reports written."""
         with self._write_lock:
             with self._lock:
-                events, latest = self._events, self._latest
-                self._events, self._latest, self._per_job = [], {}, {}
+                latest, self._latest = self._latest, {}
             if not latest:
                 return 0
+            at = [datetime.fromtimestamp(r[1], UTC) for r in latest.values()]
+            percents = [r[2] for r in latest.values()]
+            messages = [r[3] for r in latest.values()]
             try:
                 conn.execute(sql.WRITE_PROGRESS, {
-                    "ev_ids": [e[0] for e in events], "ev_at": [e[1] for e in events],
-                    "ev_pct": [e[2] for e in events], "ev_msg": [e[3] for e in events],
-                    "ids": list(latest), "attempts": [a for a, _ in latest.values()],
-                    "progress": [jsonb(p) for _, p in latest.values()],
+                    "ids": list(latest), "attempts": [r[0] for r in latest.values()],
+                    "at": at, "percents": percents, "messages": messages,
                 })
             except BaseException:
-                self._put_back(events, latest)
+                with self._lock:  # keep them for the next write, unless newer reports came
+                    self._latest = {**latest, **self._latest}
                 raise
-            return len(events)
-
-    def _put_back(self, events: list, latest: dict[str, tuple[int, dict[str, Any]]]) -> None:
-        with self._lock:
-            self._events[:0] = events
-            for job_id, value in latest.items():
-                self._latest.setdefault(job_id, value)
+            return len(latest)
 
     def stop(self) -> None:
         self._halt.set()

@@ -252,18 +252,18 @@ DELETE FROM job_progress WHERE id IN (
     SELECT id FROM job_progress WHERE at < now() - %(older_than_s)s * interval '1 second' ORDER BY at LIMIT %(limit)s)
 """
 
-# Progress: the reports a process gathered since its last write, in one statement.
-# jobs.progress takes each job's latest report (fenced by attempt, so a report of
-# an attempt that lost its lease never overwrites the current one).
+# Progress: each job's latest report since the process's last write, in one
+# statement: a history row each, and jobs.progress (fenced by attempt, so a report
+# of an attempt that lost its lease never overwrites the current one).
 WRITE_PROGRESS = """
-WITH ev AS (
-    INSERT INTO job_progress (job_id, at, percent, message)
-    SELECT * FROM unnest(%(ev_ids)s::uuid[], %(ev_at)s::timestamptz[], %(ev_pct)s::real[], %(ev_msg)s::text[])
-), latest AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[]) AS l(id, attempts, progress)
+WITH r AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(at)s::timestamptz[], %(percents)s::real[],
+                         %(messages)s::text[]) AS r(id, attempts, at, percent, message)
+), ev AS (
+    INSERT INTO job_progress (job_id, at, percent, message) SELECT id, at, percent, message FROM r
 )
-UPDATE jobs j SET progress = latest.progress
-  FROM latest WHERE j.id = latest.id AND j.attempts = latest.attempts
+UPDATE jobs j SET progress = jsonb_build_object('percent', r.percent, 'message', r.message, 'at', r.at)
+  FROM r WHERE j.id = r.id AND j.attempts = r.attempts
 """
 
 PROGRESS = "SELECT at, percent, message FROM job_progress WHERE job_id = %(id)s ORDER BY at, id"
