@@ -297,9 +297,12 @@ class PostgresBroker(Broker):
 
     def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
         with self.pool.connection(timeout=10) as c:
-            if self._progress is not None:
-                self._progress.write(c)  # a job's latest progress lands before its ack
-            c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
+            if self._progress is None:
+                c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner, "progress": None})
+                return
+            with self._progress.for_ack(c, ids) as progress:  # a job's latest report lands with its ack
+                c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner,
+                                         "progress": progress})
 
     def ack(self, message: PgMessageProxy) -> None:
         _, acks = self._start()

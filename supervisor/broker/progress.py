@@ -2,29 +2,51 @@
 
 A report costs a lock and a dict store: reports are gathered per process and
 written by one thread, all of them in one statement (``sql.WRITE_PROGRESS``),
-at most every ``interval`` seconds. The ack writer writes whatever is pending
-just before its acks, so a job's latest report is in the database no later
-than its ``succeeded``.
+at most every ``interval`` seconds. The ack writer takes the pending reports of
+the jobs it acks and sets their ``jobs.progress`` in the ack itself, so a job's
+latest report lands with its ``succeeded`` at no extra row update.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import dramatiq
 import psycopg
 from dramatiq.middleware import CurrentMessage
+from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from . import sql
+from .message import jsonb
 
 log = logging.getLogger(__name__)
 
 # Longest a report waits in the process before it is written.
 FLUSH_INTERVAL = 0.5
+
+
+# (attempt, unix time, percent, message)
+Report = tuple[int, float, float | None, str | None]
+
+
+def _params(reports: dict[str, Report]) -> dict[str, list[Any]]:
+    values = reports.values()
+    return {"ids": list(reports), "attempts": [r[0] for r in values],
+            "at": [datetime.fromtimestamp(r[1], UTC) for r in values],
+            "percents": [r[2] for r in values], "messages": [r[3] for r in values]}
+
+
+def _value(report: Report) -> Jsonb:
+    """A report as ``jobs.progress`` holds it."""
+    return jsonb({"percent": report[2], "message": report[3],
+                  "at": datetime.fromtimestamp(report[1], UTC).isoformat()})
 
 
 class ProgressBuffer(threading.Thread):
@@ -41,8 +63,7 @@ class ProgressBuffer(threading.Thread):
         self.interval = interval
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # one write at a time, in report order
-        # job id -> (attempt, unix time, percent, message) of its latest report
-        self._latest: dict[str, tuple[int, float, float | None, str | None]] = {}
+        self._latest: dict[str, Report] = {}  # job id -> its latest report
         self._wake = threading.Event()
         self._halt = threading.Event()
 
@@ -65,19 +86,38 @@ class ProgressBuffer(threading.Thread):
                 latest, self._latest = self._latest, {}
             if not latest:
                 return 0
-            at = [datetime.fromtimestamp(r[1], UTC) for r in latest.values()]
-            percents = [r[2] for r in latest.values()]
-            messages = [r[3] for r in latest.values()]
             try:
-                conn.execute(sql.WRITE_PROGRESS, {
-                    "ids": list(latest), "attempts": [r[0] for r in latest.values()],
-                    "at": at, "percents": percents, "messages": messages,
-                })
+                conn.execute(sql.WRITE_PROGRESS, _params(latest))
             except BaseException:
-                with self._lock:  # keep them for the next write, unless newer reports came
-                    self._latest = {**latest, **self._latest}
+                self._put_back(latest)
                 raise
             return len(latest)
+
+    @contextlib.contextmanager
+    def for_ack(self, conn: psycopg.Connection, ids: list[str]) -> Iterator[list[Any] | None]:
+        """Around an ack batch: write the history of the acked jobs' pending reports
+        and yield their latest (as ``jobs.progress`` values, None where a job has
+        none; None when no job has any) for the ack to set.
+
+        Under the write lock, so an older report of one of these jobs still
+        being written by the thread lands first, never after the ack."""
+        with self._write_lock:
+            with self._lock:
+                taken = {i: self._latest.pop(i) for i in ids if i in self._latest}
+            try:
+                if not taken:
+                    yield None
+                    return
+                conn.execute(sql.INSERT_PROGRESS, _params(taken))
+                yield [_value(taken[i]) if i in taken else None for i in ids]
+            except BaseException:
+                self._put_back(taken)
+                raise
+
+    def _put_back(self, reports: dict[str, Report]) -> None:
+        """Keep unwritten reports for the next write, unless newer ones came meanwhile."""
+        with self._lock:
+            self._latest = {**reports, **self._latest}
 
     def stop(self) -> None:
         self._halt.set()

@@ -86,10 +86,12 @@ RETURNING {_CLAIMED}
 
 # Acks arrive in batches (group commit). Each is fenced by owner and attempt number,
 # so a late ack after a reclaim, or the ack that follows a retry, changes nothing.
+# A job's latest unwritten progress report rides along (progress NULL: none).
 ACK_MANY = """
 UPDATE jobs j
-   SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL
-  FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts)
+   SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL,
+       progress = coalesce(a.progress, j.progress)
+  FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[]) AS a(id, attempts, progress)
  WHERE j.id = a.id AND j.attempts = a.attempts
    AND j.status = 'running' AND j.lease_owner = %(owner)s
 """
@@ -252,18 +254,23 @@ DELETE FROM job_progress WHERE id IN (
     SELECT id FROM job_progress WHERE at < now() - %(older_than_s)s * interval '1 second' ORDER BY at LIMIT %(limit)s)
 """
 
-# Progress: each job's latest report since the process's last write, in one
-# statement: a history row each, and jobs.progress (fenced by attempt, so a report
+# Progress: each job's latest report since the process's last write. The history
+# rows, alone (for jobs being acked, whose ack sets jobs.progress) or with the
+# jobs.progress update of running jobs (fenced by attempt and status, so a report
 # of an attempt that lost its lease never overwrites the current one).
-WRITE_PROGRESS = """
+_REPORTS = """
 WITH r AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(at)s::timestamptz[], %(percents)s::real[],
                          %(messages)s::text[]) AS r(id, attempts, at, percent, message)
 ), ev AS (
     INSERT INTO job_progress (job_id, at, percent, message) SELECT id, at, percent, message FROM r
-)
+)"""
+
+INSERT_PROGRESS = _REPORTS + "\nSELECT 1"
+
+WRITE_PROGRESS = _REPORTS + """
 UPDATE jobs j SET progress = jsonb_build_object('percent', r.percent, 'message', r.message, 'at', r.at)
-  FROM r WHERE j.id = r.id AND j.attempts = r.attempts
+  FROM r WHERE j.id = r.id AND j.attempts = r.attempts AND j.status = 'running'
 """
 
 PROGRESS = "SELECT at, percent, message FROM job_progress WHERE job_id = %(id)s ORDER BY at, id"
