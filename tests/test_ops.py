@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import dramatiq
+import psycopg
 import pytest
 from dramatiq import group, pipeline
 from dramatiq.message import Message
@@ -69,6 +70,24 @@ def test_progress_is_visible_while_running_and_complete_at_the_ack(conn, produce
     assert "progress:" in shown.stdout and "100%  step 4 of 4" in shown.stdout
     as_json = json.loads(run_cli("jobs", "show", msg.message_id, "--json", url=database_url).stdout)
     assert as_json["progress_history"][-1]["message"] == "step 4 of 4"
+
+
+def test_reports_are_kept_when_the_ack_write_fails(conn, producer):
+    from supervisor.broker.progress import ProgressBuffer
+
+    buffer = ProgressBuffer(producer.pool)
+    job = scalar(conn, "INSERT INTO jobs (actor, status, attempts) VALUES ('x', 'running', 1) RETURNING id::text")
+    buffer.record(job, 1, 40, "almost")
+    with (producer.pool.connection() as c, pytest.raises(psycopg.errors.UndefinedTable),
+          buffer.for_ack(c, [job]) as progress):
+        assert progress is not None and progress[0].obj["message"] == "almost"
+        c.execute("SELECT * FROM no_such_table")  # the ack fails: its history row must not stay
+    assert scalar(conn, "SELECT count(*) FROM job_progress") == 0
+    assert buffer.pending()
+    with producer.pool.connection() as c:
+        assert buffer.write(c) == 1
+    assert scalar(conn, "SELECT progress->>'message' FROM jobs WHERE id = %s", (job,)) == "almost"
+    assert scalar(conn, "SELECT count(*) FROM job_progress") == 1
 
 
 def test_progress_outside_a_job_does_nothing(producer):

@@ -95,9 +95,10 @@ class ProgressBuffer(threading.Thread):
 
     @contextlib.contextmanager
     def for_ack(self, conn: psycopg.Connection, ids: list[str]) -> Iterator[list[Any] | None]:
-        """Around an ack batch: write the history of the acked jobs' pending reports
-        and yield their latest (as ``jobs.progress`` values, None where a job has
-        none; None when no job has any) for the ack to set.
+        """Around an ack batch: queue the history rows of the acked jobs' pending
+        reports on ``conn`` in pipeline mode (they go with the ack in one round
+        trip) and yield their latest as ``jobs.progress`` values for the ack to
+        set (None where a job has none; None when no job has any).
 
         Under the write lock, so an older report of one of these jobs still
         being written by the thread lands first, never after the ack."""
@@ -108,8 +109,9 @@ class ProgressBuffer(threading.Thread):
                 if not taken:
                     yield None
                     return
-                conn.execute(sql.INSERT_PROGRESS, _params(taken))
-                yield [_value(taken[i]) if i in taken else None for i in ids]
+                with conn.pipeline():  # the caller's ack is queued behind; errors surface at the sync
+                    conn.execute(sql.INSERT_PROGRESS, _params(taken))
+                    yield [_value(taken[i]) if i in taken else None for i in ids]
             except BaseException:
                 self._put_back(taken)
                 raise
