@@ -10,7 +10,7 @@ import psycopg
 
 from .. import admin, control, exit_codes
 from .. import config as config_mod
-from .context import config_option, die, load_config, obj, url
+from .context import config_option, die, json_option, load_config, obj, url
 from .output import print_json
 from .status_view import render
 
@@ -73,7 +73,7 @@ def run(ctx: click.Context, as_json: bool) -> None:
 @click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds to wait for the new state.")
 @click.option("--dry-run", is_flag=True, help="Print what a reload would change per role, and change nothing.")
-@click.option("--json", "as_json", is_flag=True)
+@json_option
 @click.pass_context
 def reload(ctx: click.Context, timeout: float, dry_run: bool, as_json: bool) -> None:
     """Re-read the config and apply it; wait until the new state is reached.
@@ -140,10 +140,10 @@ def _paused_queues(ctx: click.Context) -> list[dict[str, Any]] | None:
 
 @click.command()
 @config_option
+@json_option
 @click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds to wait for the master to exit.")
 @click.option("--no-wait", is_flag=True, help="Return once the master has started stopping.")
-@click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def stop(ctx: click.Context, timeout: float, no_wait: bool, as_json: bool) -> None:
     """Drain every role and stop the supervisor."""

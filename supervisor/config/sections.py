@@ -21,12 +21,12 @@ import yaml
 from .. import apps, defaults
 from ..cron import parse as cron_parse
 from ..units import parse_size
+from . import model
 from .model import (
     Config,
     ConfigError,
     DatabaseConfig,
     Limits,
-    Retention,
     RoleConfig,
     ScheduleConfig,
     SupervisorConfig,
@@ -109,7 +109,7 @@ def parse(text: str, path: str | Path = "<config>", env: Mapping[str, str] | Non
         raise ConfigError(path, 1, "roles", "is required: map each role name to its processes, queues and actors")
     roles = _roles(reader, roles_item, supervisor)
     schedules = _schedules(reader, top.map.get("schedules"), roles)
-    retention = top.get("retention", lambda i: _retention(reader, i), Retention())
+    retention = top.get("retention", lambda i: _retention(reader, i), model.Retention())
     explicit = top.get("apps", _app_names, ())
     app_settings = {name: top.get(name, functools.partial(fn, reader), None) for name, fn in app_sections.items()}
     return Config(path=path, database=database, supervisor=supervisor, roles=roles, schedules=schedules,
@@ -259,9 +259,9 @@ def _limits(reader: Reader, item: Item) -> Limits:
     )
 
 
-def _retention(reader: Reader, item: Item) -> Retention:
+def _retention(reader: Reader, item: Item) -> model.Retention:
     s = Section(reader, item, tuple(defaults.RETENTION))
-    return Retention(**{name: s.get(name, duration(0, strict=True), default)
+    return model.Retention(**{name: s.get(name, duration(0, strict=True), default)
                         for name, default in defaults.RETENTION.items()})
 
 
