@@ -128,9 +128,6 @@ class PostgresBackend(ResultBackend):
         with self.pool.connection(timeout=10) as c:
             c.execute(STORE, params)
 
-    def _store(self, message_key: str, result: Any, ttl: int) -> None:
-        raise NotImplementedError("PostgresBackend stores through store_result/store_exception")
-
     # --- reading ---------------------------------------------------------------------
 
     def _get(self, message_key: str) -> Any:
