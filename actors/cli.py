@@ -245,15 +245,19 @@ def alerts_list(ctx, watch, pending, limit, as_json) -> None:
 @alerts.command("resend")
 @config_option
 @click.argument("alert_id", type=int)
+@json_option
 @click.pass_context
-def alerts_resend(ctx: click.Context, alert_id: int) -> None:
+def alerts_resend(ctx: click.Context, alert_id: int, as_json: bool) -> None:
     """Deliver ALERT_ID again even if an earlier attempt's outcome is unknown
     (at-least-once: the receiver may see it twice; the Idempotency-Key is reused)."""
     message: Message[Any] = Message(queue_name="notification", actor_name="deliver_alert", args=(alert_id,),
                       kwargs={"resend_unknown": True}, options={})
     with producer(ctx) as broker:
         sent = broker.enqueue(message)
-    click.echo(sent.message_id)
+    if as_json:
+        print_json({"id": sent.message_id, "alert_id": alert_id})
+    else:
+        click.echo(sent.message_id)
 
 
 # --- tracker -------------------------------------------------------------------------

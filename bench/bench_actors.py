@@ -9,6 +9,8 @@ import time
 import dramatiq
 from dramatiq.middleware import CurrentMessage
 
+import supervisor
+
 QUEUE = "bench"
 
 
@@ -57,3 +59,21 @@ def retried(delay_ms: int) -> None:
     if CurrentMessage.get_current_message().options.get("retries", 0) == 0:
         raise dramatiq.Retry(delay=delay_ms)
     _record_start()
+
+
+def _report_ten() -> None:
+    for step in range(1, 11):
+        supervisor.progress(10 * step, f"step {step} of 10")
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def noop_progress() -> None:
+    """``noop`` that reports progress ten times (bench_progress.py)."""
+    _report_ten()
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def latency_progress(sent: float) -> None:
+    """``latency`` that then reports progress ten times (bench_progress.py)."""
+    latency.fn(sent)
+    _report_ten()

@@ -1,5 +1,6 @@
 """actor-supervisor: run Dramatiq actors on PostgreSQL under a forking supervisor."""
 
 from .broker import PostgresBroker, PostgresConsumer, setup_broker
+from .broker.progress import progress
 
-__all__ = ["PostgresBroker", "PostgresConsumer", "setup_broker"]
+__all__ = ["PostgresBroker", "PostgresConsumer", "progress", "setup_broker"]

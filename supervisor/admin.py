@@ -1,4 +1,5 @@
-"""Operator reads and fixes on jobs: list, show, retry, cancel, queue stats."""
+"""Operator reads and fixes: jobs (list, show, progress, retry, cancel), queues
+(stats, pause, resume), schedule runs. The CLI and the HTTP API call these."""
 
 from __future__ import annotations
 
@@ -23,8 +24,15 @@ def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
         if job is None:
             return None
         job["events"] = cur.execute(sql.EVENTS, {"id": job_id}).fetchall()
+        job["progress_history"] = cur.execute(sql.PROGRESS, {"id": job_id}).fetchall()
         _describe_payload(job)
         return job
+
+
+def job_progress(conn: psycopg.Connection, job_id: str) -> list[dict]:
+    """Every progress report of a job that reached the database, oldest first."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(sql.PROGRESS, {"id": job_id}).fetchall()
 
 
 def _describe_payload(job: dict[str, Any]) -> None:
@@ -56,6 +64,28 @@ def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
 def queue_stats(conn: psycopg.Connection) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(sql.QUEUE_STATS).fetchall()
+
+
+def pause_queue(conn: psycopg.Connection, queue: str, reason: str | None = None, who: str | None = None) -> bool:
+    """Stop claims from ``queue`` on every host (running jobs finish). False: already paused."""
+    params = {"queue": queue, "who": who or operator(), "reason": reason}
+    return conn.execute(sql.PAUSE_QUEUE, params).fetchone() is not None
+
+
+def resume_queue(conn: psycopg.Connection, queue: str) -> bool:
+    """Let ``queue`` be claimed again, waking idle consumers. False: it was not paused."""
+    return conn.execute(sql.RESUME_QUEUE, {"queue": queue}).fetchone() is not None
+
+
+def paused_queues(conn: psycopg.Connection) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(sql.PAUSED_QUEUES).fetchall()
+
+
+def schedule_history(conn: psycopg.Connection, name: str, limit: int = 20) -> list[dict]:
+    """The most recent runs of one schedule, newest first."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(scheduler_sql.HISTORY, {"name": name, "limit": limit}).fetchall()
 
 
 def latest_runs(conn: psycopg.Connection) -> list[dict]:

@@ -5,7 +5,7 @@ A client sends one request line, ``{"cmd": "status"}``, and reads one reply line
 from its own event loop (non-blocking), so a reply can wait: `reload` and
 `scale` answer once the new state is reached.
 
-Commands: ping, status, reload, scale (role, processes), stop.
+Commands: ping, status, reload, diff (what reload would do), scale (role, processes), stop.
 """
 
 from __future__ import annotations

@@ -25,8 +25,13 @@ MAX_BACKOFF_MS = 24 * 3600 * 1000  # the cap: a retry is never further away than
 # A worker process.
 THREADS = 8
 SHUTDOWN_TIMEOUT = 30.0
-RETENTION_SECONDS = 7 * 24 * 3600.0
 PRUNE_SECONDS = 300.0
+# Retention (the config's `retention:` section): how long each kind of row is kept.
+DAY = 24 * 3600.0
+RETENTION = {"succeeded": 7 * DAY, "failed": 30 * DAY, "cancelled": 7 * DAY, "events": 30 * DAY,
+             "runs": 30 * DAY, "results": 1 * DAY}
+# Rows one prune statement deletes at most: short statements, short locks.
+PRUNE_BATCH = 1000
 # The supervisor (master).
 TICK = 0.5
 KILL_GRACE = 5.0

@@ -354,6 +354,7 @@ def test_concurrency_key_serialises_real_runs(conn, actors, worker, broker):
 
 
 def test_retention_prunes_old_finished_rows_only(conn, broker):
+    from supervisor.config import Retention
     from supervisor.worker.registry import Registration
     from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 
@@ -364,8 +365,12 @@ def test_retention_prunes_old_finished_rows_only(conn, broker):
     conn.execute("INSERT INTO jobs (actor, status, finished_at) VALUES ('x', 'succeeded', now())")
     conn.execute("INSERT INTO jobs (actor, status, created_at) VALUES ('x', 'pending', now() - interval '30 days')")
     registration = Registration(broker.pool, broker.owner, role="t", queues=["tests"])
-    upkeep = Upkeep(broker, registration, settings=UpkeepSettings(retention_seconds=7 * 86400), state=lambda: "running")
-    assert upkeep.prune() == 3
+    upkeep = Upkeep(broker, registration, settings=UpkeepSettings(), state=lambda: "running")
+    counts = upkeep.prune()
+    assert (counts["succeeded"], counts["failed"], counts["cancelled"]) == (1, 0, 1)  # failed: kept 30 days
+    upkeep = Upkeep(broker, registration, settings=UpkeepSettings(retention=Retention(failed=86400)),
+                    state=lambda: "running")
+    assert upkeep.prune()["failed"] == 1
     assert sorted(r[0] for r in conn.execute("SELECT status FROM jobs")) == ["pending", "succeeded"]
 
 

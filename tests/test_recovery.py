@@ -18,7 +18,7 @@ import pytest
 from supervisor import apps
 from supervisor.migrate import migrate
 from tests.conftest import ROOT, TEST_TABLES, scalar, wait_for
-from tests.supervisor_helpers import role, supervisor, write_config  # noqa: F401 - supervisor is a fixture
+from tests.supervisor_helpers import role, write_config
 
 
 class PrivateServer:
@@ -80,7 +80,7 @@ def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server
     assert not any("Restarting consumer" in p.stderr() for p in procs)
 
 
-def test_a_ready_process_killed_is_replaced_at_once(tmp_path, conn, database_url, supervisor):  # noqa: F811
+def test_a_ready_process_killed_is_replaced_at_once(tmp_path, conn, database_url, supervisor):
     # A long crash backoff, to tell a replacement made at once from one that waited it out.
     path = write_config(tmp_path / "s.yaml", database_url, {"alpha": role(processes=1, threads=1)},
                         restart_backoff="10s", restart_backoff_max="10s")

@@ -9,7 +9,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from supervisor.db import redact
 from tests.conftest import wait_for
-from tests.supervisor_helpers import cli, role, supervisor, write_config  # noqa: F401 - supervisor is a fixture
+from tests.supervisor_helpers import cli, role, write_config
 
 SECRETS = ("Kv-S3cret!1", "Url-S3cret@2", "Query-S3cret3", "Env-S3cret4")
 
@@ -31,7 +31,7 @@ def test_redact_hides_pgpassword_from_the_environment(monkeypatch):
     assert redact("server said: password Env-S3cret4 rejected") == "server said: password *** rejected"
 
 
-def test_no_output_surface_shows_a_password(tmp_path, conn, database_url, supervisor):  # noqa: F811
+def test_no_output_surface_shows_a_password(tmp_path, conn, database_url, supervisor):
     """status, status --json, check and the master's and workers' logs, with the
     password in a key=value string, a URL and PGPASSWORD (trust auth ignores them)."""
     params = conninfo_to_dict(database_url)

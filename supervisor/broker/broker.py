@@ -25,6 +25,7 @@ from dramatiq.middleware import (
     ShutdownNotifications,
     TimeLimit,
 )
+from dramatiq.results import Results
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import backoff, db, defaults
@@ -40,6 +41,8 @@ from .leases import Leases
 from .listener import CANCEL_CHANNEL, Listener
 from .message import PgMessageProxy, body_columns, decode_claimed, error_text
 from .middleware import JobOptions, Retries, claim_budgets
+from .progress import ProgressBuffer
+from .results import PostgresBackend
 from .timer import DueTimer
 
 log = logging.getLogger(__name__)
@@ -82,6 +85,8 @@ class PostgresBroker(QueueHelpers, Broker):
         fail_fast_default: bool = False,
         keep_leases: bool = False,
     ) -> None:
+        self.url = db.resolve_url(url)
+        self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker")
         if middleware is None:
             middleware = [
                 AgeLimit(),
@@ -90,15 +95,15 @@ class PostgresBroker(QueueHelpers, Broker):
                 Callbacks(),
                 Pipelines(),
                 Retries(max_retries=max_retries, min_backoff=min_backoff, max_backoff=max_backoff),
+                # Actors with store_results=True keep their results in job_results.
+                Results(backend=PostgresBackend(url=self.url, pool=self.pool)),
                 CurrentMessage(),
                 JobOptions(),
             ]
         super().__init__(middleware=middleware)
-        self.url = db.resolve_url(url)
         self.owner = owner or owner_id()
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
-        self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker")
         # Claims made while idle commit without waiting for their WAL flush: that
         # flush is a third of the enqueue-to-start latency. A claim lost in a server
         # crash only puts the row back to pending (a rerun, like any lost lease,
@@ -126,6 +131,7 @@ class PostgresBroker(QueueHelpers, Broker):
         self._acks: AckBatcher | None = None
         self._timer: DueTimer | None = None
         self._keeper = LeaseKeeper(self.leases) if keep_leases else None
+        self._progress: ProgressBuffer | None = None
         self._start_lock = threading.Lock()
         self.jobs_done = 0
         self._claims_failing = False
@@ -336,9 +342,25 @@ class PostgresBroker(QueueHelpers, Broker):
             self.leases.fail_unreadable(bad)
         return out
 
+    def report_progress(self, job_id: str, attempt: int, percent: float | None, message: str | None) -> None:
+        """Buffer a progress report of a running job (see ``supervisor.progress``)."""
+        progress = self._progress
+        if progress is None:
+            with self._start_lock:
+                if self._progress is None:
+                    self._progress = ProgressBuffer(self.pool)
+                    self._progress.start()
+                progress = self._progress
+        progress.record(job_id, attempt, percent, message)
+
     def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
         with self.pool.connection(timeout=10) as c:
-            c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner})
+            if self._progress is None:
+                c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner, "progress": None})
+                return
+            with self._progress.for_ack(c, ids) as progress:  # a job's latest report lands with its ack
+                c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner,
+                                         "progress": progress})
 
     def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None:
         """``on_written`` runs once the outcome is committed (or nothing is to be written)."""
@@ -436,11 +458,21 @@ class PostgresBroker(QueueHelpers, Broker):
     def close(self) -> None:
         if self._acks is not None:
             self._acks.stop(timeout=10)
+        if self._progress is not None:
+            self._progress.stop()
+            try:
+                with self.pool.connection(timeout=10) as c:
+                    self._progress.write(c)
+            except Exception as exc:
+                log.warning("could not write the last progress reports: %s", exc)
         if self._listener is not None:
             self._listener.stop()
         for thread in (self._timer, self._keeper):
             if thread is not None:
                 thread.stop()
+        for m in self.middleware:
+            if isinstance(m, Results) and isinstance(m.backend, PostgresBackend):
+                m.backend.close()
         self.idle_claim_pool.close()
         self.pool.close()
 

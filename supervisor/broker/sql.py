@@ -1,4 +1,5 @@
-"""Every SQL statement on ``jobs``, ``job_concurrency`` and ``job_events``.
+"""Every SQL statement on ``jobs``, ``job_concurrency``, ``job_events``,
+``job_progress`` and ``queue_pauses``.
 
 All statements take parameters; none is built from input. Live statuses are
 'pending', 'retryable' and 'running'.
@@ -43,8 +44,8 @@ SELECT dedupe_key, id FROM jobs
  WHERE dedupe_key = ANY(%(keys)s) AND status IN ('pending', 'retryable', 'running')
 """
 
-# Claim up to n runnable rows of one queue in priority order. Rows locked by another
-# claimer are skipped, never waited on. A row with a concurrency key runs only if
+# Claim up to n runnable rows of one queue in priority order, none while the queue
+# is paused. Rows locked by another claimer are skipped, never waited on. A row with a concurrency key runs only if
 # its key's slot in job_concurrency is free and this claim wins the INSERT.
 CLAIM = f"""
 WITH cand AS (
@@ -53,6 +54,7 @@ WITH cand AS (
      WHERE j.queue = %(queue)s
        AND j.status IN ('pending', 'retryable')
        AND j.run_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = %(queue)s)
        AND (j.concurrency_key IS NULL
             OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))
      ORDER BY j.priority DESC, j.run_at, j.id
@@ -96,10 +98,12 @@ RETURNING {_CLAIMED}
 
 # Acks arrive in batches (group commit). Each is fenced by owner and attempt number,
 # so a late ack after a reclaim, or the ack that follows a retry, changes nothing.
+# A job's latest unwritten progress report rides along (progress NULL: none).
 ACK_MANY = """
 UPDATE jobs j
-   SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL
-  FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts)
+   SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL,
+       progress = coalesce(a.progress, j.progress)
+  FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[]) AS a(id, attempts, progress)
  WHERE j.id = a.id AND j.attempts = a.attempts
    AND j.status = 'running' AND j.lease_owner = %(owner)s
 """
@@ -291,11 +295,12 @@ WITH done AS (
 SELECT id FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', done.queue)) AS wake
 """
 
-# Retention: delete a bounded batch of old finished rows per call.
+# Retention: delete a bounded batch of old finished rows of one status per call
+# (with their events and progress), so no statement holds locks for long.
 PRUNE = """
 WITH old AS (
     SELECT id FROM jobs
-     WHERE status IN ('succeeded', 'failed', 'cancelled')
+     WHERE status IN ('succeeded', 'failed', 'cancelled') AND status = %(status)s
        AND finished_at < now() - %(older_than_s)s * interval '1 second'
      ORDER BY finished_at
      LIMIT %(limit)s
@@ -303,9 +308,57 @@ WITH old AS (
     DELETE FROM jobs j USING old WHERE j.id = old.id RETURNING j.id
 ), ev AS (
     DELETE FROM job_events e USING gone WHERE e.job_id = gone.id
+), pr AS (
+    DELETE FROM job_progress p USING gone WHERE p.job_id = gone.id
 )
-SELECT count(*) FROM gone
+SELECT id FROM gone
 """
+
+# Events and progress reports of jobs that are still kept, older than their own retention.
+PRUNE_EVENTS = """
+DELETE FROM job_events WHERE id IN (
+    SELECT id FROM job_events WHERE at < now() - %(older_than_s)s * interval '1 second' ORDER BY at LIMIT %(limit)s)
+"""
+
+PRUNE_PROGRESS = """
+DELETE FROM job_progress WHERE id IN (
+    SELECT id FROM job_progress WHERE at < now() - %(older_than_s)s * interval '1 second' ORDER BY at LIMIT %(limit)s)
+"""
+
+# Progress: each job's latest report since the process's last write. The history
+# rows, alone (for jobs being acked, whose ack sets jobs.progress) or with the
+# jobs.progress update of running jobs (fenced by attempt and status, so a report
+# of an attempt that lost its lease never overwrites the current one).
+_REPORTS = """
+WITH r AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(at)s::timestamptz[], %(percents)s::real[],
+                         %(messages)s::text[]) AS r(id, attempts, at, percent, message)
+), ev AS (
+    INSERT INTO job_progress (job_id, at, percent, message) SELECT id, at, percent, message FROM r
+)"""
+
+INSERT_PROGRESS = _REPORTS + "\nSELECT 1"
+
+WRITE_PROGRESS = _REPORTS + """
+UPDATE jobs j SET progress = jsonb_build_object('percent', r.percent, 'message', r.message, 'at', r.at)
+  FROM r WHERE j.id = r.id AND j.attempts = r.attempts AND j.status = 'running'
+"""
+
+PROGRESS = "SELECT at, percent, message FROM job_progress WHERE job_id = %(id)s ORDER BY at, id"
+
+# Queue pauses: every claim reads queue_pauses; resuming wakes the queue's consumers.
+PAUSE_QUEUE = """
+INSERT INTO queue_pauses (queue, paused_by, reason) VALUES (%(queue)s, %(who)s, %(reason)s)
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue
+"""
+
+RESUME_QUEUE = """
+WITH gone AS (DELETE FROM queue_pauses WHERE queue = %(queue)s RETURNING queue)
+SELECT queue FROM gone CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', gone.queue)) AS wake
+"""
+
+PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses ORDER BY queue"
 
 # Broker.flush / Broker.join (Dramatiq's test and admin helpers).
 FLUSH_QUEUE = "DELETE FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable')"

@@ -6,10 +6,11 @@ import sys
 from typing import Any
 
 import click
+import psycopg
 
+from .. import admin, control, exit_codes
 from .. import config as config_mod
-from .. import control, exit_codes
-from .context import Seconds, config_option, die, load_config, obj
+from .context import Seconds, config_option, die, json_option, load_config, obj, url
 from .output import print_json
 from .status_view import render
 
@@ -50,8 +51,9 @@ def _report_change(reply: dict[str, Any], as_json: bool, what: str) -> None:
 
 @click.command()
 @config_option
+@click.option("--json", "as_json", is_flag=True, help="Log JSON lines (as supervisor.log_json: true).")
 @click.pass_context
-def run(ctx: click.Context) -> None:
+def run(ctx: click.Context, as_json: bool) -> None:
     """Run the supervisor: fork each role's worker processes and keep them running
     (SIGHUP reloads, SIGTERM drains and exits)."""
     import dataclasses
@@ -61,6 +63,8 @@ def run(ctx: click.Context) -> None:
     cfg = load_config(ctx)
     if obj(ctx).get("database_url_from_cmdline"):
         cfg = dataclasses.replace(cfg, database=config_mod.DatabaseConfig(obj(ctx)["database_url"]))
+    if as_json:
+        cfg = dataclasses.replace(cfg, supervisor=dataclasses.replace(cfg.supervisor, log_json=True))
     sys.exit(serve(cfg))
 
 
@@ -68,13 +72,32 @@ def run(ctx: click.Context) -> None:
 @config_option
 @click.option("--timeout", default=600.0, show_default=True, type=Seconds(min=0.1),
               help="Seconds to wait for the new state.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--dry-run", is_flag=True, help="Print what a reload would change per role, and change nothing.")
+@json_option
 @click.pass_context
-def reload(ctx: click.Context, timeout: float, as_json: bool) -> None:
+def reload(ctx: click.Context, timeout: float, dry_run: bool, as_json: bool) -> None:
     """Re-read the config and apply it; wait until the new state is reached.
     An invalid file changes nothing (exit 2, the error names file, line and key)."""
     obj(ctx)["config_error_hint"] = "nothing was changed: the supervisor keeps running its previous config"
+    if dry_run:
+        _report_diff(_control(ctx, {"cmd": "diff"}, 10.0), as_json)
+        return
     _report_change(_control(ctx, {"cmd": "reload"}, timeout), as_json, "reload")
+
+
+def _report_diff(reply: dict[str, Any], as_json: bool) -> None:
+    if not reply.get("ok"):
+        _report_change(reply, as_json, "reload --dry-run")  # prints the error, exits
+    if as_json:
+        print_json(reply)
+        return
+    click.echo("a reload would (dry run, nothing changed):")
+    for name, actions in reply.get("roles", {}).items():
+        click.echo(f"  {name}: {'; '.join(actions)}")
+    role_lines = {f"{name}: " for name in reply.get("roles", {})}
+    for line in reply.get("changes", []):
+        if not any(line.startswith(prefix) for prefix in role_lines):
+            click.echo(f"  {line}")
 
 
 @click.command()
@@ -98,28 +121,40 @@ def status(ctx: click.Context, as_json: bool) -> None:
     reply = _control(ctx, {"cmd": "status"}, 10.0)
     if not reply.get("ok"):
         die(str(reply.get("error")))
+    reply["paused_queues"] = _paused_queues(ctx)
     if as_json:
         print_json(reply)
     else:
         click.echo(render(reply))
 
 
+def _paused_queues(ctx: click.Context) -> list[dict[str, Any]] | None:
+    """Paused queues, read from the database (the master never reads it for status);
+    None when the database cannot be reached within two seconds."""
+    try:
+        with psycopg.connect(url(ctx), autocommit=True, connect_timeout=2) as conn:
+            return admin.paused_queues(conn)
+    except psycopg.Error:
+        return None
+
+
 @click.command()
 @config_option
+@json_option
 @click.option("--timeout", default=600.0, show_default=True, type=Seconds(min=0.1),
               help="Seconds to wait for the master to exit.")
 @click.option("--no-wait", is_flag=True, help="Return once the master has started stopping.")
 @click.pass_context
-def stop(ctx: click.Context, timeout: float, no_wait: bool) -> None:
+def stop(ctx: click.Context, timeout: float, no_wait: bool, as_json: bool) -> None:
     """Drain every role and stop the supervisor."""
     reply = _control(ctx, {"cmd": "stop"}, 10.0)
     if not reply.get("ok"):
         die(str(reply.get("error")))
-    if no_wait:
-        click.echo(f"stopping (master pid {reply['pid']})")
-        return
-    if not control.wait_gone(int(reply["pid"]), timeout):
+    if not no_wait and not control.wait_gone(int(reply["pid"]), timeout):
         die(f"master pid {reply['pid']} is still running after {timeout:g}s")
-    click.echo(f"stopped (master pid {reply['pid']})")
+    if as_json:
+        print_json({"pid": reply["pid"], "stopped": not no_wait, "stopping": True})
+    else:
+        click.echo(f"{'stopping' if no_wait else 'stopped'} (master pid {reply['pid']})")
 
 

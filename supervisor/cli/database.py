@@ -20,8 +20,9 @@ app_option = click.option("--app", "app_names", multiple=True, metavar="NAME",
 @click.command()
 @config_option
 @app_option
+@json_option
 @click.pass_context
-def migrate(ctx: click.Context, app_names: tuple[str, ...]) -> None:
+def migrate(ctx: click.Context, app_names: tuple[str, ...], as_json: bool) -> None:
     """Apply pending migrations: the runtime's tables, and those of the apps the
     config uses (safe to run from many hosts at once)."""
     db_url = url(ctx)
@@ -30,7 +31,10 @@ def migrate(ctx: click.Context, app_names: tuple[str, ...]) -> None:
                                      progress=lambda line: click.echo(line, err=True))
     except db.DatabaseError as exc:
         die(str(exc), exit_codes.DATABASE)
-    click.echo(f"{len(applied)} migration(s) applied" if applied else "database is up to date")
+    if as_json:
+        print_json({"applied": [m.name for m in applied]})
+    else:
+        click.echo(f"{len(applied)} migration(s) applied" if applied else "database is up to date")
 
 
 @click.command()

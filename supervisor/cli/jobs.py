@@ -1,4 +1,4 @@
-"""Commands on jobs and queues: enqueue, jobs list/show/retry/cancel, queues, runs."""
+"""Commands on jobs and schedules: enqueue, jobs list/show/retry/cancel, runs, history."""
 
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ MAX_DELAY_SECONDS = 10 * 365 * 86400.0  # ten years: further than any real sched
 @click.option("--dedupe-key", default=None)
 @click.option("--concurrency-key", default=None)
 @click.option("--max-retries", type=click.IntRange(min=0, max=1_000_000), default=None)
+@json_option
 @click.pass_context
 def enqueue(ctx, actor, queue, args_json, kwargs_json, delay, priority, dedupe_key, concurrency_key,
-            max_retries) -> None:
+            max_retries, as_json) -> None:
     """Enqueue one job for ACTOR (its module need not be importable here)."""
     from dramatiq.message import Message
 
@@ -47,7 +48,10 @@ def enqueue(ctx, actor, queue, args_json, kwargs_json, delay, priority, dedupe_k
     message: Message[Any] = Message(queue_name=queue, actor_name=actor, args=tuple(args), kwargs=kwargs, options=options)
     with producer(ctx) as broker:
         sent = broker.enqueue(message, delay=int(delay * 1000))
-    click.echo(sent.message_id)
+    if as_json:
+        print_json({"id": sent.message_id, "queue": queue, "actor": actor})
+    else:
+        click.echo(sent.message_id)
 
 
 def _json_option(name: str, text: str, kind: type, what: str) -> Any:
@@ -88,7 +92,7 @@ def jobs_list(ctx, status, queue, limit, as_json) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def jobs_show(ctx, job_id, as_json) -> None:
-    """One job with its history of state changes."""
+    """One job with its history of state changes and progress reports."""
     job_id = _job_id(job_id)
     with connect(ctx) as conn:
         job = admin.show_job(conn, job_id)
@@ -98,11 +102,17 @@ def jobs_show(ctx, job_id, as_json) -> None:
         print_json(job)
         return
     events = job.pop("events")
+    reports = job.pop("progress_history")
     for key, value in job.items():
         click.echo(f"{key:>17}: {fmt(value) if key != 'last_error' else value}")
     click.echo("events:")
     for e in events:
         click.echo(f"  {fmt(e['at'])}  {e['from_status'] or '-'} -> {e['to_status']}  by {e['who']}: {e['reason']}")
+    if reports:
+        click.echo("progress:")
+        for p in reports:
+            pct = "-" if p["percent"] is None else f"{p['percent']:.0f}%"
+            click.echo(f"  {fmt(p['at'])}  {pct:>4}  {p['message'] or ''}".rstrip())
 
 
 def _job_id(job_id: str) -> str:
@@ -113,12 +123,16 @@ def _job_id(job_id: str) -> str:
             exit_codes.USAGE)
 
 
-def _change(ctx: click.Context, job_id: str, change: Callable[[Any, str], bool], to: str, allowed: str) -> None:
+def _change(ctx: click.Context, job_id: str, change: Callable[[Any, str], bool], to: str, allowed: str,
+            as_json: bool) -> None:
     job_id = _job_id(job_id)
     with connect(ctx) as conn:
         if not change(conn, job_id):
             die(f"job {job_id} is not {allowed} (or does not exist)")
-    click.echo(f"{job_id} -> {to}")
+    if as_json:
+        print_json({"id": job_id, "status": to})
+    else:
+        click.echo(f"{job_id} -> {to}")
 
 
 def _job_change(name: str, change: Callable[[Any, str], bool], to: str, allowed: str, doc: str) -> None:
@@ -127,9 +141,10 @@ def _job_change(name: str, change: Callable[[Any, str], bool], to: str, allowed:
     @jobs.command(name, help=doc)
     @config_option
     @click.argument("job_id")
+    @json_option
     @click.pass_context
-    def command(ctx: click.Context, job_id: str) -> None:
-        _change(ctx, job_id, change, to, allowed)
+    def command(ctx: click.Context, job_id: str, as_json: bool) -> None:
+        _change(ctx, job_id, change, to, allowed, as_json)
 
 
 _job_change("retry", admin.retry_job, "pending", "failed or cancelled", "Put a failed or cancelled job back to pending.")
@@ -155,6 +170,16 @@ def _listing(name: str, gather: Callable[[Any], list[dict[str, Any]]], columns: 
 runs = _listing("runs", admin.latest_runs,
                 ["job_name", "scheduled_for", "status", "holder", "started_at", "completed_at", "rows_affected", "error_text"],
                 "The latest run of every schedule (job_runs): when, where, outcome.")
-queues = _listing("queues", admin.queue_stats,
-                  ["queue", "ready", "scheduled", "retryable", "running", "failed", "succeeded_last_hour"],
-                  "Per-queue counts: ready, scheduled, running, failed, done in the last hour.")
+
+
+@click.command()
+@config_option
+@click.argument("schedule")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1))
+@json_option
+@click.pass_context
+def history(ctx: click.Context, schedule: str, limit: int, as_json: bool) -> None:
+    """Recent runs of SCHEDULE (newest first): when, where, outcome, job."""
+    with connect(ctx) as conn:
+        found = admin.schedule_history(conn, schedule, limit)
+    rows(found, as_json, ["scheduled_for", "status", "holder", "started_at", "completed_at", "job_id", "error_text"])

@@ -41,10 +41,15 @@ def render(status: dict[str, Any]) -> str:
         f"config {status['config']}  database {status['database']}",
         "",
     ]
+    paused = {p["queue"]: p for p in status.get("paused_queues") or []}
+    for queue, p in paused.items():
+        why = f": {p['reason']}" if p.get("reason") else ""
+        lines.insert(-1, f"queue {queue} paused by {p.get('paused_by') or '?'}{why}")
     for role in status["roles"]:
         scaled = " (scaled)" if role["scaled"] else ""
+        queues = ",".join(q + (" (paused)" if q in paused else "") for q in role["queues"])
         head = (f"{role['name']}: {role['running']}/{role['wanted']} running{scaled}  {role['state']}  "
-                f"queues {','.join(role['queues'])}  threads {role['threads']}  restarts {role['restarts']}")
+                f"queues {queues}  threads {role['threads']}  restarts {role['restarts']}")
         lines.append(head)
         if role["last_exit"]:
             lines.append(f"  last exit {human_duration(role['last_exit_ago'])} ago: {role['last_exit']}")

@@ -28,16 +28,17 @@ from .context import Seconds, config_option, die, url
               help="Heartbeat interval seconds (keep well under --lease).")
 @click.option("--no-migrate", is_flag=True, help="Do not apply pending migrations at start.")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Log JSON lines (one object per event, as log_json does).")
 @click.pass_context
 def worker(ctx: click.Context, queues: str, actors: str, threads: int, prefetch: int | None, role: str, shutdown_timeout: float,
-           lease: float, heartbeat: float, no_migrate: bool, log_level: str) -> None:
+           lease: float, heartbeat: float, no_migrate: bool, log_level: str, as_json: bool) -> None:
     """Run one worker process until SIGTERM, then drain and exit 0."""
     from ..worker.process import run
     from ..worker.settings import WorkerSettings
 
     if heartbeat >= lease:
         die(f"--heartbeat ({heartbeat}s) must be shorter than --lease ({lease}s)", exit_codes.USAGE)
-    configure_logging(log_level.upper())
+    configure_logging(log_level.upper(), as_json)
     db_url = url(ctx)
     modules = tuple(a.strip() for a in actors.split(",") if a.strip())
     if not no_migrate:

@@ -87,6 +87,19 @@ class RoleConfig:
 
 
 @dataclass(frozen=True)
+class Retention:
+    """How long finished jobs (per final status), events and progress, schedule
+    runs and stored results are kept, in seconds."""
+
+    succeeded: float = defaults.RETENTION["succeeded"]
+    failed: float = defaults.RETENTION["failed"]
+    cancelled: float = defaults.RETENTION["cancelled"]
+    events: float = defaults.RETENTION["events"]
+    runs: float = defaults.RETENTION["runs"]
+    results: float = defaults.RETENTION["results"]
+
+
+@dataclass(frozen=True)
 class ScheduleConfig:
     name: str
     cron: str
@@ -104,6 +117,7 @@ class Config:
     supervisor: SupervisorConfig
     roles: tuple[RoleConfig, ...]
     schedules: tuple[ScheduleConfig, ...] = ()
+    retention: Retention = field(default_factory=Retention)
     # Apps named explicitly under `apps:` (apps owning a role's actor modules are in use anyway).
     apps: tuple[str, ...] = ()
     # Sections owned by apps (e.g. the price tracker's `pipeline:`), as their parsers returned them.

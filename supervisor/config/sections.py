@@ -21,6 +21,7 @@ import yaml
 from .. import apps, defaults
 from ..cron import parse as cron_parse
 from ..units import parse_size
+from . import model
 from .model import (
     Config,
     ConfigError,
@@ -74,7 +75,7 @@ def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
 
 # --- sections -------------------------------------------------------------------------------
 
-_TOP = ("database", "supervisor", "roles", "schedules", "apps")
+_TOP = ("database", "supervisor", "roles", "schedules", "retention", "apps")
 _SUPERVISOR = ("control_socket", "state_dir", "shutdown_timeout", "watch_config", "tick", "log_level",
                "log_json", "kill_grace", "start_timeout", "restart_backoff", "restart_backoff_max")
 _ROLE = ("processes", "threads", "prefetch", "queues", "actors", "lease", "heartbeat", "max_retries", "min_backoff",
@@ -108,10 +109,11 @@ def parse(text: str, path: str | Path = "<config>", env: Mapping[str, str] | Non
         raise ConfigError(path, 1, "roles", "is required: map each role name to its processes, queues and actors")
     roles = _roles(reader, roles_item, supervisor)
     schedules = _schedules(reader, top.map.get("schedules"), roles)
+    retention = top.get("retention", lambda i: _retention(reader, i), model.Retention())
     explicit = top.get("apps", _app_names, ())
     app_settings = {name: top.get(name, functools.partial(fn, reader), None) for name, fn in app_sections.items()}
     return Config(path=path, database=database, supervisor=supervisor, roles=roles, schedules=schedules,
-                  apps=explicit, app_settings={k: v for k, v in app_settings.items() if v is not None})
+                  retention=retention, apps=explicit, app_settings={k: v for k, v in app_settings.items() if v is not None})
 
 
 def _app_names(item: Item) -> tuple[str, ...]:
@@ -255,6 +257,12 @@ def _limits(reader: Reader, item: Item) -> Limits:
         max_rss=s.get("max_rss", rss),
         max_jobs=s.get("max_jobs", integer(1)),
     )
+
+
+def _retention(reader: Reader, item: Item) -> model.Retention:
+    s = Section(reader, item, tuple(defaults.RETENTION))
+    return model.Retention(**{name: s.get(name, duration(0, strict=True), default)
+                        for name, default in defaults.RETENTION.items()})
 
 
 def _schedules(reader: Reader, item: Item | None, roles: tuple[RoleConfig, ...]) -> tuple[ScheduleConfig, ...]:

@@ -1,5 +1,5 @@
 """The master's control commands: one handler method per command (ping, status,
-reload, scale, stop), plus what reload and scale need to reply once the new
+reload, diff, scale, stop), plus what reload and scale need to reply once the new
 state is reached. Mixed into the Arbiter; runs on its loop thread only.
 """
 
@@ -82,6 +82,27 @@ class Handlers:
     def cmd_reload(self, conn: Connection, req: dict[str, Any]) -> None:
         self.reload(conn, source="control socket")
 
+    def cmd_diff(self, conn: Connection, req: dict[str, Any]) -> None:
+        """What `reload` would change now (reload --dry-run); changes nothing."""
+        try:
+            new = config_mod.load(self.config.path)
+        except ConfigError as exc:
+            conn.reply({"ok": False, "error": str(exc), "detail": exc.as_dict()})
+            return
+        d = diff(self.config, new)
+        actions = d.actions()
+        for name, role in self.roles.items():
+            target = new.roles_by_name.get(name)
+            if role.override is not None and target is not None:  # `scale` holds it, not the config
+                kept = [a for a in actions.get(name, []) if not a.startswith("resize ")]
+                if role.override != target.processes:
+                    kept.append(f"resize {role.override} -> {target.processes}")
+                if kept:
+                    actions[name] = kept
+                else:
+                    actions.pop(name, None)
+        conn.reply({"ok": True, "dry_run": True, "changes": self._changes(new, d), "roles": actions})
+
     def cmd_scale(self, conn: Connection, req: dict[str, Any]) -> None:
         self.scale(conn, str(req.get("role")), req.get("processes"))
 
@@ -108,16 +129,20 @@ class Handlers:
         self.config_text = text
         self.notifier.reloading()
         d = diff(self.config, new)
+        changes = self._changes(new, d)
+        log.info("reload (%s): %s", source, "; ".join(changes))
+        self._apply(new, d)
+        self.reloads += 1
+        self.waiters.append(Waiter(conn, "reload", changes, now))
+
+    def _changes(self, new: Config, d: Diff) -> list[str]:
+        """What applying ``d`` does, one line each, including `scale` overrides it clears."""
         changes = [] if d.empty else d.lines()
         for name, role in self.roles.items():
             target = new.roles_by_name.get(name)
             if role.override is not None and target is not None and role.override != target.processes:
                 changes.append(f"{name}: scale {role.override} cleared, back to {target.processes} from the config")
-        changes = changes or ["no changes"]
-        log.info("reload (%s): %s", source, "; ".join(changes))
-        self._apply(new, d)
-        self.reloads += 1
-        self.waiters.append(Waiter(conn, "reload", changes, now))
+        return changes or ["no changes"]
 
     def _apply(self, new: Config, d: Diff) -> None:
         old_sup = self.config.supervisor

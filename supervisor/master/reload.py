@@ -43,6 +43,18 @@ class Diff:
         return out or ["no changes"]
 
 
+    def actions(self) -> dict[str, list[str]]:
+        """Per role, what a reload does to it: start, drain, roll (with why), resize."""
+        out: dict[str, list[str]] = {name: ["start"] for name in self.added}
+        for name in self.removed:
+            out[name] = ["drain"]
+        for name, fields in self.rolled.items():
+            out.setdefault(name, []).append(f"roll ({', '.join(fields)})")
+        for name, (a, b) in self.resized.items():
+            out.setdefault(name, []).append(f"resize {a} -> {b}")
+        return out
+
+
 def _show(value) -> str:
     if isinstance(value, tuple):
         return "[" + ", ".join(map(str, value)) + "]"
@@ -57,6 +69,8 @@ def diff(old: Config, new: Config) -> Diff:
     everywhere = []
     if old.schedules != new.schedules:
         everywhere.append("schedules")
+    if old.retention != new.retention:
+        everywhere.append("retention")
     for name in sorted(set(old.app_settings) | set(new.app_settings)):
         if old.app_settings.get(name) != new.app_settings.get(name):
             everywhere.append(name)  # apps read their sections at boot

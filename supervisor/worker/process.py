@@ -18,6 +18,7 @@ from dramatiq import Worker
 from .. import apps, backoff, exit_codes, runtime
 from ..broker import PostgresBroker
 from ..broker.fencing import LeaseLost
+from .joblog import JobLog
 from .registry import Registration
 from .scheduler import RunResults, Scheduler
 from .settings import WorkerSettings
@@ -90,6 +91,9 @@ class WorkerProcess:
                 if isinstance(m, dramatiq.middleware.TimeLimit):
                     m.time_limit = s.time_limit_ms
         broker.add_middleware(RunResults())
+        # First in the list: Dramatiq runs after_* hooks in reverse, so it logs the
+        # outcome the Retries middleware settled on (and times the whole run).
+        broker.add_middleware(JobLog(s.role), before=type(broker.middleware[0]))
         self.broker = broker
         # Actor modules use @dramatiq.actor, which binds to the global broker at
         # import time: it must be ours before the first import.
@@ -108,7 +112,7 @@ class WorkerProcess:
             settings=UpkeepSettings(
                 heartbeat_seconds=s.heartbeat_seconds,
                 reap_seconds=max(s.lease_seconds / 2, 1.0),
-                retention_seconds=s.retention_seconds,
+                retention=s.retention,
             ),
             state=lambda: self.state,
         )

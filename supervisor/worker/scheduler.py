@@ -131,16 +131,15 @@ class Scheduler(threading.Thread):
 
     # --- bookkeeping ------------------------------------------------------------
 
-    def recover(self) -> tuple[int, int]:
-        """Mark runs orphaned by a crash, drop history older than 30 days."""
+    def recover(self) -> int:
+        """Mark runs orphaned by a crash (old runs go with the upkeep's retention)."""
         stale = max((s.lock_ttl_seconds for s in self.schedules),
                     default=defaults.SCHEDULE_LOCK_TTL)
         with self.broker.pool.connection() as conn:
             crashed = conn.execute(sql.RECOVER_CRASHED, {"stale_s": stale}).rowcount
-            purged = conn.execute(sql.PURGE_OLD).rowcount
-        if crashed or purged:
-            log.warning("scheduler: %d crashed run(s) found, %d old run(s) purged", crashed, purged)
-        return crashed, purged
+        if crashed:
+            log.warning("scheduler: %d crashed run(s) found", crashed)
+        return crashed
 
     def sync(self) -> None:
         """Copy finished jobs' outcomes onto their runs."""

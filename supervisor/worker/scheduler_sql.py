@@ -58,7 +58,7 @@ UPDATE job_runs r
 """
 
 # At start: runs whose scheduler died between recording the run and enqueueing
-# its job (older than the lock lease) crashed; history older than 30 days goes.
+# its job (older than the lock lease) crashed.
 RECOVER_CRASHED = """
 UPDATE job_runs
    SET status = 'crashed', completed_at = now(),
@@ -66,7 +66,18 @@ UPDATE job_runs
  WHERE status = 'running' AND job_id IS NULL AND started_at < now() - %(stale_s)s * interval '1 second'
 """
 
-PURGE_OLD = "DELETE FROM job_runs WHERE started_at < now() - interval '30 days'"
+# Retention (the upkeep's prune): finished runs older than `retention.runs`, a batch at a time.
+PRUNE_RUNS = """
+DELETE FROM job_runs WHERE id IN (
+    SELECT id FROM job_runs
+     WHERE started_at < now() - %(older_than_s)s * interval '1 second' AND status <> 'running'
+     ORDER BY started_at LIMIT %(limit)s)
+"""
+
+HISTORY = """
+SELECT id, job_name, scheduled_for, holder, started_at, completed_at, status, job_id, error_text
+  FROM job_runs WHERE job_name = %(name)s ORDER BY started_at DESC LIMIT %(limit)s
+"""
 
 LATEST_RUNS = """
 SELECT DISTINCT ON (job_name) id, job_name, scheduled_for, holder, started_at, completed_at, status, job_id,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import defaults
-from ..config import Config, ScheduleConfig
+from ..config import Config, Retention, ScheduleConfig
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class WorkerSettings:
     max_retries: int = defaults.MAX_RETRIES
     min_backoff_ms: int = defaults.MIN_BACKOFF_MS
     max_backoff_ms: int = defaults.MAX_BACKOFF_MS
-    retention_seconds: float = defaults.RETENTION_SECONDS
+    retention: Retention = field(default_factory=Retention)
     time_limit_ms: int | None = None
     # Cron schedules this process helps fire (scheduler_locks make each fire once).
     schedules: tuple[ScheduleConfig, ...] = ()
@@ -58,5 +58,6 @@ class WorkerSettings:
             max_backoff_ms=int(r.max_backoff * 1000),
             time_limit_ms=int(r.time_limit * 1000) if r.time_limit else None,
             schedules=cfg.schedules,
+            retention=cfg.retention,
             app_settings=dict(cfg.app_settings),
         )

@@ -7,11 +7,14 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .. import db, defaults
+from .. import defaults
 from ..broker import PostgresBroker
+from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
+from ..config import Retention
+from . import scheduler_sql
 from .registry import Beat, Registration
 
 log = logging.getLogger(__name__)
@@ -21,8 +24,11 @@ log = logging.getLogger(__name__)
 class UpkeepSettings:
     heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS
     reap_seconds: float = defaults.LEASE_SECONDS / 2
-    retention_seconds: float = defaults.RETENTION_SECONDS
+    retention: Retention = field(default_factory=Retention)
     prune_seconds: float = defaults.PRUNE_SECONDS
+    prune_batch: int = defaults.PRUNE_BATCH
+    # Batches one prune runs per kind at most; the rest waits for the next prune.
+    prune_max_batches: int = 50
 
 
 class Upkeep(threading.Thread):
@@ -54,15 +60,33 @@ class Upkeep(threading.Thread):
         self.broker.leases.heartbeat()
         self.registration.beat(Beat(self.state(), self.broker.leases.count(), self.broker.jobs_done))
 
-    def prune(self) -> int:
-        with self.broker.pool.connection(timeout=10) as c:
-            deleted = db.one(c.execute(
-                jobs_sql.PRUNE, {"older_than_s": self.settings.retention_seconds, "limit": 5000}
-            ))
-        self.registration.prune(max(self.settings.retention_seconds, 86400))
-        if deleted:
-            log.info("pruned %d finished jobs older than %.0fs", deleted, self.settings.retention_seconds)
-        return int(deleted)
+    def _batches(self, statement: str, **params: object) -> int:
+        """Run a bounded DELETE until it comes back short: each batch commits on
+        its own, so no lock is held longer than one batch takes."""
+        s = self.settings
+        total = 0
+        for _ in range(s.prune_max_batches):
+            with self.broker.pool.connection(timeout=10) as c:
+                n = c.execute(statement, {**params, "limit": s.prune_batch}).rowcount
+            total += n
+            if n < s.prune_batch:
+                break
+        return total
+
+    def prune(self) -> dict[str, int]:
+        """Delete what the retention settings no longer keep; returns counts by kind."""
+        r = self.settings.retention
+        counts = {status: self._batches(jobs_sql.PRUNE, status=status, older_than_s=getattr(r, status))
+                  for status in ("succeeded", "failed", "cancelled")}
+        counts["events"] = self._batches(jobs_sql.PRUNE_EVENTS, older_than_s=r.events)
+        counts["progress"] = self._batches(jobs_sql.PRUNE_PROGRESS, older_than_s=r.events)
+        counts["runs"] = self._batches(scheduler_sql.PRUNE_RUNS, older_than_s=r.runs)
+        counts["results"] = (self._batches(results_sql.PRUNE)
+                             + self._batches(results_sql.PRUNE_OLD, older_than_s=r.results))
+        self.registration.prune(max(r.succeeded, 86400))
+        if any(counts.values()):
+            log.info("pruned %s", ", ".join(f"{n} {kind}" for kind, n in counts.items() if n), extra={"pruned": counts})
+        return counts
 
     def stop(self) -> None:
         self._halt.set()

@@ -1,0 +1,27 @@
+"""Actors for the progress, results and job-log tests (queue "ops")."""
+
+import time
+
+import dramatiq
+
+import supervisor
+
+
+@dramatiq.actor(queue_name="ops", max_retries=0, store_results=True)
+def ops_add(x: int, y: int, sleep_s: float = 0.0) -> int:
+    time.sleep(sleep_s)
+    return x + y
+
+
+@dramatiq.actor(queue_name="ops", max_retries=0, store_results=True)
+def ops_fail() -> None:
+    raise ValueError("planned failure")
+
+
+@dramatiq.actor(queue_name="ops", max_retries=0)
+def ops_steps(n: int, pause_at: int = -1, pause_s: float = 0.0) -> None:
+    """Reports progress n times; sleeps after step ``pause_at`` (so a test can look)."""
+    for i in range(1, n + 1):
+        supervisor.progress(100 * i / n, f"step {i} of {n}")
+        if i == pause_at:
+            time.sleep(pause_s)
