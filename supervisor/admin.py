@@ -7,9 +7,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from . import defaults
 from .broker import sql
 from .identity import operator
-from .worker import scheduler_sql
+from .worker import registry, scheduler_sql
 
 
 def list_jobs(conn: psycopg.Connection, *, status: str | None, queue: str | None, limit: int) -> list[dict]:
@@ -44,3 +45,15 @@ def latest_runs(conn: psycopg.Connection) -> list[dict]:
     """The latest run of every schedule."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(scheduler_sql.LATEST_RUNS).fetchall()
+
+
+def masters(conn: psycopg.Connection) -> list[dict]:
+    """Every master's registry row, freshest first, with ``beat_age`` in seconds."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(registry.MASTERS).fetchall()
+
+
+def live_processes_by_role(conn: psycopg.Connection) -> dict[str, int]:
+    """Processes per role that beat recently, on every host."""
+    rows = conn.execute(registry.LIVE_BY_ROLE, {"fresh_s": 3 * defaults.HEARTBEAT_SECONDS}).fetchall()
+    return {role: n for role, n in rows}

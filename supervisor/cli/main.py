@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import apps
-from . import control_cmds, database, jobs, worker_cmd
+from . import control_cmds, database, http_cmd, jobs, worker_cmd
 from .context import config_option, obj
 
 
@@ -36,7 +36,7 @@ def main(ctx: click.Context, database_url: str | None) -> None:
 for command in (
     database.migrate, database.check,
     control_cmds.run, control_cmds.reload, control_cmds.scale, control_cmds.status, control_cmds.stop,
-    worker_cmd.worker,
+    worker_cmd.worker, http_cmd.http,
     jobs.enqueue, jobs.jobs, jobs.runs, jobs.queues,
 ):
     main.add_command(command)

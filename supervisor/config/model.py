@@ -98,12 +98,29 @@ class ScheduleConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """The HTTP child (off unless the config has an `http:` section)."""
+
+    host: str = defaults.HTTP_HOST
+    port: int = defaults.HTTP_PORT
+    # Actions (every non-GET request) need this token when it is set.
+    token: str | None = None
+    # Refuse every action, whatever the token.
+    read_only: bool = False
+
+    @property
+    def listen(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class Config:
     path: Path
     database: DatabaseConfig
     supervisor: SupervisorConfig
     roles: tuple[RoleConfig, ...]
     schedules: tuple[ScheduleConfig, ...] = ()
+    http: HttpConfig | None = None
     # Apps named explicitly under `apps:` (apps owning a role's actor modules are in use anyway).
     apps: tuple[str, ...] = ()
     # Sections owned by apps (e.g. the price tracker's `pipeline:`), as their parsers returned them.

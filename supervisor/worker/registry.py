@@ -46,6 +46,23 @@ SELECT id, host, pid, role, queues, state, started_at, heartbeat_at, stopped_at,
  ORDER BY host, role, started_at
 """
 
+# Masters, with how long ago each last beat (seconds, by the database's clock).
+MASTERS = """
+SELECT id, host, pid, state, stopped_at, extract(epoch FROM now() - heartbeat_at)::float8 AS beat_age
+  FROM workers
+ WHERE role = 'master'
+ ORDER BY heartbeat_at DESC
+"""
+
+# Live processes per role: not stopped, and beating within the given window.
+LIVE_BY_ROLE = """
+SELECT role, count(*) AS n
+  FROM workers
+ WHERE stopped_at IS NULL AND role <> 'master'
+   AND heartbeat_at > now() - %(fresh_s)s * interval '1 second'
+ GROUP BY role
+"""
+
 
 @dataclass(frozen=True)
 class Beat:
