@@ -30,3 +30,5 @@ SCHEDULE_LOCK_TTL = 300.0
 # The HTTP child (`http:`): loopback unless told otherwise.
 HTTP_HOST = "127.0.0.1"
 HTTP_PORT = 9191
+# prometheus_client's multiprocess directory: set by the master for its children.
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"

@@ -110,6 +110,9 @@ def parse(text: str, path: str | Path = "<config>", env: Mapping[str, str] | Non
     roles = _roles(reader, roles_item, supervisor)
     schedules = _schedules(reader, top.map.get("schedules"), roles)
     http = top.get("http", lambda i: _http(reader, i), None)
+    if http is not None and "http" in roles_item.value:
+        raise reader.error(roles_item.value["http"], "the role name 'http' is taken by the HTTP child "
+                           "(the http: section); rename the role")
     explicit = top.get("apps", _app_names, ())
     app_settings = {name: top.get(name, functools.partial(fn, reader), None) for name, fn in app_sections.items()}
     return Config(path=path, database=database, supervisor=supervisor, roles=roles, schedules=schedules, http=http,

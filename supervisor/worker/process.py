@@ -17,6 +17,7 @@ from dramatiq import Worker
 
 from .. import backoff, exit_codes, runtime
 from ..broker import PostgresBroker
+from . import metrics
 from .registry import Registration
 from .scheduler import Scheduler
 from .settings import WorkerSettings
@@ -78,6 +79,8 @@ class WorkerProcess:
             for m in broker.middleware:
                 if isinstance(m, dramatiq.middleware.TimeLimit):
                     m.time_limit = s.time_limit_ms
+        if metrics.enabled():
+            broker.add_middleware(metrics.JobMetrics())
         self.broker = broker
         # Actor modules use @dramatiq.actor, which binds to the global broker at
         # import time: it must be ours before the first import.
