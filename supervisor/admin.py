@@ -1,7 +1,12 @@
-"""Operator reads and fixes on jobs: list, show, retry, cancel, queue stats."""
+"""Operator reads and fixes: jobs (list, page, show, retry, cancel, in bulk), queues (stats,
+capacity, pause, resume), the workers registry and schedule state. Shared by the CLI and
+the HTTP API."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -36,9 +41,88 @@ def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
     return row is not None
 
 
-def queue_stats(conn: psycopg.Connection) -> list[dict]:
+def queue_capacity(conn: psycopg.Connection) -> list[dict]:
+    """v_queue_capacity: per queue counts, throughput and workers needed to drain."""
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql.QUEUE_STATS).fetchall()
+        return cur.execute(sql.CAPACITY).fetchall()
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs a listing or a bulk action covers; None leaves a criterion out."""
+
+    status: str | None = None
+    queue: str | None = None
+    actor: str | None = None
+    text: str | None = None  # a substring of the JSON of args and kwargs
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    finished_after: datetime | None = None
+    finished_before: datetime | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def empty(self) -> bool:
+        return all(v is None for v in self.params().values())
+
+
+def list_jobs_page(conn: psycopg.Connection, where: JobFilter, *, limit: int,
+                   after: tuple[datetime, str] | None = None) -> list[dict]:
+    """Newest first, ``limit`` rows after the (created_at, id) cursor ``after``."""
+    after_at, after_id = after or (None, None)
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(sql.LIST_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
+                                           "limit": limit}).fetchall()
+
+
+def change_matching(conn: psycopg.Connection, where: JobFilter, change: Callable[[psycopg.Connection, str], bool],
+                    *, limit: int) -> tuple[list[str], int]:
+    """Apply ``change`` (retry_job, cancel_job) to up to ``limit`` jobs matching ``where``,
+    oldest first, one job at a time (each is its own fenced statement).
+    Returns the ids changed and how many matched."""
+    ids = [r[0] for r in conn.execute(sql.MATCHING_IDS, {**where.params(), "limit": limit}).fetchall()]
+    return [i for i in ids if change(conn, i)], len(ids)
+
+
+def counts_by_queue_and_status(conn: psycopg.Connection) -> list[tuple[str, str, int]]:
+    return [(q, s, n) for q, s, n in conn.execute(sql.COUNT_BY_QUEUE_AND_STATUS).fetchall()]
+
+
+def pause_queue(conn: psycopg.Connection, queue: str, *, who: str | None = None,
+                reason: str | None = None) -> dict[str, Any]:
+    """Pause ``queue`` (no new claims; running jobs finish). Pausing twice keeps the first pause."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(sql.PAUSE, {"queue": queue, "who": who or operator(), "reason": reason}).fetchone()
+    assert row is not None
+    return row
+
+
+def resume_queue(conn: psycopg.Connection, queue: str) -> bool:
+    """Resume ``queue``; False if it was not paused."""
+    return conn.execute(sql.RESUME, {"queue": queue}).fetchone() is not None
+
+
+def pauses(conn: psycopg.Connection) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(sql.PAUSES).fetchall()
+
+
+def workers(conn: psycopg.Connection) -> list[dict]:
+    """The `workers` registry: live processes and those stopped in the last hour."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(registry.LIST).fetchall()
+
+
+def schedule_state(conn: psycopg.Connection, *, runs: int) -> tuple[dict[str, dict], dict[str, list[dict]]]:
+    """Per schedule: its lock row (last fire) and its ``runs`` most recent runs."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        locks = {r["job_name"]: r for r in cur.execute(scheduler_sql.LOCKS).fetchall()}
+        recent: dict[str, list[dict]] = {}
+        for r in cur.execute(scheduler_sql.RECENT_RUNS, {"per_schedule": runs}).fetchall():
+            recent.setdefault(r["job_name"], []).append(r)
+    return locks, recent
 
 
 def latest_runs(conn: psycopg.Connection) -> list[dict]:

@@ -326,8 +326,11 @@ class PostgresBroker(Broker):
             "reason": f"attempt {message.attempts} of {message.max_attempts} failed"
             f" ({type(exc).__name__ if exc else 'retry'}); retry in {int(delay or 0)} ms",
         }
+        self.emit_before("enqueue", message, delay)
         self._write_until_done("schedule retry", sql.RETRY, params)
         self.leases.let_go(message.message_id)
+        # As Dramatiq's brokers do for a retry: middleware (metrics) sees it enqueued again.
+        self.emit_after("enqueue", message, delay)
         return message
 
     def requeue(self, messages: Iterable[PgMessageProxy]) -> int:

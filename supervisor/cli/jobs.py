@@ -143,6 +143,10 @@ def _listing(name: str, gather: Callable[[Any], list[dict[str, Any]]], columns: 
 runs = _listing("runs", admin.latest_runs,
                 ["job_name", "scheduled_for", "status", "holder", "started_at", "completed_at", "error_text"],
                 "The latest run of every schedule (job_runs): when, where, outcome.")
-queues = _listing("queues", admin.queue_stats,
-                  ["queue", "ready", "scheduled", "retryable", "running", "failed", "succeeded_last_hour"],
-                  "Per-queue counts: ready, scheduled, running, failed, done in the last hour.")
+queues = _listing("queues", admin.queue_capacity,
+                  ["queue", "ready", "scheduled", "retryable", "running", "succeeded_1h", "failed_1h",
+                   "avg_duration_s", "active_workers", "throughput_per_worker_hour", "drain_seconds",
+                   "workers_needed_1h", "workers_needed_4h", "workers_needed_8h", "paused"],
+                  "Per queue (v_queue_capacity): ready, scheduled, retryable, running, finished in the last "
+                  "hour, average duration, active workers, throughput per worker-hour, time to drain and "
+                  "workers needed to drain in 1, 4 and 8 hours.")

@@ -7,10 +7,13 @@ runs it in its thread pool) and bounded by the pool's statement timeout.
 
 from __future__ import annotations
 
+import base64
 import logging
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
-from .. import admin, control, defaults
+from .. import admin, control, cron, defaults, ratelimit
 from ..identity import HOSTNAME
 from .state import AppState
 
@@ -79,3 +82,111 @@ def readiness(state: AppState) -> dict[str, Any]:
         if r["running"] < r["wanted"]:
             problems.append(f"role {name}: {r['running']} of {r['wanted']} process(es) running ({r['state']})")
     return {"ok": not problems, "problems": problems, "roles": roles}
+
+
+# --- the API's reads ----------------------------------------------------------------------
+
+JOB_STATUSES = ("pending", "running", "retryable", "succeeded", "failed", "cancelled")
+RECENT_RUNS = 10
+
+
+def encode_cursor(row: dict[str, Any]) -> str:
+    raw = f"{row['created_at'].isoformat()}|{row['id']}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The (created_at, id) a cursor points after; ValueError if it is not one of ours."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        at, _, job_id = raw.partition("|")
+        return datetime.fromisoformat(at), str(uuid.UUID(job_id))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"bad cursor {cursor!r}: pass the next_cursor of the previous page") from exc
+
+
+def jobs_page(state: AppState, where: admin.JobFilter, *, limit: int, cursor: str | None) -> dict[str, Any]:
+    after = decode_cursor(cursor) if cursor else None
+    with state.connection() as conn:
+        rows = admin.list_jobs_page(conn, where, limit=limit + 1, after=after)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"jobs": rows, "next_cursor": encode_cursor(rows[-1]) if more and rows else None}
+
+
+def job_detail(state: AppState, job_id: str) -> dict[str, Any] | None:
+    with state.connection() as conn:
+        job = admin.show_job(conn, job_id)
+    if job is None:
+        return None
+    job["timeline"] = job.pop("events")
+    return job
+
+
+def workers(state: AppState) -> list[dict[str, Any]]:
+    """The registry, with why a local process is paused (its beats tell the master)."""
+    with state.connection() as conn:
+        rows = admin.workers(conn)
+    status = master_status(state)
+    paused: dict[str, str | None] = {}
+    if status is not None:
+        paused = {p["owner"]: p["paused"] for r in status["roles"] for p in r["processes"]}
+    for r in rows:
+        r["paused_why"] = paused.get(r["id"])
+        r["queues"] = list(r["queues"] or [])
+    return rows
+
+
+def schedules(state: AppState) -> list[dict[str, Any]]:
+    """Configured schedules (cron, last and next fire, recent runs), plus any the
+    database knows of that the config does not name."""
+    with state.connection() as conn:
+        locks, recent = admin.schedule_state(conn, runs=RECENT_RUNS)
+    now = datetime.now(UTC)
+    out = []
+    configured = state.config.schedules if state.config is not None else ()
+    for s in configured:
+        out.append({"name": s.name, "cron": s.cron, "actor": s.actor, "queue": s.queue,
+                    "last_fire": (locks.get(s.name) or {}).get("fire_at"),
+                    "next_fire": cron.parse(s.cron).next_after(now),
+                    "recent_runs": recent.get(s.name, [])})
+    for name in sorted((set(locks) | set(recent)) - {s.name for s in configured}):
+        out.append({"name": name, "cron": None, "actor": None, "queue": None,
+                    "last_fire": (locks.get(name) or {}).get("fire_at"), "next_fire": None,
+                    "recent_runs": recent.get(name, [])})
+    return out
+
+
+def system_state(state: AppState) -> dict[str, Any]:
+    """The master (when local), the database, job counts by status, and this server."""
+    out: dict[str, Any] = {"host": HOSTNAME, "http": {"read_only": state.http.read_only,
+                                                      "token_required": bool(state.http.token)}}
+    out["master"] = master_status(state)
+    try:
+        with state.connection() as conn:
+            out["database"] = {"reachable": True, "server_version": conn.info.server_version}
+            counts: dict[str, int] = dict.fromkeys(JOB_STATUSES, 0)
+            for _queue, status, n in admin.counts_by_queue_and_status(conn):
+                counts[status] = counts.get(status, 0) + n
+            out["jobs"] = counts
+            out["paused_queues"] = admin.pauses(conn)
+    except Exception as exc:
+        out["database"] = {"reachable": False, "error": str(exc)}
+    return out
+
+
+# --- the metrics snapshot -----------------------------------------------------------------------
+
+
+def metrics_snapshot(state: AppState) -> dict[str, Any]:
+    """What /metrics reports from the database and the master: one connection, three
+    short reads (capacity view, workers registry, rate limiters), and the local
+    master's status when there is one. Raises if the database is away."""
+    with state.connection() as conn:
+        snapshot: dict[str, Any] = {
+            "queues": admin.queue_capacity(conn),
+            "workers": [w for w in admin.workers(conn) if w["stopped_at"] is None],
+            "limiters": ratelimit.states(conn),
+        }
+    snapshot["master"] = master_status(state)
+    return snapshot

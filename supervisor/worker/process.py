@@ -92,7 +92,8 @@ class WorkerProcess:
         broker.set_capacity(s.capacity)
         broker.emit_after("process_boot")
 
-        registration = Registration(broker.pool, broker.owner, role=s.role, queues=list(s.queues))
+        registration = Registration(broker.pool, broker.owner, role=s.role, queues=list(s.queues),
+                                    capacity=s.capacity)
         self.upkeep = Upkeep(
             broker,
             registration,
