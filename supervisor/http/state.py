@@ -17,6 +17,8 @@ from ..config import Config, HttpConfig
 # A scrape or an API call must never hold a connection (or a lock) for long.
 STATEMENT_TIMEOUT_MS = 5000
 POOL_SIZE = 4
+# Seconds a request waits for a connection: a database that is away answers 503 quickly.
+POOL_WAIT = 2.0
 
 
 @dataclass
@@ -42,7 +44,7 @@ class AppState:
             self.pool = None
 
     @contextlib.contextmanager
-    def connection(self, timeout: float = 5.0) -> Iterator[psycopg.Connection]:
+    def connection(self, timeout: float = POOL_WAIT) -> Iterator[psycopg.Connection]:
         self.open()
         assert self.pool is not None
         with self.pool.connection(timeout=timeout) as conn:
