@@ -18,9 +18,13 @@ from .identity import operator
 from .worker import registry, scheduler_sql
 
 
-def list_jobs(conn: psycopg.Connection, *, status: str | None, queue: str | None, limit: int) -> list[dict]:
+def _dicts(conn: psycopg.Connection, query: str, params: dict[str, Any] | None = None) -> list[dict]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql.LIST, {"status": status, "queue": queue, "limit": limit}).fetchall()
+        return cur.execute(query, params).fetchall()
+
+
+def list_jobs(conn: psycopg.Connection, *, status: str | None, queue: str | None, limit: int) -> list[dict]:
+    return _dicts(conn, sql.LIST, {"status": status, "queue": queue, "limit": limit})
 
 
 def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
@@ -43,8 +47,7 @@ def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
 
 def queue_capacity(conn: psycopg.Connection) -> list[dict]:
     """v_queue_capacity: per queue counts, throughput and workers needed to drain."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql.CAPACITY).fetchall()
+    return _dicts(conn, sql.CAPACITY)
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,8 @@ def list_jobs_page(conn: psycopg.Connection, where: JobFilter, *, limit: int,
                    after: tuple[datetime, str] | None = None) -> list[dict]:
     """Newest first, ``limit`` rows after the (created_at, id) cursor ``after``."""
     after_at, after_id = after or (None, None)
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql.LIST_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
-                                           "limit": limit}).fetchall()
+    return _dicts(conn, sql.LIST_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
+                                        "limit": limit})
 
 
 def change_matching(conn: psycopg.Connection, where: JobFilter, change: Callable[[psycopg.Connection, str], bool],
@@ -105,14 +107,12 @@ def resume_queue(conn: psycopg.Connection, queue: str) -> bool:
 
 
 def pauses(conn: psycopg.Connection) -> list[dict]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql.PAUSES).fetchall()
+    return _dicts(conn, sql.PAUSES)
 
 
 def workers(conn: psycopg.Connection) -> list[dict]:
     """The `workers` registry: live processes and those stopped in the last hour."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(registry.LIST).fetchall()
+    return _dicts(conn, registry.LIST)
 
 
 def schedule_state(conn: psycopg.Connection, *, runs: int) -> tuple[dict[str, dict], dict[str, list[dict]]]:
@@ -127,14 +127,12 @@ def schedule_state(conn: psycopg.Connection, *, runs: int) -> tuple[dict[str, di
 
 def latest_runs(conn: psycopg.Connection) -> list[dict]:
     """The latest run of every schedule."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(scheduler_sql.LATEST_RUNS).fetchall()
+    return _dicts(conn, scheduler_sql.LATEST_RUNS)
 
 
 def masters(conn: psycopg.Connection) -> list[dict]:
     """Every master's registry row, freshest first, with ``beat_age`` in seconds."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(registry.MASTERS).fetchall()
+    return _dicts(conn, registry.MASTERS)
 
 
 def live_processes_by_role(conn: psycopg.Connection) -> dict[str, int]:

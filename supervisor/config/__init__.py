@@ -4,16 +4,8 @@ Every error names the file, the line and the dotted key, because the person
 reading it is editing that file (often through `supervisor reload`).
 """
 
-from .model import (
-    Config,
-    ConfigError,
-    DatabaseConfig,
-    HttpConfig,
-    Limits,
-    RoleConfig,
-    ScheduleConfig,
-    SupervisorConfig,
-)
+from .http import HttpConfig
+from .model import Config, ConfigError, DatabaseConfig, Limits, RoleConfig, ScheduleConfig, SupervisorConfig
 from .sections import DEFAULT_PATH, ENV_PATH, control_socket_of, find_path, load, parse
 
 __all__ = [

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import defaults
+from .http import HttpConfig
 
 
 class ConfigError(ValueError):
@@ -95,22 +96,6 @@ class ScheduleConfig:
     args: tuple = field(default=(), hash=False)
     kwargs: dict = field(default_factory=dict, hash=False)
     lock_ttl_seconds: float = defaults.SCHEDULE_LOCK_TTL
-
-
-@dataclass(frozen=True)
-class HttpConfig:
-    """The HTTP child (off unless the config has an `http:` section)."""
-
-    host: str = defaults.HTTP_HOST
-    port: int = defaults.HTTP_PORT
-    # Actions (every non-GET request) need this token when it is set.
-    token: str | None = None
-    # Refuse every action, whatever the token.
-    read_only: bool = False
-
-    @property
-    def listen(self) -> str:
-        return f"{self.host}:{self.port}"
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ import yaml
 from .. import apps, defaults
 from ..cron import parse as cron_parse
 from ..units import parse_size
+from .http import HttpConfig
 from .model import (
     Config,
     ConfigError,
     DatabaseConfig,
-    HttpConfig,
     Limits,
     RoleConfig,
     ScheduleConfig,
