@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.conftest import scalar
+from tests.conftest import scalar, wait_for
 from tests.http_helpers import http_server  # noqa: F401 - fixture
 from tests.tcp_proxy import TcpProxy
 
@@ -173,5 +173,5 @@ def test_readyz_and_metrics_when_the_database_is_down(conn, database_url, http_s
         assert r.status_code == 200 and "actor_supervisor_database_up 0.0" in r.text
         r = s.client.get("/api/v1/jobs")
         assert r.status_code == 503 and "database unavailable" in r.json()["error"]
-        proxy.come_back()
-        assert s.client.get("/api/v1/jobs").status_code == 200
+        proxy.come_back()  # the pool reconnects on its own
+        wait_for(lambda: s.client.get("/api/v1/jobs").status_code == 200, 20, interval=0.2, message="API back")
