@@ -127,10 +127,9 @@ class Handlers:
                               database=self.config.database)
         if (new.supervisor.log_level, new.supervisor.log_json) != (old_sup.log_level, old_sup.log_json):
             configure_logging(new.supervisor.log_level, new.supervisor.log_json)
-        old = self.config
         self.config = new
         self._set_watch(new.supervisor.watch_config)
-        apply_http(self.roles, old, new)
+        apply_http(self.roles, new, d.http)
         for name in d.removed:
             role = self.roles.get(name)
             if role is not None:

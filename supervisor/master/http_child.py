@@ -37,9 +37,12 @@ def http_role_state(cfg: Config) -> RoleState | None:
     return RoleState(role, WorkerSettings(queues=(), actors=(), role=HTTP_ROLE, threads=1), http=cfg.http)
 
 
-def apply_http(roles: dict[str, RoleState], old: Config, new: Config) -> None:
-    """A reload: start, roll (a new one listens beside the old one), or drain the HTTP child."""
+def apply_http(roles: dict[str, RoleState], new: Config, change: str | None) -> None:
+    """A reload's ``Diff.http``: start, roll (a new child listens beside the old one
+    until it has drained), or drain the HTTP child."""
     role = roles.get(HTTP_ROLE)
+    if change is None:
+        return
     if new.http is None:
         if role is not None:
             role.removed = True
@@ -49,8 +52,7 @@ def apply_http(roles: dict[str, RoleState], old: Config, new: Config) -> None:
         assert fresh is not None
         roles[HTTP_ROLE] = fresh
         return
-    if role.removed or old.http != new.http:
-        role.generation += 1
+    role.generation += 1
     role.removed = False
     role.http = new.http
 

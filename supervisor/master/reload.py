@@ -54,6 +54,17 @@ def _show(value) -> str:
     return str(value)
 
 
+def _http_change(old: Config, new: Config) -> str | None:
+    """What a reload does to the HTTP child: started, stopped, rolled (it reads the
+    http section, and lists the schedules), or nothing."""
+    if old.http is None or new.http is None:
+        return None if old.http == new.http else ("started" if old.http is None else "stopped")
+    changed = [f for f in ("host", "port", "token", "read_only") if getattr(old.http, f) != getattr(new.http, f)]
+    if old.schedules != new.schedules:
+        changed.append("schedules")
+    return f"rolled ({', '.join(changed)})" if changed else None
+
+
 def diff(old: Config, new: Config) -> Diff:
     d = Diff()
     old_roles, new_roles = old.roles_by_name, new.roles_by_name
@@ -85,13 +96,7 @@ def diff(old: Config, new: Config) -> Diff:
     for key in RESTART_SUPERVISOR_KEYS:
         if getattr(old.supervisor, key) != getattr(new.supervisor, key):
             d.needs_restart.append(f"supervisor.{key}")
-    if old.http != new.http:
-        if old.http is None or new.http is None:
-            d.http = "started" if old.http is None else "stopped"
-        else:
-            changed = [f for f in ("host", "port", "token", "read_only")
-                       if getattr(old.http, f) != getattr(new.http, f)]
-            d.http = f"rolled ({', '.join(changed)})"
+    d.http = _http_change(old, new)
     if old.database != new.database:
         d.needs_restart.append("database.url")
     return d
