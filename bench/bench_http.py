@@ -96,6 +96,27 @@ def observed(url: str):
                 f"p50 {percentile(ms, 50):.1f} ms, max {max(ms):.1f} ms")
 
 
+def middleware_cost(n: int = 20_000) -> float:
+    """Microseconds JobMetrics adds per job (before + after process_message), measured in a
+    child process with its own multiprocess directory: the direct cost on a worker thread."""
+    code = f"""
+import os, sys, tempfile, time, types
+os.environ["{METRICS_DIR_ENV}"] = tempfile.mkdtemp()
+sys.path.insert(0, {str(ROOT)!r})
+from supervisor.worker.metrics import JobMetrics
+m = JobMetrics()
+msgs = [types.SimpleNamespace(queue_name="bench", actor_name="noop", message_id=str(i), options={{}})
+        for i in range({n})]
+t = time.perf_counter()
+for msg in msgs:
+    m.before_process_message(None, msg)
+    m.after_process_message(None, msg)
+print((time.perf_counter() - t) / {n} * 1e6)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip())
+
+
 @contextmanager
 def plain(url: str):
     yield {}, None
@@ -119,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import bench_actors as actors
 
         say(code_state())
+        costs = [middleware_cost() for _ in range(args.repeat)]
+        say(f"JobMetrics per job (before + after process_message): {min(costs):.1f} us best, "
+            f"{sorted(costs)[len(costs) // 2]:.1f} us median")
+        results[("metrics middleware per job", "observed")] = costs
         for run in range(args.repeat):
             for mode, setup in (("plain", plain), ("observed", observed)):
                 if "W1" in only:
@@ -136,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
                     results.setdefault(("W2 send->start p99", mode), []).append(percentile(r2["start"], 99))
     figures = []
     for (name, mode), values in results.items():
-        unit = "jobs/s" if name.startswith("W1") else "ms"
+        unit = "jobs/s" if name.startswith("W1") else ("us" if name.startswith("metrics") else "ms")
         figures.append(Figure(name, unit, tuple(values), higher_is_better=unit == "jobs/s", config=mode))
     print_table(figures)
-    for name in dict.fromkeys(n for n, _ in results):
+    for name in dict.fromkeys(n for n, mode in results if mode == "plain"):
         a, b = Figure(name, "", tuple(results[(name, "plain")])), Figure(name, "", tuple(results[(name, "observed")]))
         say(f"{name}: observed median vs plain median {(b.median - a.median) / a.median:+.1%}")
     return 0
