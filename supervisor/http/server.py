@@ -1,8 +1,9 @@
 """Serving the app with uvicorn, in the master's HTTP child or standalone.
 
-The socket is bound here with SO_REUSEPORT, so when a reload rolls the HTTP child
-the new process listens next to the old one until the old one has drained: no
-refused connection during a roll.
+The master's HTTP child binds its socket with SO_REUSEPORT, so when a reload rolls
+it the new process listens next to the old one until the old one has drained: no
+refused connection during a roll. `supervisor http` does not: a second server on
+a taken port fails instead of silently sharing it.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from ..config import Config, HttpConfig
 from .app import create_app
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if hasattr(socket, "SO_REUSEPORT"):
+    if reuse_port and hasattr(socket, "SO_REUSEPORT"):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(128)
@@ -34,8 +35,8 @@ class Server:
     thread uvicorn turns SIGTERM/SIGINT into a graceful stop); ``stop`` may be
     called from another thread."""
 
-    def __init__(self, app: Starlette, host: str, port: int) -> None:
-        self.sock = bind(host, port)
+    def __init__(self, app: Starlette, host: str, port: int, *, reuse_port: bool = False) -> None:
+        self.sock = bind(host, port, reuse_port=reuse_port)
         self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on"))
 
     @property
@@ -52,7 +53,9 @@ class Server:
             self.sock.close()
 
 
-def build(*, url: str, http: HttpConfig, config: Config | None = None, **extra: Any) -> Server:
+def build(*, url: str, http: HttpConfig, config: Config | None = None, reuse_port: bool = False,
+          **extra: Any) -> Server:
     """The server the master's HTTP child runs (found by dotted path, see
-    supervisor.master.http_child) and `supervisor http` runs."""
-    return Server(create_app(url=url, http=http, config=config, **extra), http.host, http.port)
+    supervisor.master.http_child; with ``reuse_port``) and `supervisor http` runs."""
+    return Server(create_app(url=url, http=http, config=config, **extra), http.host, http.port,
+                  reuse_port=reuse_port)

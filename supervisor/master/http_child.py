@@ -70,7 +70,8 @@ class HttpBootstrap(Bootstrap):
     def serve(self) -> int:
         module, _, name = SERVER_FACTORY.partition(":")
         build = getattr(importlib.import_module(module), name)
-        self.server = build(url=self.spec.url, http=self.http, config=self.config)
+        # reuse_port: during a roll the new child listens beside the old one.
+        self.server = build(url=self.spec.url, http=self.http, config=self.config, reuse_port=True)
         threading.Thread(target=self._beats, name="beats", daemon=True).start()
         self.server.run()
         self.stopping.set()
