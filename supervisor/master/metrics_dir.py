@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 from ..defaults import METRICS_DIR_ENV
 
@@ -24,6 +25,7 @@ class MetricsDir:
     def __init__(self) -> None:
         self.path: Path | None = None
         self.owned = False
+        self._multiprocess: ModuleType | None = None
 
     def open(self) -> None:
         """Use $PROMETHEUS_MULTIPROC_DIR when set, else a fresh directory of this master's."""
@@ -31,19 +33,21 @@ class MetricsDir:
         if given:
             self.path = Path(given)
             self.path.mkdir(parents=True, exist_ok=True)
-            return
-        self.path = Path(tempfile.mkdtemp(prefix="actor-supervisor-metrics-"))
-        self.owned = True
-        os.environ[METRICS_DIR_ENV] = str(self.path)
-
-    def mark_dead(self, pid: int) -> None:
-        if self.path is None:
-            return
-        # Imported after open(): prometheus_client reads the environment at import.
+        else:
+            self.path = Path(tempfile.mkdtemp(prefix="actor-supervisor-metrics-"))
+            self.owned = True
+            os.environ[METRICS_DIR_ENV] = str(self.path)
+        # Imported now, at start: after the variable is set (prometheus_client reads it at
+        # import), and never later on the loop, where a slow import would stall a reap.
         from prometheus_client import multiprocess
 
+        self._multiprocess = multiprocess
+
+    def mark_dead(self, pid: int) -> None:
+        if self.path is None or self._multiprocess is None:
+            return
         try:
-            multiprocess.mark_process_dead(pid, str(self.path))
+            self._multiprocess.mark_process_dead(pid, str(self.path))
         except OSError as exc:
             log.warning("could not drop the metrics of pid %d: %s", pid, exc)
 
