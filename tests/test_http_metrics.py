@@ -86,8 +86,16 @@ def test_metrics_match_the_database_after_work_on_two_processes(conn, database_u
     victim = wait_for(lambda: scalar(conn, "SELECT max(lease_owner) FROM jobs WHERE actor = 'slow' AND status = 'running'"),
                       30, message="slow job running")
     pid = int(str(victim).split(":")[1])
-    wait_for(lambda: sum(_samples(httpx.get(base + "/metrics").text)["dramatiq_messages_inprogress"].values()) == 1,
-             10, message="in progress shows 1")
+    seen: list[dict] = []
+
+    def in_progress() -> float:
+        seen.append(_samples(httpx.get(base + "/metrics", timeout=20).text)["dramatiq_messages_inprogress"])
+        return sum(seen[-1].values())
+
+    try:
+        wait_for(lambda: in_progress() == 1, 20, interval=0.1, message="in progress shows 1")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen {seen[-1:]}") from None
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: any(r["name"] == "w" and r["restarts"] == 1 for r in s.status()["roles"]), 20)
     after = _samples(httpx.get(base + "/metrics").text)
