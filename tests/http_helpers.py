@@ -30,8 +30,9 @@ class HttpServer:
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_dir / f"http-{self.port}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "DATABASE_URL": url, **(env or {})}
-        full_env.pop("SUPERVISOR_HTTP_TOKEN", None) if "SUPERVISOR_HTTP_TOKEN" not in (env or {}) else None
+        # A token only when the test gives one, whatever this shell has set.
+        inherited = {k: v for k, v in os.environ.items() if k != "SUPERVISOR_HTTP_TOKEN"}
+        full_env = {**inherited, "PYTHONPATH": str(ROOT), "DATABASE_URL": url, **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "supervisor.cli", "http", "--listen", f"127.0.0.1:{self.port}", *args],
             cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
