@@ -49,6 +49,17 @@ class JobMetrics(Middleware):
                                         "The time spent processing messages.", LABELS,
                                         buckets=DURATION_BUCKETS, registry=registry)
         self._started: dict[str, float] = {}
+        # Per (queue, actor): the labelled children, looked up once (labels() takes a lock).
+        self._children: dict[tuple[str, str], tuple[Any, Any, Any, Any]] = {}
+
+    def _for(self, message: Any) -> tuple[Any, Any, Any, Any]:
+        key = (message.queue_name, message.actor_name)
+        children = self._children.get(key)
+        if children is None:
+            children = (self.messages.labels(*key), self.errors.labels(*key), self.in_progress.labels(*key),
+                        self.durations.labels(*key))
+            self._children[key] = children
+        return children
 
     def after_nack(self, broker: Any, message: Any) -> None:
         self.rejects.labels(message.queue_name, message.actor_name).inc()
@@ -58,18 +69,18 @@ class JobMetrics(Middleware):
             self.retries.labels(message.queue_name, message.actor_name).inc()
 
     def before_process_message(self, broker: Any, message: Any) -> None:
-        self.in_progress.labels(message.queue_name, message.actor_name).inc()
+        self._for(message)[2].inc()
         self._started[message.message_id] = time.monotonic()
 
     def after_process_message(self, broker: Any, message: Any, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
-        labels = (message.queue_name, message.actor_name)
+        messages, errors, in_progress, durations = self._for(message)
         started = self._started.pop(message.message_id, None)
         if started is not None:
-            self.durations.labels(*labels).observe((time.monotonic() - started) * 1000)
-            self.in_progress.labels(*labels).dec()
-        self.messages.labels(*labels).inc()
+            durations.observe((time.monotonic() - started) * 1000)
+            in_progress.dec()
+        messages.inc()
         if exception is not None:
-            self.errors.labels(*labels).inc()
+            errors.inc()
 
     after_skip_message = after_process_message
