@@ -1,21 +1,30 @@
-"""Operator reads and fixes: jobs (list, show, progress, retry, cancel), queues
-(stats, pause, resume), schedule runs. The CLI and the HTTP API call these."""
+"""Operator reads and fixes: jobs (list, page, show, progress, retry, cancel, in bulk),
+queues (stats, capacity, pause, resume), the workers registry and schedule state.
+Shared by the CLI and the HTTP API."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
+from . import defaults
 from .broker import sql
 from .identity import operator
-from .worker import scheduler_sql
+from .worker import registry, scheduler_sql
+
+
+def _dicts(conn: psycopg.Connection, query: str, params: dict[str, Any] | None = None) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, params).fetchall()
 
 
 def list_jobs(conn: psycopg.Connection, *, status: str | None, queue: str | None, limit: int) -> list[dict]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql.LIST, {"status": status, "queue": queue, "limit": limit}).fetchall()
+    return _dicts(conn, sql.LIST, {"status": status, "queue": queue, "limit": limit})
 
 
 def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
@@ -61,9 +70,66 @@ def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
     return status is not None and status[0] == "cancelled"
 
 
-def queue_stats(conn: psycopg.Connection) -> list[dict]:
+def queue_capacity(conn: psycopg.Connection) -> list[dict]:
+    """v_queue_capacity: per queue counts, throughput and workers needed to drain."""
+    return _dicts(conn, sql.CAPACITY)
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs a listing or a bulk action covers; None leaves a criterion out."""
+
+    status: str | None = None
+    queue: str | None = None
+    actor: str | None = None
+    text: str | None = None  # a substring of the JSON of args and kwargs
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    finished_after: datetime | None = None
+    finished_before: datetime | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @property
+    def empty(self) -> bool:
+        return all(v is None for v in self.params().values())
+
+
+def list_jobs_page(conn: psycopg.Connection, where: JobFilter, *, limit: int,
+                   after: tuple[datetime, str] | None = None) -> list[dict]:
+    """Newest first, ``limit`` rows after the (created_at, id) cursor ``after``."""
+    after_at, after_id = after or (None, None)
+    return _dicts(conn, sql.LIST_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
+                                        "limit": limit})
+
+
+def change_matching(conn: psycopg.Connection, where: JobFilter, change: Callable[[psycopg.Connection, str], bool],
+                    *, limit: int) -> tuple[list[str], int]:
+    """Apply ``change`` (retry_job, cancel_job) to up to ``limit`` jobs matching ``where``,
+    oldest first, one job at a time (each is its own fenced statement).
+    Returns the ids changed and how many matched."""
+    ids = [r[0] for r in conn.execute(sql.MATCHING_IDS, {**where.params(), "limit": limit}).fetchall()]
+    return [i for i in ids if change(conn, i)], len(ids)
+
+
+def counts_by_queue_and_status(conn: psycopg.Connection) -> list[tuple[str, str, int]]:
+    return [(q, s, n) for q, s, n in conn.execute(sql.COUNT_BY_QUEUE_AND_STATUS).fetchall()]
+
+
+def workers(conn: psycopg.Connection) -> list[dict]:
+    """The `workers` registry: live processes and those stopped in the last hour."""
+    return _dicts(conn, registry.LIST)
+
+
+def schedule_state(conn: psycopg.Connection, *, runs: int) -> tuple[dict[str, dict], dict[str, list[dict]]]:
+    """Per schedule: its lock row (last fire) and its ``runs`` most recent runs."""
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql.QUEUE_STATS).fetchall()
+        locks = {r["job_name"]: r for r in cur.execute(scheduler_sql.LOCKS).fetchall()}
+        recent: dict[str, list[dict]] = {}
+        for r in cur.execute(scheduler_sql.RECENT_RUNS, {"per_schedule": runs}).fetchall():
+            recent.setdefault(r["job_name"], []).append(r)
+    return locks, recent
 
 
 def pause_queue(conn: psycopg.Connection, queue: str, reason: str | None = None, who: str | None = None) -> bool:
@@ -90,5 +156,15 @@ def schedule_history(conn: psycopg.Connection, name: str, limit: int = 20) -> li
 
 def latest_runs(conn: psycopg.Connection) -> list[dict]:
     """The latest run of every schedule."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(scheduler_sql.LATEST_RUNS).fetchall()
+    return _dicts(conn, scheduler_sql.LATEST_RUNS)
+
+
+def masters(conn: psycopg.Connection) -> list[dict]:
+    """Every master's registry row, freshest first, with ``beat_age`` in seconds."""
+    return _dicts(conn, registry.MASTERS)
+
+
+def live_processes_by_role(conn: psycopg.Connection) -> dict[str, int]:
+    """Processes per role that beat recently, on every host."""
+    rows = conn.execute(registry.LIVE_BY_ROLE, {"fresh_s": 3 * defaults.HEARTBEAT_SECONDS}).fetchall()
+    return {role: n for role, n in rows}

@@ -41,3 +41,8 @@ RESTART_BACKOFF_MAX = 30.0
 MASTER_BEAT_SECONDS = 10.0
 # Schedules.
 SCHEDULE_LOCK_TTL = 300.0
+# The HTTP child (`http:`): loopback unless told otherwise.
+HTTP_HOST = "127.0.0.1"
+HTTP_PORT = 9191
+# prometheus_client's multiprocess directory: set by the master for its children.
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"

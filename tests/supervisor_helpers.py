@@ -114,7 +114,10 @@ class Supervisor:
                 if r["wanted"] != n or len(procs) != n or not all(p["ready"] and p["current"] for p in procs):
                     return None
             return s
-        return wait_for(done, timeout, interval=0.05, message=f"roles {expected}\n{self.log()[-3000:]}")
+        try:
+            return wait_for(done, timeout, interval=0.05, message=f"roles {expected}")
+        except AssertionError as exc:  # the log as it is now, when the wait failed
+            raise AssertionError(f"{exc}\n{self.log()[-3000:]}") from None
 
     def wait_ready(self, timeout: float = 30.0) -> dict:
         return wait_for(lambda: (s := self._try_status()) and s["state"] == "running" and s,

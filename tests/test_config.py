@@ -343,3 +343,23 @@ def test_app_sections_are_validated_at_load_with_file_line_and_key():
         """)
     assert (err.value.line, err.value.key) == (5, "pipeline.notification.timeout")
     assert "expected a duration" in str(err.value)
+
+
+def test_http_section():
+    assert load(MINIMAL).http is None  # off by default
+    text = MINIMAL + 'http: {listen: "0.0.0.0:8080", token: "${SUPERVISOR_HTTP_TOKEN:-}", read_only: true}\n'
+    cfg = load(text)
+    assert cfg.http is not None and (cfg.http.host, cfg.http.port, cfg.http.token, cfg.http.read_only) == (
+        "0.0.0.0", 8080, None, True)  # an empty token is no token
+    assert load(text, env={"SUPERVISOR_HTTP_TOKEN": "t0k"}).http.token == "t0k"
+    assert load(MINIMAL + "http: {}\n").http.listen == "127.0.0.1:9191"
+    e = error(MINIMAL + "http:\n  listen: localhost\n")
+    assert (e.line, e.key) == (7, "http.listen") and "host:port" in e.message
+    e = error(MINIMAL + "http: {lisen: x}\n")
+    assert "did you mean 'listen'" in e.message
+    e = error(MINIMAL.replace("  a:", "  http:") + "http: {}\n")
+    assert e.key == "roles.http" and "taken by the HTTP child" in e.message
+    # A reload that changes it says what happens to the child.
+    assert diff(load(MINIMAL), load(text)).http == "started"
+    assert diff(load(text), load(MINIMAL)).http == "stopped"
+    assert diff(load(text), load(text.replace("true", "false"))).lines()[-1] == "http: rolled (read_only)"

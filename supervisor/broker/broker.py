@@ -430,10 +430,13 @@ class PostgresBroker(QueueHelpers, Broker):
             "reason": f"attempt {message.attempts} of {message.max_attempts} failed"
             f" ({type(exc).__name__ if exc else 'retry'}); retry in {int(delay or 0)} ms",
         }
+        self.emit_before("enqueue", message, delay)
         self._write_until_done("schedule retry", sql.RETRY, params)
         self.leases.let_go(message.message_id)
         if not delay and self._listener is not None:  # due now: wake our consumer before the NOTIFY does
             self._listener.event_for(message.queue_name).set()
+        # As Dramatiq's brokers do for a retry: middleware (metrics) sees it enqueued again.
+        self.emit_after("enqueue", message, delay)
         return message
 
     def requeue(self, messages: Iterable[PgMessageProxy]) -> int:

@@ -401,17 +401,38 @@ SELECT id, queue, actor, status, priority, attempts, max_attempts, run_at, creat
  LIMIT %(limit)s
 """
 
-QUEUE_STATS = """
-SELECT queue,
-       count(*) FILTER (WHERE status = 'pending' AND run_at <= now())   AS ready,
-       count(*) FILTER (WHERE status IN ('pending', 'retryable') AND run_at > now()) AS scheduled,
-       count(*) FILTER (WHERE status = 'retryable')                     AS retryable,
-       count(*) FILTER (WHERE status = 'running')                       AS running,
-       count(*) FILTER (WHERE status = 'failed')                        AS failed,
-       count(*) FILTER (WHERE status = 'succeeded' AND finished_at > now() - interval '1 hour')
-                                                                        AS succeeded_last_hour,
-       min(run_at) FILTER (WHERE status IN ('pending', 'retryable'))     AS oldest_ready
-  FROM jobs
- GROUP BY queue
- ORDER BY queue
+
+# --- the operator's view: filtered listing with keyset (cursor) paging, capacity ---
+
+# Every filter is optional (NULL: not applied). ``text`` is a substring of the
+# job's arguments (args and kwargs as JSON text).
+_JOB_FILTER = """
+       (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(actor)s::text IS NULL OR actor = %(actor)s)
+   AND (%(text)s::text IS NULL OR strpos(args::text || ' ' || kwargs::text, %(text)s) > 0)
+   AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
+   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
+   AND (%(finished_after)s::timestamptz IS NULL OR finished_at >= %(finished_after)s)
+   AND (%(finished_before)s::timestamptz IS NULL OR finished_at < %(finished_before)s)
 """
+
+# Newest first; the next page starts after the (created_at, id) of the last row seen.
+LIST_PAGE = f"""
+SELECT id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at, started_at,
+       finished_at, lease_owner, progress, left(last_error, 200) AS last_error
+  FROM jobs
+ WHERE {_JOB_FILTER}
+   AND (%(after_at)s::timestamptz IS NULL OR (created_at, id) < (%(after_at)s, %(after_id)s::uuid))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+"""
+
+MATCHING_IDS = f"""
+SELECT id::text FROM jobs WHERE {_JOB_FILTER} ORDER BY created_at, id LIMIT %(limit)s
+"""
+
+COUNT_BY_QUEUE_AND_STATUS = "SELECT queue, status, count(*) FROM jobs GROUP BY queue, status"
+
+CAPACITY = "SELECT * FROM v_queue_capacity ORDER BY queue"
+

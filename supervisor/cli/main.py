@@ -14,7 +14,7 @@ import psycopg
 from dramatiq.errors import BrokerConnectionError
 
 from .. import apps, db, exit_codes
-from . import control_cmds, database, jobs, queues, worker_cmd
+from . import control_cmds, database, http_cmd, jobs, queues, worker_cmd
 from .context import config_option, die, obj
 
 
@@ -60,7 +60,7 @@ def main(ctx: click.Context, database_url: str | None) -> None:
 for command in (
     database.migrate, database.check,
     control_cmds.run, control_cmds.reload, control_cmds.scale, control_cmds.status, control_cmds.stop,
-    worker_cmd.worker,
+    worker_cmd.worker, http_cmd.http,
     jobs.enqueue, jobs.jobs, jobs.runs, jobs.history, queues.queues,
 ):
     main.add_command(command)

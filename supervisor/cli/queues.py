@@ -11,7 +11,9 @@ from ..config.reader import NAME
 from .context import config_option, connect, die, json_option
 from .output import print_json, rows
 
-COLUMNS = ["queue", "paused", "ready", "scheduled", "retryable", "running", "failed", "succeeded_last_hour"]
+COLUMNS = ["queue", "paused", "ready", "scheduled", "retryable", "running", "succeeded_1h", "failed_1h",
+           "avg_duration_s", "active_workers", "throughput_per_worker_hour", "drain_seconds",
+           "workers_needed_1h", "workers_needed_4h", "workers_needed_8h"]
 
 
 def _with_pauses(stats: list[dict[str, Any]], paused: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -29,14 +31,16 @@ def _with_pauses(stats: list[dict[str, Any]], paused: list[dict[str, Any]]) -> l
 @json_option
 @click.pass_context
 def queues(ctx: click.Context, as_json: bool) -> None:
-    """Per-queue counts: paused, ready, scheduled, running, failed, done in the last hour.
+    """Per queue (the v_queue_capacity view): paused, ready, scheduled, retryable, running,
+    finished in the last hour, average duration, active workers, throughput per
+    worker-hour, time to drain and workers needed to drain in 1, 4 and 8 hours.
 
     `queues pause Q` and `queues resume Q` stop and restart claims of a queue on every host.
     """
     if ctx.invoked_subcommand is not None:
         return
     with connect(ctx) as conn:
-        found = _with_pauses(admin.queue_stats(conn), admin.paused_queues(conn))
+        found = _with_pauses(admin.queue_capacity(conn), admin.paused_queues(conn))
     rows(found, as_json, COLUMNS)
 
 

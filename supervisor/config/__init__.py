@@ -4,6 +4,7 @@ Every error names the file, the line and the dotted key, because the person
 reading it is editing that file (often through `supervisor reload`).
 """
 
+from .http import HttpConfig
 from .model import (
     Config,
     ConfigError,
@@ -22,6 +23,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DatabaseConfig",
+    "HttpConfig",
     "Limits",
     "Retention",
     "RoleConfig",

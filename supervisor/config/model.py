@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import defaults
+from .http import HttpConfig
 
 
 class ConfigError(ValueError):
@@ -118,6 +119,7 @@ class Config:
     roles: tuple[RoleConfig, ...]
     schedules: tuple[ScheduleConfig, ...] = ()
     retention: Retention = field(default_factory=Retention)
+    http: HttpConfig | None = None
     # Apps named explicitly under `apps:` (apps owning a role's actor modules are in use anyway).
     apps: tuple[str, ...] = ()
     # Sections owned by apps (e.g. the price tracker's `pipeline:`), as their parsers returned them.

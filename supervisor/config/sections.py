@@ -22,6 +22,7 @@ from .. import apps, defaults
 from ..cron import parse as cron_parse
 from ..units import parse_size
 from . import model
+from .http import HttpConfig
 from .model import (
     Config,
     ConfigError,
@@ -75,7 +76,7 @@ def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
 
 # --- sections -------------------------------------------------------------------------------
 
-_TOP = ("database", "supervisor", "roles", "schedules", "retention", "apps")
+_TOP = ("database", "supervisor", "roles", "schedules", "retention", "http", "apps")
 _SUPERVISOR = ("control_socket", "state_dir", "shutdown_timeout", "watch_config", "tick", "log_level",
                "log_json", "kill_grace", "start_timeout", "restart_backoff", "restart_backoff_max")
 _ROLE = ("processes", "threads", "prefetch", "queues", "actors", "lease", "heartbeat", "max_retries", "min_backoff",
@@ -110,10 +111,15 @@ def parse(text: str, path: str | Path = "<config>", env: Mapping[str, str] | Non
     roles = _roles(reader, roles_item, supervisor)
     schedules = _schedules(reader, top.map.get("schedules"), roles)
     retention = top.get("retention", lambda i: _retention(reader, i), model.Retention())
+    http = top.get("http", lambda i: _http(reader, i), None)
+    if http is not None and "http" in roles_item.value:
+        raise reader.error(roles_item.value["http"], "the role name 'http' is taken by the HTTP child "
+                           "(the http: section); rename the role")
     explicit = top.get("apps", _app_names, ())
     app_settings = {name: top.get(name, functools.partial(fn, reader), None) for name, fn in app_sections.items()}
     return Config(path=path, database=database, supervisor=supervisor, roles=roles, schedules=schedules,
-                  retention=retention, apps=explicit, app_settings={k: v for k, v in app_settings.items() if v is not None})
+                  retention=retention, http=http, apps=explicit,
+                  app_settings={k: v for k, v in app_settings.items() if v is not None})
 
 
 def _app_names(item: Item) -> tuple[str, ...]:
@@ -179,6 +185,24 @@ def _supervisor(reader: Reader, item: Item | None, path: Path) -> SupervisorConf
         raise reader.error(s.map.get("restart_backoff_max") or item, "must not be shorter than restart_backoff",
                            key="supervisor.restart_backoff_max")
     return cfg
+
+
+def _http(reader: Reader, item: Item) -> HttpConfig:
+    s = Section(reader, item, ("listen", "token", "read_only"))
+
+    def listen(i: Item) -> tuple[str, int]:
+        host, sep, port = string(i).rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected host:port like 127.0.0.1:9191, got {i.value!r}")
+        return host.strip("[]"), int(port)
+
+    host, port = s.get("listen", listen, (defaults.HTTP_HOST, defaults.HTTP_PORT))
+    token = s.map.get("token")
+    # An empty token (``${SUPERVISOR_HTTP_TOKEN:-}`` with the variable unset) means none.
+    text = token.value if token is not None else None
+    if text is not None and not isinstance(text, str):
+        raise reader.error(token, f"expected a string, got {kind(text)}")
+    return HttpConfig(host=host, port=port, token=text or None, read_only=s.get("read_only", boolean, False))
 
 
 def _roles(reader: Reader, item: Item, sup: SupervisorConfig) -> tuple[RoleConfig, ...]:

@@ -30,7 +30,9 @@ from ..worker.settings import WorkerSettings
 from .bootstrap import ChildBootstrap, ChildSpec
 from .children import Child, RoleState, describe_exit, plan, spawn
 from .handlers import Handlers, Waiter
+from .http_child import HttpBootstrap, http_role_state
 from .janitor import Janitor
+from .metrics_dir import MetricsDir
 from .proctitle import MASTER_TITLE, set_title
 from .systemd import Notifier
 from .watcher import CONFIG_CHANGED, WAKE, ConfigWatcher, poke
@@ -64,6 +66,7 @@ class Arbiter(Handlers):
         self._signals: list[int] = []
         self._next_master_beat = 0.0
         self._proc = psutil.Process()
+        self.metrics_dir = MetricsDir()
 
     # --- setup and teardown --------------------------------------------------------
 
@@ -76,6 +79,7 @@ class Arbiter(Handlers):
     def _setup(self) -> None:
         set_title(MASTER_TITLE)
         self.control.open()
+        self.metrics_dir.open()  # before the first fork: every child inherits it
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -97,6 +101,9 @@ class Arbiter(Handlers):
             log.warning("orphan recovery is still waiting for the database; starting the roles anyway")
         for role_cfg in self.config.roles:
             self.roles[role_cfg.name] = RoleState(role_cfg, WorkerSettings.from_role(self.config, role_cfg.name))
+        http_role = http_role_state(self.config)
+        if http_role is not None:
+            self.roles[http_role.name] = http_role
         self._set_watch(self.config.supervisor.watch_config)
         self.notifier.status("starting")
         log.info("master %d up: %d role(s), control socket %s, database %s", self.pid, len(self.roles),
@@ -119,6 +126,7 @@ class Arbiter(Handlers):
                 os.close(fd)
         self.notifier.drain(1.0)
         self.notifier.close()
+        self.metrics_dir.close()
 
     def _set_watch(self, on: bool) -> None:
         if on and self.watcher is None:
@@ -209,7 +217,9 @@ class Arbiter(Handlers):
                          url=self.url, token=ChildBootstrap.new_token(), master_pid=self.pid,
                          beat_interval=min(1.0, sup.tick, role.config.heartbeat),
                          log_level=sup.log_level, log_json=sup.log_json)
-        child = spawn(role, ChildBootstrap(spec, self._fds_to_close()), now)
+        bootstrap = (ChildBootstrap(spec, self._fds_to_close()) if role.http is None else
+                     HttpBootstrap(spec, self._fds_to_close(), http=role.http, config=self.config))
+        child = spawn(role, bootstrap, now)
         role.children[child.pid] = child
         self.selector.register(child.fd, selectors.EVENT_READ, lambda key, c=child: self._on_beat(c))
         log.info("started %s[%d] pid %d (generation %d)", role.name, child.slot, child.pid, child.generation)
@@ -266,6 +276,7 @@ class Arbiter(Handlers):
                 self._on_beat(child)
                 self._forget_fd(child)
             del role.children[pid]
+            self.metrics_dir.mark_dead(pid)
             how = describe_exit(status)
             expected = child.stop_reason is not None and not child.stop_reason.startswith("hung")
             reason = f"{child.stop_reason}; {how}" if child.stop_reason else how

@@ -89,17 +89,17 @@ def _reset_signals() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
-class ChildBootstrap(Hooks):
-    """What a forked child runs: built by the master before the fork, so nothing
-    the master holds is captured after it; the child only calls ``main``."""
+class Bootstrap:
+    """What every forked child does first (signals, fds, parent death, title, logging,
+    the beat pipe) and how it exits; ``serve`` is what the child is for. Built by
+    the master before the fork, so nothing the master holds is captured after it;
+    the child only calls ``main``."""
 
     def __init__(self, spec: ChildSpec, close_fds: list[int]) -> None:
         self.spec = spec
         self.close_fds = close_fds
         self.tick_interval = spec.beat_interval
         self.beacon: Beacon | None = None
-        self.guard: Guard | None = None
-        self.proc: WorkerProcess | None = None
 
     new_token = staticmethod(new_token)
 
@@ -136,6 +136,27 @@ class ChildBootstrap(Hooks):
         set_title(child_title(spec.role, spec.slot))
         configure_logging(spec.log_level, spec.log_json)
         self.beacon = Beacon(beat_fd, self.master_gone)
+        return self.serve()
+
+    def serve(self) -> int:
+        """The child's work, until told to stop; returns the exit code."""
+        raise NotImplementedError
+
+    def master_gone(self, why: str) -> None:
+        """The master went away: stop (the child must not outlive it)."""
+        raise NotImplementedError
+
+
+class ChildBootstrap(Bootstrap, Hooks):
+    """A worker child: runs a WorkerProcess with the master's hooks."""
+
+    def __init__(self, spec: ChildSpec, close_fds: list[int]) -> None:
+        super().__init__(spec, close_fds)
+        self.guard: Guard | None = None
+        self.proc: WorkerProcess | None = None
+
+    def serve(self) -> int:
+        spec = self.spec
         self.guard = Guard(spec.limits, self.ask_recycle)
         return run(spec.settings, spec.url, owner=self.owner_for(os.getpid()), hooks=self)
 

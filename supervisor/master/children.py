@@ -24,9 +24,9 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import exit_codes
-from ..config import RoleConfig
+from ..config import HttpConfig, RoleConfig
 from ..worker.settings import WorkerSettings
-from .bootstrap import ChildBootstrap
+from .bootstrap import Bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,8 @@ class RoleState:
     restarts: int = 0
     last_exit: str | None = None
     last_exit_at: float | None = None
+    # Set for the HTTP child's pseudo-role (see http_child): forked with its own bootstrap.
+    http: HttpConfig | None = None
 
     @property
     def name(self) -> str:
@@ -265,7 +267,7 @@ def describe_exit(status: int) -> str:
     return f"exit {code}"
 
 
-def spawn(role: RoleState, bootstrap: ChildBootstrap, now: float) -> Child:
+def spawn(role: RoleState, bootstrap: Bootstrap, now: float) -> Child:
     """Fork one child of ``role``; the child runs ``bootstrap`` (built before the fork)."""
     read_fd, write_fd = os.pipe()
     for stream in (sys.stdout, sys.stderr):

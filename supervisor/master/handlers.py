@@ -17,6 +17,7 @@ from ..control import Connection
 from ..logs import configure_logging
 from ..worker.settings import WorkerSettings
 from .children import RoleState
+from .http_child import apply_http
 from .reload import Diff, diff
 from .systemd import Notifier
 
@@ -153,6 +154,7 @@ class Handlers:
             configure_logging(new.supervisor.log_level, new.supervisor.log_json)
         self.config = new
         self._set_watch(new.supervisor.watch_config)
+        apply_http(self.roles, new, d.http)
         for name in d.removed:
             role = self.roles.get(name)
             if role is not None:

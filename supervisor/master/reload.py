@@ -24,12 +24,13 @@ class Diff:
     resized: dict[str, tuple[int, int]] = field(default_factory=dict)
     rolled: dict[str, list[str]] = field(default_factory=dict)  # role -> what changed
     supervisor: list[str] = field(default_factory=list)
+    http: str | None = None  # what a reload does to the HTTP child
     needs_restart: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
         return not (self.added or self.removed or self.resized or self.rolled or self.supervisor
-                    or self.needs_restart)
+                    or self.http or self.needs_restart)
 
     def lines(self) -> list[str]:
         out = [f"{name}: added" for name in self.added]
@@ -39,6 +40,8 @@ class Diff:
         for name, (a, b) in self.resized.items():
             out.append(f"{name}: resized {a} -> {b}")
         out += self.supervisor
+        if self.http:
+            out.append(f"http: {self.http}")
         out += [f"{what}: changed, but only a restart applies it" for what in self.needs_restart]
         return out or ["no changes"]
 
@@ -61,6 +64,17 @@ def _show(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
+
+
+def _http_change(old: Config, new: Config) -> str | None:
+    """What a reload does to the HTTP child: started, stopped, rolled (it reads the
+    http section, and lists the schedules), or nothing."""
+    if old.http is None or new.http is None:
+        return None if old.http == new.http else ("started" if old.http is None else "stopped")
+    changed = [f for f in ("host", "port", "token", "read_only") if getattr(old.http, f) != getattr(new.http, f)]
+    if old.schedules != new.schedules:
+        changed.append("schedules")
+    return f"rolled ({', '.join(changed)})" if changed else None
 
 
 def diff(old: Config, new: Config) -> Diff:
@@ -96,6 +110,7 @@ def diff(old: Config, new: Config) -> Diff:
     for key in RESTART_SUPERVISOR_KEYS:
         if getattr(old.supervisor, key) != getattr(new.supervisor, key):
             d.needs_restart.append(f"supervisor.{key}")
+    d.http = _http_change(old, new)
     if old.database != new.database:
         d.needs_restart.append("database.url")
     return d

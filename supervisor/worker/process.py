@@ -18,6 +18,7 @@ from dramatiq import Worker
 from .. import apps, backoff, exit_codes, runtime
 from ..broker import PostgresBroker
 from ..broker.fencing import LeaseLost
+from . import metrics
 from .joblog import JobLog
 from .registry import Registration
 from .scheduler import RunResults, Scheduler
@@ -94,6 +95,8 @@ class WorkerProcess:
         # First in the list: Dramatiq runs after_* hooks in reverse, so it logs the
         # outcome the Retries middleware settled on (and times the whole run).
         broker.add_middleware(JobLog(s.role), before=type(broker.middleware[0]))
+        if metrics.enabled():
+            broker.add_middleware(metrics.JobMetrics())
         self.broker = broker
         # Actor modules use @dramatiq.actor, which binds to the global broker at
         # import time: it must be ours before the first import.
@@ -105,7 +108,8 @@ class WorkerProcess:
         broker.set_capacity(s.capacity)
         broker.emit_after("process_boot")
 
-        registration = Registration(broker.pool, broker.owner, role=s.role, queues=list(s.queues))
+        registration = Registration(broker.pool, broker.owner, role=s.role, queues=list(s.queues),
+                                    capacity=s.capacity)
         self.upkeep = Upkeep(
             broker,
             registration,

@@ -16,8 +16,8 @@ from ..identity import HOSTNAME
 log = logging.getLogger(__name__)
 
 REGISTER = """
-INSERT INTO workers (id, host, pid, role, queues, state)
-VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, %(queues)s, 'running')
+INSERT INTO workers (id, host, pid, role, queues, state, capacity)
+VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, %(queues)s, 'running', %(capacity)s)
 ON CONFLICT (id) DO UPDATE SET state = 'running', heartbeat_at = now(), stopped_at = NULL
 """
 
@@ -40,10 +40,27 @@ DELETE FROM workers
 
 LIST = """
 SELECT id, host, pid, role, queues, state, started_at, heartbeat_at, stopped_at,
-       rss_bytes, cpu_percent, jobs_in_flight, jobs_done
+       rss_bytes, cpu_percent, jobs_in_flight, jobs_done, capacity
   FROM workers
  WHERE stopped_at IS NULL OR stopped_at > now() - interval '1 hour'
  ORDER BY host, role, started_at
+"""
+
+# Masters, with how long ago each last beat (seconds, by the database's clock).
+MASTERS = """
+SELECT id, host, pid, state, stopped_at, extract(epoch FROM now() - heartbeat_at)::float8 AS beat_age
+  FROM workers
+ WHERE role = 'master'
+ ORDER BY heartbeat_at DESC
+"""
+
+# Live processes per role: not stopped, and beating within the given window.
+LIVE_BY_ROLE = """
+SELECT role, count(*) AS n
+  FROM workers
+ WHERE stopped_at IS NULL AND role <> 'master'
+   AND heartbeat_at > now() - %(fresh_s)s * interval '1 second'
+ GROUP BY role
 """
 
 
@@ -57,18 +74,20 @@ class Beat:
 class Registration:
     """One process's row in `workers`. ``beat`` samples RSS and CPU itself."""
 
-    def __init__(self, pool: ConnectionPool, worker_id: str, *, role: str, queues: list[str]) -> None:
+    def __init__(self, pool: ConnectionPool, worker_id: str, *, role: str, queues: list[str],
+                 capacity: int | None = None) -> None:
         self.pool = pool
         self.id = worker_id
         self.role = role
         self.queues = queues
+        self.capacity = capacity  # rows it may hold claimed at once (None: it runs no jobs)
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)
 
     def register(self, timeout: float = 30.0) -> None:
         with self.pool.connection(timeout=timeout) as c:
             c.execute(REGISTER, {"id": self.id, "host": HOSTNAME, "pid": os.getpid(),
-                                 "role": self.role, "queues": self.queues})
+                                 "role": self.role, "queues": self.queues, "capacity": self.capacity})
 
     def sample(self, beat: Beat) -> dict[str, object]:
         """The BEAT parameters, sampled now (callable from a thread that must not wait on the database)."""

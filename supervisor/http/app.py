@@ -1,0 +1,43 @@
+"""``create_app``: the Starlette app of the HTTP child.
+
+Routes are grouped by module (``health``, ``metrics``, ``api``); a dashboard adds
+its own with ``extra_routes`` (server-rendered pages under ``/``, an SSE stream)
+and gets the same action guard and shared state (``state.state_of(request)``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import BaseRoute, Mount
+
+from ..config import Config, HttpConfig
+from . import api, health, metrics
+from .auth import ActionGuard
+from .state import AppState
+
+
+def create_app(*, url: str, http: HttpConfig, config: Config | None = None,
+               extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+    """The app for database ``url``, served with ``http``'s token and read-only mode.
+    ``config`` (when there is one) names the roles and the local control socket."""
+    state = AppState(url=url, http=http, config=config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        state.open()  # in the serving process (after any fork), never before
+        try:
+            yield
+        finally:
+            state.close()
+
+    app = Starlette(
+        routes=[*health.routes, *metrics.routes, Mount("/api/v1", routes=api.routes), *extra_routes],
+        middleware=[Middleware(ActionGuard, http=http)],
+        lifespan=lifespan,
+    )
+    app.state.supervisor = state
+    return app

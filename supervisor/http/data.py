@@ -1,0 +1,192 @@
+"""Data gathering for the HTTP child: plain dicts from the database and the master.
+
+Nothing here renders a response, so the JSON API, the metrics and the dashboard
+share one way of finding things out. Every function is synchronous (Starlette
+runs it in its thread pool) and bounded by the pool's statement timeout.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from .. import admin, control, cron, defaults, ratelimit
+from ..identity import HOSTNAME
+from .state import AppState
+
+log = logging.getLogger(__name__)
+
+CONTROL_TIMEOUT = 2.0  # seconds: the master answers from its loop, at once when healthy
+
+
+def master_status(state: AppState) -> dict[str, Any] | None:
+    """The local master's status over its control socket (None: no local master)."""
+    path = state.control_socket
+    if path is None or not path.exists():
+        return None
+    try:
+        reply = control.request(path, {"cmd": "status"}, timeout=CONTROL_TIMEOUT)
+    except control.ControlError as exc:
+        log.debug("no master status: %s", exc)
+        return None
+    return reply if reply.get("ok") else None
+
+
+def master_health(state: AppState) -> dict[str, Any]:
+    """Is a master alive and beating? The local control socket says so at once;
+    otherwise the master's row in the `workers` registry must be fresh."""
+    status = master_status(state)
+    if status is not None:
+        ok = status["state"] != "stopping"
+        return {"ok": ok, "source": "control socket", "pid": status["pid"], "state": status["state"],
+                **({} if ok else {"problem": "the master is stopping"})}
+    stale_after = 3 * defaults.MASTER_BEAT_SECONDS
+    try:
+        with state.connection() as conn:
+            rows = admin.masters(conn)
+    except Exception as exc:
+        return {"ok": False, "source": "database", "problem": f"database unreachable: {exc}"}
+    fresh = [r for r in rows if r["stopped_at"] is None and r["beat_age"] <= stale_after]
+    local = [r for r in fresh if r["host"] == HOSTNAME]
+    chosen = local or fresh
+    if not chosen:
+        return {"ok": False, "source": "database",
+                "problem": f"no master has beaten in the last {stale_after:g}s"}
+    m = chosen[0]
+    return {"ok": True, "source": "database", "host": m["host"], "pid": m["pid"], "state": m["state"],
+            "beat_age": m["beat_age"]}
+
+
+def readiness(state: AppState) -> dict[str, Any]:
+    """The database answers and every role runs its wanted count."""
+    problems: list[str] = []
+    roles: dict[str, dict[str, Any]] = {}
+    try:
+        with state.connection() as conn:
+            conn.execute("SELECT 1")
+            live = admin.live_processes_by_role(conn)
+    except Exception as exc:
+        problems.append(f"database unreachable: {exc}")
+        live = None
+    status = master_status(state)
+    if status is not None:
+        for r in status["roles"]:
+            roles[r["name"]] = {"wanted": r["wanted"], "running": r["running"], "state": r["state"]}
+    elif state.config is not None and live is not None:
+        for rc in state.config.roles:
+            roles[rc.name] = {"wanted": rc.processes, "running": live.get(rc.name, 0), "state": "registry"}
+    for name, r in roles.items():
+        if r["running"] < r["wanted"]:
+            problems.append(f"role {name}: {r['running']} of {r['wanted']} process(es) running ({r['state']})")
+    return {"ok": not problems, "problems": problems, "roles": roles}
+
+
+# --- the API's reads ----------------------------------------------------------------------
+
+JOB_STATUSES = ("pending", "running", "retryable", "succeeded", "failed", "cancelled")
+RECENT_RUNS = 10
+
+
+def encode_cursor(row: dict[str, Any]) -> str:
+    raw = f"{row['created_at'].isoformat()}|{row['id']}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The (created_at, id) a cursor points after; ValueError if it is not one of ours."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        at, _, job_id = raw.partition("|")
+        return datetime.fromisoformat(at), str(uuid.UUID(job_id))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"bad cursor {cursor!r}: pass the next_cursor of the previous page") from exc
+
+
+def jobs_page(state: AppState, where: admin.JobFilter, *, limit: int, cursor: str | None) -> dict[str, Any]:
+    after = decode_cursor(cursor) if cursor else None
+    with state.connection() as conn:
+        rows = admin.list_jobs_page(conn, where, limit=limit + 1, after=after)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"jobs": rows, "next_cursor": encode_cursor(rows[-1]) if more and rows else None}
+
+
+def job_detail(state: AppState, job_id: str) -> dict[str, Any] | None:
+    with state.connection() as conn:
+        job = admin.show_job(conn, job_id)
+    if job is None:
+        return None
+    job["timeline"] = job.pop("events")
+    return job
+
+
+def workers(state: AppState) -> list[dict[str, Any]]:
+    """The registry, with why a local process is paused (its beats tell the master)."""
+    with state.connection() as conn:
+        rows = admin.workers(conn)
+    status = master_status(state)
+    paused: dict[str, str | None] = {}
+    if status is not None:
+        paused = {p["owner"]: p["paused"] for r in status["roles"] for p in r["processes"]}
+    for r in rows:
+        r["paused_why"] = paused.get(r["id"])
+        r["queues"] = list(r["queues"] or [])
+    return rows
+
+
+def schedules(state: AppState) -> list[dict[str, Any]]:
+    """Configured schedules (cron, last and next fire, recent runs), plus any the
+    database knows of that the config does not name."""
+    with state.connection() as conn:
+        locks, recent = admin.schedule_state(conn, runs=RECENT_RUNS)
+    now = datetime.now(UTC)
+    out = []
+    configured = state.config.schedules if state.config is not None else ()
+    for s in configured:
+        out.append({"name": s.name, "cron": s.cron, "actor": s.actor, "queue": s.queue,
+                    "last_fire": (locks.get(s.name) or {}).get("fire_at"),
+                    "next_fire": cron.parse(s.cron).next_after(now),
+                    "recent_runs": recent.get(s.name, [])})
+    for name in sorted((set(locks) | set(recent)) - {s.name for s in configured}):
+        out.append({"name": name, "cron": None, "actor": None, "queue": None,
+                    "last_fire": (locks.get(name) or {}).get("fire_at"), "next_fire": None,
+                    "recent_runs": recent.get(name, [])})
+    return out
+
+
+def system_state(state: AppState) -> dict[str, Any]:
+    """The master (when local), the database, job counts by status, and this server."""
+    out: dict[str, Any] = {"host": HOSTNAME, "http": {"read_only": state.http.read_only,
+                                                      "token_required": bool(state.http.token)}}
+    out["master"] = master_status(state)
+    try:
+        with state.connection() as conn:
+            out["database"] = {"reachable": True, "server_version": conn.info.server_version}
+            counts: dict[str, int] = dict.fromkeys(JOB_STATUSES, 0)
+            for _queue, status, n in admin.counts_by_queue_and_status(conn):
+                counts[status] = counts.get(status, 0) + n
+            out["jobs"] = counts
+            out["paused_queues"] = admin.paused_queues(conn)
+    except Exception as exc:
+        out["database"] = {"reachable": False, "error": str(exc)}
+    return out
+
+
+# --- the metrics snapshot -----------------------------------------------------------------------
+
+
+def metrics_snapshot(state: AppState) -> dict[str, Any]:
+    """What /metrics reports from the database and the master: one connection, three
+    short reads (capacity view, workers registry, rate limiters), and the local
+    master's status when there is one. Raises if the database is away."""
+    with state.connection() as conn:
+        snapshot: dict[str, Any] = {
+            "queues": admin.queue_capacity(conn),
+            "workers": [w for w in admin.workers(conn) if w["stopped_at"] is None],
+            "limiters": ratelimit.states(conn),
+        }
+    snapshot["master"] = master_status(state)
+    return snapshot

@@ -1,0 +1,144 @@
+"""`/metrics`: Prometheus text format.
+
+Two sources, merged per scrape: the job metrics every worker process of this host
+writes (Dramatiq's names, prometheus_client multiprocess files in
+$PROMETHEUS_MULTIPROC_DIR, summed here), and snapshot gauges read from the
+database (one read of v_queue_capacity, the workers registry, the rate limiters)
+and from the local master's status (processes and restarts by role). Reading
+files and a few short statements on the HTTP child's own pool: a scrape never
+waits on a worker or holds up the master.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..defaults import METRICS_DIR_ENV
+from . import data
+from .state import AppState, state_of
+
+log = logging.getLogger(__name__)
+
+LIVE_STATES = ("pending", "ready", "scheduled", "running", "retryable")
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"actor_supervisor_{name}", doc, labels=labels)
+
+
+class Snapshot:
+    """A collector that reads the database and the master at each scrape."""
+
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("actor_supervisor_database_up", "1 if the database answered this scrape")
+        try:
+            snap = data.metrics_snapshot(self.state)
+        except Exception as exc:
+            log.warning("metrics snapshot failed: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from self._queues(snap["queues"])
+        yield from self._processes(snap["workers"], snap["master"])
+        yield from self._limiters(snap["limiters"])
+
+    def _queues(self, queues: list[dict[str, Any]]) -> Iterator[Metric]:
+        jobs = _gauge("jobs", "Live jobs per queue and state (ready and scheduled split pending and "
+                      "retryable by whether run_at has come)", ["queue", "state"])
+        finished = _gauge("jobs_finished_last_hour", "Jobs finished in the last hour", ["queue", "outcome"])
+        needed = _gauge("queue_workers_needed", "Worker processes needed to drain the backlog within N hours",
+                        ["queue", "hours"])
+        active = _gauge("queue_active_workers", "Live worker processes serving the queue", ["queue"])
+        drain = _gauge("queue_drain_seconds", "Estimated seconds to drain the backlog at the current rate",
+                       ["queue"])
+        paused = _gauge("queue_paused", "1 if the queue is paused", ["queue"])
+        for q in queues:
+            name = q["queue"]
+            for st in LIVE_STATES:
+                jobs.add_metric([name, st], q[st])
+            finished.add_metric([name, "succeeded"], q["succeeded_1h"])
+            finished.add_metric([name, "failed"], q["failed_1h"])
+            for hours in (1, 4, 8):
+                value = q[f"workers_needed_{hours}h"]
+                if value is not None:
+                    needed.add_metric([name, str(hours)], value)
+            active.add_metric([name], q["active_workers"])
+            if q["drain_seconds"] is not None:
+                drain.add_metric([name], q["drain_seconds"])
+            paused.add_metric([name], 1 if q["paused"] else 0)
+        yield from (jobs, finished, needed, active, drain, paused)
+
+    def _processes(self, workers: list[dict[str, Any]], master: dict[str, Any] | None) -> Iterator[Metric]:
+        labels = ["host", "pid", "role"]
+        rss = _gauge("process_rss_bytes", "Resident memory per process (workers registry)", labels)
+        cpu = _gauge("process_cpu_percent", "CPU per process (workers registry)", labels)
+        in_flight = _gauge("process_jobs_in_flight", "Jobs a process holds claimed", labels)
+        capacity = _gauge("process_capacity", "Jobs a process may hold claimed at once", labels)
+        for w in workers:
+            key = [w["host"], str(w["pid"]), w["role"]]
+            rss.add_metric(key, w["rss_bytes"] or 0)
+            cpu.add_metric(key, w["cpu_percent"] or 0.0)
+            in_flight.add_metric(key, w["jobs_in_flight"])
+            if w["capacity"] is not None:
+                capacity.add_metric(key, w["capacity"])
+        yield from (rss, cpu, in_flight, capacity)
+        running = _gauge("role_processes", "Ready processes per role (the local master's, else the registry)",
+                         ["role"])
+        if master is not None:
+            wanted = _gauge("role_processes_wanted", "Processes the master keeps per role", ["role"])
+            restarts = CounterMetricFamily("actor_supervisor_role_restarts",
+                                           "Unexpected exits replaced per role since the master started",
+                                           labels=["role"])
+            for r in master["roles"]:
+                running.add_metric([r["name"]], r["running"])
+                wanted.add_metric([r["name"]], r["wanted"])
+                restarts.add_metric([r["name"]], r["restarts"])
+            yield from (running, wanted, restarts)
+            return
+        per_role: dict[str, int] = {}
+        for w in workers:
+            per_role[w["role"]] = per_role.get(w["role"], 0) + 1
+        for name, n in sorted(per_role.items()):
+            running.add_metric([name], n)
+        yield running
+
+    def _limiters(self, limiters: list[dict[str, Any]]) -> Iterator[Metric]:
+        tokens = _gauge("rate_limiter_tokens", "Tokens in the bucket now", ["key"])
+        granted = CounterMetricFamily("actor_supervisor_rate_limiter_granted", "Takes granted", labels=["key"])
+        denied = CounterMetricFamily("actor_supervisor_rate_limiter_denied", "Takes refused", labels=["key"])
+        for lim in limiters:
+            tokens.add_metric([lim["key"]], lim["tokens_now"])
+            granted.add_metric([lim["key"]], lim["granted_total"])
+            denied.add_metric([lim["key"]], lim["denied_total"])
+        yield from (tokens, granted, denied)
+
+
+def registry_for(state: AppState) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    path = os.environ.get(METRICS_DIR_ENV)
+    if path and os.path.isdir(path):
+        MultiProcessCollector(registry, path)
+    registry.register(Snapshot(state))
+    return registry
+
+
+def scrape(request: Request) -> Response:
+    return Response(generate_latest(registry_for(state_of(request))), media_type=CONTENT_TYPE_LATEST)
+
+
+routes = [Route("/metrics", scrape, methods=["GET"], include_in_schema=False)]

@@ -1,0 +1,176 @@
+"""The JSON API against a real database, over real HTTP on loopback (`supervisor http`)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.conftest import scalar, wait_for
+from tests.tcp_proxy import TcpProxy
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _job(conn, *, queue="q1", actor="a", status="pending", args=(), created_min=0, finished_min=None,
+         last_error=None) -> str:
+    created = T0 + timedelta(minutes=created_min)
+    finished = T0 + timedelta(minutes=finished_min) if finished_min is not None else None
+    return str(scalar(conn, """
+        INSERT INTO jobs (queue, actor, status, args, created_at, finished_at, last_error)
+        VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+        (queue, actor, status, json.dumps(list(args)), created, finished, last_error)))
+
+
+@pytest.fixture
+def api(conn, http_server):
+    return http_server(env={"SUPERVISOR_HTTP_TOKEN": TOKEN})
+
+
+def test_reads_health_and_the_guard(conn, api):
+    conn.execute("INSERT INTO jobs (queue, actor) VALUES ('q1', 'a'), ('q1', 'a'), ('q2', 'b')")
+    queues = {q["queue"]: q for q in api.client.get("/api/v1/queues").json()["queues"]}
+    assert queues["q1"]["ready"] == 2 and queues["q2"]["ready"] == 1 and queues["q1"]["backlog"] == 2
+    # No master runs: healthz says so, naming the reason.
+    r = api.client.get("/healthz")
+    assert r.status_code == 503 and "no master" in r.json()["problem"]
+    # The repository's config/supervisor.yaml names roles, and no worker runs them.
+    r = api.client.get("/readyz")
+    assert r.status_code == 503 and any("role scraping: 0 of" in p for p in r.json()["problems"]), r.json()
+    # Actions need the token: none, a wrong one, the right one by header (as a browser sends it).
+    r = api.client.post("/api/v1/queues/q1/pause")
+    assert r.status_code == 401 and "token" in r.json()["error"]
+    assert api.client.post("/api/v1/queues/q1/pause", headers={"Authorization": "Bearer nope"}).status_code == 403
+    assert scalar(conn, "SELECT count(*) FROM queue_pauses") == 0
+    r = api.client.post("/api/v1/queues/q1/pause", headers={"X-Supervisor-Token": TOKEN}, json={"reason": "deploy"})
+    assert r.status_code == 200 and r.json()["paused"]["reason"] == "deploy"
+    schema = api.client.get("/api/v1/openapi.json").json()
+    assert {"/api/v1/queues", "/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/retry",
+            "/api/v1/queues/{queue}/pause", "/api/v1/workers", "/api/v1/schedules",
+            "/api/v1/system/state"} <= set(schema["paths"])
+
+
+def test_jobs_filters_and_cursor_paging(conn, api):
+    ids = [_job(conn, created_min=i, args=[f"item-{i}"]) for i in range(7)]
+    _job(conn, queue="q2", actor="b", status="failed", created_min=10, finished_min=20, args=["needle"])
+    done = _job(conn, queue="q2", actor="b", status="succeeded", created_min=11, finished_min=30)
+
+    def listed(**params) -> list[str]:
+        r = api.client.get("/api/v1/jobs", params=params)
+        assert r.status_code == 200, r.text
+        return [j["id"] for j in r.json()["jobs"]]
+
+    assert listed(queue="q1") == ids[::-1]
+    assert listed(status="succeeded") == [done]
+    assert len(listed(actor="b")) == 2
+    assert len(listed(text="needle")) == 1 and listed(text="item-3") == [ids[3]]
+    assert listed(created_after=(T0 + timedelta(minutes=5)).isoformat(), queue="q1") == [ids[6], ids[5]]
+    assert listed(created_before=(T0 + timedelta(minutes=2)).isoformat()) == [ids[1], ids[0]]
+    assert listed(finished_after=(T0 + timedelta(minutes=25)).isoformat()) == [done]
+    assert len(listed(finished_before=(T0 + timedelta(minutes=25)).isoformat())) == 1
+    # Pages of 3 over 9 jobs: 3 + 3 + 3, no repeats, newest first, then no cursor.
+    seen, cursor, pages = [], None, 0
+    while True:
+        body = api.client.get("/api/v1/jobs", params={"limit": 3, **({"cursor": cursor} if cursor else {})}).json()
+        seen += [j["id"] for j in body["jobs"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == 3 and len(seen) == len(set(seen)) == 9
+    created = [scalar(conn, "SELECT created_at FROM jobs WHERE id = %s", (i,)) for i in seen]
+    assert created == sorted(created, reverse=True)
+    # Bad input is a 400 with a JSON error, never a 500.
+    for bad in ({"status": "nope"}, {"created_after": "yesterday"}, {"limit": "0"}, {"cursor": "xyz"},
+                {"colour": "red"}, {"created_after": "2026-01-01T00:00:00"}):
+        r = api.client.get("/api/v1/jobs", params=bad)
+        assert r.status_code == 400 and r.json()["error"], (bad, r.text)
+
+
+def test_job_detail_and_actions(conn, api):
+    failed = _job(conn, status="failed", args=[1, "x"], finished_min=1, last_error="Traceback ...\nValueError: boom")
+    conn.execute("UPDATE jobs SET attempts = 3, result = '{\"ok\": 1}', progress = '{\"pct\": 50}' WHERE id = %s",
+                 (failed,))
+    conn.execute("INSERT INTO job_events (job_id, who, from_status, to_status, reason) "
+                 "VALUES (%s, 'w1', 'running', 'failed', 'boom')", (failed,))
+    job = api.client.get(f"/api/v1/jobs/{failed}").json()
+    assert job["args"] == [1, "x"] and job["attempts"] == 3 and job["result"] == {"ok": 1}
+    assert job["progress"] == {"pct": 50} and "ValueError: boom" in job["last_error"]
+    assert [e["reason"] for e in job["timeline"]] == ["boom"]
+    assert api.client.get(f"/api/v1/jobs/{uuid.uuid4()}").status_code == 404
+    assert api.client.get("/api/v1/jobs/not-a-uuid").status_code == 400
+
+    assert api.client.post(f"/api/v1/jobs/{failed}/retry").status_code == 401
+    r = api.client.post(f"/api/v1/jobs/{failed}/retry", headers=AUTH)
+    assert r.status_code == 200 and r.json()["status"] == "pending"
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (failed,)) == "pending"
+    assert api.client.post(f"/api/v1/jobs/{failed}/retry", headers=AUTH).status_code == 409  # not failed now
+    assert api.client.post(f"/api/v1/jobs/{failed}/cancel", headers=AUTH).status_code == 200
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (failed,)) == "cancelled"
+    assert api.client.post(f"/api/v1/jobs/{uuid.uuid4()}/cancel", headers=AUTH).status_code == 404
+
+
+def test_bulk_actions_by_filter(conn, api):
+    mine = [_job(conn, queue="bulk", actor="x", args=[i]) for i in range(4)]
+    other = _job(conn, queue="other", actor="x")
+    r = api.client.post("/api/v1/jobs/cancel", headers=AUTH, json={})
+    assert r.status_code == 400  # no filter: refuse rather than cancel everything
+    r = api.client.post("/api/v1/jobs/cancel", headers=AUTH, json={"queue": "bulk"})
+    assert r.status_code == 200 and r.json()["changed"] == 4 and sorted(r.json()["ids"]) == sorted(mine)
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (other,)) == "pending"
+    r = api.client.post("/api/v1/jobs/retry", headers=AUTH, json={"queue": "bulk", "text": "3"})
+    assert r.json()["changed"] == 1
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'bulk' AND status = 'pending'") == 1
+
+
+def test_pause_resume_workers_schedules_and_state(conn, api):
+    r = api.client.post("/api/v1/queues/emails/pause", headers=AUTH, json={"reason": "smtp down"})
+    assert r.status_code == 200
+    queues = {q["queue"]: q for q in api.client.get("/api/v1/queues").json()["queues"]}
+    assert queues["emails"]["paused"] is True and queues["emails"]["paused_reason"] == "smtp down"
+    state = api.client.get("/api/v1/system/state").json()
+    assert [p["queue"] for p in state["paused_queues"]] == ["emails"] and state["database"]["reachable"]
+    assert api.client.post("/api/v1/queues/emails/resume", headers=AUTH).json()["resumed"] is True
+    assert api.client.post("/api/v1/queues/emails/resume", headers=AUTH).json()["resumed"] is False
+    assert scalar(conn, "SELECT count(*) FROM queue_pauses") == 0
+
+    conn.execute("INSERT INTO workers (id, host, pid, role, queues, state, rss_bytes, cpu_percent, jobs_in_flight, "
+                 "capacity) VALUES ('h:1:t', 'h', 1, 'w', '{q1}', 'paused', 1000, 12.5, 2, 8)")
+    workers = api.client.get("/api/v1/workers").json()["workers"]
+    assert [(w["id"], w["jobs_in_flight"], w["capacity"], w["state"]) for w in workers] == [("h:1:t", 2, 8, "paused")]
+
+    conn.execute("INSERT INTO job_runs (job_name, scheduled_for, status) VALUES ('poll-watches', now(), 'succeeded')")
+    schedules = {s["name"]: s for s in api.client.get("/api/v1/schedules").json()["schedules"]}
+    # The repository's config names poll-watches with its cron: next fire is computed, runs come from the DB.
+    assert schedules["poll-watches"]["cron"] and schedules["poll-watches"]["next_fire"]
+    assert [r["status"] for r in schedules["poll-watches"]["recent_runs"]] == ["succeeded"]
+
+
+def test_read_only_refuses_every_action(conn, http_server):
+    s = http_server("--read-only")
+    job = _job(conn, status="failed")
+    for path in (f"/api/v1/jobs/{job}/retry", f"/api/v1/jobs/{job}/cancel", "/api/v1/queues/q/pause",
+                 "/api/v1/queues/q/resume", "/api/v1/jobs/retry", "/api/v1/jobs/cancel"):
+        r = s.client.post(path, json={"queue": "q1"})
+        assert r.status_code == 403 and "read-only" in r.json()["error"], path
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "failed"
+    assert s.client.get("/api/v1/jobs").status_code == 200  # reads still work
+
+
+def test_readyz_and_metrics_when_the_database_is_down(conn, database_url, http_server):
+    with TcpProxy(database_url) as proxy:
+        s = http_server(url=proxy.url)
+        assert not any("database" in p for p in s.client.get("/readyz").json()["problems"])
+        proxy.go_down()
+        r = s.client.get("/readyz")
+        assert r.status_code == 503 and any(p.startswith("database unreachable") for p in r.json()["problems"])
+        r = s.client.get("/metrics")  # still answers, saying the database is down
+        assert r.status_code == 200 and "actor_supervisor_database_up 0.0" in r.text
+        r = s.client.get("/api/v1/jobs")
+        assert r.status_code == 503 and "database unavailable" in r.json()["error"]
+        proxy.come_back()  # the pool reconnects on its own
+        wait_for(lambda: s.client.get("/api/v1/jobs").status_code == 200, 20, interval=0.2, message="API back")
