@@ -20,10 +20,17 @@ def _commands() -> list[Any]:
     return commands()
 
 
+def _pages() -> list[Any]:
+    from .dashboard import pages
+
+    return pages()
+
+
 APP = App(
     name="actors",
     packages=("actors",),
     migrations=sql_dir("actors"),
     sections={"pipeline": parse_pipeline},
     commands=_commands,
+    pages=_pages,
 )

@@ -41,6 +41,22 @@ def queue_stats(conn: psycopg.Connection) -> list[dict]:
         return cur.execute(sql.QUEUE_STATS).fetchall()
 
 
+def pause_queue(conn: psycopg.Connection, queue: str, reason: str | None = None, who: str | None = None) -> bool:
+    """Stop claims from ``queue`` on every host (running jobs finish). False: already paused."""
+    params = {"queue": queue, "who": who or operator(), "reason": reason}
+    return conn.execute(sql.PAUSE_QUEUE, params).fetchone() is not None
+
+
+def resume_queue(conn: psycopg.Connection, queue: str) -> bool:
+    """Let ``queue`` be claimed again, waking idle consumers. False: it was not paused."""
+    return conn.execute(sql.RESUME_QUEUE, {"queue": queue}).fetchone() is not None
+
+
+def paused_queues(conn: psycopg.Connection) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(sql.PAUSED_QUEUES).fetchall()
+
+
 def latest_runs(conn: psycopg.Connection) -> list[dict]:
     """The latest run of every schedule."""
     with conn.cursor(row_factory=dict_row) as cur:

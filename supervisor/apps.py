@@ -1,4 +1,5 @@
-"""Apps: packages of actors that bring their own tables, config sections and CLI commands.
+"""Apps: packages of actors that bring their own tables, config sections, CLI commands and
+dashboard pages.
 
 An app declares itself with an entry point in the ``actor_supervisor.apps``
 group whose object is an ``App``::
@@ -38,6 +39,9 @@ class App:
     sections: Mapping[str, Callable[[Any, Any], Any]] = field(default_factory=dict)
     # Returns the app's click commands, added to `supervisor ...` (imported only when needed).
     commands: Callable[[], Iterable[Any]] | None = None
+    # Returns the app's dashboard pages (supervisor.http.dashboard.extension.Page), imported
+    # only by the HTTP child when it serves the dashboard.
+    pages: Callable[[], Iterable[Any]] | None = None
 
     def owns(self, module: str) -> bool:
         return any(module == p or module.startswith(p + ".") for p in self.packages)

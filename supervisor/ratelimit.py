@@ -120,3 +120,19 @@ def state(conn: psycopg.Connection, key: str) -> dict | None:
     if row is None:
         return None
     return dict(zip([c.name for c in cur.description or ()], row, strict=True))
+
+
+# Every bucket, with its tokens as of now (refilled since its last take, capped at burst).
+_STATES = """
+SELECT key, least(burst, tokens + rate_per_second * greatest(0, extract(epoch FROM now() - updated_at)))::float8
+           AS tokens_now,
+       burst, rate_per_second, daily_quota, quota_used, blocked_until, granted_total, denied_total
+  FROM rate_limiter_state ORDER BY key
+"""
+
+
+def states(conn: psycopg.Connection) -> list[dict]:
+    """Every bucket as of now, for metrics and the API."""
+    cur = conn.execute(_STATES)
+    names = [c.name for c in cur.description or ()]
+    return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]

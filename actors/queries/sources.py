@@ -36,3 +36,10 @@ UPDATE sources
  WHERE id = %(id)s
 RETURNING failure_streak, paused_until
 """
+
+# The dashboard's breaker table: every source's streak and pause.
+BREAKERS = """
+SELECT name, enabled, failure_streak, paused_until, paused_until > now() AS paused_now,
+       last_success_at, last_failure_at, left(last_error, 160) AS last_error
+  FROM sources ORDER BY name
+"""

@@ -66,3 +66,13 @@ SELECT DISTINCT ON (job_name) id, job_name, scheduled_for, holder, started_at, c
        error_text
   FROM job_runs ORDER BY job_name, started_at DESC
 """
+
+LOCKS = "SELECT job_name, lock_holder, locked_at, expires_at, fire_at FROM scheduler_locks"
+
+# The newest runs of every schedule, up to per_schedule each.
+RECENT_RUNS = """
+SELECT id, job_name, scheduled_for, holder, started_at, completed_at, status, job_id, error_text
+  FROM (SELECT r.*, row_number() OVER (PARTITION BY job_name ORDER BY started_at DESC) AS n FROM job_runs r) AS x
+ WHERE n <= %(per_schedule)s
+ ORDER BY job_name, started_at DESC
+"""
