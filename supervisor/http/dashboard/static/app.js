@@ -14,10 +14,15 @@
     el.className = ok ? "ok" : "error";
   }
 
-  async function refresh() {
+  function typing() {
+    const f = document.activeElement;
+    return f && f.closest("main") && f.matches("input:not([type=checkbox]), select, textarea");
+  }
+
+  async function refresh(force) {
     pending = null;
     lastRefresh = Date.now();
-    if (document.querySelector("main :focus")) return; // never swap a form being typed into
+    if (!force && typing()) return; // never swap a form being typed into
     const resp = await fetch(location.href, { headers: { "X-Dashboard-Partial": "1" } });
     if (!resp.ok) return;
     const picked = new Set(Array.from(document.querySelectorAll(".pick:checked")).map((c) => c.value));
@@ -63,7 +68,7 @@
     try { reply = await resp.json(); } catch (e) { reply = {}; }
     const ok = resp.ok && reply.ok !== false;
     flash(reply.message || reply.error || resp.statusText, ok);
-    await refresh();
+    await refresh(true);
   }
 
   function selection() {
