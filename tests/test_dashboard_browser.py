@@ -110,8 +110,11 @@ def test_overview_and_queues_show_what_sql_counts(dash: Dash, browser: Browser) 
 
     browser.open(dash.base + "/")
     assert int(browser.text("#total-scheduled")) == 4
-    assert browser.css("svg.chart rect.s0"), "the finished-jobs chart has bars"
-    assert browser.css("svg.chart rect.s1"), "and failed ones"
+    bars = browser.driver.execute_script(
+        "return Array.from(document.querySelectorAll('svg.chart rect.bar title')).map(t => t.textContent)")
+    assert sum(int(t.split(": ")[1]) for t in bars if t.startswith("succeeded")) == scalar(
+        db, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 20
+    assert sum(int(t.split(": ")[1]) for t in bars if t.startswith("failed")) == 3
     assert browser.text('#roles tr[data-role="w"] td.count') == "2/2"
     assert "No alerts" in browser.text("#alerts")
     browser.screenshot("overview")

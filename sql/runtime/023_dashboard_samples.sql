@@ -1,7 +1,10 @@
 -- History the dashboard's charts draw, kept in PostgreSQL so it survives a restart
--- of the HTTP child. The HTTP child's sampler writes one row per live process and
+-- of the HTTP child. The HTTP child's recorder writes one row per live process and
 -- one per queue every sample period (10 s); the primary key is the period, so two
 -- HTTP children (two hosts) sampling at once write each row once. Pruned past 25 h.
+-- A queue row also counts the jobs that finished in the period before last (one
+-- period of slack for commits in flight), so 6 h and 24 h charts and rates read a
+-- few thousand rollup rows, never a day of jobs.
 CREATE TABLE process_samples (
     at             timestamptz NOT NULL,
     worker_id      text        NOT NULL,
@@ -21,6 +24,8 @@ CREATE TABLE queue_samples (
     scheduled integer     NOT NULL,
     running   integer     NOT NULL,
     retryable integer     NOT NULL,
+    succeeded integer     NOT NULL DEFAULT 0,
+    failed    integer     NOT NULL DEFAULT 0,
     PRIMARY KEY (queue, at)
 );
 CREATE INDEX queue_samples_at ON queue_samples (at);

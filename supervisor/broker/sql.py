@@ -289,7 +289,8 @@ PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses OR
 
 # --- the dashboard's reads: only indexed slices (live rows, rows finished lately) ---
 
-# Jobs finished per time bucket over the last window_s seconds (jobs_finished index).
+# Jobs finished per time bucket over the last window_s seconds, from the rows (the
+# dashboard reads the recorder's rollup for windows longer than an hour).
 FINISHED_PER_BUCKET = """
 SELECT date_bin(%(step_s)s * interval '1 second', finished_at, timestamptz 'epoch') AS t,
        count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
@@ -329,30 +330,23 @@ SELECT queue,
  GROUP BY queue
 """
 
-# Per queue over the last 24 h of finished rows: outcomes per window, durations and
-# the processes that finished them (for throughput per worker-hour).
+# Failed rows kept, per queue (retention prunes them; the jobs_finished index holds them).
+FAILED_BY_QUEUE = "SELECT queue, count(*) AS failed FROM jobs WHERE status = 'failed' GROUP BY queue"
+
+# Per queue over the last hour of finished rows: outcomes, durations and the
+# processes that finished them (for throughput per worker-hour).
 FINISHED_BY_QUEUE = """
-WITH f AS (
-    SELECT queue, status, finished_at, lease_owner,
-           extract(epoch FROM finished_at - coalesce(started_at, finished_at))::float8 AS dur_s
-      FROM jobs
-     WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - interval '24 hours'
-)
 SELECT queue,
-       count(*) FILTER (WHERE status = 'failed')                                                AS failed_24h,
-       count(*) FILTER (WHERE status IN ('succeeded', 'failed'))                                AS finished_24h,
-       count(*) FILTER (WHERE status = 'failed' AND finished_at > now() - interval '6 hours')   AS failed_6h,
-       count(*) FILTER (WHERE status IN ('succeeded', 'failed') AND finished_at > now() - interval '6 hours')
-                                                                                                AS finished_6h,
-       count(*) FILTER (WHERE status = 'failed' AND finished_at > now() - interval '1 hour')    AS failed_1h,
-       count(*) FILTER (WHERE status IN ('succeeded', 'failed') AND finished_at > now() - interval '1 hour')
-                                                                                                AS finished_1h,
-       avg(dur_s) FILTER (WHERE status = 'succeeded' AND finished_at > now() - interval '1 hour') AS avg_s,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY dur_s)
-           FILTER (WHERE status = 'succeeded' AND finished_at > now() - interval '1 hour')        AS p95_s,
-       count(DISTINCT lease_owner) FILTER (WHERE status IN ('succeeded', 'failed')
-                                           AND finished_at > now() - interval '1 hour')          AS owners_1h
-  FROM f GROUP BY queue
+       count(*) FILTER (WHERE status = 'failed')                 AS failed_1h,
+       count(*) FILTER (WHERE status IN ('succeeded', 'failed')) AS finished_1h,
+       avg(dur_s) FILTER (WHERE status = 'succeeded')            AS avg_s,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY dur_s) FILTER (WHERE status = 'succeeded') AS p95_s,
+       count(DISTINCT lease_owner) FILTER (WHERE status IN ('succeeded', 'failed')) AS owners_1h
+  FROM (SELECT queue, status, lease_owner,
+               extract(epoch FROM finished_at - coalesce(started_at, finished_at))::float8 AS dur_s
+          FROM jobs
+         WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - interval '1 hour') AS f
+ GROUP BY queue
 """
 
 # Every filter is optional (NULL: not applied); text is a substring of args and kwargs.

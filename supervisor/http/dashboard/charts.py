@@ -59,7 +59,7 @@ def stacked_bars(title: str, t0: float, t1: float, step: float,
             if v:
                 y0, y1 = _y(base, top), _y(base + v, top)
                 rects.append(f'<rect x="{_x(t, t0, t1):.1f}" y="{y1:.1f}" width="{width:.1f}" '
-                             f'height="{y0 - y1:.1f}" class="s{i}"><title>{escape(names[i])}: {v:g}</title></rect>')
+                             f'height="{y0 - y1:.1f}" class="bar s{i}"><title>{escape(names[i])}: {v:g}</title></rect>')
             base += v
     return _frame(title, top, t0, t1, "".join(rects), [(n, f"s{i}") for i, n in enumerate(names)])
 

@@ -29,6 +29,7 @@ from .extension import Page
 
 # window name -> (seconds, bucket seconds)
 WINDOWS = {"1h": (3600, 60), "6h": (6 * 3600, 300), "24h": (24 * 3600, 900)}
+RAW_WINDOW_S = 3600
 COUNT_EXACT_UPTO = 10_000
 PAGE_SIZE = 50
 BULK_LIMIT = 10_000
@@ -51,7 +52,10 @@ def app_pages() -> list[Page]:
 def overview(state: AppState, window: str) -> dict[str, Any]:
     span, step = WINDOWS[window]
     with state.connection() as conn:
-        finished = _rows(conn, sql.FINISHED_PER_BUCKET, {"step_s": step, "window_s": span})
+        # The last hour from the rows themselves (current to the second); longer windows
+        # from the recorder's rollup, which never reads a day of jobs.
+        series = sql.FINISHED_PER_BUCKET if span <= RAW_WINDOW_S else recorder.FINISHED_SERIES
+        finished = _rows(conn, series, {"step_s": step, "window_s": span})
         depth = _rows(conn, recorder.QUEUE_SERIES, {"step_s": step, "window_s": span})
         lat = conn.execute(sql.START_LATENCY, {"window_s": span}).fetchone()
     q = queues(state)
@@ -59,7 +63,7 @@ def overview(state: AppState, window: str) -> dict[str, Any]:
     pct = (lat[1] if lat and lat[1] else None) or [None, None, None]
     return {
         "window": window, "t0": now - span, "t1": now, "step": step,
-        "finished": [(r["t"].timestamp(), (r["succeeded"], r["failed"])) for r in finished],
+        "finished": [(r["t"].timestamp(), (int(r["succeeded"]), int(r["failed"]))) for r in finished],
         "depth": [(name, [(r["t"].timestamp(), float(r[name])) for r in depth])
                   for name in ("waiting", "running", "scheduled")],
         "latency": {"n": lat[0] if lat else 0, "p50": pct[0], "p95": pct[1], "p99": pct[2]},
@@ -160,14 +164,16 @@ def queues(state: AppState) -> list[dict[str, Any]]:
     with state.connection() as conn:
         live = {r["queue"]: r for r in _rows(conn, sql.LIVE_BY_QUEUE)}
         done = {r["queue"]: r for r in _rows(conn, sql.FINISHED_BY_QUEUE)}
+        rolled = {r["queue"]: r for r in _rows(conn, recorder.OUTCOMES_BY_QUEUE)}
+        failed = {r["queue"]: r["failed"] for r in _rows(conn, sql.FAILED_BY_QUEUE)}
         paused = {r["queue"]: r for r in admin.paused_queues(conn)}
         procs = [r for r in _rows(conn, registry.LIST) if r["stopped_at"] is None and r["role"] not in ("master", "http")]
-    names = set(live) | set(done) | set(paused) | {q for p in procs for q in (p["queues"] or [])}
+    names = set(live) | set(done) | set(failed) | set(paused) | {q for p in procs for q in (p["queues"] or [])}
     if state.config is not None:
         names |= {q for rc in state.config.roles for q in rc.queues}
     out = []
     for name in sorted(names):
-        lv, dn = live.get(name, {}), done.get(name, {})
+        lv, dn = live.get(name, {}), {**rolled.get(name, {}), **done.get(name, {})}
         count = {k: int(lv.get(k) or 0) for k in ("ready", "scheduled", "running", "retryable")}
         serving = sum(1 for p in procs if name in (p["queues"] or []))
         per_worker_hour = (dn["finished_1h"] / dn["owners_1h"]) if dn.get("owners_1h") else None
@@ -176,7 +182,7 @@ def queues(state: AppState) -> list[dict[str, Any]]:
                   for h in ("1h", "4h", "8h")}
         out.append({
             "queue": name, **count,
-            "failed": int(dn.get("failed_24h") or 0),
+            "failed": int(failed.get(name, 0)),
             "oldest_wait_s": lv.get("oldest_wait_s"),
             "throughput_1h": int(dn.get("finished_1h") or 0),
             "avg_s": dn.get("avg_s"), "p95_s": dn.get("p95_s"),

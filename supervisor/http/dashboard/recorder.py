@@ -37,16 +37,29 @@ SELECT date_bin(%(step_s)s * interval '1 second', now(), timestamptz 'epoch'), i
 ON CONFLICT DO NOTHING
 """
 
+# Live rows now, plus the jobs that finished in the period before last.
 SAMPLE_QUEUES = """
-INSERT INTO queue_samples (at, queue, ready, scheduled, running, retryable)
-SELECT date_bin(%(step_s)s * interval '1 second', now(), timestamptz 'epoch'), queue,
-       count(*) FILTER (WHERE status = 'pending' AND run_at <= now()),
-       count(*) FILTER (WHERE status IN ('pending', 'retryable') AND run_at > now()),
-       count(*) FILTER (WHERE status = 'running'),
-       count(*) FILTER (WHERE status = 'retryable' AND run_at <= now())
-  FROM jobs
- WHERE status IN ('pending', 'retryable', 'running')
- GROUP BY queue
+WITH p AS (SELECT date_bin(%(step_s)s * interval '1 second', now(), timestamptz 'epoch') AS at),
+live AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'pending' AND run_at <= now())                AS ready,
+           count(*) FILTER (WHERE status IN ('pending', 'retryable') AND run_at > now()) AS scheduled,
+           count(*) FILTER (WHERE status = 'running')                                    AS running,
+           count(*) FILTER (WHERE status = 'retryable' AND run_at <= now())              AS retryable
+      FROM jobs WHERE status IN ('pending', 'retryable', 'running') GROUP BY queue
+), done AS (
+    SELECT queue, count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE status = 'failed') AS failed
+      FROM jobs, p
+     WHERE status IN ('succeeded', 'failed', 'cancelled')
+       AND finished_at >= p.at - 2 * %(step_s)s * interval '1 second'
+       AND finished_at < p.at - %(step_s)s * interval '1 second'
+     GROUP BY queue
+)
+INSERT INTO queue_samples (at, queue, ready, scheduled, running, retryable, succeeded, failed)
+SELECT p.at, queue, coalesce(ready, 0), coalesce(scheduled, 0), coalesce(running, 0), coalesce(retryable, 0),
+       coalesce(succeeded, 0), coalesce(failed, 0)
+  FROM live FULL JOIN done USING (queue) CROSS JOIN p
 ON CONFLICT DO NOTHING
 """
 
@@ -72,6 +85,28 @@ SELECT date_bin(%(step_s)s * interval '1 second', at, timestamptz 'epoch') AS t,
                sum(scheduled) AS scheduled
           FROM queue_samples WHERE at > now() - %(window_s)s * interval '1 second' GROUP BY at) AS s
  GROUP BY 1 ORDER BY 1
+"""
+
+
+# Jobs finished per bucket (from the rollup; shifted one period, see SAMPLE_QUEUES).
+FINISHED_SERIES = """
+SELECT date_bin(%(step_s)s * interval '1 second', at, timestamptz 'epoch') AS t,
+       sum(succeeded) AS succeeded, sum(failed) AS failed
+  FROM queue_samples
+ WHERE at > now() - %(window_s)s * interval '1 second' AND (succeeded > 0 OR failed > 0)
+ GROUP BY 1 ORDER BY 1
+"""
+
+# Per queue: finished and failed over the last 6 h and 24 h.
+OUTCOMES_BY_QUEUE = """
+SELECT queue,
+       sum(succeeded + failed) FILTER (WHERE at > now() - interval '6 hours') AS finished_6h,
+       sum(failed) FILTER (WHERE at > now() - interval '6 hours')             AS failed_6h,
+       sum(succeeded + failed)                                                AS finished_24h,
+       sum(failed)                                                            AS failed_24h
+  FROM queue_samples
+ WHERE at > now() - interval '24 hours'
+ GROUP BY queue
 """
 
 

@@ -172,19 +172,13 @@ async def events(request: Request) -> Response:
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
+_GET = [("/", overview), ("/queues", queues), ("/jobs", jobs), ("/jobs/{job_id}", job), ("/workers", workers),
+        ("/schedules", schedules), ("/limits", limits), ("/apps/{slug}", app_page), ("/events", events)]
+_POST = [("/ui/jobs/{action:str}", change_jobs), ("/ui/queues/{queue:str}/{verb:str}", pause),
+         ("/ui/schedules/{name:str}/run", run_schedule), ("/ui/roles/{role:str}/scale", scale)]
+
 routes: list[BaseRoute] = [
-    Route("/", overview, methods=["GET"], include_in_schema=False),
-    Route("/queues", queues, methods=["GET"], include_in_schema=False),
-    Route("/jobs", jobs, methods=["GET"], include_in_schema=False),
-    Route("/jobs/{job_id}", job, methods=["GET"], include_in_schema=False),
-    Route("/workers", workers, methods=["GET"], include_in_schema=False),
-    Route("/schedules", schedules, methods=["GET"], include_in_schema=False),
-    Route("/limits", limits, methods=["GET"], include_in_schema=False),
-    Route("/apps/{slug}", app_page, methods=["GET"], include_in_schema=False),
-    Route("/events", events, methods=["GET"], include_in_schema=False),
-    Route("/ui/jobs/{action:str}", change_jobs, methods=["POST"], include_in_schema=False),
-    Route("/ui/queues/{queue:str}/{verb:str}", pause, methods=["POST"], include_in_schema=False),
-    Route("/ui/schedules/{name:str}/run", run_schedule, methods=["POST"], include_in_schema=False),
-    Route("/ui/roles/{role:str}/scale", scale, methods=["POST"], include_in_schema=False),
+    *(Route(path, fn, methods=["GET"], include_in_schema=False) for path, fn in _GET),
+    *(Route(path, fn, methods=["POST"], include_in_schema=False) for path, fn in _POST),
     Mount("/static", app=StaticFiles(packages=[("supervisor.http.dashboard", "static")]), name="dashboard-static"),
 ]
