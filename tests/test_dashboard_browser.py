@@ -206,7 +206,19 @@ def test_workers_page_shows_a_killed_worker_restarted(dash: Dash, browser: Brows
     browser.wait_text(f"{section} .restart-count", lambda t: t == str(before + 1), timeout=30, what="restarts")
     wait_for(lambda: victim not in (now := {int(t) for t in browser.texts(f"{section} td.pid")})
              and len(now) == 2, 30, interval=0.2, message="new pid on the page")
+    assert browser.css(f"{section} svg.spark polyline"), "an hour of memory and CPU samples"
     browser.screenshot("workers")
+
+    # Scale through the master's control socket, as `supervisor scale w 3` would.
+    if browser.css("#token"):
+        _use_token(browser, TOKEN)
+    box = browser.css('form.scale[data-role="w"] input')[0]
+    box.clear()
+    box.send_keys("3")
+    browser.click('form.scale[data-role="w"] button')
+    browser.wait_text("#flash", lambda t: "scaled 2 -> 3" in t, timeout=30)
+    assert len(dash.sup.pids("w")) == 3
+    browser.wait_text(f"{section} h2 .count", lambda t: t == "3/3")
 
 
 def test_schedules_limits_and_the_tracker_page(dash: Dash, browser: Browser) -> None:  # noqa: F811

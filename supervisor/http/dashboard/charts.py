@@ -74,13 +74,14 @@ def lines(title: str, t0: float, t1: float, series: Sequence[tuple[str, Sequence
     return _frame(title, top, t0, t1, "".join(paths), [(n, f"s{i}") for i, (n, _) in enumerate(series)])
 
 
-def sparkline(points: Sequence[Point], t0: float, t1: float, top: float, label: str) -> Markup:
-    """A 120x24 line of values against ``top`` (the limit), for a table cell."""
+def sparkline(points: Sequence[Point], t0: float, t1: float, label: str) -> Markup:
+    """A 120x24 line scaled to its own peak (the cell beside it says how that compares
+    with the limit), for a table cell."""
     w, h = 120, 24
     if not points:
         return Markup(f'<svg class="spark" viewBox="0 0 {w} {h}"><title>{escape(label)}: no samples</title></svg>')
-    coords = " ".join(f"{w * (t - t0) / max(t1 - t0, 1):.1f},{h - h * min(v / max(top, 1e-9), 1):.1f}"
-                      for t, v in points)
+    top = max(v for _, v in points) * 1.1 or 1.0
+    coords = " ".join(f"{w * (t - t0) / max(t1 - t0, 1):.1f},{h - 1 - (h - 2) * v / top:.1f}" for t, v in points)
     return Markup(f'<svg class="spark" viewBox="0 0 {w} {h}"><title>{escape(label)}</title>'
                   f'<polyline points="{coords}"/></svg>')
 

@@ -36,6 +36,7 @@ BULK_LIMIT = 10_000
 RUNS_SHOWN = 30
 
 
+
 def _rows(conn: psycopg.Connection, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query, params or {}).fetchall()
@@ -107,6 +108,12 @@ def roles(state: AppState) -> list[dict[str, Any]]:
             for rc in configured]
 
 
+def _claims(row: dict[str, Any]) -> bool:
+    """A live registry row of a process that claims jobs: not a master's row (role
+    'master', as worker.registry writes it), not one serving no queue (the HTTP child)."""
+    return row["stopped_at"] is None and row["role"] != "master" and bool(row["queues"])
+
+
 def _level(pct: float | None) -> str:
     if pct is None:
         return "none"
@@ -131,7 +138,7 @@ def workers(state: AppState) -> dict[str, Any]:
     host_memory = psutil.virtual_memory().total
     by_role: dict[str, list[dict[str, Any]]] = {}
     for w in rows:
-        if w["stopped_at"] is not None or w["role"] in ("master", "http"):
+        if not _claims(w):
             continue
         rc = configs.get(w["role"])
         mem_limit = (rc.limits.max_rss if rc and rc.limits.max_rss else host_memory)
@@ -148,7 +155,8 @@ def workers(state: AppState) -> dict[str, Any]:
             "mem_points": [(t, m) for t, m, _ in points], "cpu_points": [(t, c) for t, _, c in points],
             "paused": mine.get("paused"), "beat_age": (datetime.now(UTC) - w["heartbeat_at"]).total_seconds(),
         })
-    names = list(role_info) + [n for n in by_role if n not in role_info]
+    # A role that serves no queue (the master's HTTP child) runs no jobs: not a worker.
+    names = [n for n, r in role_info.items() if r.get("queues")] + [n for n in by_role if n not in role_info]
     out = []
     for name in names:
         info = role_info.get(name, {"name": name, "wanted": None, "running": len(by_role.get(name, [])),
@@ -167,7 +175,7 @@ def queues(state: AppState) -> list[dict[str, Any]]:
         rolled = {r["queue"]: r for r in _rows(conn, recorder.OUTCOMES_BY_QUEUE)}
         failed = {r["queue"]: r["failed"] for r in _rows(conn, sql.FAILED_BY_QUEUE)}
         paused = {r["queue"]: r for r in admin.paused_queues(conn)}
-        procs = [r for r in _rows(conn, registry.LIST) if r["stopped_at"] is None and r["role"] not in ("master", "http")]
+        procs = [r for r in _rows(conn, registry.LIST) if _claims(r)]
     names = set(live) | set(done) | set(failed) | set(paused) | {q for p in procs for q in (p["queues"] or [])}
     if state.config is not None:
         names |= {q for rc in state.config.roles for q in rc.queues}

@@ -124,6 +124,7 @@ class Recorder(threading.Thread):
         self.url = url
         self.version = 0  # bumped on every NOTIFY and every sample
         self._halt = threading.Event()
+        self._sample_failing = False  # log the first failure of a run, not every period
 
     def stop(self) -> None:
         self._halt.set()
@@ -141,6 +142,20 @@ class Recorder(threading.Thread):
                 log.warning("dashboard recorder lost %s (%s); again in %.1fs", redact(self.url), exc, delay)
             self._halt.wait(delay)
 
+    def _sample(self, conn: psycopg.Connection) -> None:
+        """A failed write (a read-only replica, a timeout) costs this period's rows,
+        never the change signal: the LISTEN goes on."""
+        try:
+            sample(conn)
+        except psycopg.OperationalError:
+            raise  # the connection is gone: reconnect
+        except psycopg.Error as exc:
+            if not self._sample_failing:
+                log.warning("dashboard recorder cannot write samples: %s", exc)
+            self._sample_failing = True
+        else:
+            self._sample_failing = False
+
     def _listen_and_sample(self) -> None:
         with psycopg.connect(self.url, autocommit=True, connect_timeout=10,
                              options="-c statement_timeout=5000") as conn:
@@ -149,7 +164,7 @@ class Recorder(threading.Thread):
             while not self._halt.is_set():
                 now = time.monotonic()
                 if now >= next_sample:
-                    sample(conn)
+                    self._sample(conn)
                     self.bump()
                     next_sample = now + SAMPLE_SECONDS
                 for _ in conn.notifies(timeout=min(1.0, max(0.05, next_sample - now)), stop_after=1):

@@ -83,7 +83,16 @@ def app_page(request: Request) -> Response:
 # --- actions (POST, JSON in and out) -------------------------------------------------------
 
 
+class NotJson(ValueError):
+    pass
+
+
 async def _body(request: Request) -> dict[str, Any]:
+    """The JSON object an action sends. Only ``application/json`` is accepted: a form on
+    another site cannot send that type without a CORS preflight, which is never granted,
+    so even without a token a page elsewhere cannot drive these actions."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise NotJson("actions take a JSON body (Content-Type: application/json)")
     try:
         body = await request.json()
     except ValueError:
@@ -95,13 +104,15 @@ async def change_jobs(request: Request) -> Response:
     action = request.path_params["action"]
     if action not in actions.CHANGES:
         return error(404, f"no job action {action!r} (retry, cancel)")
-    body = await _body(request)
     try:
+        body = await _body(request)
         where = gather.JobFilter.parse(body.get("filter") or {}) if body.get("all") else None
         ids = [str(i) for i in body.get("ids") or []]
         if where is None and not ids:
             return error(400, "select jobs, or all matching the filter")
         result = await _run(actions.change_jobs, state_of(request), action, ids, where)
+    except NotJson as exc:
+        return error(415, str(exc))
     except ValueError as exc:
         return error(400, str(exc))
     _changed(request)
@@ -112,19 +123,30 @@ async def pause(request: Request) -> Response:
     queue, verb = request.path_params["queue"], request.path_params["verb"]
     if verb not in ("pause", "resume"):
         return error(404, f"no queue action {verb!r} (pause, resume)")
+    try:
+        await _body(request)
+    except NotJson as exc:
+        return error(415, str(exc))
     result = await _run(actions.set_paused, state_of(request), queue, verb == "pause")
     _changed(request)
     return Json(result)
 
 
 async def run_schedule(request: Request) -> Response:
+    try:
+        await _body(request)
+    except NotJson as exc:
+        return error(415, str(exc))
     result = await _run(actions.run_schedule_now, state_of(request), request.path_params["name"])
     _changed(request)
     return Json(result, status_code=200 if result["ok"] else 409)
 
 
 async def scale(request: Request) -> Response:
-    body = await _body(request)
+    try:
+        body = await _body(request)
+    except NotJson as exc:
+        return error(415, str(exc))
     processes = body.get("processes")
     if isinstance(processes, bool) or not isinstance(processes, int):
         return error(400, "processes must be a whole number")
