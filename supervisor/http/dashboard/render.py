@@ -13,6 +13,7 @@ from starlette.responses import HTMLResponse
 from ... import units
 from ..state import state_of
 from . import charts
+from .gather import app_pages
 
 PARTIAL_HEADER = "x-dashboard-partial"  # the live refresh asks for <main> only
 
@@ -59,8 +60,6 @@ env.globals.update(charts=charts)
 
 
 def page(request: Request, template: str, **context: Any) -> HTMLResponse:
-    from .gather import app_pages  # the nav lists the apps' pages
-
     http = state_of(request).http
     html = env.get_template(template).render(
         request=request, partial=request.headers.get(PARTIAL_HEADER) == "1",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -53,8 +54,8 @@ def jobs(request: Request) -> Response:
 def job(request: Request) -> Response:
     job_id = request.path_params["job_id"]
     try:
-        found = gather.job(state_of(request), job_id)
-    except ValueError:
+        found = gather.job(state_of(request), str(uuid.UUID(job_id)))
+    except ValueError:  # not a job id at all
         found = None
     if found is None:
         return HTMLResponse(f"no job {job_id}", status_code=404)
