@@ -26,6 +26,12 @@ def _on_worker_start(pool: Any) -> None:
     on_worker_start(pool)
 
 
+def _pages() -> list[Any]:
+    from .dashboard import pages
+
+    return pages()
+
+
 APP = App(
     name="actors",
     packages=("actors",),
@@ -33,4 +39,5 @@ APP = App(
     sections={"pipeline": parse_pipeline},
     commands=_commands,
     on_worker_start=_on_worker_start,
+    pages=_pages,
 )

@@ -1,4 +1,5 @@
-"""Apps: packages of actors that bring their own tables, config sections and CLI commands.
+"""Apps: packages of actors that bring their own tables, config sections, CLI commands and
+dashboard pages.
 
 An app declares itself with an entry point in the ``actor_supervisor.apps``
 group whose object is an ``App``::
@@ -43,6 +44,9 @@ class App:
     # every reload (a changed app section rolls every worker). For app work at
     # start, e.g. syncing declared config into tables. Errors are logged, not fatal.
     on_worker_start: Callable[[Any], None] | None = None
+    # Returns the app's dashboard pages (supervisor.http.dashboard.extension.Page), imported
+    # only by the HTTP child when it serves the dashboard.
+    pages: Callable[[], Iterable[Any]] | None = None
 
     def owns(self, module: str) -> bool:
         return any(module == p or module.startswith(p + ".") for p in self.packages)

@@ -53,3 +53,14 @@ def parse_size(value: Any) -> int:
             unit = (m.group(2) or "b")[0].lower()
             return int(float(m.group(1)) * _SIZE_FACTOR[unit])
     raise ValueError(f"expected a size like 512MB or 2GB, got {value!r}")
+
+
+def human_bytes(n: int | None) -> str:
+    if not n:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
+        size /= 1024
+    return str(size)

@@ -26,7 +26,9 @@ from supervisor.migrate import migrate
 ROOT = Path(__file__).resolve().parent.parent
 
 # Fixtures of the helper modules, available to every test without importing them.
-pytest_plugins = ["tests.supervisor_helpers", "tests.pipeline_helpers", "tests.http_helpers"]
+pytest_plugins = [
+    "tests.supervisor_helpers", "tests.pipeline_helpers", "tests.http_helpers", "tests.browser_helpers",
+]
 
 TEST_TABLES = """
 CREATE TABLE IF NOT EXISTS test_results (

@@ -31,3 +31,16 @@ INSERT INTO notification_attempts (alert_id, job_id, job_attempt, target, status
                                    finished_at)
 VALUES (%(alert_id)s, %(job_id)s, %(job_attempt)s, %(target)s, 'failed', %(error)s, %(duration_ms)s, now())
 """
+
+# The dashboard: recent alerts with the state of their latest delivery attempt.
+RECENT_ALERTS = """
+SELECT a.id, w.name AS watch, a.price_cents, a.reason, a.created_at, a.notified,
+       n.status AS delivery, n.http_status, n.finished_at, n.attempts
+  FROM alerts a
+  JOIN watches w ON w.id = a.watch_id
+  LEFT JOIN LATERAL (
+      SELECT status, http_status, finished_at, count(*) OVER () AS attempts
+        FROM notification_attempts WHERE alert_id = a.id ORDER BY started_at DESC LIMIT 1) AS n ON true
+ ORDER BY a.created_at DESC
+ LIMIT %(limit)s
+"""

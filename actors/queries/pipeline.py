@@ -284,3 +284,21 @@ SELECT a.id, a.watch_id, w.query, l.title, a.price_cents, a.reason, a.created_at
  ORDER BY a.id DESC
  LIMIT %(limit)s
 """
+
+# --- the dashboard ----------------------------------------------------------
+
+WATCHES_POLLED = """
+SELECT w.id, coalesce(w.name, w.query) AS watch, s.name AS source, w.enabled, w.poll_interval_seconds,
+       w.last_polled_at, w.last_polled_at + w.poll_interval_seconds * interval '1 second' AS next_poll
+  FROM watches w JOIN sources s ON s.id = w.source_id
+ ORDER BY w.id
+"""
+
+# Counts the tracker page shows (small tables, or indexed slices of big ones).
+COUNTS = """
+SELECT (SELECT count(*) FROM sources WHERE enabled)                 AS sources_enabled,
+       (SELECT count(*) FROM watches WHERE enabled)                 AS watches_enabled,
+       (SELECT count(*) FROM listings)                              AS listings,
+       (SELECT count(*) FROM alerts WHERE NOT notified)             AS alerts_pending,
+       (SELECT count(*) FROM alerts WHERE created_at > now() - interval '24 hours') AS alerts_24h
+"""

@@ -71,3 +71,10 @@ SET_ENABLED = "UPDATE sources SET enabled = %(enabled)s WHERE name = %(name)s RE
 DELETE = "DELETE FROM sources WHERE name = %(name)s RETURNING id"
 
 DELETE_UNDECLARED = "DELETE FROM sources WHERE NOT (name = ANY(%(names)s)) RETURNING name"
+
+# The dashboard's breaker table: every source's streak and pause.
+BREAKERS = """
+SELECT name, enabled, failure_streak, paused_until, paused_until > now() AS paused_now,
+       last_success_at, last_failure_at, left(last_error, 160) AS last_error
+  FROM sources ORDER BY name
+"""

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def human_bytes(n: int | None) -> str:
-    if not n:
-        return "-"
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
-        size /= 1024
-    return str(size)
+from ..units import human_bytes
 
 
 def human_duration(seconds: float | None) -> str:

@@ -15,7 +15,7 @@ from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Mount
 
 from ..config import Config, HttpConfig
-from . import api, health, metrics
+from . import api, dashboard, health, metrics
 from .auth import ActionGuard
 from .state import AppState
 
@@ -29,13 +29,16 @@ def create_app(*, url: str, http: HttpConfig, config: Config | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.open()  # in the serving process (after any fork), never before
+        app.state.dashboard_recorder = dashboard.start(url)  # chart history, live-update signal
         try:
             yield
         finally:
+            app.state.dashboard_recorder.stop()
             state.close()
 
     app = Starlette(
-        routes=[*health.routes, *metrics.routes, Mount("/api/v1", routes=api.routes), *extra_routes],
+        routes=[*health.routes, *metrics.routes, Mount("/api/v1", routes=api.routes), *extra_routes,
+                *dashboard.routes],
         middleware=[Middleware(ActionGuard, http=http)],
         lifespan=lifespan,
     )

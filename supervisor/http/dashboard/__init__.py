@@ -1,0 +1,20 @@
+"""The dashboard the HTTP child serves at ``/``: server-rendered pages (``views``,
+``templates``), their data (``gather``), actions (``actions``), SVG charts (``charts``),
+the history and change signal behind them (``recorder``), and what apps add
+(``extension``). Every asset ships in the package (``static``); nothing loads from a CDN.
+"""
+
+from __future__ import annotations
+
+from .recorder import Recorder
+from .views import routes
+
+
+def start(url: str) -> Recorder:
+    """The recorder for one serving process (call after any fork)."""
+    recorder = Recorder(url)
+    recorder.start()
+    return recorder
+
+
+__all__ = ["Recorder", "routes", "start"]

@@ -1,0 +1,340 @@
+"""The dashboard's data: plain dicts from the database and the local master.
+
+Nothing here renders. SQL lives with its table (``broker.sql`` for jobs,
+``recorder`` for the samples, ``worker.scheduler_sql``, ``ratelimit``); each
+function takes the app state and returns what one page shows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from typing import Any
+
+import psutil
+import psycopg
+from psycopg.rows import dict_row
+
+from ... import admin, apps, cron, ratelimit
+from ...broker import sql
+from ...worker import registry, scheduler_sql
+from .. import data
+from ..state import AppState
+from . import recorder
+from .extension import Page
+
+# window name -> (seconds, bucket seconds)
+WINDOWS = {"1h": (3600, 60), "6h": (6 * 3600, 300), "24h": (24 * 3600, 900)}
+RAW_WINDOW_S = 3600
+COUNT_EXACT_UPTO = 10_000
+PAGE_SIZE = 50
+BULK_LIMIT = 10_000
+RUNS_SHOWN = 30
+
+
+
+def _rows(conn: psycopg.Connection, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, params or {}).fetchall()
+
+
+def app_pages() -> list[Page]:
+    """Every page the installed apps contribute (an app without the hook adds none)."""
+    return [p for app in apps.installed() if app.pages is not None for p in app.pages()]
+
+
+# --- overview ----------------------------------------------------------------------------
+
+
+def overview(state: AppState, window: str) -> dict[str, Any]:
+    span, step = WINDOWS[window]
+    with state.connection() as conn:
+        # The last hour from the rows themselves (current to the second); longer windows
+        # from the recorder's rollup, which never reads a day of jobs.
+        series = sql.FINISHED_PER_BUCKET if span <= RAW_WINDOW_S else recorder.FINISHED_SERIES
+        finished = _rows(conn, series, {"step_s": step, "window_s": span})
+        depth = _rows(conn, recorder.QUEUE_SERIES, {"step_s": step, "window_s": span})
+        lat = conn.execute(sql.START_LATENCY, {"window_s": span}).fetchone()
+    q = queues(state)
+    now = time.time()
+    pct = (lat[1] if lat and lat[1] else None) or [None, None, None]
+    return {
+        "window": window, "t0": now - span, "t1": now, "step": step,
+        "finished": [(r["t"].timestamp(), (int(r["succeeded"]), int(r["failed"]))) for r in finished],
+        "depth": [(name, [(r["t"].timestamp(), float(r[name])) for r in depth])
+                  for name in ("waiting", "running", "scheduled")],
+        "latency": {"n": lat[0] if lat else 0, "p50": pct[0], "p95": pct[1], "p99": pct[2]},
+        "roles": roles(state),
+        "alerts": alerts(state, q),
+        "totals": {k: sum(r[k] for r in q) for k in ("ready", "scheduled", "running", "retryable")},
+    }
+
+
+def alerts(state: AppState, queue_rows: list[dict[str, Any]]) -> list[str]:
+    out = [f"role {r['name']} is crash-looping ({r['running']}/{r['wanted']}; last exit: {r['last_exit']})"
+           for r in roles(state) if r["state"] == "crash-looping"]
+    for q in queue_rows:
+        if q["paused"]:
+            out.append(f"queue {q['queue']} is paused (by {q['paused']['paused_by']})")
+        need = q["needed"].get("1h")
+        if need is not None and need > q["workers"]:
+            out.append(f"queue {q['queue']} needs {need} worker(s) to drain in 1 h; {q['workers']} running")
+    with state.connection() as conn:
+        for page in app_pages():
+            if page.alerts is not None:
+                out.extend(page.alerts(conn))
+    return out
+
+
+# --- roles and processes ------------------------------------------------------------------
+
+
+def roles(state: AppState) -> list[dict[str, Any]]:
+    """Each role with its wanted and running counts: the local master's view when it
+    answers, else the config against the registry."""
+    status = data.master_status(state)
+    if status is not None:
+        return [{**r, "local": True} for r in status["roles"]]
+    live: dict[str, int] = {}
+    with state.connection() as conn:
+        live = admin.live_processes_by_role(conn)
+    configured = state.config.roles if state.config is not None else ()
+    return [{"name": rc.name, "wanted": rc.processes, "running": live.get(rc.name, 0), "state": "registry",
+             "restarts": None, "last_exit": None, "queues": list(rc.queues), "processes": [], "local": False}
+            for rc in configured]
+
+
+def _claims(row: dict[str, Any]) -> bool:
+    """A live registry row of a process that claims jobs: not a master's row (role
+    'master', as worker.registry writes it), not one serving no queue (the HTTP child)."""
+    return row["stopped_at"] is None and row["role"] != "master" and bool(row["queues"])
+
+
+def _level(pct: float | None) -> str:
+    if pct is None:
+        return "none"
+    return "green" if pct < 50 else "yellow" if pct < 75 else "amber" if pct < 90 else "red"
+
+
+def workers(state: AppState) -> dict[str, Any]:
+    """Per role its processes: in flight / capacity, memory and CPU against the role's
+    limits (colour level), a sparkline's points over the last hour, why it backs off."""
+    span, step = WINDOWS["1h"]
+    with state.connection() as conn:
+        rows = _rows(conn, registry.LIST)
+        series_rows = _rows(conn, recorder.PROCESS_SERIES, {"step_s": recorder.SAMPLE_SECONDS, "window_s": span})
+    series: dict[str, list[tuple[float, float, float]]] = {}
+    for r in series_rows:
+        series.setdefault(r["worker_id"], []).append(
+            (r["t"].timestamp(), float(r["rss_bytes"] or 0), float(r["cpu_percent"] or 0)))
+    status = data.master_status(state)
+    local = {p["owner"]: p for r in (status or {}).get("roles", []) for p in r["processes"]}
+    role_info = {r["name"]: r for r in roles(state)}
+    configs = {rc.name: rc for rc in state.config.roles} if state.config is not None else {}
+    host_memory = psutil.virtual_memory().total
+    by_role: dict[str, list[dict[str, Any]]] = {}
+    for w in rows:
+        if not _claims(w):
+            continue
+        rc = configs.get(w["role"])
+        mem_limit = (rc.limits.max_rss if rc and rc.limits.max_rss else host_memory)
+        cpu_limit = (rc.limits.cpu_percent if rc and rc.limits.cpu_percent else 100.0)
+        capacity = (rc.prefetch or rc.threads) if rc else None
+        mine = local.get(w["id"], {})
+        mem_pct = 100 * w["rss_bytes"] / mem_limit if w["rss_bytes"] else None
+        cpu_pct = 100 * w["cpu_percent"] / cpu_limit if w["cpu_percent"] is not None else None
+        points = series.get(w["id"], [])
+        by_role.setdefault(w["role"], []).append({
+            **w, "capacity": capacity, "mem_pct": mem_pct, "cpu_pct": cpu_pct,
+            "mem_level": _level(mem_pct), "cpu_level": _level(cpu_pct),
+            "mem_limit": mem_limit, "cpu_limit": cpu_limit,
+            "mem_points": [(t, m) for t, m, _ in points], "cpu_points": [(t, c) for t, _, c in points],
+            "paused": mine.get("paused"), "beat_age": (datetime.now(UTC) - w["heartbeat_at"]).total_seconds(),
+        })
+    # A role that serves no queue (the master's HTTP child) runs no jobs: not a worker.
+    names = [n for n, r in role_info.items() if r.get("queues")] + [n for n in by_role if n not in role_info]
+    out = []
+    for name in names:
+        info = role_info.get(name, {"name": name, "wanted": None, "running": len(by_role.get(name, [])),
+                                    "state": "registry", "restarts": None, "local": False})
+        out.append({**info, "procs": by_role.get(name, [])})
+    return {"roles": out, "t0": time.time() - span, "t1": time.time(), "scalable": status is not None}
+
+
+# --- queues -------------------------------------------------------------------------------
+
+
+def queues(state: AppState) -> list[dict[str, Any]]:
+    with state.connection() as conn:
+        live = {r["queue"]: r for r in _rows(conn, sql.LIVE_BY_QUEUE)}
+        done = {r["queue"]: r for r in _rows(conn, sql.FINISHED_BY_QUEUE)}
+        rolled = {r["queue"]: r for r in _rows(conn, recorder.OUTCOMES_BY_QUEUE)}
+        failed = {r["queue"]: r["failed"] for r in _rows(conn, sql.FAILED_BY_QUEUE)}
+        paused = {r["queue"]: r for r in admin.paused_queues(conn)}
+        procs = [r for r in _rows(conn, registry.LIST) if _claims(r)]
+    names = set(live) | set(done) | set(failed) | set(paused) | {q for p in procs for q in (p["queues"] or [])}
+    if state.config is not None:
+        names |= {q for rc in state.config.roles for q in rc.queues}
+    out = []
+    for name in sorted(names):
+        lv, dn = live.get(name, {}), {**rolled.get(name, {}), **done.get(name, {})}
+        count = {k: int(lv.get(k) or 0) for k in ("ready", "scheduled", "running", "retryable")}
+        serving = sum(1 for p in procs if name in (p["queues"] or []))
+        per_worker_hour = (dn["finished_1h"] / dn["owners_1h"]) if dn.get("owners_1h") else None
+        backlog = sum(count.values())
+        needed = {h: (math.ceil(backlog / (per_worker_hour * int(h[:-1]))) if per_worker_hour else None)
+                  for h in ("1h", "4h", "8h")}
+        out.append({
+            "queue": name, **count,
+            "failed": int(failed.get(name, 0)),
+            "oldest_wait_s": lv.get("oldest_wait_s"),
+            "throughput_1h": int(dn.get("finished_1h") or 0),
+            "avg_s": dn.get("avg_s"), "p95_s": dn.get("p95_s"),
+            "failure_rate": {w: (dn[f"failed_{w}"] / dn[f"finished_{w}"] if dn.get(f"finished_{w}") else None)
+                             for w in ("1h", "6h", "24h")},
+            "workers": serving, "per_worker_hour": per_worker_hour, "needed": needed,
+            "paused": paused.get(name),
+        })
+    return out
+
+
+# --- jobs ---------------------------------------------------------------------------------
+
+STATUSES = ("pending", "running", "retryable", "succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    status: str | None = None
+    queue: str | None = None
+    actor: str | None = None
+    text: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    @classmethod
+    def parse(cls, q: Any) -> JobFilter:
+        """From query or form fields; blanks are absent; a bad value raises ValueError."""
+        def get(name: str) -> str | None:
+            v = (q.get(name) or "").strip()
+            return v or None
+        status = get("status")
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
+        times = {}
+        for name in ("since", "until"):
+            v = get(name)
+            t = datetime.fromisoformat(v) if v else None
+            times[name] = t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
+        return cls(status=status, queue=get("queue"), actor=get("actor"), text=get("text"), **times)
+
+    def params(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def query(self) -> dict[str, str]:
+        """The filter as form fields (for links that keep it)."""
+        return {k: (v.isoformat(timespec="minutes") if isinstance(v, datetime) else v)
+                for k, v in self.params().items() if v is not None}
+
+
+def _cursor(row: dict[str, Any]) -> str:
+    return f"{row['created_at'].isoformat()}_{row['id']}"
+
+
+def _after(cursor: str | None) -> tuple[datetime | None, str | None]:
+    if not cursor:
+        return None, None
+    at, _, job_id = cursor.rpartition("_")
+    return datetime.fromisoformat(at), str(uuid.UUID(job_id))
+
+
+def count_jobs(conn: psycopg.Connection, where: JobFilter) -> tuple[int, bool]:
+    """(count, exact): exact up to COUNT_EXACT_UPTO, the planner's estimate past it."""
+    n = conn.execute(sql.JOBS_COUNT_UPTO, {**where.params(), "upto": COUNT_EXACT_UPTO + 1}).fetchone()
+    exact = int(n[0]) if n else 0
+    if exact <= COUNT_EXACT_UPTO:
+        return exact, True
+    with psycopg.ClientCursor(conn) as cur:  # EXPLAIN takes no bind parameters
+        plan = cur.execute(sql.JOBS_COUNT_PLAN, where.params()).fetchone()
+    estimate = int(plan[0][0]["Plan"]["Plan Rows"]) if plan else exact
+    return max(estimate, exact), False
+
+
+def jobs(state: AppState, where: JobFilter, cursor: str | None) -> dict[str, Any]:
+    after_at, after_id = _after(cursor)
+    with state.connection() as conn:
+        rows = _rows(conn, sql.JOBS_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
+                                           "limit": PAGE_SIZE + 1})
+        total, exact = count_jobs(conn, where)
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    return {"jobs": rows, "next": _cursor(rows[-1]) if more else None, "total": total, "exact": exact,
+            "queues": [q["queue"] for q in queues(state)]}
+
+
+def matching_ids(conn: psycopg.Connection, where: JobFilter) -> list[str]:
+    return [r[0] for r in conn.execute(sql.JOBS_MATCHING, {**where.params(), "limit": BULK_LIMIT}).fetchall()]
+
+
+def job(state: AppState, job_id: str) -> dict[str, Any] | None:
+    with state.connection() as conn:
+        found = admin.show_job(conn, job_id)
+        owner = None
+        if found is not None and found["lease_owner"]:
+            owner = next((w for w in _rows(conn, registry.LIST) if w["id"] == found["lease_owner"]), None)
+    if found is None:
+        return None
+    heartbeat = None
+    if owner is not None and state.config is not None:
+        rc = state.config.roles_by_name.get(owner["role"])
+        heartbeat = rc.heartbeat if rc else None
+    now = datetime.now(UTC)
+    found["lease"] = None
+    if found["status"] == "running" and found["heartbeat_at"] is not None:
+        found["lease"] = {"owner": found["lease_owner"], "age_s": (now - found["heartbeat_at"]).total_seconds(),
+                          "heartbeat_s": heartbeat, "host": owner["host"] if owner else None,
+                          "expires_in_s": ((found["lease_expires_at"] - now).total_seconds()
+                                           if found["lease_expires_at"] else None)}
+    for key in ("args", "kwargs", "options", "result"):
+        found[f"{key}_json"] = json.dumps(found[key], indent=2, sort_keys=True, default=str)
+    return found
+
+
+# --- schedules and limits -----------------------------------------------------------------
+
+
+def schedules(state: AppState) -> list[dict[str, Any]]:
+    with state.connection() as conn:
+        locks = {r["job_name"]: r for r in _rows(conn, scheduler_sql.LOCKS)}
+        recent: dict[str, list[dict[str, Any]]] = {}
+        for r in _rows(conn, scheduler_sql.RECENT_RUNS, {"per_schedule": RUNS_SHOWN}):
+            recent.setdefault(r["job_name"], []).append(r)
+    now = datetime.now(UTC)
+    configured = state.config.schedules if state.config is not None else ()
+    out = []
+    for s in configured:
+        runs = list(reversed(recent.get(s.name, [])))  # oldest first, for the strip
+        out.append({"name": s.name, "cron": s.cron, "actor": s.actor, "queue": s.queue,
+                    "last_fire": (locks.get(s.name) or {}).get("fire_at") or (runs[-1]["started_at"] if runs else None),
+                    "next_fire": cron.parse(s.cron).next_after(now), "runs": runs,
+                    "strip": [(r["status"], r["started_at"].isoformat(timespec="seconds")) for r in runs]})
+    return out
+
+
+def limits(state: AppState) -> dict[str, Any]:
+    with state.connection() as conn:
+        buckets = ratelimit.states(conn)
+        tables = [t for page in app_pages() if page.limits is not None for t in page.limits(conn)]
+    return {"buckets": buckets, "tables": tables}
+
+
+def app_page(state: AppState, slug: str) -> dict[str, Any] | None:
+    page = next((p for p in app_pages() if p.slug == slug), None)
+    if page is None:
+        return None
+    with state.connection() as conn:
+        return {"page": page, "tables": list(page.tables(conn))}

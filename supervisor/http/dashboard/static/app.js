@@ -1,0 +1,117 @@
+// The dashboard's only script: live refresh over server-sent events (paused while the
+// tab is hidden), and actions sent as POST with the token in a custom header.
+"use strict";
+(function () {
+  const TOKEN_KEY = "supervisor-token";
+  const REFRESH_GAP_MS = 2000;
+  let source = null;
+  let lastRefresh = 0;
+  let pending = null;
+
+  function flash(text, ok) {
+    const el = document.getElementById("flash");
+    el.textContent = text;
+    el.className = ok ? "ok" : "error";
+  }
+
+  function typing() {
+    const f = document.activeElement;
+    return f && f.closest("main") && f.matches("input:not([type=checkbox]), select, textarea");
+  }
+
+  async function refresh(force) {
+    pending = null;
+    lastRefresh = Date.now();
+    if (!force && typing()) return; // never swap a form being typed into
+    const resp = await fetch(location.href, { headers: { "X-Dashboard-Partial": "1" } });
+    if (!resp.ok) return;
+    const picked = new Set(Array.from(document.querySelectorAll(".pick:checked")).map((c) => c.value));
+    document.getElementById("main").innerHTML = await resp.text();
+    document.querySelectorAll(".pick").forEach((c) => { c.checked = picked.has(c.value); });
+    document.body.dataset.refreshed = String(lastRefresh);
+  }
+
+  function scheduleRefresh() {
+    if (pending) return;
+    pending = setTimeout(refresh, Math.max(0, lastRefresh + REFRESH_GAP_MS - Date.now()));
+  }
+
+  function connect() {
+    if (source || document.hidden) return;
+    source = new EventSource("/events");
+    source.addEventListener("change", scheduleRefresh);
+    source.onopen = () => { document.getElementById("live").className = "on"; };
+    source.onerror = () => { document.getElementById("live").className = "off"; };
+  }
+
+  function disconnect() {
+    if (source) { source.close(); source = null; }
+    document.getElementById("live").className = "paused";
+  }
+
+  document.addEventListener("visibilitychange", () => {
+    if (document.hidden) { disconnect(); } else { connect(); scheduleRefresh(); }
+  });
+
+  async function post(url, body) {
+    const headers = { "Content-Type": "application/json" };
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers["X-Supervisor-Token"] = token;
+    let resp;
+    try {
+      resp = await fetch(url, { method: "POST", headers, body: JSON.stringify(body || {}) });
+    } catch (e) {
+      flash("request failed: " + e, false);
+      return;
+    }
+    let reply = {};
+    try { reply = await resp.json(); } catch (e) { reply = {}; }
+    const ok = resp.ok && reply.ok !== false;
+    flash(reply.message || reply.error || resp.statusText, ok);
+    await refresh(true);
+  }
+
+  function selection() {
+    const box = document.querySelector(".bulk");
+    if (document.getElementById("select-all-matching").checked) {
+      return { all: true, filter: JSON.parse(box.dataset.filter) };
+    }
+    return { ids: Array.from(document.querySelectorAll(".pick:checked")).map((c) => c.value) };
+  }
+
+  document.addEventListener("click", (ev) => {
+    const act = ev.target.closest("button.act");
+    if (act) {
+      if (act.dataset.confirm && !confirm(act.dataset.confirm)) return;
+      post(act.dataset.post, act.dataset.body ? JSON.parse(act.dataset.body) : {});
+      return;
+    }
+    const bulk = ev.target.closest("button.bulk-act");
+    if (bulk) {
+      const what = selection();
+      if (!what.all && !what.ids.length) { flash("select jobs first", false); return; }
+      post("/ui/jobs/" + bulk.dataset.action, what);
+      return;
+    }
+    if (ev.target.id === "select-page") {
+      document.querySelectorAll(".pick").forEach((c) => { c.checked = ev.target.checked; });
+    }
+  });
+
+  document.addEventListener("submit", (ev) => {
+    const form = ev.target;
+    if (form.id === "token-form") {
+      ev.preventDefault();
+      sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value);
+      document.getElementById("token").value = "";
+      flash("token kept for this tab", true);
+    } else if (form.classList.contains("scale")) {
+      ev.preventDefault();
+      const n = parseInt(form.elements.processes.value, 10);
+      flash("scaling " + form.dataset.role + " to " + n + "…", true);
+      post("/ui/roles/" + encodeURIComponent(form.dataset.role) + "/scale", { processes: n });
+    }
+  });
+
+  connect();
+})();

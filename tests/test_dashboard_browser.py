@@ -1,0 +1,272 @@
+"""The dashboard in a real browser, against a real supervisor with real workers and
+its HTTP child: what a person sees matches SQL, and the buttons change the database."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+import yaml
+
+from tests.browser_helpers import Browser
+from tests.conftest import scalar, wait_for
+from tests.http_helpers import HttpServer, free_port
+from tests.supervisor_helpers import Supervisor, enqueue, role, write_config
+
+pytestmark = pytest.mark.xdist_group("dashboard-browser")
+
+TOKEN = "dash-secret"
+
+
+@dataclass
+class Dash:
+    base: str
+    sup: Supervisor
+    db: psycopg.Connection
+    url: str
+
+
+@pytest.fixture(scope="module")
+def dash(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
+    tmp = tmp_path_factory.mktemp("dash")
+    with psycopg.connect(database_url, autocommit=True) as db:
+        tables = [r[0] for r in db.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'schema_migrations'")]
+        db.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE")
+        port = free_port()
+        cfg = write_config(tmp / "sup.yaml", database_url,
+                           {"w": role(processes=2, threads=2, queues=("tests", "other"))})
+        data = yaml.safe_load(cfg.read_text())
+        data["http"] = {"listen": f"127.0.0.1:{port}", "token": TOKEN}
+        data["schedules"] = {"nightly": {"cron": "0 3 * * *", "actor": "noop", "queue": "tests"}}
+        cfg.write_text(yaml.safe_dump(data))
+        sup = Supervisor(cfg)
+        try:
+            sup.wait_state({"w": 2, "http": 1}, timeout=60)
+            base = f"http://127.0.0.1:{port}"
+            wait_for(lambda: _up(base), 20, message="dashboard answers")
+            yield Dash(base, sup, db, database_url)
+        finally:
+            sup.cleanup()
+
+
+def _up(base: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(base + "/", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _cell(b: Browser, row: str, cls: str) -> int:
+    return int(b.text(f"{row} td.{cls}"))
+
+
+def _use_token(b: Browser, token: str) -> None:
+    b.css("#token")[0].send_keys(token)
+    b.click("#token-form button")
+    b.wait_text("#flash", lambda t: "token kept" in t)
+
+
+def _click(b: Browser, selector: str, *, confirm: bool = False) -> None:
+    b.click(selector)
+    if confirm:
+        wait_for(lambda: _alert(b), 5, message="confirm dialog").accept()
+
+
+def _alert(b: Browser):
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        return b.driver.switch_to.alert
+    except NoAlertPresentException:
+        return None
+
+
+def test_overview_and_queues_show_what_sql_counts(dash: Dash, browser: Browser) -> None:
+    db = dash.db
+    enqueue(db, 20)
+    db.execute("INSERT INTO jobs (queue, actor, kwargs, max_attempts) "
+               "SELECT 'tests', 'flaky', '{\"fail_times\": 99}', 1 FROM generate_series(1, 3)")
+    db.execute("INSERT INTO jobs (queue, actor, run_at) SELECT 'tests', 'noop', now() + interval '1 hour' "
+               "FROM generate_series(1, 4)")
+    wait_for(lambda: scalar(db, "SELECT count(*) FROM jobs WHERE status IN ('succeeded', 'failed')") == 23, 60,
+             message="the workload finished")
+    browser.open(dash.base + "/queues")
+    row = 'tr[data-queue="tests"]'
+    finished = scalar(db, "SELECT count(*) FROM jobs WHERE queue = 'tests' AND status IN ('succeeded', 'failed')"
+                          " AND finished_at > now() - interval '1 hour'")
+    assert _cell(browser, row, "scheduled") == scalar(
+        db, "SELECT count(*) FROM jobs WHERE queue = 'tests' AND run_at > now() AND status = 'pending'") == 4
+    assert _cell(browser, row, "failed") == scalar(db, "SELECT count(*) FROM jobs WHERE status = 'failed'") == 3
+    assert _cell(browser, row, "throughput") == finished == 23
+    assert _cell(browser, row, "workers") == 2
+    browser.screenshot("queues")
+
+    browser.open(dash.base + "/")
+    assert int(browser.text("#total-scheduled")) == 4
+    bars = browser.driver.execute_script(
+        "return Array.from(document.querySelectorAll('svg.chart rect.bar title')).map(t => t.textContent)")
+    assert sum(int(t.split(": ")[1]) for t in bars if t.startswith("succeeded")) == scalar(
+        db, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 20
+    assert sum(int(t.split(": ")[1]) for t in bars if t.startswith("failed")) == 3
+    assert browser.text('#roles tr[data-role="w"] td.count') == "2/2"
+    assert "No alerts" in browser.text("#alerts")
+    browser.screenshot("overview")
+
+
+def test_jobs_retry_and_cancel_from_the_page_need_the_token(dash: Dash, browser: Browser) -> None:
+    db = dash.db
+    if not scalar(db, "SELECT count(*) FROM jobs WHERE status = 'failed'"):
+        db.execute("INSERT INTO jobs (queue, actor, status, finished_at) VALUES ('tests', 'flaky', 'failed', now())")
+    browser.open(dash.base + "/jobs?status=failed")
+    failed = scalar(db, "SELECT count(*) FROM jobs WHERE status = 'failed'")
+    assert browser.text("#count") == f"{failed} job(s) match"
+    assert len(browser.css("#jobs tr[data-job]")) == failed
+    first = browser.css("#jobs tr[data-job]")[0].get_attribute("data-job")
+
+    # Without the token the action is refused and nothing changes.
+    browser.click(f'tr[data-job="{first}"] input.pick')
+    _click(browser, 'button.bulk-act[data-action="retry"]')
+    browser.wait_text("#flash", lambda t: "needs the token" in t)
+    assert scalar(db, "SELECT status FROM jobs WHERE id = %s", (first,)) == "failed"
+    browser.screenshot("jobs")
+
+    _use_token(browser, TOKEN)
+    if not browser.css(f'tr[data-job="{first}"] input.pick:checked'):
+        browser.click(f'tr[data-job="{first}"] input.pick')
+    _click(browser, 'button.bulk-act[data-action="retry"]')
+    browser.wait_text("#flash", lambda t: "1 job(s) retried" in t)
+    assert scalar(db, "SELECT count(*) FROM job_events WHERE job_id = %s AND reason = 'retried by operator'",
+                  (first,)) == 1
+
+    # One job's page: its arguments, attempts, timeline; cancel from there.
+    later = scalar(db, "INSERT INTO jobs (queue, actor, kwargs, run_at) VALUES "
+                       "('tests', 'record', '{\"n\": 4242}', now() + interval '1 hour') RETURNING id")
+    browser.open(f"{dash.base}/jobs/{later}")
+    assert '"n": 4242' in browser.text("#kwargs")
+    assert browser.text("#attempts") == "0 of 21"
+    _click(browser, "button.act", confirm=True)
+    wait_for(lambda: scalar(db, "SELECT status FROM jobs WHERE id = %s", (later,)) == "cancelled", 10,
+             message="job cancelled from its page")
+    browser.wait_text("#job-status", lambda t: t == "cancelled")
+    browser.screenshot("job")
+
+    # "All matching": every job whose args contain the text, on any page.
+    db.execute("INSERT INTO jobs (queue, actor, kwargs, run_at) SELECT 'tests', 'record', "
+               "jsonb_build_object('n', g, 'tag', 'bulk-me'), now() + interval '1 hour' FROM generate_series(1, 60) g")
+    browser.open(dash.base + "/jobs?text=bulk-me&status=pending")
+    assert browser.text("#count") == "60 job(s) match"
+    assert len(browser.css("#jobs tr[data-job]")) == 50 and browser.css("#next")
+    browser.click("#select-all-matching")
+    _click(browser, 'button.bulk-act[data-action="cancel"]')
+    browser.wait_text("#flash", lambda t: "60 job(s) cancelled" in t)
+    assert scalar(db, "SELECT count(*) FROM jobs WHERE kwargs->>'tag' = 'bulk-me' AND status = 'cancelled'") == 60
+
+
+def test_pause_from_the_page_stops_claims(dash: Dash, browser: Browser) -> None:
+    db = dash.db
+    browser.open(dash.base + "/queues")
+    if browser.css("#token"):
+        _use_token(browser, TOKEN)
+    _click(browser, 'tr[data-queue="tests"] button.act', confirm=True)
+    wait_for(lambda: scalar(db, "SELECT count(*) FROM queue_pauses WHERE queue = 'tests'") == 1, 10,
+             message="queue paused")
+    browser.wait_text('tr[data-queue="tests"] td', lambda t: "paused" in t)
+    enqueue(db, 5, actor="record", queue="tests")
+    # The same workers keep serving another queue meanwhile: they are alive, just not claiming 'tests'.
+    enqueue(db, 5, actor="record", queue="other")
+    wait_for(lambda: scalar(db, "SELECT count(*) FROM jobs WHERE queue = 'other' AND status = 'succeeded'") == 5,
+             30, message="the other queue drained")
+    assert scalar(db, "SELECT count(*) FROM jobs WHERE queue = 'tests' AND status = 'pending' "
+                      "AND run_at <= now() AND actor = 'record' AND started_at IS NULL") == 5
+    _click(browser, 'tr[data-queue="tests"] button.act')
+    browser.wait_text("#flash", lambda t: "resumed" in t)
+    wait_for(lambda: scalar(db, "SELECT count(*) FROM jobs WHERE queue = 'tests' AND status = 'pending' "
+                                "AND run_at <= now()") == 0, 30, message="the resumed queue drained")
+
+
+def test_workers_page_shows_a_killed_worker_restarted(dash: Dash, browser: Browser) -> None:
+    browser.open(dash.base + "/workers")
+    section = 'section[data-role="w"]'
+    assert browser.text(f"{section} h2 .count") == "2/2"
+    pids = {int(t) for t in browser.texts(f"{section} td.pid")}
+    assert pids == dash.sup.pids("w")
+    assert all(t.endswith("/2") for t in browser.texts(f"{section} td.flight"))
+    assert browser.css(f"{section} .level.green")
+    before = int(browser.text(f"{section} .restart-count"))
+    victim = min(pids)
+    os.kill(victim, signal.SIGKILL)
+    # No reload: the page refreshes itself (server-sent events) until it shows the new process.
+    browser.wait_text(f"{section} .restart-count", lambda t: t == str(before + 1), timeout=30, what="restarts")
+    wait_for(lambda: victim not in (now := {int(t) for t in browser.texts(f"{section} td.pid")})
+             and len(now) == 2, 30, interval=0.2, message="new pid on the page")
+    assert browser.css(f"{section} svg.spark polyline"), "an hour of memory and CPU samples"
+    browser.screenshot("workers")
+
+    # Scale through the master's control socket, as `supervisor scale w 3` would.
+    if browser.css("#token"):
+        _use_token(browser, TOKEN)
+    box = browser.css('form.scale[data-role="w"] input')[0]
+    box.clear()
+    box.send_keys("3")
+    browser.click('form.scale[data-role="w"] button')
+    browser.wait_text("#flash", lambda t: "scaled 2 -> 3" in t, timeout=30)
+    assert len(dash.sup.pids("w")) == 3
+    browser.wait_text(f"{section} h2 .count", lambda t: t == "3/3")
+
+
+def test_schedules_limits_and_the_tracker_page(dash: Dash, browser: Browser) -> None:
+    db = dash.db
+    browser.open(dash.base + "/schedules")
+    if browser.css("#token"):
+        _use_token(browser, TOKEN)
+    assert "0 3 * * *" in browser.text('tr[data-schedule="nightly"]')
+    _click(browser, 'tr[data-schedule="nightly"] button.act')
+    browser.wait_text("#flash", lambda t: "enqueued" in t)
+    wait_for(lambda: scalar(db, "SELECT count(*) FROM job_runs r JOIN jobs j ON j.id = r.job_id "
+                                "WHERE r.job_name = 'nightly' AND j.actor = 'noop'") == 1, 10, message="run recorded")
+    wait_for(lambda: browser.css('tr[data-schedule="nightly"] svg.strip rect.run-running, '
+                                 'tr[data-schedule="nightly"] svg.strip rect.run-succeeded'), 10,
+             message="the run in the strip")
+    browser.screenshot("schedules")
+
+    db.execute("SELECT * FROM rate_limit_take('source:demo', 1, 5, 1, 100)")
+    db.execute("SELECT * FROM rate_limit_take('source:demo', 1, 5, 1, 100)")
+    src = scalar(db, "INSERT INTO sources (name, search_url, failure_streak, paused_until) "
+                     "VALUES ('flaky-shop', 'http://127.0.0.1:9/s', 7, now() + interval '5 minutes') RETURNING id")
+    db.execute("INSERT INTO watches (name, query, source_id, last_polled_at) VALUES ('gpu', 'rtx', %s, now())", (src,))
+    browser.open(dash.base + "/limits")
+    assert browser.text('tr[data-key="source:demo"] td.quota') == "2 / 100"
+    tokens = float(browser.text('tr[data-key="source:demo"] td.tokens').split(" / ")[0])
+    assert 3 <= tokens <= 5
+    breakers = browser.text('table[data-title="Circuit breakers (sources)"]')
+    assert "flaky-shop\topen\t7" in breakers
+    browser.screenshot("limits")
+
+    browser.open(dash.base + "/")
+    assert "breaker of source flaky-shop is open" in browser.text("#alerts")
+    browser.open(dash.base + "/apps/tracker")
+    assert "gpu" in browser.text('table[data-title="Watches"]')
+    assert "watches enabled\t1" in browser.text('table[data-title="State"]')
+    browser.screenshot("tracker")
+
+
+def test_read_only_hides_every_action(dash: Dash, browser: Browser, tmp_path) -> None:
+    server = HttpServer(dash.url, "--read-only", log_dir=tmp_path)
+    try:
+        job = scalar(dash.db, "INSERT INTO jobs (queue, actor, status, finished_at) "
+                              "VALUES ('tests', 'flaky', 'failed', now()) RETURNING id")
+        for page in ("/", "/queues", "/jobs", f"/jobs/{job}", "/workers", "/schedules", "/limits", "/apps/tracker"):
+            browser.open(server.base + page)
+            assert browser.css("main h1"), page
+            assert browser.text(".badge.readonly") == "read-only"
+            assert not browser.css("button:not(#filter button), form.scale, #token, input.pick, .bulk"), page
+        assert server.client.post("/ui/queues/tests/pause").status_code == 403
+    finally:
+        server.stop()

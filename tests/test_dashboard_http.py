@@ -1,0 +1,39 @@
+"""The dashboard over plain HTTP: its history outlives the HTTP child, and its actions
+take only JSON with the token."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import scalar, wait_for
+
+
+def test_chart_history_survives_a_restart_of_the_http_child(http_server, conn):
+    conn.execute("INSERT INTO jobs (queue, actor) SELECT 'unserved', 'noop' FROM generate_series(1, 7)")
+    first = http_server()
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM queue_samples WHERE queue = 'unserved' AND ready = 7"), 15,
+             message="a queue sample")
+    first.stop()
+    second = http_server()
+    page = second.client.get("/").text
+    # The queue-depth chart draws the sample the first process wrote: one point at 7 (the top).
+    assert re.search(r'<text x="\d+" y="26" text-anchor="end">7</text>', page)
+    assert '<polyline points="' in page
+    queues = second.client.get("/queues").text
+    assert re.search(r'<td class="n ready">7</td>', queues)
+
+
+def test_actions_take_json_with_the_token(http_server, conn):
+    job = scalar(conn, "INSERT INTO jobs (queue, actor, status, finished_at) VALUES ('q', 'noop', 'failed', now()) "
+                       "RETURNING id::text")
+    s = http_server("--token", "t0ken")
+    body = {"ids": [job]}
+    assert s.client.post("/ui/jobs/retry", json=body).status_code == 401
+    assert s.client.post("/ui/jobs/retry", json=body, headers={"X-Supervisor-Token": "nope"}).status_code == 403
+    form = s.client.post("/ui/jobs/retry", content=f'{{"ids": ["{job}"]}}',
+                         headers={"X-Supervisor-Token": "t0ken", "Content-Type": "text/plain"})
+    assert form.status_code == 415
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "failed"
+    ok = s.client.post("/ui/jobs/retry", json=body, headers={"X-Supervisor-Token": "t0ken"})
+    assert ok.status_code == 200 and ok.json()["changed"] == [job]
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "pending"
