@@ -25,6 +25,8 @@ from ..worker.registry import Beat, Registration
 
 log = logging.getLogger(__name__)
 
+RELEASE_AGAIN_AFTER = 2.0  # seconds; longer than a claim statement takes
+
 
 @dataclass
 class Task:
@@ -52,13 +54,21 @@ class Janitor(threading.Thread):
 
     # --- what the master asks for -------------------------------------------------
 
-    def release(self, owner: str, why: str, *, lease_seconds: float) -> None:
+    def release(self, owner: str, why: str, *, lease_seconds: float, again: bool = True) -> None:
         def fn() -> None:
             rows = self.leases.release_owner(owner, why=why)
             if rows:
                 log.warning("released %d job(s) of %s (%s)", len(rows), owner, why)
 
         self.submit(f"release {owner}", fn, retry_for=lease_seconds)
+        if again:
+            # A claim the dead process had sent may still commit on the server after
+            # the first release (the server finishes a statement before it notices
+            # the client is gone): release once more when any such statement is done.
+            timer = threading.Timer(RELEASE_AGAIN_AFTER, self.release, (owner, why),
+                                    {"lease_seconds": lease_seconds, "again": False})
+            timer.daemon = True
+            timer.start()
 
     def mark_stopped(self, owner: str, state: str) -> None:
         self.submit(f"mark {owner} {state}", lambda: self.registration.stop(state, worker_id=owner))

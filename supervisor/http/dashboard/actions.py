@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from ... import admin, control, defaults
+from ... import admin, control
 from ...broker import sql
 from ...identity import operator
 from ...worker import scheduler_sql
@@ -64,8 +64,10 @@ def run_schedule_now(state: AppState, name: str) -> dict[str, Any]:
             "id": job_id, "queue": schedule.queue, "actor": schedule.actor, "args": Jsonb(list(schedule.args)),
             "kwargs": Jsonb(dict(schedule.kwargs)),
             "options": Jsonb({"schedule": name, "scheduled_for": now.isoformat(), "run_now": True}),
-            "priority": 0, "delay_ms": 0, "max_attempts": defaults.MAX_RETRIES + 1,
-            "dedupe_key": f"schedule:{name}", "concurrency_key": None}).fetchone()
+            # No budget here: the worker gives the row its actor's budgets at the first claim.
+            "priority": 0, "delay_ms": 0, "max_attempts": None,
+            "dedupe_key": f"schedule:{name}", "concurrency_key": None,
+            "message_timestamp": int(now.timestamp() * 1000), "payload": None}).fetchone()
         if inserted is None:
             conn.execute(scheduler_sql.COMPLETE_RUN, {"id": row[0], "status": "skipped",
                                                       "error": "the previous run's job is still pending or running"})
