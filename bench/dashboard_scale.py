@@ -23,7 +23,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bench_database, code_state, say, server_url  # noqa: E402
-from supervisor.broker import sql  # noqa: E402
+from supervisor.broker import reads  # noqa: E402
 from supervisor.http.dashboard import gather, recorder  # noqa: E402
 
 CHUNK = 250_000
@@ -78,7 +78,7 @@ def main() -> None:
         say(f"{args.rows:,} jobs in {time.perf_counter() - t0:.1f}s")
 
         def page(where: gather.JobFilter, after: tuple[Any, Any] = (None, None)) -> list[Any]:
-            return conn.execute(sql.JOBS_PAGE, {**where.params(), "after_at": after[0], "after_id": after[1],
+            return conn.execute(reads.JOBS_PAGE, {**where.params(), "after_at": after[0], "after_id": after[1],
                                                 "limit": gather.PAGE_SIZE + 1}).fetchall()
 
         cursor: tuple[Any, Any] = (None, None)
@@ -93,15 +93,15 @@ def main() -> None:
             ("jobs: text filter page", lambda c: page(gather.JobFilter(text="item-4242"))),
             ("jobs: count, no filter", lambda c: gather.count_jobs(c, gather.JobFilter())),
             ("jobs: count, status=failed", lambda c: gather.count_jobs(c, gather.JobFilter(status="failed"))),
-            ("queues: live rows", lambda c: c.execute(sql.LIVE_BY_QUEUE).fetchall()),
-            ("queues: finished 1 h", lambda c: c.execute(sql.FINISHED_BY_QUEUE).fetchall()),
-            ("queues: failed kept", lambda c: c.execute(sql.FAILED_BY_QUEUE).fetchall()),
+            ("queues: live rows", lambda c: c.execute(reads.LIVE_BY_QUEUE).fetchall()),
+            ("queues: finished 1 h", lambda c: c.execute(reads.FINISHED_BY_QUEUE).fetchall()),
+            ("queues: failed kept", lambda c: c.execute(reads.FAILED_BY_QUEUE).fetchall()),
             ("queues: 6 h / 24 h rollup", lambda c: c.execute(recorder.OUTCOMES_BY_QUEUE).fetchall()),
             ("overview: finished per bucket 1 h (rows)",
-             lambda c: c.execute(sql.FINISHED_PER_BUCKET, {"step_s": 60, "window_s": 3600}).fetchall()),
+             lambda c: c.execute(reads.FINISHED_PER_BUCKET, {"step_s": 60, "window_s": 3600}).fetchall()),
             ("overview: finished per bucket 24 h (rollup)",
              lambda c: c.execute(recorder.FINISHED_SERIES, {"step_s": 900, "window_s": 86400}).fetchall()),
-            ("overview: start latency 1 h", lambda c: c.execute(sql.START_LATENCY, {"window_s": 3600}).fetchall()),
+            ("overview: start latency 1 h", lambda c: c.execute(reads.START_LATENCY, {"window_s": 3600}).fetchall()),
         ]
         print(f"\n{'statement':<38} {'median ms':>10} {'max ms':>10}")
         for name, fn in cases:

@@ -13,7 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from . import defaults
-from .broker import sql
+from .broker import reads, sql
 from .identity import operator
 from .worker import registry, scheduler_sql
 
@@ -24,15 +24,15 @@ def _dicts(conn: psycopg.Connection, query: str, params: dict[str, Any] | None =
 
 
 def list_jobs(conn: psycopg.Connection, *, status: str | None, queue: str | None, limit: int) -> list[dict]:
-    return _dicts(conn, sql.LIST, {"status": status, "queue": queue, "limit": limit})
+    return _dicts(conn, reads.LIST, {"status": status, "queue": queue, "limit": limit})
 
 
 def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
     with conn.cursor(row_factory=dict_row) as cur:
-        job = cur.execute(sql.GET, {"id": job_id}).fetchone()
+        job = cur.execute(reads.GET, {"id": job_id}).fetchone()
         if job is None:
             return None
-        job["events"] = cur.execute(sql.EVENTS, {"id": job_id}).fetchall()
+        job["events"] = cur.execute(reads.EVENTS, {"id": job_id}).fetchall()
         job["progress_history"] = cur.execute(sql.PROGRESS, {"id": job_id}).fetchall()
         _describe_payload(job)
         return job
@@ -66,13 +66,13 @@ def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
     row = conn.execute(sql.CANCEL, {"id": job_id, "who": operator(), "reason": "cancelled by operator"}).fetchone()
     if row is not None:
         return True
-    status = conn.execute(sql.STATUS, {"id": job_id}).fetchone()
+    status = conn.execute(reads.STATUS, {"id": job_id}).fetchone()
     return status is not None and status[0] == "cancelled"
 
 
 def queue_capacity(conn: psycopg.Connection) -> list[dict]:
     """v_queue_capacity: per queue counts, throughput and workers needed to drain."""
-    return _dicts(conn, sql.CAPACITY)
+    return _dicts(conn, reads.CAPACITY)
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def list_jobs_page(conn: psycopg.Connection, where: JobFilter, *, limit: int,
                    after: tuple[datetime, str] | None = None) -> list[dict]:
     """Newest first, ``limit`` rows after the (created_at, id) cursor ``after``."""
     after_at, after_id = after or (None, None)
-    return _dicts(conn, sql.LIST_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
+    return _dicts(conn, reads.LIST_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
                                         "limit": limit})
 
 
@@ -109,12 +109,12 @@ def change_matching(conn: psycopg.Connection, where: JobFilter, change: Callable
     """Apply ``change`` (retry_job, cancel_job) to up to ``limit`` jobs matching ``where``,
     oldest first, one job at a time (each is its own fenced statement).
     Returns the ids changed and how many matched."""
-    ids = [r[0] for r in conn.execute(sql.MATCHING_IDS, {**where.params(), "limit": limit}).fetchall()]
+    ids = [r[0] for r in conn.execute(reads.MATCHING_IDS, {**where.params(), "limit": limit}).fetchall()]
     return [i for i in ids if change(conn, i)], len(ids)
 
 
 def counts_by_queue_and_status(conn: psycopg.Connection) -> list[tuple[str, str, int]]:
-    return [(q, s, n) for q, s, n in conn.execute(sql.COUNT_BY_QUEUE_AND_STATUS).fetchall()]
+    return [(q, s, n) for q, s, n in conn.execute(reads.COUNT_BY_QUEUE_AND_STATUS).fetchall()]
 
 
 def workers(conn: psycopg.Connection) -> list[dict]:

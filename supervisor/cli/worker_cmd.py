@@ -29,9 +29,11 @@ from .context import Seconds, config_option, die, url
 @click.option("--no-migrate", is_flag=True, help="Do not apply pending migrations at start.")
 @click.option("--log-level", default="INFO", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Log JSON lines (one object per event, as log_json does).")
+@click.option("--job-log/--no-job-log", default=True, show_default=True,
+              help="One log line per finished job (costs ~40% of the throughput of no-op jobs).")
 @click.pass_context
 def worker(ctx: click.Context, queues: str, actors: str, threads: int, prefetch: int | None, role: str, shutdown_timeout: float,
-           lease: float, heartbeat: float, no_migrate: bool, log_level: str, as_json: bool) -> None:
+           lease: float, heartbeat: float, no_migrate: bool, log_level: str, as_json: bool, job_log: bool) -> None:
     """Run one worker process until SIGTERM, then drain and exit 0."""
     from ..worker.process import run
     from ..worker.settings import WorkerSettings
@@ -55,6 +57,7 @@ def worker(ctx: click.Context, queues: str, actors: str, threads: int, prefetch:
         lease_seconds=lease,
         heartbeat_seconds=heartbeat,
         shutdown_timeout=shutdown_timeout,
+        job_log=job_log,
     )
     sys.exit(run(settings, db_url))
 

@@ -43,6 +43,8 @@ class SupervisorConfig:
     tick: float = defaults.TICK
     log_level: str = "INFO"
     log_json: bool = False
+    # One log line per finished job (see WorkerSettings.job_log).
+    job_log: bool = True
     # A hung or overdue child gets this long after SIGTERM before SIGKILL.
     kill_grace: float = defaults.KILL_GRACE
     # A child that has not become ready this long after its fork is treated as hung.

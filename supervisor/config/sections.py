@@ -78,7 +78,7 @@ def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
 
 _TOP = ("database", "supervisor", "roles", "schedules", "retention", "http", "apps")
 _SUPERVISOR = ("control_socket", "state_dir", "shutdown_timeout", "watch_config", "tick", "log_level",
-               "log_json", "kill_grace", "start_timeout", "restart_backoff", "restart_backoff_max")
+               "log_json", "job_log", "kill_grace", "start_timeout", "restart_backoff", "restart_backoff_max")
 _ROLE = ("processes", "threads", "prefetch", "queues", "actors", "lease", "heartbeat", "max_retries", "min_backoff",
          "max_backoff", "shutdown_timeout", "time_limit", "limits")
 _LIMITS = ("memory_percent", "cpu_percent", "max_rss", "max_jobs")
@@ -174,6 +174,7 @@ def _supervisor(reader: Reader, item: Item | None, path: Path) -> SupervisorConf
         tick=s.get("tick", duration(0, strict=True), defaults.TICK),
         log_level=s.get("log_level", level, "INFO"),
         log_json=s.get("log_json", boolean, False),
+        job_log=s.get("job_log", boolean, True),
         kill_grace=s.get("kill_grace", duration(0, strict=True), defaults.KILL_GRACE),
         start_timeout=s.get("start_timeout", duration(0, strict=True), defaults.START_TIMEOUT),
         restart_backoff=s.get("restart_backoff", duration(0), defaults.RESTART_BACKOFF),

@@ -94,7 +94,8 @@ class WorkerProcess:
         broker.add_middleware(RunResults())
         # First in the list: Dramatiq runs after_* hooks in reverse, so it logs the
         # outcome the Retries middleware settled on (and times the whole run).
-        broker.add_middleware(JobLog(s.role), before=type(broker.middleware[0]))
+        if s.job_log:
+            broker.add_middleware(JobLog(s.role), before=type(broker.middleware[0]))
         if metrics.enabled():
             broker.add_middleware(metrics.JobMetrics())
         self.broker = broker

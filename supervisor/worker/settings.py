@@ -35,6 +35,10 @@ class WorkerSettings:
     # The config's app sections (e.g. `pipeline:`), read by app code via supervisor.runtime.
     app_settings: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
+    # One log line per finished job (supervisor.jobs logger). It costs a log record per job:
+    # about 40 % of the throughput of no-op jobs, nothing measurable for real work.
+    job_log: bool = True
+
     @property
     def capacity(self) -> int:
         """Rows this process may hold claimed at once."""
@@ -58,6 +62,7 @@ class WorkerSettings:
             max_backoff_ms=int(r.max_backoff * 1000),
             time_limit_ms=int(r.time_limit * 1000) if r.time_limit else None,
             schedules=cfg.schedules,
+            job_log=cfg.supervisor.job_log,
             retention=cfg.retention,
             app_settings=dict(cfg.app_settings),
         )

@@ -11,7 +11,7 @@ import json
 import math
 import time
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +20,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from ... import admin, apps, cron, ratelimit
-from ...broker import sql
+from ...broker import reads
 from ...worker import registry, scheduler_sql
 from .. import data
 from ..state import AppState
@@ -55,10 +55,10 @@ def overview(state: AppState, window: str) -> dict[str, Any]:
     with state.connection() as conn:
         # The last hour from the rows themselves (current to the second); longer windows
         # from the recorder's rollup, which never reads a day of jobs.
-        series = sql.FINISHED_PER_BUCKET if span <= RAW_WINDOW_S else recorder.FINISHED_SERIES
+        series = reads.FINISHED_PER_BUCKET if span <= RAW_WINDOW_S else recorder.FINISHED_SERIES
         finished = _rows(conn, series, {"step_s": step, "window_s": span})
         depth = _rows(conn, recorder.QUEUE_SERIES, {"step_s": step, "window_s": span})
-        lat = conn.execute(sql.START_LATENCY, {"window_s": span}).fetchone()
+        lat = conn.execute(reads.START_LATENCY, {"window_s": span}).fetchone()
     q = queues(state)
     now = time.time()
     pct = (lat[1] if lat and lat[1] else None) or [None, None, None]
@@ -170,10 +170,10 @@ def workers(state: AppState) -> dict[str, Any]:
 
 def queues(state: AppState) -> list[dict[str, Any]]:
     with state.connection() as conn:
-        live = {r["queue"]: r for r in _rows(conn, sql.LIVE_BY_QUEUE)}
-        done = {r["queue"]: r for r in _rows(conn, sql.FINISHED_BY_QUEUE)}
+        live = {r["queue"]: r for r in _rows(conn, reads.LIVE_BY_QUEUE)}
+        done = {r["queue"]: r for r in _rows(conn, reads.FINISHED_BY_QUEUE)}
         rolled = {r["queue"]: r for r in _rows(conn, recorder.OUTCOMES_BY_QUEUE)}
-        failed = {r["queue"]: r["failed"] for r in _rows(conn, sql.FAILED_BY_QUEUE)}
+        failed = {r["queue"]: r["failed"] for r in _rows(conn, reads.FAILED_BY_QUEUE)}
         paused = {r["queue"]: r for r in admin.paused_queues(conn)}
         procs = [r for r in _rows(conn, registry.LIST) if _claims(r)]
     names = set(live) | set(done) | set(failed) | set(paused) | {q for p in procs for q in (p["queues"] or [])}
@@ -233,7 +233,10 @@ class JobFilter:
         return cls(status=status, queue=get("queue"), actor=get("actor"), text=get("text"), **times)
 
     def params(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The parameters of the operator's filter (``reads._JOB_FILTER``)."""
+        return {"status": self.status, "queue": self.queue, "actor": self.actor, "text": self.text,
+                "created_after": self.since, "created_before": self.until,
+                "finished_after": None, "finished_before": None}
 
     def query(self) -> dict[str, str]:
         """The filter as form fields (for links that keep it)."""
@@ -254,12 +257,12 @@ def _after(cursor: str | None) -> tuple[datetime | None, str | None]:
 
 def count_jobs(conn: psycopg.Connection, where: JobFilter) -> tuple[int, bool]:
     """(count, exact): exact up to COUNT_EXACT_UPTO, the planner's estimate past it."""
-    n = conn.execute(sql.JOBS_COUNT_UPTO, {**where.params(), "upto": COUNT_EXACT_UPTO + 1}).fetchone()
+    n = conn.execute(reads.JOBS_COUNT_UPTO, {**where.params(), "upto": COUNT_EXACT_UPTO + 1}).fetchone()
     exact = int(n[0]) if n else 0
     if exact <= COUNT_EXACT_UPTO:
         return exact, True
     with psycopg.ClientCursor(conn) as cur:  # EXPLAIN takes no bind parameters
-        plan = cur.execute(sql.JOBS_COUNT_PLAN, where.params()).fetchone()
+        plan = cur.execute(reads.JOBS_COUNT_PLAN, where.params()).fetchone()
     estimate = int(plan[0][0]["Plan"]["Plan Rows"]) if plan else exact
     return max(estimate, exact), False
 
@@ -267,7 +270,7 @@ def count_jobs(conn: psycopg.Connection, where: JobFilter) -> tuple[int, bool]:
 def jobs(state: AppState, where: JobFilter, cursor: str | None) -> dict[str, Any]:
     after_at, after_id = _after(cursor)
     with state.connection() as conn:
-        rows = _rows(conn, sql.JOBS_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
+        rows = _rows(conn, reads.JOBS_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
                                            "limit": PAGE_SIZE + 1})
         total, exact = count_jobs(conn, where)
     more = len(rows) > PAGE_SIZE
@@ -277,7 +280,7 @@ def jobs(state: AppState, where: JobFilter, cursor: str | None) -> dict[str, Any
 
 
 def matching_ids(conn: psycopg.Connection, where: JobFilter) -> list[str]:
-    return [r[0] for r in conn.execute(sql.JOBS_MATCHING, {**where.params(), "limit": BULK_LIMIT}).fetchall()]
+    return [r[0] for r in conn.execute(reads.MATCHING_IDS, {**where.params(), "limit": BULK_LIMIT}).fetchall()]
 
 
 def job(state: AppState, job_id: str) -> dict[str, Any] | None:

@@ -1,0 +1,152 @@
+"""What becomes of a claimed message: ack (group-committed), nack, retry, requeue.
+
+Every write is fenced by lease owner and attempt (see sql.py), so a late writer
+changes nothing. Mixed into PostgresBroker, which provides the state below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from dramatiq.errors import BrokerConnectionError
+from psycopg_pool import ConnectionPool
+
+from .. import backoff, db
+from . import sql
+from .acks import AckBatcher
+from .joining import Failures
+from .leases import Leases
+from .listener import Listener
+from .message import PgMessageProxy, body_columns, error_text
+from .progress import ProgressBuffer
+
+log = logging.getLogger(__name__)
+
+
+class Outcomes:
+    owner: str
+    pool: ConnectionPool
+    leases: Leases
+    jobs_done: int
+    _acks: AckBatcher | None
+    _listener: Listener | None
+    _progress: ProgressBuffer | None
+
+    failures: Failures
+
+    if TYPE_CHECKING:  # provided by PostgresBroker and dramatiq's Broker (never defined here: MRO)
+        def _start(self) -> tuple[Listener, AckBatcher]: ...
+
+        def _conn(self, conn: psycopg.Connection | None = None, *, pool: ConnectionPool | None = None,
+                  timeout: float = 10.0) -> contextlib.AbstractContextManager[psycopg.Connection]: ...
+
+        def emit_before(self, signal: str, *args: Any, **kwargs: Any) -> None: ...
+
+        def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None: ...
+
+    def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
+        with self.pool.connection(timeout=10) as c:
+            if self._progress is None:
+                c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner, "progress": None})
+                return
+            with self._progress.for_ack(c, ids) as progress:  # a job's latest report lands with its ack
+                c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner,
+                                         "progress": progress})
+
+    def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None:
+        """``on_written`` runs once the outcome is committed (or nothing is to be written)."""
+        if message.fenced:  # interrupted: another process may own it now; write nothing
+            self.leases.let_go(message.message_id)
+            if on_written is not None:
+                on_written()
+            return
+        if getattr(message, "_exception", None) is not None and not message.retried:
+            # It raised and nothing scheduled a retry or a failure (no Retries
+            # middleware, or an after_process_message that failed and Dramatiq
+            # swallowed): it did not succeed.
+            try:
+                self.nack(message)
+            finally:
+                if on_written is not None:
+                    on_written()
+            return
+        acks = self._acks if self._acks is not None else self._start()[1]  # no lock on the hot path
+        acks.add(message.message_id, message.attempts, on_written)
+        self.leases.let_go(message.message_id)
+        self.jobs_done += 1
+
+    def nack(self, message: PgMessageProxy) -> None:
+        if message.fenced:
+            self.leases.let_go(message.message_id)
+            return
+        exc = getattr(message, "_exception", None)
+        error = error_text(exc)
+        reason = f"attempt {message.attempts} of {message.max_attempts}: {type(exc).__name__ if exc else 'failed'}"
+        params = {"id": message.message_id, "attempts": message.attempts, "owner": self.owner,
+                  "error": error, "reason": reason}
+        self.failures.record(message.message_id, exc)
+        try:
+            self._write_until_done("record failure", sql.NACK, params)
+        finally:
+            self.leases.let_go(message.message_id)
+            self.jobs_done += 1
+
+    def _write_until_done(self, what: str, statement: str, params: dict[str, Any]) -> None:
+        """Write an outcome, retrying through a database outage.
+
+        Giving up would either lose the outcome (a retry acked as a success) or
+        the job; blocking this worker thread while nothing else can progress
+        either is the lesser evil. The lease fence makes a late write harmless.
+        """
+        def write() -> None:
+            with self._conn() as c:
+                c.execute(statement, params)
+
+        backoff.retry(write, f"{what} of job {params['id']}", retry_on=(BrokerConnectionError,), logger=log)
+
+    def _retry(self, message: PgMessageProxy, delay: int | None) -> PgMessageProxy:
+        message.retried = True
+        if message.fenced:
+            return message
+        exc = getattr(message, "_exception", None)
+        body = body_columns(message)
+        params = {
+            "id": message.message_id,
+            "attempts": message.attempts,
+            "owner": self.owner,
+            "options": body["options"],
+            "payload": body["payload"],
+            "error": error_text(exc),
+            "delay_ms": int(delay or 0),
+            "reason": f"attempt {message.attempts} of {message.max_attempts} failed"
+            f" ({type(exc).__name__ if exc else 'retry'}); retry in {int(delay or 0)} ms",
+        }
+        self.emit_before("enqueue", message, delay)
+        self._write_until_done("schedule retry", sql.RETRY, params)
+        self.leases.let_go(message.message_id)
+        if not delay and self._listener is not None:  # due now: wake our consumer before the NOTIFY does
+            self._listener.event_for(message.queue_name).set()
+        # As Dramatiq's brokers do for a retry: middleware (metrics) sees it enqueued again.
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def requeue(self, messages: Iterable[PgMessageProxy]) -> int:
+        messages = list(messages)
+        if not messages:
+            return 0
+        params = {
+            "ids": [m.message_id for m in messages],
+            "attempts": [m.attempts for m in messages],
+            "owner": self.owner,
+        }
+        try:
+            with self._conn() as c:
+                count = db.one(c.execute(sql.REQUEUE, params))
+        finally:
+            self.leases.let_go(*(m.message_id for m in messages))
+        return int(count)
+

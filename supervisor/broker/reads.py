@@ -1,0 +1,135 @@
+"""The operator's and the dashboard's reads of ``jobs`` and ``job_events``.
+
+The jobs table's SQL is this module and ``sql.py`` (claims, outcomes, leases:
+what workers run); these statements only read, for the CLI, the HTTP API and
+the dashboard.
+"""
+
+GET = "SELECT * FROM jobs WHERE id = %(id)s"
+
+STATUS = "SELECT status FROM jobs WHERE id = %(id)s"
+
+EVENTS = "SELECT * FROM job_events WHERE job_id = %(id)s ORDER BY at, id"
+
+LIST = """
+SELECT id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at,
+       finished_at, lease_owner, left(last_error, 200) AS last_error
+  FROM jobs
+ WHERE (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ ORDER BY created_at DESC
+ LIMIT %(limit)s
+"""
+
+
+# --- the operator's view: filtered listing with keyset (cursor) paging, capacity ---
+
+# Every filter is optional (NULL: not applied). ``text`` is a substring of the
+# job's arguments (args and kwargs as JSON text).
+_JOB_FILTER = """
+       (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(actor)s::text IS NULL OR actor = %(actor)s)
+   AND (%(text)s::text IS NULL OR strpos(args::text || ' ' || kwargs::text, %(text)s) > 0)
+   AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
+   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
+   AND (%(finished_after)s::timestamptz IS NULL OR finished_at >= %(finished_after)s)
+   AND (%(finished_before)s::timestamptz IS NULL OR finished_at < %(finished_before)s)
+"""
+
+# Newest first; the next page starts after the (created_at, id) of the last row seen.
+LIST_PAGE = f"""
+SELECT id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at, started_at,
+       finished_at, lease_owner, progress, left(last_error, 200) AS last_error
+  FROM jobs
+ WHERE {_JOB_FILTER}
+   AND (%(after_at)s::timestamptz IS NULL OR (created_at, id) < (%(after_at)s, %(after_id)s::uuid))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+"""
+
+# --- the dashboard's reads: only indexed slices (live rows, rows finished lately) ---
+
+# Jobs finished per time bucket over the last window_s seconds, from the rows (the
+# dashboard reads the recorder's rollup for windows longer than an hour).
+FINISHED_PER_BUCKET = """
+SELECT date_bin(%(step_s)s * interval '1 second', finished_at, timestamptz 'epoch') AS t,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE status = 'failed')    AS failed
+  FROM jobs
+ WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - %(window_s)s * interval '1 second'
+ GROUP BY 1 ORDER BY 1
+"""
+
+# Enqueue (or due) to start, in seconds, for jobs started in the last window.
+START_LATENCY = """
+WITH s AS (
+    SELECT extract(epoch FROM started_at - greatest(created_at, run_at))::float8 AS wait_s
+      FROM jobs
+     WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - %(window_s)s * interval '1 second'
+       AND started_at IS NOT NULL
+    UNION ALL
+    SELECT extract(epoch FROM started_at - greatest(created_at, run_at))::float8
+      FROM jobs WHERE status = 'running' AND started_at IS NOT NULL
+)
+SELECT count(*) AS n,
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY greatest(wait_s, 0)) AS pct
+  FROM s
+"""
+
+# Live rows per queue (the claim and running indexes).
+LIVE_BY_QUEUE = """
+SELECT queue,
+       count(*) FILTER (WHERE status = 'pending' AND run_at <= now())                AS ready,
+       count(*) FILTER (WHERE status IN ('pending', 'retryable') AND run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE status = 'running')                                    AS running,
+       count(*) FILTER (WHERE status = 'retryable' AND run_at <= now())              AS retryable,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status IN ('pending', 'retryable')
+                                                      AND run_at <= now()))::float8 AS oldest_wait_s
+  FROM jobs
+ WHERE status IN ('pending', 'retryable', 'running')
+ GROUP BY queue
+"""
+
+# Failed rows kept, per queue (retention prunes them; the jobs_finished index holds them).
+FAILED_BY_QUEUE = "SELECT queue, count(*) AS failed FROM jobs WHERE status = 'failed' GROUP BY queue"
+
+# Per queue over the last hour of finished rows: outcomes, durations and the
+# processes that finished them (for throughput per worker-hour).
+FINISHED_BY_QUEUE = """
+SELECT queue,
+       count(*) FILTER (WHERE status = 'failed')                 AS failed_1h,
+       count(*) FILTER (WHERE status IN ('succeeded', 'failed')) AS finished_1h,
+       avg(dur_s) FILTER (WHERE status = 'succeeded')            AS avg_s,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY dur_s) FILTER (WHERE status = 'succeeded') AS p95_s,
+       count(DISTINCT lease_owner) FILTER (WHERE status IN ('succeeded', 'failed')) AS owners_1h
+  FROM (SELECT queue, status, lease_owner,
+               extract(epoch FROM finished_at - coalesce(started_at, finished_at))::float8 AS dur_s
+          FROM jobs
+         WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - interval '1 hour') AS f
+ GROUP BY queue
+"""
+
+
+# Newest first, keyset paging on (created_at, id): a page costs the same at any depth.
+JOBS_PAGE = f"""
+SELECT id, queue, actor, status, attempts, max_attempts, created_at, started_at, finished_at,
+       left(last_error, 120) AS last_error, progress
+  FROM jobs
+ WHERE {_JOB_FILTER}
+   AND (%(after_at)s::timestamptz IS NULL OR (created_at, id) < (%(after_at)s, %(after_id)s::uuid))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+"""
+
+MATCHING_IDS = f"""
+SELECT id::text FROM jobs WHERE {_JOB_FILTER} ORDER BY created_at, id LIMIT %(limit)s
+"""
+
+COUNT_BY_QUEUE_AND_STATUS = "SELECT queue, status, count(*) FROM jobs GROUP BY queue, status"
+
+CAPACITY = "SELECT * FROM v_queue_capacity ORDER BY queue"
+
+# An exact count stops at the threshold; past it the planner's estimate stands in.
+JOBS_COUNT_UPTO = f"SELECT count(*) FROM (SELECT 1 FROM jobs WHERE {_JOB_FILTER} LIMIT %(upto)s) AS m"
+JOBS_COUNT_PLAN = f"EXPLAIN (FORMAT JSON) SELECT 1 FROM jobs WHERE {_JOB_FILTER}"
