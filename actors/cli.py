@@ -163,9 +163,7 @@ sources.add_command(_remove("source", "NAME", catalog.remove_source,
 # --- watches -------------------------------------------------------------------------
 
 
-@click.group()
-def watches() -> None:
-    """What to look for: a query on a source, a deal rule, a webhook."""
+watches = click.Group("watches", help="What to look for: a query on a source, a deal rule, a webhook.")
 
 
 @watches.command("add")
@@ -220,9 +218,7 @@ watches.add_command(_remove("watch", "WATCH", lambda conn, ref, force: catalog.r
 # --- alerts --------------------------------------------------------------------------
 
 
-@click.group()
-def alerts() -> None:
-    """Price alerts and their delivery."""
+alerts = click.Group("alerts", help="Price alerts and their delivery.")
 
 
 @alerts.command("list")

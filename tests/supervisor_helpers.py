@@ -181,12 +181,14 @@ def dead(pid: int) -> bool:
 class JobStream(threading.Thread):
     """Inserts `record` jobs at a steady rate until stopped (plain SQL, one row each)."""
 
-    def __init__(self, url: str, per_second: float = 50.0, *, sleep_s: float = 0.0, queue: str = "tests") -> None:
+    def __init__(self, url: str, per_second: float = 50.0, *, sleep_s: float = 0.0, queue: str = "tests",
+                 max_lease_losses: int | None = None) -> None:
         super().__init__(daemon=True)
         self.url = url
         self.interval = 1.0 / per_second
         self.sleep_s = sleep_s
         self.queue = queue
+        self.max_lease_losses = max_lease_losses  # None: the actor's poison-pill budget
         self.sent = 0
         self._halt = threading.Event()
         self.error: BaseException | None = None
@@ -197,8 +199,9 @@ class JobStream(threading.Thread):
                 next_at = time.monotonic()
                 while not self._halt.is_set():
                     c.execute(
-                        "INSERT INTO jobs (queue, actor, kwargs) VALUES (%s, 'record', jsonb_build_object('n', %s::int, 'sleep_s', %s::float))",
-                        (self.queue, self.sent, self.sleep_s),
+                        "INSERT INTO jobs (queue, actor, kwargs, max_lease_losses) VALUES"
+                        " (%s, 'record', jsonb_build_object('n', %s::int, 'sleep_s', %s::float), %s)",
+                        (self.queue, self.sent, self.sleep_s, self.max_lease_losses),
                     )
                     self.sent += 1
                     next_at += self.interval
