@@ -58,11 +58,16 @@ def _done(as_json: bool, data: dict[str, Any], text: str) -> None:
         click.echo(text)
 
 
+def _ref_command(argument: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options of a command on one source or watch: -c, REF, --json, the context."""
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        return config_option(click.argument("ref", metavar=argument)(json_option(click.pass_context(f))))
+
+    return apply
+
+
 def _show(kind: str, argument: str, get: Callable[[psycopg.Connection, str], dict[str, Any]]) -> click.Command:
-    @config_option
-    @click.argument("ref", metavar=argument)
-    @json_option
-    @click.pass_context
+    @_ref_command(argument)
     def command(ctx, ref, as_json) -> None:
         with tracker_db(ctx) as conn:
             _print(get(conn, ref), as_json)
@@ -75,10 +80,7 @@ def _toggle(kind: str, argument: str, change: Callable[[psycopg.Connection, str,
             enabled: bool) -> click.Command:
     verb = "enable" if enabled else "disable"
 
-    @config_option
-    @click.argument("ref", metavar=argument)
-    @json_option
-    @click.pass_context
+    @_ref_command(argument)
     def command(ctx, ref, as_json) -> None:
         with tracker_db(ctx) as conn:
             change(conn, ref, enabled)
@@ -101,6 +103,11 @@ def _remove(kind: str, argument: str, remove: Callable[[psycopg.Connection, str,
     for decorate in (json_option, click.argument("ref", metavar=argument), config_option):
         command = decorate(command)
     return click.command("remove")(click.pass_context(command))
+
+
+def _plain_read(f: Callable[..., Any]) -> Callable[..., Any]:
+    """-c/--config, --json and the click context: a read command with no other option."""
+    return config_option(json_option(click.pass_context(f)))
 
 
 # --- sources -------------------------------------------------------------------------
@@ -139,9 +146,7 @@ def sources_add(ctx, name, search_url, fmt, rate_per_minute, burst, daily_quota,
 
 
 @sources.command("list")
-@config_option
-@json_option
-@click.pass_context
+@_plain_read
 def sources_list(ctx, as_json) -> None:
     """Sources with their health: failure streak, paused until, last success and failure, last error."""
     with tracker_db(ctx) as conn:
@@ -265,9 +270,7 @@ def tracker_group() -> None:
 
 
 @tracker_group.command("state")
-@config_option
-@json_option
-@click.pass_context
+@_plain_read
 def tracker_state(ctx, as_json) -> None:
     """The system_state view: watches, listings, alerts, baselines, queue depth."""
     with tracker_db(ctx) as conn:
