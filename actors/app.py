@@ -26,6 +26,12 @@ def _on_worker_start(pool: Any) -> None:
     on_worker_start(pool)
 
 
+def _gauges(conn: Any) -> Any:
+    from .metrics import gauges
+
+    return gauges(conn)
+
+
 def _pages() -> list[Any]:
     from .dashboard import pages
 
@@ -40,4 +46,5 @@ APP = App(
     commands=_commands,
     on_worker_start=_on_worker_start,
     pages=_pages,
+    gauges=_gauges,
 )

@@ -28,6 +28,16 @@ GROUP = "actor_supervisor.apps"
 
 
 @dataclass(frozen=True)
+class Gauge:
+    """One gauge family an app reports on /metrics, read at each scrape."""
+
+    name: str  # the full metric name
+    doc: str
+    labels: tuple[str, ...]
+    samples: tuple[tuple[tuple[str, ...], float], ...]
+
+
+@dataclass(frozen=True)
 class App:
     name: str
     # Actor modules under these packages belong to the app.
@@ -47,6 +57,9 @@ class App:
     # Returns the app's dashboard pages (supervisor.http.dashboard.extension.Page), imported
     # only by the HTTP child when it serves the dashboard.
     pages: Callable[[], Iterable[Any]] | None = None
+    # The app's gauges for /metrics (e.g. breaker states), read with the HTTP child's
+    # connection at each scrape; an app whose tables are absent just reports nothing.
+    gauges: Callable[[Any], Iterable[Gauge]] | None = None
 
     def owns(self, module: str) -> bool:
         return any(module == p or module.startswith(p + ".") for p in self.packages)

@@ -37,3 +37,27 @@ def test_actions_take_json_with_the_token(http_server, conn):
     ok = s.client.post("/ui/jobs/retry", json=body, headers={"X-Supervisor-Token": "t0ken"})
     assert ok.status_code == 200 and ok.json()["changed"] == [job]
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "pending"
+
+
+def test_metrics_report_each_breaker(http_server, conn):
+    """The app's gauges reach /metrics: an open breaker reads 1, a closed one 0."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn.execute("INSERT INTO sources (name, search_url, failure_streak, paused_until) VALUES"
+                 " ('down', 'http://127.0.0.1:9/s?q={query}', 5, now() + interval '5 minutes'),"
+                 " ('fine', 'http://127.0.0.1:9/s?q={query}', 0, NULL)")
+    text = http_server().client.get("/metrics").text
+    samples = {(s.name, s.labels.get("source")): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("actor_supervisor_breaker_open", "down")] == 1
+    assert samples[("actor_supervisor_breaker_open", "fine")] == 0
+    assert samples[("actor_supervisor_breaker_failure_streak", "down")] == 5
+
+
+def test_the_api_shows_a_jobs_progress_history(http_server, conn):
+    job = scalar(conn, "INSERT INTO jobs (queue, actor, status, progress) VALUES ('q', 'noop', 'running',"
+                       " '{\"percent\": 60}') RETURNING id::text")
+    conn.execute("INSERT INTO job_progress (job_id, at, percent, message) VALUES"
+                 " (%s, now() - interval '2 seconds', 30, 'fetched'), (%s, now(), 60, 'parsed')", (job, job))
+    found = http_server().client.get(f"/api/v1/jobs/{job}").json()
+    assert [(p["percent"], p["message"]) for p in found["progress_history"]] == [(30, "fetched"), (60, "parsed")]

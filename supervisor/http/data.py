@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import admin, control, cron, defaults, ratelimit
+from .. import admin, apps, control, cron, defaults, ratelimit
 from ..identity import HOSTNAME
 from .state import AppState
 
@@ -178,6 +178,19 @@ def system_state(state: AppState) -> dict[str, Any]:
 # --- the metrics snapshot -----------------------------------------------------------------------
 
 
+def _app_gauges(conn: Any) -> list[apps.Gauge]:
+    """Every installed app's gauges; an app that fails (its tables absent) reports none."""
+    out: list[apps.Gauge] = []
+    for app in apps.installed():
+        if app.gauges is None:
+            continue
+        try:
+            out.extend(app.gauges(conn))
+        except Exception as exc:
+            log.debug("app %s reported no gauges: %s", app.name, exc)
+    return out
+
+
 def metrics_snapshot(state: AppState) -> dict[str, Any]:
     """What /metrics reports from the database and the master: one connection, three
     short reads (capacity view, workers registry, rate limiters), and the local
@@ -187,6 +200,7 @@ def metrics_snapshot(state: AppState) -> dict[str, Any]:
             "queues": admin.queue_capacity(conn),
             "workers": [w for w in admin.workers(conn) if w["stopped_at"] is None],
             "limiters": ratelimit.states(conn),
+            "app_gauges": _app_gauges(conn),
         }
     snapshot["master"] = master_status(state)
     return snapshot

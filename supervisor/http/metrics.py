@@ -56,6 +56,11 @@ class Snapshot:
         yield from self._queues(snap["queues"])
         yield from self._processes(snap["workers"], snap["master"])
         yield from self._limiters(snap["limiters"])
+        for g in snap["app_gauges"]:
+            family = GaugeMetricFamily(g.name, g.doc, labels=list(g.labels))
+            for labels, value in g.samples:
+                family.add_metric(list(labels), value)
+            yield family
 
     def _queues(self, queues: list[dict[str, Any]]) -> Iterator[Metric]:
         jobs = _gauge("jobs", "Live jobs per queue and state (ready and scheduled split pending and "
