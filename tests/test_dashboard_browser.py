@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.browser_helpers import Browser
-from tests.conftest import scalar, wait_for
+from tests.conftest import cli, scalar, wait_for
 from tests.http_helpers import HttpServer, free_port
 from tests.supervisor_helpers import Supervisor, enqueue, role, write_config
 
@@ -271,3 +271,38 @@ def test_read_only_hides_every_action(dash: Dash, browser: Browser, tmp_path) ->
         assert server.client.post("/ui/queues/tests/pause").status_code == 403
     finally:
         server.stop()
+
+
+def test_live_updates_pause_while_the_tab_is_hidden(dash: Dash, browser: Browser) -> None:
+    browser.open(dash.base + "/")
+    browser.wait_text("#live", lambda t: True)  # the indicator exists
+    wait_for(lambda: browser.driver.execute_script("return document.getElementById('live').className") == "on",
+             10, message="the event stream open")
+    # Headless Chromium has no real background tab: the page is told it is hidden the
+    # way a browser tells it (document.hidden and a visibilitychange event).
+    browser.driver.execute_script(
+        "Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});"
+        "document.dispatchEvent(new Event('visibilitychange'));")
+    assert browser.driver.execute_script("return document.getElementById('live').className") == "paused"
+    browser.driver.execute_script(
+        "Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});"
+        "document.dispatchEvent(new Event('visibilitychange'));")
+    wait_for(lambda: browser.driver.execute_script("return document.getElementById('live').className") == "on",
+             10, message="the event stream open again")
+
+
+def test_overview_alerts_on_a_crash_looping_role(dash: Dash, browser: Browser) -> None:
+    config = dash.sup.config_path
+    good = config.read_text()
+    data = yaml.safe_load(good)
+    data["roles"]["broken"] = role(processes=1, threads=1, queues=("nowhere",), actors=("no_such_module",))
+    config.write_text(yaml.safe_dump(data))
+    try:
+        assert cli("reload", "--timeout", "60", config=config).returncode == 0  # settles crash-looping
+        wait_for(lambda: any(r["name"] == "broken" and r["state"] == "crash-looping"
+                             for r in dash.sup.status()["roles"]), 30, message="the role crash-looping")
+        browser.open(dash.base + "/")
+        assert "role broken is crash-looping" in browser.text("body")
+    finally:
+        config.write_text(good)
+        assert cli("reload", "--timeout", "60", config=config).returncode == 0
