@@ -296,10 +296,8 @@ def tracker_reextract(ctx, watch, everything, as_json) -> None:
 
 
 @tracker_group.command("sync")
-@config_option
 @click.option("--prune", is_flag=True, help="Also remove sources and watches the config does not declare.")
-@json_option
-@click.pass_context
+@_plain_read
 def tracker_sync(ctx, prune, as_json) -> None:
     """Apply the config's pipeline.sources and pipeline.watches now (workers do it at start and reload)."""
     section = load_config(ctx).app_settings.get(SECTION, {})

@@ -50,6 +50,13 @@ log = logging.getLogger(__name__)
 
 # How long a claim waits for a connection while claims are failing (see claim).
 CLAIM_TIMEOUT_IN_OUTAGE = 0.25
+# INSERT_MANY's array parameters and the row field each is made of.
+_BULK_ARRAYS = {
+    "ids": "id", "queues": "queue", "actors": "actor", "args": "args", "kwargs": "kwargs", "options": "options",
+    "message_timestamps": "message_timestamp", "payloads": "payload", "priorities": "priority",
+    "delays": "delay_ms", "max_attempts": "max_attempts", "dedupe_keys": "dedupe_key",
+    "concurrency_keys": "concurrency_key",
+}
 
 _transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.ContextVar(
     "actor_supervisor_transaction", default=None
@@ -229,21 +236,8 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
         if not messages:
             return []
         rows = [self._row(m, delay) for m in messages]
-        params = {
-            "ids": [r["id"] for r in rows],
-            "queues": [r["queue"] for r in rows],
-            "actors": [r["actor"] for r in rows],
-            "args": [r["args"] for r in rows],
-            "kwargs": [r["kwargs"] for r in rows],
-            "options": [r["options"] for r in rows],
-            "message_timestamps": [r["message_timestamp"] for r in rows],
-            "payloads": [r["payload"] for r in rows],
-            "priorities": [r["priority"] for r in rows],
-            "delays": [r["delay_ms"] for r in rows],
-            "max_attempts": [r["max_attempts"] for r in rows],
-            "dedupe_keys": [r["dedupe_key"] for r in rows],
-            "concurrency_keys": [r["concurrency_key"] for r in rows],
-        }
+        # One array per column (INSERT_MANY's parameter names), in the rows' order.
+        params = {array: [r[column] for r in rows] for array, column in _BULK_ARRAYS.items()}
         with self._conn(conn) as c:
             inserted = {str(r[0]) for r in c.execute(sql.INSERT_MANY, params).fetchall()}
             skipped = [r["dedupe_key"] for r in rows if r["id"] not in inserted and r["dedupe_key"]]
