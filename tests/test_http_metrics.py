@@ -101,8 +101,9 @@ def test_metrics_match_the_database_after_work_on_two_processes(conn, database_u
     wait_for(lambda: any(r["name"] == "w" and r["restarts"] == 1 for r in s.status()["roles"]), 20)
     # At-least-once: the job is delivered again to another process. Its gauge shows that
     # run alone: the dead pid's in-progress gauge went with it (2 if it had stayed).
-    wait_for(lambda: scalar(conn, "SELECT lease_owner <> %s FROM jobs WHERE actor = 'slow' AND status = 'running'",
-                            (victim,)), 20, message="the slow job running again elsewhere")
+    wait_for(lambda: scalar(conn, "SELECT coalesce((SELECT lease_owner <> %s FROM jobs WHERE actor = 'slow'"
+                                  " AND status = 'running'), false)", (victim,)),
+             20, message="the slow job running again elsewhere")
     wait_for(lambda: in_progress() == 1, 10, interval=0.1, message="only the new run in progress")
     after = _samples(httpx.get(base + "/metrics").text)
     assert sum(after["dramatiq_messages_inprogress"].values()) == 1
