@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
+from supervisor import db
 from supervisor.http.dashboard.extension import Page, Table
 
 from . import settings
@@ -17,10 +17,6 @@ from .queries import notifications, pipeline, sources
 
 RECENT_ALERTS = 25
 
-
-def _rows(conn: psycopg.Connection, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query, params or {}).fetchall()
 
 
 def _when(t: datetime | None) -> str | None:
@@ -32,9 +28,9 @@ def _money(cents: int | None) -> str | None:
 
 
 def tracker_tables(conn: psycopg.Connection) -> list[Table]:
-    counts = _rows(conn, pipeline.COUNTS)[0]
-    watches = _rows(conn, pipeline.WATCHES_POLLED)
-    alerts = _rows(conn, notifications.RECENT_ALERTS, {"limit": RECENT_ALERTS})
+    counts = db.dicts(conn, pipeline.COUNTS)[0]
+    watches = db.dicts(conn, pipeline.WATCHES_POLLED)
+    alerts = db.dicts(conn, notifications.RECENT_ALERTS, {"limit": RECENT_ALERTS})
     return [
         Table("State", ("what", "count"), [(k.replace("_", " "), v) for k, v in counts.items()]),
         Table("Watches", ("id", "watch", "source", "enabled", "every (s)", "last polled", "next poll"),
@@ -56,7 +52,7 @@ def _state(row: dict[str, Any], threshold: int) -> str:
 
 def breaker_tables(conn: psycopg.Connection) -> list[Table]:
     threshold = settings.breaker().threshold  # the config's pipeline.breaker, else the default
-    rows = _rows(conn, sources.BREAKERS)
+    rows = db.dicts(conn, sources.BREAKERS)
     return [Table("Circuit breakers (sources)", ("source", "state", "failure streak", "reopens", "last error"),
                   [(r["name"], _state(r, threshold), r["failure_streak"],
                     _when(r["paused_until"]) if r["paused_now"] else None, r["last_error"]) for r in rows],
@@ -65,7 +61,7 @@ def breaker_tables(conn: psycopg.Connection) -> list[Table]:
 
 def breaker_alerts(conn: psycopg.Connection) -> list[str]:
     return [f"breaker of source {r['name']} is open until {_when(r['paused_until'])}"
-            for r in _rows(conn, sources.BREAKERS) if r["paused_now"]]
+            for r in db.dicts(conn, sources.BREAKERS) if r["paused_now"]]
 
 
 def pages() -> list[Page]:

@@ -12,19 +12,14 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from . import defaults
+from . import db, defaults
 from .broker import reads, sql
 from .identity import operator
 from .worker import registry, scheduler_sql
 
 
-def _dicts(conn: psycopg.Connection, query: str, params: dict[str, Any] | None = None) -> list[dict]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query, params).fetchall()
-
-
 def list_jobs(conn: psycopg.Connection, *, status: str | None, queue: str | None, limit: int) -> list[dict]:
-    return _dicts(conn, reads.LIST, {"status": status, "queue": queue, "limit": limit})
+    return db.dicts(conn, reads.LIST, {"status": status, "queue": queue, "limit": limit})
 
 
 def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
@@ -40,8 +35,7 @@ def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
 
 def job_progress(conn: psycopg.Connection, job_id: str) -> list[dict]:
     """Every progress report of a job that reached the database, oldest first."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql.PROGRESS, {"id": job_id}).fetchall()
+    return db.dicts(conn, sql.PROGRESS, {"id": job_id})
 
 
 def _describe_payload(job: dict[str, Any]) -> None:
@@ -72,7 +66,7 @@ def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
 
 def queue_capacity(conn: psycopg.Connection) -> list[dict]:
     """v_queue_capacity: per queue counts, throughput and workers needed to drain."""
-    return _dicts(conn, reads.CAPACITY)
+    return db.dicts(conn, reads.CAPACITY)
 
 
 @dataclass(frozen=True)
@@ -100,7 +94,7 @@ def list_jobs_page(conn: psycopg.Connection, where: JobFilter, *, limit: int,
                    after: tuple[datetime, str] | None = None) -> list[dict]:
     """Newest first, ``limit`` rows after the (created_at, id) cursor ``after``."""
     after_at, after_id = after or (None, None)
-    return _dicts(conn, reads.LIST_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
+    return db.dicts(conn, reads.LIST_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
                                         "limit": limit})
 
 
@@ -119,7 +113,7 @@ def counts_by_queue_and_status(conn: psycopg.Connection) -> list[tuple[str, str,
 
 def workers(conn: psycopg.Connection) -> list[dict]:
     """The `workers` registry: live processes and those stopped in the last hour."""
-    return _dicts(conn, registry.LIST)
+    return db.dicts(conn, registry.LIST)
 
 
 def schedule_state(conn: psycopg.Connection, *, runs: int) -> tuple[dict[str, dict], dict[str, list[dict]]]:
@@ -144,24 +138,22 @@ def resume_queue(conn: psycopg.Connection, queue: str) -> bool:
 
 
 def paused_queues(conn: psycopg.Connection) -> list[dict]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(sql.PAUSED_QUEUES).fetchall()
+    return db.dicts(conn, sql.PAUSED_QUEUES)
 
 
 def schedule_history(conn: psycopg.Connection, name: str, limit: int = 20) -> list[dict]:
     """The most recent runs of one schedule, newest first."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(scheduler_sql.HISTORY, {"name": name, "limit": limit}).fetchall()
+    return db.dicts(conn, scheduler_sql.HISTORY, {"name": name, "limit": limit})
 
 
 def latest_runs(conn: psycopg.Connection) -> list[dict]:
     """The latest run of every schedule."""
-    return _dicts(conn, scheduler_sql.LATEST_RUNS)
+    return db.dicts(conn, scheduler_sql.LATEST_RUNS)
 
 
 def masters(conn: psycopg.Connection) -> list[dict]:
     """Every master's registry row, freshest first, with ``beat_age`` in seconds."""
-    return _dicts(conn, registry.MASTERS)
+    return db.dicts(conn, registry.MASTERS)
 
 
 def live_processes_by_role(conn: psycopg.Connection) -> dict[str, int]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,12 @@ def one(cursor: psycopg.Cursor[Any]) -> Any:
     if row is None:
         raise DatabaseError("the statement returned no row")
     return row[0]
+
+
+def dicts(conn: psycopg.Connection, query: Any, params: Any = None) -> list[dict[str, Any]]:
+    """Every row of a statement as a dict (column name -> value)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, params).fetchall()
 
 
 def connect(url: str, **kwargs) -> psycopg.Connection:

@@ -68,11 +68,9 @@ class Outcomes:
             # It raised and nothing scheduled a retry or a failure (no Retries
             # middleware, or an after_process_message that failed and Dramatiq
             # swallowed): it did not succeed.
-            try:
-                self.nack(message)
-            finally:
-                if on_written is not None:
-                    on_written()
+            self.nack(message)  # if it raises, the caller gives the slot back
+            if on_written is not None:
+                on_written()
             return
         acks = self._acks if self._acks is not None else self._start()[1]  # no lock on the hot path
         acks.add(message.message_id, message.attempts, on_written)

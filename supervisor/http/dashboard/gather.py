@@ -17,9 +17,8 @@ from typing import Any
 
 import psutil
 import psycopg
-from psycopg.rows import dict_row
 
-from ... import admin, apps, cron, ratelimit
+from ... import admin, apps, cron, db, ratelimit
 from ...broker import reads
 from ...worker import registry, scheduler_sql
 from .. import data
@@ -37,10 +36,6 @@ RUNS_SHOWN = 30
 
 
 
-def _rows(conn: psycopg.Connection, query: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(query, params or {}).fetchall()
-
 
 def app_pages() -> list[Page]:
     """Every page the installed apps contribute (an app without the hook adds none)."""
@@ -56,8 +51,8 @@ def overview(state: AppState, window: str) -> dict[str, Any]:
         # The last hour from the rows themselves (current to the second); longer windows
         # from the recorder's rollup, which never reads a day of jobs.
         series = reads.FINISHED_PER_BUCKET if span <= RAW_WINDOW_S else recorder.FINISHED_SERIES
-        finished = _rows(conn, series, {"step_s": step, "window_s": span})
-        depth = _rows(conn, recorder.QUEUE_SERIES, {"step_s": step, "window_s": span})
+        finished = db.dicts(conn, series, {"step_s": step, "window_s": span})
+        depth = db.dicts(conn, recorder.QUEUE_SERIES, {"step_s": step, "window_s": span})
         lat = conn.execute(reads.START_LATENCY, {"window_s": span}).fetchone()
     q = queues(state)
     now = time.time()
@@ -125,8 +120,8 @@ def workers(state: AppState) -> dict[str, Any]:
     limits (colour level), a sparkline's points over the last hour, why it backs off."""
     span, step = WINDOWS["1h"]
     with state.connection() as conn:
-        rows = _rows(conn, registry.LIST)
-        series_rows = _rows(conn, recorder.PROCESS_SERIES, {"step_s": recorder.SAMPLE_SECONDS, "window_s": span})
+        rows = db.dicts(conn, registry.LIST)
+        series_rows = db.dicts(conn, recorder.PROCESS_SERIES, {"step_s": recorder.SAMPLE_SECONDS, "window_s": span})
     series: dict[str, list[tuple[float, float, float]]] = {}
     for r in series_rows:
         series.setdefault(r["worker_id"], []).append(
@@ -170,12 +165,12 @@ def workers(state: AppState) -> dict[str, Any]:
 
 def queues(state: AppState) -> list[dict[str, Any]]:
     with state.connection() as conn:
-        live = {r["queue"]: r for r in _rows(conn, reads.LIVE_BY_QUEUE)}
-        done = {r["queue"]: r for r in _rows(conn, reads.FINISHED_BY_QUEUE)}
-        rolled = {r["queue"]: r for r in _rows(conn, recorder.OUTCOMES_BY_QUEUE)}
-        failed = {r["queue"]: r["failed"] for r in _rows(conn, reads.FAILED_BY_QUEUE)}
+        live = {r["queue"]: r for r in db.dicts(conn, reads.LIVE_BY_QUEUE)}
+        done = {r["queue"]: r for r in db.dicts(conn, reads.FINISHED_BY_QUEUE)}
+        rolled = {r["queue"]: r for r in db.dicts(conn, recorder.OUTCOMES_BY_QUEUE)}
+        failed = {r["queue"]: r["failed"] for r in db.dicts(conn, reads.FAILED_BY_QUEUE)}
         paused = {r["queue"]: r for r in admin.paused_queues(conn)}
-        procs = [r for r in _rows(conn, registry.LIST) if _claims(r)]
+        procs = [r for r in db.dicts(conn, registry.LIST) if _claims(r)]
     names = set(live) | set(done) | set(failed) | set(paused) | {q for p in procs for q in (p["queues"] or [])}
     if state.config is not None:
         names |= {q for rc in state.config.roles for q in rc.queues}
@@ -270,7 +265,7 @@ def count_jobs(conn: psycopg.Connection, where: JobFilter) -> tuple[int, bool]:
 def jobs(state: AppState, where: JobFilter, cursor: str | None) -> dict[str, Any]:
     after_at, after_id = _after(cursor)
     with state.connection() as conn:
-        rows = _rows(conn, reads.JOBS_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
+        rows = db.dicts(conn, reads.JOBS_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
                                            "limit": PAGE_SIZE + 1})
         total, exact = count_jobs(conn, where)
     more = len(rows) > PAGE_SIZE
@@ -288,7 +283,7 @@ def job(state: AppState, job_id: str) -> dict[str, Any] | None:
         found = admin.show_job(conn, job_id)
         owner = None
         if found is not None and found["lease_owner"]:
-            owner = next((w for w in _rows(conn, registry.LIST) if w["id"] == found["lease_owner"]), None)
+            owner = next((w for w in db.dicts(conn, registry.LIST) if w["id"] == found["lease_owner"]), None)
     if found is None:
         return None
     heartbeat = None
@@ -312,9 +307,9 @@ def job(state: AppState, job_id: str) -> dict[str, Any] | None:
 
 def schedules(state: AppState) -> list[dict[str, Any]]:
     with state.connection() as conn:
-        locks = {r["job_name"]: r for r in _rows(conn, scheduler_sql.LOCKS)}
+        locks = {r["job_name"]: r for r in db.dicts(conn, scheduler_sql.LOCKS)}
         recent: dict[str, list[dict[str, Any]]] = {}
-        for r in _rows(conn, scheduler_sql.RECENT_RUNS, {"per_schedule": RUNS_SHOWN}):
+        for r in db.dicts(conn, scheduler_sql.RECENT_RUNS, {"per_schedule": RUNS_SHOWN}):
             recent.setdefault(r["job_name"], []).append(r)
     now = datetime.now(UTC)
     configured = state.config.schedules if state.config is not None else ()
