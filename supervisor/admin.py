@@ -33,11 +33,6 @@ def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
         return job
 
 
-def job_progress(conn: psycopg.Connection, job_id: str) -> list[dict]:
-    """Every progress report of a job that reached the database, oldest first."""
-    return db.dicts(conn, sql.PROGRESS, {"id": job_id})
-
-
 def _describe_payload(job: dict[str, Any]) -> None:
     """A non-JSON encoder's payload is opaque here (decoding it needs the producer's
     encoder, and unpickling is not for an admin tool): say so instead of showing bytes."""
