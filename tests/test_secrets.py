@@ -8,7 +8,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from supervisor.db import redact
-from tests.conftest import wait_for
+from tests.conftest import scalar, wait_for
 from tests.supervisor_helpers import cli, role, write_config
 
 SECRETS = ("Kv-S3cret!1", "Url-S3cret@2", "Query-S3cret3", "Env-S3cret4")
@@ -43,6 +43,9 @@ def test_no_output_surface_shows_a_password(tmp_path, conn, database_url, superv
     s = supervisor(path, env=env)
     s.wait_state({"alpha": 1})
     # make the worker log its connection: cut its sessions, it reconnects and says so
+    # (once its LISTEN connection is open: cut before that, there is nothing to lose)
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                                  " AND query LIKE 'LISTEN %%'"), 20, message="the worker's LISTEN connection")
     conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                  " WHERE datname = current_database() AND pid <> pg_backend_pid()")
     wait_for(lambda: "listener lost" in s.log() and "listener back" in s.log(), 20, message="the worker to reconnect")
