@@ -11,7 +11,13 @@ from typing import Any
 from supervisor.apps import App
 from supervisor.migrate import sql_dir
 
-from .config import parse_pipeline
+
+def _parse_pipeline(reader: Any, item: Any) -> Any:
+    # The config schema pulls in the YAML reader and the catalog: only a process
+    # that reads a config needs them, not every worker that looks up its apps.
+    from .config import parse_pipeline
+
+    return parse_pipeline(reader, item)
 
 
 def _commands() -> list[Any]:
@@ -42,7 +48,7 @@ APP = App(
     name="actors",
     packages=("actors",),
     migrations=sql_dir("actors"),
-    sections={"pipeline": parse_pipeline},
+    sections={"pipeline": _parse_pipeline},
     commands=_commands,
     on_worker_start=_on_worker_start,
     pages=_pages,

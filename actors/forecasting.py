@@ -104,7 +104,7 @@ def forecast_daily() -> dict:
 
 def enqueue_forecasts() -> int:
     broker = store.broker()
-    with broker.pool.connection() as conn:
+    with broker.actor_pool.connection() as conn:
         keys = [r[0] for r in conn.execute(pipeline_sql.ACTIVE_PRODUCT_KEYS,
                                            {"days": settings.forecasting().history_days})]
     broker.enqueue_many([forecast_product.message_with_options(args=(k,), dedupe_key=f"forecast:{k}")

@@ -207,7 +207,7 @@ def poll_due_watches(limit: int = 500, older_than_seconds: float | None = None) 
 
 def enqueue_due_watches(limit: int = 500, older_than_seconds: float | None = None) -> int:
     broker = store.broker()
-    with broker.pool.connection() as conn:
+    with broker.actor_pool.connection() as conn:
         due = [r[0] for r in conn.execute(sql.DUE_WATCHES, {"limit": limit,
                                                              "older_than_s": older_than_seconds})]
     now = time.time()

@@ -20,4 +20,4 @@ def broker() -> PostgresBroker:
 
 
 def pool() -> ConnectionPool:
-    return broker().pool
+    return broker().actor_pool

@@ -33,7 +33,7 @@ def read_system_state(url: str | None = None) -> dict[str, Any]:
 def reextract(broker, watch_id: int | None = None) -> int:
     """Enqueue extraction of one watch's listings (None: every listing) at
     priority 1, so they run before new listings. Returns how many."""
-    with broker.pool.connection() as conn:
+    with broker.actor_pool.connection() as conn:
         rows = conn.execute(pipeline_sql.LISTINGS_TO_REEXTRACT, {"watch_id": watch_id}).fetchall()
     messages: list[Message[Any]] = [
         Message(queue_name="extraction", actor_name="extract_listing", args=(lid, wid), kwargs={},

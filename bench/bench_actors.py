@@ -33,7 +33,7 @@ def latency(sent: float) -> None:
     """
     started = time.time()
     job_id = CurrentMessage.get_current_message().message_id
-    with dramatiq.get_broker().pool.connection() as c:
+    with dramatiq.get_broker().actor_pool.connection() as c:
         c.execute(
             "INSERT INTO bench_latency (job_id, sent, started) VALUES (%s, %s, %s)",
             (job_id, sent, started),
@@ -43,7 +43,7 @@ def latency(sent: float) -> None:
 def _record_start() -> None:
     started = time.time()
     job_id = CurrentMessage.get_current_message().message_id
-    with dramatiq.get_broker().pool.connection() as c:
+    with dramatiq.get_broker().actor_pool.connection() as c:
         c.execute("INSERT INTO bench_latency (job_id, sent, started) VALUES (%s, 0, %s)", (job_id, started))
 
 

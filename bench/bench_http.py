@@ -2,9 +2,11 @@
 write prometheus_client multiprocess files) and `supervisor http` scraped at
 /metrics every second, against the plain run. Prints both and the difference.
 
-Runs alternate (plain, observed, plain, observed, ...) so a change in the shared
-machine's load hits both alike. Each observed run also reports its scrapes: how
-many, and their p50/max latency.
+Runs alternate (plain, observed, plain again, plain, observed, ...) so a change in
+the shared machine's load hits both alike. "plain again" is a control: a second
+plain run in each round, so "plain again vs plain" shows how far two identical
+runs differ here (noise), next to "observed vs plain". Each observed run also
+reports its scrapes: how many, and their p50/max latency.
 
     python bench/bench_http.py                    # W1 20,000 jobs x 16 threads, W2 1,000 sends; 3 runs each
     python bench/bench_http.py --only W2 --repeat 5
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--w2-jobs", type=int, default=1_000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--database-url", default=None)
+    p.add_argument("--no-control", action="store_true", help="skip the second plain run of each round")
     args = p.parse_args(argv)
     only = {w.strip().upper() for w in args.only.split(",") if w.strip()}
     results: dict[tuple[str, str], list[float]] = {}
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{sorted(costs)[len(costs) // 2]:.1f} us median")
         results[("metrics middleware per job", "observed")] = costs
         for run in range(args.repeat):
-            for mode, setup in (("plain", plain), ("observed", observed)):
+            modes = [("plain", plain), ("observed", observed)] + ([] if args.no_control else [("plain again", plain)])
+            for mode, setup in modes:
                 if "W1" in only:
                     say(f"W1 {mode} run {run + 1}/{args.repeat}: {args.jobs:,} no-op jobs, "
                         f"2 processes x {args.w1_threads} threads")
@@ -165,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         figures.append(Figure(name, unit, tuple(values), higher_is_better=unit == "jobs/s", config=mode))
     print_table(figures)
     for name in dict.fromkeys(n for n, mode in results if mode == "plain"):
-        a, b = Figure(name, "", tuple(results[(name, "plain")])), Figure(name, "", tuple(results[(name, "observed")]))
-        say(f"{name}: observed median vs plain median {(b.median - a.median) / a.median:+.1%}")
+        a = Figure(name, "", tuple(results[(name, "plain")]))
+        for other in ("observed", "plain again"):
+            if (name, other) in results:
+                b = Figure(name, "", tuple(results[(name, other)]))
+                say(f"{name}: {other} median vs plain median {(b.median - a.median) / a.median:+.1%}")
     return 0
 
 

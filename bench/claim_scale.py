@@ -1,26 +1,45 @@
-"""The claim at scale: 1,000,000 queued jobs (and ~1,000,000 finished ones).
+"""The claim at scale: an empty table, 1M queued, + 2M finished, after a churn.
 
-    python bench/claim_scale.py [--queued 1000000] [--finished 1000000] [--n 16]
-                                [--runs 50] [--database-url URL]
+    python bench/claim_scale.py [--queued 1000000] [--finished 2000000] [--churn 200000]
+                                [--n 16] [--rounds 15] [--per-round 10] [--variants old,new]
+                                [--plans] [--locks] [--database-url URL]
 
-1. Fills a fresh database with --queued pending jobs (INSERT ... SELECT
-   generate_series), then prints EXPLAIN (ANALYZE, BUFFERS) of the CLAIM
-   statement of supervisor/queries/jobs.py and its median time over --runs runs.
-   Each run is a transaction that is rolled back, so the queue stays as it was.
-2. Adds --finished 'succeeded' rows and does the same again: the plan and the
-   time should not change, because finished rows are not in the claim index.
-3. Starts 2 worker processes that drain the queue through real claims while
-   1M jobs wait, and samples pg_locks a few times: the count stays small and
-   constant (a relation lock or two per open transaction), never one per job.
-4. Measures the claim again after the workers' drain, then drops the database.
+Each variant gets two databases: a reference holding a near-empty table
+(--empty-queued runnable rows) and a main one that goes through the states
+
+  1. --queued pending jobs (INSERT ... SELECT generate_series, then VACUUM ANALYZE);
+  2. + --finished 'succeeded' jobs (VACUUM ANALYZE again);
+  3. a churn: --churn jobs drained by the CLAIM / ACK_MANY loop the workers run
+     (one autocommit statement each, --churn-batch rows per claim), measured at
+     once, before any vacuum: the claim index holds the drained rows' dead entries;
+  4. after the vacuum that follows a churn: "old" runs a plain VACUUM (what
+     autovacuum does, a minute later at most), "new" runs the upkeep's own
+     trigger (supervisor/worker/upkeep.py: n_dead_tup past the threshold);
+  5. a steady stream: --slices x --slice jobs churned, each slice followed by
+     that vacuum (autovacuum's skips the indexes when few heap pages changed).
+
+Variant "old" is the schema without sql/runtime/025_jobs_bloat.sql (the bench
+undoes it after migrating), "new" the schema with it. At every state the claim
+(sql.CLAIM, n rows, each run a transaction rolled back) is timed in rounds that
+alternate between all four databases, so the machine's load drift hits every
+figure alike; each figure is a median over rounds x per-round runs, reported
+next to its variant's empty-table reference from the same rounds. Table and
+index sizes, n_dead_tup, the claim's plan summary (index pages read) and, with
+pgstattuple, the claim index's leaf pages and density are printed per state.
+
+--locks adds the former lock phase on the last main database: locks held by an
+open claim, and pg_locks sampled while 2 worker processes drain the queue.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -28,7 +47,9 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import WorkerPool, bench_database, code_state, percentile, say, server_url  # noqa: E402
+from supervisor import defaults  # noqa: E402
 from supervisor.broker import sql  # noqa: E402
+from supervisor.worker import upkeep  # noqa: E402
 
 CHUNK = 250_000
 
@@ -40,20 +61,29 @@ SELECT 'bench', 'noop', now() - interval '1 day' + g * interval '1 ms',
   FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g
 """
 
+# Finished jobs are older than the queued ones, as they would be in production.
 INSERT_FINISHED = """
 INSERT INTO jobs (queue, actor, status, attempts, max_attempts, run_at, created_at, started_at,
                   finished_at, lease_owner)
 SELECT 'bench', 'noop', 'succeeded', 1, 1, t, t, t, t + interval '5 ms', 'bench-history'
-  FROM (SELECT now() - interval '2 days' + g * interval '1 ms' AS t
+  FROM (SELECT now() - interval '9 days' + g * interval '1 ms' AS t
           FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g) AS s
 """
 
+# The schema as it was before 025_jobs_bloat.sql (variant "old"): keep in step with it.
+UNDO_025 = "ALTER TABLE jobs RESET (vacuum_index_cleanup, vacuum_truncate)"
+
 SIZES = """
-SELECT c.relname, pg_size_pretty(pg_relation_size(c.oid))
+SELECT c.relname, pg_relation_size(c.oid)
   FROM pg_class c
  WHERE c.relname = 'jobs'
     OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'jobs'::regclass)
  ORDER BY pg_relation_size(c.oid) DESC
+"""
+
+TABLE_STATS = """
+SELECT n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd, vacuum_count, autovacuum_count
+  FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass
 """
 
 # One snapshot of the server's lock table, split into locks held by the other
@@ -70,31 +100,47 @@ SELECT count(*) FILTER (WHERE l.pid IN (SELECT pid FROM mine)),
 """
 
 
+def mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
 def fill(conn: psycopg.Connection, statement: str, total: int, what: str) -> None:
     started = time.monotonic()
     for lo in range(1, total + 1, CHUNK):
         hi = min(total, lo + CHUNK - 1)
         conn.execute(statement, {"lo": lo, "hi": hi})
-        say(f"  ... {hi:,}/{total:,} {what} rows ({time.monotonic() - started:.1f}s)")
+    say(f"  {total:,} {what} rows in {time.monotonic() - started:.1f}s")
 
 
-def vacuum(conn: psycopg.Connection) -> None:
+def vacuum(conn: psycopg.Connection, options: str = "ANALYZE") -> float:
     started = time.monotonic()
-    conn.execute("VACUUM (ANALYZE) jobs")
-    say(f"  VACUUM (ANALYZE) jobs in {time.monotonic() - started:.1f}s")
+    conn.execute(f"VACUUM ({options}) jobs")
+    return time.monotonic() - started
 
 
-def claim_params(n: int) -> dict:
-    return {"queue": "bench", "n": n, "owner": "claim-scale-probe", "lease_s": 30.0, "actors": [],
+def claim_params(n: int, owner: str = "claim-scale-probe") -> dict:
+    return {"queue": "bench", "n": n, "owner": owner, "lease_s": 30.0, "actors": [],
             "actor_max_attempts": [], "actor_max_losses": [], "default_max_attempts": 21, "default_max_losses": 3}
 
 
-def explain(conn: psycopg.Connection, n: int) -> None:
+def plan(conn: psycopg.Connection, n: int) -> list[str]:
     with conn.transaction():
-        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql.CLAIM, claim_params(n)).fetchall()
+        lines = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql.CLAIM, claim_params(n)).fetchall()]
         raise psycopg.Rollback()
-    for (line,) in plan:
-        say(f"    {line}")
+    return lines
+
+
+def plan_summary(lines: list[str]) -> str:
+    """The claim index scan's buffers and the execution time: what dead entries cost."""
+    out = []
+    for i, line in enumerate(lines):
+        if "Index Scan using jobs_claim" in line:
+            rows = line.split("actual time=")[-1].rstrip(")")
+            buffers = next((x.strip() for x in lines[i + 1:i + 5] if "Buffers:" in x), "Buffers: ?")
+            out.append(f"jobs_claim scan {rows}, {buffers}")
+        if "Execution Time" in line or "Planning Time" in line:
+            out.append(line.strip())
+    return "; ".join(out) or "(no jobs_claim index scan in the plan)"
 
 
 def time_claims(conn: psycopg.Connection, n: int, runs: int) -> list[float]:
@@ -111,129 +157,213 @@ def time_claims(conn: psycopg.Connection, n: int, runs: int) -> list[float]:
     return times
 
 
-def report_claim(conn: psycopg.Connection, label: str, n: int, runs: int) -> float:
-    say(f"EXPLAIN (ANALYZE, BUFFERS) of CLAIM (n={n}) — {label}:")
-    explain(conn, n)
-    times = time_claims(conn, n, runs)
-    median = statistics.median(times)
-    say(f"CLAIM n={n} over {runs} runs ({label}): median {median:.3f} ms, "
-        f"p90 {percentile(times, 90):.3f} ms, min {min(times):.3f} ms, max {max(times):.3f} ms")
-    return median
+def churn(conn: psycopg.Connection, total: int, batch: int, *, quiet: bool = False) -> float:
+    """Drain ``total`` jobs as the workers do: a committed CLAIM, then a committed ACK_MANY."""
+    started = time.monotonic()
+    done = 0
+    while done < total:
+        rows = conn.execute(sql.CLAIM, claim_params(min(batch, total - done), owner="churn")).fetchall()
+        if not rows:
+            break
+        conn.execute(sql.ACK_MANY, {"ids": [r[0] for r in rows], "attempts": [r[4] for r in rows],
+                                    "progress": [None] * len(rows), "owner": "churn"})
+        done += len(rows)
+    elapsed = time.monotonic() - started
+    if not quiet:
+        say(f"  churn: {done:,} jobs claimed and acked in {elapsed:.1f}s ({done / elapsed:,.0f} jobs/s)")
+    return elapsed
 
 
-def counts(conn: psycopg.Connection) -> str:
-    rows = conn.execute("SELECT status, count(*) FROM jobs GROUP BY status ORDER BY status").fetchall()
-    return ", ".join(f"{s} {c:,}" for s, c in rows)
+@dataclass
+class Db:
+    """One bench database: a variant's empty reference or its main table."""
+
+    variant: str
+    role: str  # "empty" or "main"
+    url: str
+    conn: psycopg.Connection
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"{self.variant}/{self.role}"
+
+    def sizes(self) -> str:
+        rows = self.conn.execute(SIZES).fetchall()
+        total = sum(size for _, size in rows)
+        live, dead, upd, hot, vacs, autovacs = self.conn.execute(TABLE_STATS).fetchone()
+        parts = ", ".join(f"{name} {mb(size)}" for name, size in rows)
+        hot_pct = f"{100 * hot / upd:.0f} %" if upd else "-"
+        return (f"total {mb(total)} ({parts}); n_live_tup {live:,}, n_dead_tup {dead:,}, "
+                f"HOT updates {hot_pct} of {upd:,}, vacuums {vacs} + autovacuums {autovacs}")
+
+    def claim_index(self) -> str:
+        try:
+            leaf, empty, deleted, density = self.conn.execute(
+                "SELECT leaf_pages, empty_pages, deleted_pages, avg_leaf_density FROM pgstatindex('jobs_claim')"
+            ).fetchone()
+        except psycopg.Error:
+            return "pgstattuple not available"
+        return f"jobs_claim: {leaf:,} leaf pages ({density:.0f} % full), {empty} empty, {deleted} deleted"
+
+
+def open_db(url: str, variant: str, role: str) -> Db:
+    conn = psycopg.connect(url, autocommit=True)
+    if variant == "old":
+        conn.execute(UNDO_025)
+    with contextlib.suppress(psycopg.Error):
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+    return Db(variant, role, url, conn)
+
+
+def measure(dbs: list[Db], state: str, args: argparse.Namespace, results: list[tuple[str, str]]) -> None:
+    """Alternating rounds over every database, then one line per variant."""
+    say(f"== {state} (load average {os.getloadavg()[0]:.1f})")
+    for db in dbs:
+        db.times = []
+        time_claims(db.conn, args.n, 5)  # warm: prepared statement, cache
+    for r in range(args.rounds):
+        order = dbs[r % len(dbs):] + dbs[:r % len(dbs)]
+        for db in order:
+            db.times += time_claims(db.conn, args.n, args.per_round)
+    for variant in sorted({db.variant for db in dbs}):
+        empty, main = (next(d for d in dbs if d.variant == variant and d.role == role) for role in ("empty", "main"))
+        e, m = statistics.median(empty.times), statistics.median(main.times)
+        say(f"  {variant}: CLAIM n={args.n} median {m:.3f} ms (p90 {percentile(main.times, 90):.3f}), "
+            f"empty table {e:.3f} ms -> {100 * (m / e - 1):+.0f} %")
+        say(f"    {main.sizes()}")
+        say(f"    {main.claim_index()}")
+        lines = plan(main.conn, args.n)
+        say(f"    plan: {plan_summary(lines)}; empty table: {plan_summary(plan(empty.conn, args.n))}")
+        if args.plans:
+            for line in lines:
+                say(f"      {line}")
+        results.append((f"{state} [{variant}]", f"{m:.3f} ms vs empty {e:.3f} ms ({100 * (m / e - 1):+.0f} %)"))
+
+
+def explain_prune(db: Db) -> None:
+    """PRUNE must walk jobs_finished oldest first and stop at its batch, never scan the table."""
+    with db.conn.transaction():
+        lines = [r[0] for r in db.conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS) " + sql.PRUNE,
+            {"status": "succeeded", "older_than_s": 0, "limit": defaults.PRUNE_BATCH}).fetchall()]
+        raise psycopg.Rollback()
+    scans = [x.strip() for x in lines if "Scan" in x and "on jobs" in x]
+    took = next((x.strip() for x in lines if "Execution Time" in x), "?")
+    say(f"  PRUNE of {defaults.PRUNE_BATCH:,} succeeded rows ({db.variant}): {took}; jobs scans: {'; '.join(scans)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--queued", type=int, default=1_000_000)
+    p.add_argument("--finished", type=int, default=2_000_000)
+    p.add_argument("--empty-queued", type=int, default=1_000, help="runnable rows of the empty-table reference")
+    p.add_argument("--churn", type=int, default=200_000, help="jobs drained by the claim/ack loop")
+    p.add_argument("--slices", type=int, default=10, help="stream phase: churn slices, each then vacuumed")
+    p.add_argument("--slice", type=int, default=20_000, help="stream phase: jobs per slice")
+    p.add_argument("--churn-batch", type=int, default=16, help="rows per claim of the churn")
+    p.add_argument("--n", type=int, default=16, help="rows per timed claim (a worker's thread count)")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--per-round", type=int, default=10)
+    p.add_argument("--variants", default="old,new", help="old (without 025_jobs_bloat.sql), new, or both")
+    p.add_argument("--plans", action="store_true", help="print every claim plan in full")
+    p.add_argument("--locks", action="store_true", help="also sample pg_locks while 2 workers drain")
+    p.add_argument("--threads", type=int, default=16, help="threads per worker process in the lock phase")
+    p.add_argument("--database-url", default=None,
+                   help="server to create the bench databases on (default $DATABASE_URL, else local)")
+    args = p.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+
+    results: list[tuple[str, str]] = []
+    say(code_state())
+    with contextlib.ExitStack() as stack:
+        dbs: list[Db] = []
+        for variant in variants:
+            for role in ("empty", "main"):
+                url = stack.enter_context(bench_database(server_url(args.database_url), prefix="as_scale"))
+                db = open_db(url, variant, role)
+                stack.callback(db.conn.close)
+                dbs.append(db)
+        mains = [d for d in dbs if d.role == "main"]
+        for db in dbs:
+            fill(db.conn, INSERT_QUEUED, args.empty_queued if db.role == "empty" else args.queued,
+                 f"{db.label} queued")
+            vacuum(db.conn)
+
+        measure(dbs, f"{args.queued:,} queued", args, results)
+        for db in mains:
+            fill(db.conn, INSERT_FINISHED, args.finished, f"{db.label} finished")
+            say(f"  {db.label}: VACUUM (ANALYZE) in {vacuum(db.conn):.1f}s")
+        measure(dbs, f"{args.queued:,} queued + {args.finished:,} finished", args, results)
+        for db in mains:
+            explain_prune(db)
+
+        for db in mains:
+            say(f"{db.label}:")
+            churn(db.conn, args.churn, args.churn_batch)
+        measure(dbs, f"after a churn of {args.churn:,}, no vacuum yet", args, results)
+
+        for db in mains:
+            started = time.monotonic()
+            if db.variant == "new":
+                dead = upkeep.vacuum_jobs(db.conn, min_seconds=0)
+                what = "upkeep vacuum " + (f"of {dead:,} dead tuples" if dead is not None
+                                           else "did not run (below the threshold, or locked)")
+            else:
+                vacuum(db.conn, "ANALYZE")
+                what = "plain VACUUM (ANALYZE), as autovacuum would"
+            say(f"  {db.label}: {what} in {time.monotonic() - started:.1f}s")
+        measure(dbs, "after the churn and its vacuum", args, results)
+
+        # A steady stream: slices of churn, each followed by the vacuum that would follow
+        # it (old: autovacuum's, which skips the indexes when few heap pages changed).
+        for db in mains:
+            for _ in range(args.slices):
+                churn(db.conn, args.slice, args.churn_batch, quiet=True)
+                if db.variant == "new":
+                    upkeep.vacuum_jobs(db.conn, min_seconds=0)
+                else:
+                    vacuum(db.conn, "ANALYZE")
+            say(f"  {db.label}: {args.slices} x ({args.slice:,} jobs churned, then vacuumed)")
+        measure(dbs, f"a stream: {args.slices} x {args.slice:,} churned and vacuumed", args, results)
+
+        if args.locks:
+            lock_phase(mains[-1], args, results)
+
+    say("")
+    say(f"summary (CLAIM n={args.n}, median of {args.rounds} x {args.per_round} runs, alternating databases)")
+    width = max(len(k) for k, _ in results)
+    for key, value in results:
+        say(f"  {key.ljust(width)}  {value}")
+    return 0
 
 
 def queued(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT count(*) FROM jobs WHERE status IN ('pending', 'retryable')").fetchone()[0]
 
 
-def sample_locks(conn: psycopg.Connection, samples: int, every: float) -> list[int]:
-    """Sample the lock table while the workers claim; return the workers' counts."""
-    seen: list[int] = []
-    before = queued(conn)
-    started = time.monotonic()
-    show = max(1, samples // 8)
-    for i in range(samples):
-        ours, server, kinds = conn.execute(LOCKS).fetchone()
-        new_high = ours > max(seen, default=-1)
-        seen.append(ours)
-        if i % show == 0 or new_high:
-            running = conn.execute("SELECT count(*) FROM jobs WHERE status = 'running'").fetchone()[0]
-            say(f"  sample {i + 1:3d}: pg_locks held by the workers' backends = {ours:3d} "
-                f"(whole server, other users included: {server:3d}); running jobs {running}; kinds: {kinds}")
-        time.sleep(every)
-    elapsed = time.monotonic() - started
-    after = queued(conn)
-    histogram = ", ".join(f"{v} locks x{seen.count(v)}" for v in sorted(set(seen)))
-    say(f"  {samples} samples over {elapsed:.1f}s: {histogram}")
-    say(f"  the workers claimed {before - after:,} jobs meanwhile ({(before - after) / elapsed:,.0f} jobs/s) "
-        f"with {after:,} still queued")
-    return seen
-
-
 def held_claim(url: str, conn: psycopg.Connection, n: int) -> int:
-    """Claim n rows in a transaction left open, count that backend's locks
-    from another connection, then roll back: FOR UPDATE row locks live in the
-    rows themselves, so the count does not grow with n."""
+    """Claim n rows in a transaction left open, count that backend's locks from
+    another connection, then roll back: FOR UPDATE row locks live in the rows
+    themselves, so the count does not grow with n."""
     with psycopg.connect(url) as holder:
         holder.execute(sql.CLAIM, claim_params(n)).fetchall()
-        pid = holder.info.backend_pid
-        count, kinds = conn.execute(
-            "SELECT sum(n), string_agg(kind || ' x' || n, ', ' ORDER BY kind) FROM "
-            "(SELECT locktype || '/' || mode AS kind, count(*) AS n FROM pg_locks WHERE pid = %s GROUP BY 1) k",
-            (pid,),
-        ).fetchone()
+        count = conn.execute("SELECT count(*) FROM pg_locks WHERE pid = %s", (holder.info.backend_pid,)).fetchone()[0]
         holder.rollback()
-    say(f"  an open claim of {n:,} rows holds {count} locks: {kinds}")
     return count
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--queued", type=int, default=1_000_000)
-    p.add_argument("--finished", type=int, default=1_000_000)
-    p.add_argument("--n", type=int, default=16, help="rows per claim (a worker's thread count)")
-    p.add_argument("--runs", type=int, default=50)
-    p.add_argument("--threads", type=int, default=16, help="threads per worker process in the lock phase")
-    p.add_argument("--samples", type=int, default=100, help="pg_locks samples, 50 ms apart")
-    p.add_argument("--database-url", default=None,
-                   help="server to create the bench database on (default $DATABASE_URL, else local)")
-    args = p.parse_args(argv)
-
-    results: list[tuple[str, str]] = []
-    with bench_database(server_url(args.database_url), prefix="as_scale") as url, \
-            psycopg.connect(url, autocommit=True) as conn:
-        limit = conn.execute(
-            "SELECT current_setting('max_locks_per_transaction')::int * "
-            "(current_setting('max_connections')::int + current_setting('max_prepared_transactions')::int)"
-        ).fetchone()[0]
-        say(f"server lock table: {limit:,} slots (max_locks_per_transaction x connections)")
-        say(code_state())
-
-        say(f"inserting {args.queued:,} queued jobs")
-        fill(conn, INSERT_QUEUED, args.queued, "queued")
-        vacuum(conn)
-        say(f"jobs: {counts(conn)}")
-        median_a = report_claim(conn, f"{args.queued:,} queued", args.n, args.runs)
-        results.append((f"CLAIM median, {args.queued:,} queued", f"{median_a:.3f} ms"))
-
-        say(f"inserting {args.finished:,} finished (succeeded) jobs")
-        fill(conn, INSERT_FINISHED, args.finished, "finished")
-        vacuum(conn)
-        say(f"jobs: {counts(conn)}")
-        say("sizes: " + ", ".join(f"{name} {size}" for name, size in conn.execute(SIZES).fetchall()))
-        median_b = report_claim(conn, f"{args.queued:,} queued + {args.finished:,} finished", args.n, args.runs)
-        results.append((f"CLAIM median, + {args.finished:,} finished", f"{median_b:.3f} ms"))
-
-        say("locks of one claim transaction held open (1 claim = a fixed set of relation locks):")
-        small = held_claim(url, conn, args.n)
-        large = held_claim(url, conn, 10_000)
-        results.append((f"locks held by an open claim of {args.n} / 10,000 rows", f"{small} / {large}"))
-
-        say(f"starting 2 worker processes x {args.threads} threads on the queue of {queued(conn):,}")
-        idle = conn.execute(LOCKS).fetchone()[0]
-        with WorkerPool(url, count=2, threads=args.threads):
-            time.sleep(1.0)  # let the drain reach its steady state
-            seen = sample_locks(conn, args.samples, every=0.05)
-            busy = statistics.median(time_claims(conn, args.n, args.runs))
-            say(f"  CLAIM n={args.n} median {busy:.3f} ms over {args.runs} runs with the 2 workers claiming alongside")
-        say(f"jobs after the workers stopped: {counts(conn)}")
-        results.append(("pg_locks of the workers, before they start", str(idle)))
-        results.append(("pg_locks of 2 claiming workers (min..max)",
-                        f"{min(seen)}..{max(seen)} over {len(seen)} samples, ~1M queued"))
-        results.append(("CLAIM median, during the drain", f"{busy:.3f} ms"))
-        median_c = report_claim(conn, "after the drain (dead index entries, before autovacuum)", args.n, args.runs)
-        results.append(("CLAIM median, after the drain", f"{median_c:.3f} ms"))
-
-    say("")
-    say("summary")
-    width = max(len(k) for k, _ in results)
-    for key, value in results:
-        say(f"  {key.ljust(width)}  {value}")
-    return 0
+def lock_phase(db: Db, args: argparse.Namespace, results: list[tuple[str, str]]) -> None:
+    small, large = held_claim(db.url, db.conn, args.n), held_claim(db.url, db.conn, 10_000)
+    results.append((f"locks held by an open claim of {args.n} / 10,000 rows", f"{small} / {large}"))
+    say(f"starting 2 worker processes x {args.threads} threads on the queue of {queued(db.conn):,}")
+    seen: list[int] = []
+    with WorkerPool(db.url, count=2, threads=args.threads):
+        time.sleep(1.0)  # let the drain reach its steady state
+        for _ in range(100):
+            seen.append(db.conn.execute(LOCKS).fetchone()[0])
+            time.sleep(0.05)
+    results.append(("pg_locks of 2 claiming workers (min..max)", f"{min(seen)}..{max(seen)} over {len(seen)} samples"))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import os
 import re
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,12 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from .identity import node_name
+
 log = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
+APPLICATION_NAME = "actor-supervisor"
 
 
 class DatabaseError(RuntimeError):
@@ -112,6 +116,31 @@ def redact(text: str) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class Database:
+    """Where a process's connections go, resolved once at start."""
+
+    url: str
+    # Where LISTEN goes; "" for nowhere (a pooled url with no direct one: consumers poll).
+    listen_url: str
+    # url reaches the server through a transaction pooler (PgBouncer).
+    pooled: bool
+
+
+def resolve(url: str | None = None, *, listen_url: str | None = None, pooled: bool | None = None) -> Database:
+    """The database of this process (``database:`` config, else DATABASE_URL, else
+    embedded). ``pooled`` None: detected with one connection (see detect_pooled)."""
+    chosen = resolve_url(url)
+    if pooled is None:
+        pooled = detect_pooled(chosen)
+        if pooled:
+            log.info("%s goes through a connection pooler: no prepared statements, LISTEN only on "
+                     "database.listen_url", redact(chosen))
+    if pooled:
+        mark_pooled(chosen)
+    return Database(url=chosen, listen_url=listen_url or ("" if pooled else chosen), pooled=pooled)
+
+
 def one(cursor: psycopg.Cursor[Any]) -> Any:
     """The first column of the one row a statement returns (an aggregate, a RETURNING)."""
     row = cursor.fetchone()
@@ -126,9 +155,48 @@ def dicts(conn: psycopg.Connection, query: Any, params: Any = None) -> list[dict
         return cur.execute(query, params).fetchall()
 
 
+# URLs that reach PostgreSQL through a transaction-pooling proxy (PgBouncer): their
+# connections never use server-side prepared statements, which a pooler would hand
+# to another client's session. Filled at start-up (config or detection), before any
+# fork, so every pool of the process and of its children follows it.
+_pooled: set[str] = set()
+
+
+def mark_pooled(url: str) -> None:
+    _pooled.add(url)
+
+
+def is_pooled(url: str) -> bool:
+    return url in _pooled
+
+
+def session_kwargs(url: str) -> dict[str, Any]:
+    """psycopg connection arguments every connection to ``url`` uses."""
+    # application_name names the process in pg_stat_activity (which one holds what).
+    kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": 10,
+                              "application_name": f"{APPLICATION_NAME} {node_name()}:{os.getpid()}"[:63]}
+    if url in _pooled:
+        kwargs["prepare_threshold"] = None
+    return kwargs
+
+
+def detect_pooled(url: str) -> bool:
+    """Is ``url`` a PgBouncer? It refuses the ``options`` startup parameter that
+    PostgreSQL accepts (unless told to ignore it: then say ``database.pooled``).
+    Not a port comparison: a TCP proxy or a container's port mapping is no pooler,
+    and treating it as one would turn NOTIFY wake-ups into polling."""
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=10, options="-c application_name=probe"):
+            return False
+    except psycopg.OperationalError as exc:
+        if "unsupported startup parameter" in str(exc):
+            return True
+        raise
+
+
 def connect(url: str, **kwargs) -> psycopg.Connection:
     try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10, **kwargs)
+        return psycopg.connect(url, **{**session_kwargs(url), **kwargs})
     except psycopg.OperationalError as exc:
         raise DatabaseError(
             f"cannot connect to PostgreSQL at {redact(url)}: {str(exc).strip()}\n"
@@ -155,11 +223,12 @@ def probe_if_idle(conn: psycopg.Connection) -> None:
 
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "supervisor",
-              options: str | None = None) -> ConnectionPool:
-    """A small autocommit pool; every process gets its own, sized to its threads.
-    ``options`` are server settings for its sessions (libpq ``options``)."""
-    kwargs: dict = {"autocommit": True, "connect_timeout": 10}
-    if options:
+              options: str | None = None, reconnect_timeout: float = 0) -> ConnectionPool:
+    """A small autocommit pool; every process gets its own. ``options``: server
+    settings for its sessions (libpq ``options``), a guard such as a statement
+    timeout; dropped for a pooled URL, where sessions are not ours to configure."""
+    kwargs = session_kwargs(url)
+    if options and url not in _pooled:
         kwargs["options"] = options
     pool = ConnectionPool(
         url,
@@ -170,10 +239,12 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
         open=False,
         # A broken connection is replaced instead of handed out again.
         check=probe_if_idle,
-        # A failed connection attempt is not retried on the pool's own backoff
-        # (1, 2, 4... s: a reconnect up to seconds after the database is back);
+        # By default a failed connection attempt is not retried on the pool's own
+        # backoff (1, 2, 4... s: a reconnect up to seconds after the database is back);
         # callers retry, and each request that finds no connection starts a new attempt.
-        reconnect_timeout=0,
+        # A pool whose callers wait instead (actor code) passes a retry budget: without
+        # one, a caller waiting when an attempt failed would wait out its whole timeout.
+        reconnect_timeout=reconnect_timeout,
     )
     pool.open(wait=False)
     return pool

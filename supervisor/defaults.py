@@ -24,6 +24,10 @@ MIN_BACKOFF_MS = 15_000
 MAX_BACKOFF_MS = 24 * 3600 * 1000  # the cap: a retry is never further away than a day
 # A worker process.
 THREADS = 8
+# Connections a supervisor worker process holds for the broker's own work (claims,
+# acks, heartbeats, timers, sends): a fleet of many hosts must stay within what one
+# PostgreSQL (or PgBouncer) can serve. Actor code's own queries use a separate pool.
+WORKER_CONNECTIONS = 2
 SHUTDOWN_TIMEOUT = 30.0
 PRUNE_SECONDS = 300.0
 # Retention (the config's `retention:` section): how long each kind of row is kept.
@@ -32,6 +36,17 @@ RETENTION = {"succeeded": 7 * DAY, "failed": 30 * DAY, "cancelled": 7 * DAY, "ev
              "runs": 30 * DAY, "results": 1 * DAY}
 # Rows one prune statement deletes at most: short statements, short locks.
 PRUNE_BATCH = 1000
+# A prune runs at least this often per shortest retention (a 60 s retention is pruned
+# every 15 s, not every PRUNE_SECONDS), but never more often than PRUNE_MIN_SECONDS.
+PRUNE_PER_RETENTION = 4
+PRUNE_MIN_SECONDS = 5.0
+# The jobs table's own vacuum (worker upkeep): once this many dead tuples wait, one
+# process (the vacuum's own lock, never waited on) vacuums jobs, so the claim index sheds the entries of
+# claimed rows within seconds instead of at autovacuum's next visit (a minute).
+VACUUM_DEAD_ROWS = 20_000
+VACUUM_CHECK_SECONDS = 5.0
+# ...but not again within this long of the last (auto)vacuum: each one reads every index.
+VACUUM_MIN_SECONDS = 10.0
 # The supervisor (master).
 TICK = 0.5
 KILL_GRACE = 5.0

@@ -95,18 +95,24 @@ def changed_migrations(conn: psycopg.Connection, apps: Iterable[App] = ()) -> li
 def migrate(url: str, apps: Iterable[App] = (), *, progress: Callable[[str], None] | None = None) -> list[Migration]:
     """Apply pending migrations (the runtime's and those of ``apps``) in order, each exactly once.
 
-    A session advisory lock serialises concurrent runs (two hosts deploying at
-    once): the second waits, then finds nothing left to do. Each migration
-    commits together with its ledger row, so a failure leaves no half-applied
-    version behind.
+    Each migration is one transaction: a transaction-scoped advisory lock taken
+    first serialises concurrent runs (two hosts deploying at once: the second
+    waits, then finds that version applied), and the migration commits together
+    with its ledger row, so a failure leaves no half-applied version behind. No
+    session state: it works through PgBouncer's transaction pooling too.
     """
-    apps = tuple(apps)
+    wanted = load_migrations(tuple(apps))  # the files, read once
     applied: list[Migration] = []
     with connect(url) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_ID,))
-        try:
-            conn.execute(_LEDGER)
-            for migration in pending_migrations(conn, apps):
+        while True:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_ID,))
+                conn.execute(_LEDGER)
+                done = applied_migrations(conn)  # again under the lock: another run may have applied some
+                pending = [m for m in wanted if m.version not in done]
+                if not pending:
+                    break
+                migration = pending[0]
                 if progress:
                     progress(f"applying {migration.owner}/{migration.name} ...")
                 started = time.monotonic()
@@ -116,9 +122,7 @@ def migrate(url: str, apps: Iterable[App] = (), *, progress: Callable[[str], Non
                         conn.execute(_RECORD, (migration.version, migration.name, migration.checksum))
                 except psycopg.Error as exc:
                     raise DatabaseError(f"migration {migration.name} failed: {exc}".strip()) from exc
-                applied.append(migration)
-                if progress:
-                    progress(f"applied {migration.name} in {time.monotonic() - started:.2f}s")
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_ID,))
+            applied.append(migration)
+            if progress:
+                progress(f"applied {migration.name} in {time.monotonic() - started:.2f}s")
     return applied

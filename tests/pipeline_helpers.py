@@ -21,7 +21,7 @@ import pytest
 
 from actors.queries import pipeline as pipeline_sql
 from actors.queries import sources as sources_sql
-from supervisor import runtime
+from supervisor import db, runtime
 from supervisor.broker import PostgresBroker
 from tests.conftest import WorkerProc
 
@@ -120,7 +120,7 @@ def _main() -> int:
         shutdown_timeout=10.0, poll_interval=0.2, app_settings={"pipeline": spec["pipeline"]},
         schedules=tuple(ScheduleConfig(**s) for s in spec["schedules"]),
     )
-    return run(settings, os.environ["DATABASE_URL"])
+    return run(settings, db.resolve(os.environ["DATABASE_URL"], pooled=False))
 
 
 # --- seed data ------------------------------------------------------------------------

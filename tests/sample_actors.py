@@ -9,7 +9,7 @@ from dramatiq.middleware import CurrentMessage
 
 
 def _pool():
-    return dramatiq.get_broker().pool
+    return dramatiq.get_broker().actor_pool
 
 
 def _job_id() -> str:
@@ -19,6 +19,13 @@ def _job_id() -> str:
 @dramatiq.actor(queue_name="tests", max_retries=0)
 def noop() -> None:
     pass
+
+
+@dramatiq.actor(queue_name="tests", max_retries=0)
+def nap(n: int = 0, sleep_s: float = 0.0) -> None:
+    """Sleeps and touches no database: only the broker's own connections are in use."""
+    if sleep_s:
+        time.sleep(sleep_s)
 
 
 @dramatiq.actor(queue_name="tests", max_retries=3, min_backoff=200)

@@ -42,9 +42,9 @@ def role(processes: int = 2, threads: int = 4, queues=("tests",), actors=("tests
 
 
 def write_config(path: Path, url: str, roles: dict[str, dict], socket: Path | None = None,
-                 **supervisor: Any) -> Path:
+                 database: dict[str, Any] | None = None, **supervisor: Any) -> Path:
     data = {
-        "database": {"url": url},
+        "database": {"url": url, **(database or {})},
         "supervisor": {**FAST_SUPERVISOR, "control_socket": str(socket or path.parent / "ctl.sock"), **supervisor},
         "roles": roles,
     }

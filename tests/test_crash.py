@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 
 from tests.conftest import cli, scalar, wait_for
+from tests.supervisor_helpers import dead, role, write_config
 from tests.tcp_proxy import TcpProxy
 
 
@@ -185,3 +187,43 @@ def test_cancel_interrupts_a_running_job_on_another_process(conn, workers):
     assert cli("jobs", "cancel", str(pending)).returncode == 0 and status(conn, pending) == "cancelled"
     events = conn.execute("SELECT from_status, to_status FROM job_events WHERE job_id = %s", (job,)).fetchall()
     assert events == [("running", "cancelled")]
+
+
+def test_a_frozen_worker_under_the_supervisor_is_killed_before_its_lease_expires(tmp_path, conn, database_url,
+                                                                                 supervisor):
+    """Under the supervisor, a frozen (SIGSTOP) worker never overlaps with the job's next
+    run: the master kills a silent child before any of its leases can expire, and
+    releases its jobs only then, so the next run starts after the first has ended."""
+    lease, heartbeat = 4.0, 0.5
+    path = write_config(tmp_path / "s.yaml", database_url,
+                        {"alpha": role(processes=2, threads=1, lease=f"{lease:g}s", heartbeat=f"{heartbeat:g}s")},
+                        kill_grace="30s")  # capped by the lease: a frozen child cannot wait that long
+    s = supervisor(path)
+    s.wait_state({"alpha": 2})
+    job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'ticking', '[2]') RETURNING id")
+    first = wait_for(lambda: owner_pid(conn, job), 10, message="the job to start")
+    owner = scalar(conn, "SELECT lease_owner FROM jobs WHERE id = %s", (job,))
+    os.kill(first, signal.SIGSTOP)
+    renewals = set()
+
+    def killed() -> bool:
+        # the frozen process's last lease renewal, read while it still holds the job
+        row = conn.execute("SELECT heartbeat_at FROM jobs WHERE id = %s AND lease_owner = %s",
+                           (job, owner)).fetchone()
+        if row:
+            renewals.add(row[0])
+        return dead(first)
+
+    try:
+        wait_for(killed, lease * 2, message="the frozen worker to be killed")
+    finally:
+        if not dead(first):
+            os.kill(first, signal.SIGCONT)
+    wait_for(lambda: status(conn, job) == "succeeded", 15, message="the job to succeed")
+    released = scalar(conn, "SELECT at FROM job_events WHERE job_id = %s AND reason LIKE %s",
+                      (job, f"%prior owner {owner}%"))
+    # released by the master on reaping the killed process, before its lease could expire
+    assert renewals and released < max(renewals) + timedelta(seconds=lease)
+    assert "hung: no beat" in s.log()
+    ((pid, started, _end, tag),) = runs(conn, job)  # the killed run never finished, so left no row
+    assert (pid, tag) != (first, "done") and started > released  # the next run began after the first had ended

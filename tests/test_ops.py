@@ -62,14 +62,20 @@ def test_progress_is_visible_while_running_and_complete_at_the_ack(conn, produce
     # The ack commits with the latest report: no later write is needed to see 100%.
     progress = scalar(conn, "SELECT progress FROM jobs WHERE id = %s", (msg.message_id,))
     assert progress["percent"] == 100 and progress["message"] == "step 4 of 4"
-    history = conn.execute("SELECT percent, message FROM job_progress WHERE job_id = %s ORDER BY at, id",
-                           (msg.message_id,)).fetchall()
-    assert history[-1] == (100, "step 4 of 4") and (50, "step 2 of 4") in history
+    # Its history row follows with the process's next progress write (within 0.5 s).
+    wait_for(lambda: _history(conn, msg.message_id)[-1:] == [(100, "step 4 of 4")], 5,
+             message="the last report in the history")
+    assert (50, "step 2 of 4") in _history(conn, msg.message_id)
     shown = cli("jobs", "show", msg.message_id, url=database_url)
     assert shown.returncode == 0, shown.stderr
     assert "progress:" in shown.stdout and "100%  step 4 of 4" in shown.stdout
     as_json = json.loads(cli("jobs", "show", msg.message_id, "--json", url=database_url).stdout)
     assert as_json["progress_history"][-1]["message"] == "step 4 of 4"
+
+
+def _history(conn, job_id: str) -> list[tuple[float, str]]:
+    return conn.execute("SELECT percent, message FROM job_progress WHERE job_id = %s ORDER BY at, id",
+                        (job_id,)).fetchall()
 
 
 def test_reports_are_kept_when_the_ack_write_fails(conn, producer):
@@ -80,14 +86,50 @@ def test_reports_are_kept_when_the_ack_write_fails(conn, producer):
     buffer.record(job, 1, 40, "almost")
     with (producer.pool.connection() as c, pytest.raises(psycopg.errors.UndefinedTable),
           buffer.for_ack(c, [job]) as progress):
-        assert progress is not None and progress[0].obj["message"] == "almost"
-        c.execute("SELECT * FROM no_such_table")  # the ack fails: its history row must not stay
+        assert progress is not None and json.loads(progress[0])["message"] == "almost"
+        c.execute("SELECT * FROM no_such_table")  # the ack fails
     assert scalar(conn, "SELECT count(*) FROM job_progress") == 0
     assert buffer.pending()
     with producer.pool.connection() as c:
         assert buffer.write(c) == 1
     assert scalar(conn, "SELECT progress->>'message' FROM jobs WHERE id = %s", (job,)) == "almost"
     assert scalar(conn, "SELECT count(*) FROM job_progress") == 1
+
+
+def test_reports_coalesce_to_one_row_per_job_per_write(conn, producer):
+    """Many reports between two writes leave one history row per job; an unchanged
+    report is not written again; an acked job's report rides on the ack and its
+    history row goes with the next write; attempts no longer held are forgotten."""
+    from supervisor.broker.progress import ProgressBuffer
+
+    held: set[tuple[str, int]] = set()
+    buffer = ProgressBuffer(producer.pool, holds=held.__contains__)
+    a, b, c_ = (scalar(conn, "INSERT INTO jobs (actor, status, attempts) VALUES ('x', 'running', 1) RETURNING id::text")
+                for _ in range(3))
+    held.update({(a, 1), (b, 1), (c_, 1)})
+    for i in range(1, 101):
+        buffer.record(a, 1, i, f"a {i}")
+        buffer.record(b, 1, 50, "b steady")  # the same report 100 times
+    with producer.pool.connection() as c:
+        assert buffer.write(c) == 2
+        assert buffer.write(c) == 0 and not buffer.pending()  # nothing changed since
+    assert _history(conn, a) == [(100, "a 100")] and _history(conn, b) == [(50, "b steady")]
+    assert scalar(conn, "SELECT progress->>'message' FROM jobs WHERE id = %s", (a,)) == "a 100"
+
+    # c reports and is acked before any write: its value comes out of for_ack, a (already
+    # written, unchanged) needs nothing; c's history row waits for the next write.
+    buffer.record(c_, 1, 100, "c done")
+    with producer.pool.connection() as c, buffer.for_ack(c, [a, c_]) as progress:
+        assert progress is not None and progress[0] is None and json.loads(progress[1])["message"] == "c done"
+        c.execute("UPDATE jobs SET status = 'succeeded', progress = %s::jsonb WHERE id = %s", (progress[1], c_))
+    assert _history(conn, c_) == []
+    held.discard((b, 1))  # b failed (no ack): its report is dropped at the next write
+    with producer.pool.connection() as c:
+        assert buffer.write(c) == 1
+    assert _history(conn, c_) == [(100, "c done")] and len(_history(conn, a)) == 1  # a: no second row
+    assert scalar(conn, "SELECT status || ' ' || (progress->>'message') FROM jobs WHERE id = %s",
+                  (c_,)) == "succeeded c done"
+    assert buffer._latest == {} and buffer._written == {}  # a and c acked, b forgotten: nothing kept
 
 
 def test_progress_outside_a_job_does_nothing(producer):

@@ -45,6 +45,7 @@ class PrivateServer:
 def private_server() -> Iterator[PrivateServer]:
     # Under the worktree, not pytest's tmp dirs: other pytest sessions on this
     # machine delete old ones, sockets included.
+    (ROOT / ".state").mkdir(exist_ok=True)  # absent when TEST_DATABASE_URL is set
     server = PrivateServer(Path(tempfile.mkdtemp(prefix="pg-", dir=ROOT / ".state")))
     migrate(server.url, apps.installed())
     with psycopg.connect(server.url, autocommit=True) as c:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import dramatiq
 import pytest
 
+from supervisor import db
 from supervisor.config import ScheduleConfig
 from supervisor.worker.scheduler import Scheduler
 from tests.conftest import scalar, wait_for
@@ -109,7 +110,8 @@ def test_the_worker_process_runs_the_scheduler_only_with_schedules(database_url,
     try:
         for schedules, expected in (((), False), ((POLL,), True)):
             proc = WorkerProcess(WorkerSettings(queues=("scraping",), actors=("actors.scraping",), threads=1,
-                                                shutdown_timeout=2, schedules=schedules), database_url)
+                                                shutdown_timeout=2, schedules=schedules),
+                                db.resolve(database_url, pooled=False))
             proc.start()
             try:
                 assert (proc.scheduler is not None and proc.scheduler.is_alive()) == expected

@@ -8,6 +8,7 @@ import random
 import signal
 import time
 
+from supervisor.master.janitor import RELEASE_AGAIN_AFTER
 from tests.conftest import scalar, wait_for
 from tests.supervisor_helpers import (
     JobStream,
@@ -51,11 +52,16 @@ def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database
     assert len(kills) >= KILL_SECONDS - 1
     released = 0
     for owner, killed_at in kills:
-        last = scalar(conn, "SELECT max(at) FROM job_events WHERE to_status = 'pending' AND reason LIKE %s",
-                      (f"%prior owner {owner}%",))
-        assert last is not None, f"{owner} held jobs when killed, but none was released"
+        first, last = conn.execute(
+            "SELECT min(at), max(at) FROM job_events WHERE to_status = 'pending' AND reason LIKE %s",
+            (f"%prior owner {owner}%",)).fetchone()
+        assert first is not None, f"{owner} held jobs when killed, but none was released"
         released += 1
-        assert last.timestamp() - killed_at < 1.0, (owner, last.timestamp() - killed_at)
+        # The jobs it held come back at once. A claim the server was still executing when
+        # the process died commits after that (the server notices a dead client only when
+        # it sends the reply): the janitor's second release brings those back.
+        assert first.timestamp() - killed_at < 1.0, (owner, first.timestamp() - killed_at)
+        assert last.timestamp() - killed_at < 1.0 + RELEASE_AGAIN_AFTER, (owner, last.timestamp() - killed_at)
     assert released == len(kills)
     alpha = s.wait_state({"alpha": 3}, timeout=15)["roles"][0]
     # Each kill is a restart (more only if a replacement failed to start in time,

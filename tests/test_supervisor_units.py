@@ -151,3 +151,13 @@ def test_guard_reads_this_process():
     r = guard.read()
     assert r.rss > 10 << 20 and r.memory_percent == 0.0  # host figures only when a limit asks for them
     assert os.getpid() == guard._proc.pid
+
+
+def test_a_silent_child_is_killed_before_a_lease_renewed_every_heartbeat_can_expire():
+    from supervisor.master.children import silent_limits
+
+    for lease, heartbeat, beat, grace in ((30, 10, 1, 5), (5, 1, 1, 5), (4, 0.5, 0.5, 30), (60, 5, 1, 120)):
+        silent, kill_after = silent_limits(lease, heartbeat, beat, grace)
+        assert silent >= 3 * beat  # one late beat is no hang
+        assert silent + kill_after < lease - heartbeat, (lease, heartbeat, silent, kill_after)
+        assert kill_after <= grace

@@ -35,7 +35,8 @@ class AckBatcher(threading.Thread):
     def add(self, job_id: str, attempt: int, done: Done = None) -> None:
         with self._cond:
             self._pending.append((job_id, attempt, done))
-            self._cond.notify_all()
+            if len(self._pending) == 1:  # the batcher waits for the first; later ones join its batch
+                self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every ack added so far is committed."""

@@ -30,7 +30,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import db, defaults
 from ..identity import owner_id
-from . import sql
+from . import bulk, sql
 from .acks import AckBatcher
 from .capacity import Capacity
 from .consumer import PostgresConsumer
@@ -38,32 +38,28 @@ from .fencing import Fence
 from .joining import Failures, QueueHelpers
 from .keeper import LeaseKeeper
 from .leases import Leases
-from .listener import CANCEL_CHANNEL, Listener
+from .listener import CANCEL_CHANNEL, Listener, PipeWakeups, Wakeups
 from .message import PgMessageProxy, body_columns, decode_claimed
 from .middleware import JobOptions, Retries, claim_budgets
 from .outcomes import Outcomes
 from .progress import ProgressBuffer
 from .results import PostgresBackend
+from .signals import Signals
 from .timer import DueTimer
 
 log = logging.getLogger(__name__)
 
+# How long the actor pool keeps retrying a failed connection attempt (with backoff)
+# while actor code waits for a connection.
+ACTOR_POOL_RECONNECT = 30.0
 # How long a claim waits for a connection while claims are failing (see claim).
 CLAIM_TIMEOUT_IN_OUTAGE = 0.25
-# INSERT_MANY's array parameters and the row field each is made of.
-_BULK_ARRAYS = {
-    "ids": "id", "queues": "queue", "actors": "actor", "args": "args", "kwargs": "kwargs", "options": "options",
-    "message_timestamps": "message_timestamp", "payloads": "payload", "priorities": "priority",
-    "delays": "delay_ms", "max_attempts": "max_attempts", "dedupe_keys": "dedupe_key",
-    "concurrency_keys": "concurrency_key",
-}
-
 _transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.ContextVar(
     "actor_supervisor_transaction", default=None
 )
 
 
-class PostgresBroker(QueueHelpers, Outcomes, Broker):
+class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):
     """A Dramatiq broker whose queues are rows of the ``jobs`` table.
 
     Parameters:
@@ -72,7 +68,14 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
       poll_interval: longest idle wait between claims when no NOTIFY arrives.
       max_retries / min_backoff / max_backoff: defaults for the Retries middleware
         (milliseconds, like Dramatiq's).
-      pool_size: connections this process may open (claims, acks, retries).
+      pool_size: connections this process may open for the broker's own work (claims,
+        acks, retries, heartbeats, sends); a supervisor worker uses 2.
+      actor_pool_size: connections of ``actor_pool``, for actor code's own queries,
+        opened only when an actor asks for one.
+      listen_url: where to LISTEN for wake-ups (default: url; "" for none: a
+        pooled URL without a direct one, consumers poll).
+      wakeup_fd: a pipe on which the supervisor relays its host's wake-ups
+        (then this process holds no LISTEN connection).
       fail_fast_default: ``join``'s default for ``fail_fast`` (see joining.Failures).
       keep_leases: a consuming broker renews and reaps leases itself (LeaseKeeper:
         the dramatiq CLI); a supervisor worker process does it in its upkeep thread.
@@ -89,12 +92,19 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
         min_backoff: int = defaults.MIN_BACKOFF_MS,
         max_backoff: int = defaults.MAX_BACKOFF_MS,
         pool_size: int = 8,
+        actor_pool_size: int = 8,
+        listen_url: str | None = None,
+        wakeup_fd: int | None = None,
         owner: str | None = None,
         fail_fast_default: bool = False,
         keep_leases: bool = False,
     ) -> None:
         self.url = db.resolve_url(url)
         self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker")
+        self.listen_url = self.url if listen_url is None else listen_url
+        self.wakeup_fd = wakeup_fd
+        self._actor_pool_size = actor_pool_size
+        self._actor_pool: ConnectionPool | None = None
         if middleware is None:
             middleware = [
                 AgeLimit(),
@@ -104,7 +114,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
                 Pipelines(),
                 Retries(max_retries=max_retries, min_backoff=min_backoff, max_backoff=max_backoff),
                 # Actors with store_results=True keep their results in job_results.
-                Results(backend=PostgresBackend(url=self.url, pool=self.pool)),
+                Results(backend=PostgresBackend(url=self.url, pool=self.pool, listen_url=self.listen_url)),
                 CurrentMessage(),
                 JobOptions(),
             ]
@@ -112,15 +122,6 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
         self.owner = owner or owner_id()
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
-        # Claims made while idle commit without waiting for their WAL flush: that
-        # flush is a third of the enqueue-to-start latency. A claim lost in a server
-        # crash only puts the row back to pending (a rerun, like any lost lease,
-        # which the attempt fence handles). Claims under load stay synchronous:
-        # unflushed commits delay the hint bits that let later claims skip dead
-        # index entries. Opened lazily (min_size=0): producers never use it.
-        self.idle_claim_pool: ConnectionPool = db.make_pool(
-            self.url, min_size=0, max_size=4, name="broker-idle-claims", options="-c synchronous_commit=off"
-        )
         self.queues: dict[str, None] = {}
         # Unbounded until a worker process sets it to what it can run at once.
         self.capacity = Capacity(limit=1 << 30)
@@ -135,7 +136,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
         # Last, so its after_process_message runs first (see Fence).
         self.fence = Fence(self.leases)
         self.add_middleware(self.fence)
-        self._listener: Listener | None = None
+        self._listener: Wakeups | None = None
         self._acks: AckBatcher | None = None
         self._timer: DueTimer | None = None
         self._keeper = LeaseKeeper(self.leases) if keep_leases else None
@@ -165,30 +166,19 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
             _transaction.reset(token)
 
     def _row(self, message: Message, delay: int | None) -> dict[str, Any]:
-        options = message.options
-        actor = self.actors.get(message.actor_name)  # None: enqueued by name from elsewhere
-        actor_opts = actor.options if actor is not None else {}
-
-        def option(name: str) -> Any:
-            value = options.get(name)
-            return actor_opts.get(name) if value is None else value
-
-        max_attempts = option("max_attempts")
-        if max_attempts is None and actor is not None:
-            retries = self._retries()
-            max_attempts = 1 if retries is None else retries.max_attempts_for(message, actor)
-        # else NULL: the worker that claims it applies its actor's budget
+        priority, max_attempts, dedupe_key, concurrency_key = bulk.job_fields(
+            message, self.actors.get(message.actor_name), self._retries())
         return {
             "id": message.message_id,
             "queue": message.queue_name,
             "actor": message.actor_name,
             **body_columns(message),
             "message_timestamp": message.message_timestamp,
-            "priority": int(options.get("priority") or 0),
+            "priority": priority,
             "delay_ms": int(delay or 0),
-            "max_attempts": None if max_attempts is None else int(max_attempts),
-            "dedupe_key": option("dedupe_key"),
-            "concurrency_key": option("concurrency_key"),
+            "max_attempts": max_attempts,
+            "dedupe_key": dedupe_key,
+            "concurrency_key": concurrency_key,
         }
 
     def _retries(self) -> Retries | None:
@@ -230,26 +220,15 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
     def enqueue_many(
         self, messages: Iterable[Message], *, delay: int | None = None, conn: psycopg.Connection | None = None
     ) -> list[Message]:
-        """Insert many messages in one statement. Messages whose dedupe key
-        already has a live job come back carrying that job's id."""
+        """Write many messages at once, in one transaction (the caller's ``conn`` or
+        ``transaction()``, else one of its own); large batches go in with COPY (see
+        bulk.py). Messages whose dedupe key already has a live job, or repeats a
+        key earlier in the batch, come back carrying that job's id."""
         messages = list(messages)
         if not messages:
             return []
-        rows = [self._row(m, delay) for m in messages]
-        # One array per column (INSERT_MANY's parameter names), in the rows' order.
-        params = {array: [r[column] for r in rows] for array, column in _BULK_ARRAYS.items()}
         with self._conn(conn) as c:
-            inserted = {str(r[0]) for r in c.execute(sql.INSERT_MANY, params).fetchall()}
-            skipped = [r["dedupe_key"] for r in rows if r["id"] not in inserted and r["dedupe_key"]]
-            live = {}
-            if skipped:
-                live = {k: str(i) for k, i in c.execute(sql.LIVE_BY_DEDUPE_KEYS, {"keys": skipped}).fetchall()}
-        out = []
-        for message, row in zip(messages, rows, strict=True):
-            if row["id"] not in inserted and row["dedupe_key"] in live:
-                message = dataclasses.replace(message, message_id=live[row["dedupe_key"]])
-            out.append(message)
-        return out
+            return bulk.enqueue_many(c, messages, actors=self.actors, retries=self._retries(), delay=int(delay or 0))
 
     # --- worker side --------------------------------------------------------
 
@@ -263,10 +242,28 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
     def resume_claiming(self) -> None:
         self.claiming.set()
 
-    def _start(self) -> tuple[Listener, AckBatcher]:
+    @property
+    def actor_pool(self) -> ConnectionPool:
+        """Connections for actor code's own queries, apart from the broker's few
+        (an actor holding one for long never delays a claim or an ack)."""
+        with self._start_lock:
+            if self._actor_pool is None:
+                self._actor_pool = db.make_pool(self.url, min_size=0, max_size=self._actor_pool_size,
+                                                name="actors", reconnect_timeout=ACTOR_POOL_RECONNECT)
+            return self._actor_pool
+
+    def _wakeups(self) -> Wakeups:
+        handlers = {CANCEL_CHANNEL: self.fence.cancel}
+        if self.wakeup_fd is not None:
+            return PipeWakeups(self.wakeup_fd, on_notify=handlers)
+        if self.listen_url:
+            return Listener(self.listen_url, on_notify=handlers)
+        return Wakeups("no-wakeups", on_notify=handlers)  # consumers poll
+
+    def _start(self) -> tuple[Wakeups, AckBatcher]:
         with self._start_lock:
             if self._listener is None:
-                self._listener = Listener(self.url, on_notify={CANCEL_CHANNEL: self.fence.cancel})
+                self._listener = self._wakeups()
                 self._listener.start()
             if self._acks is None:
                 self._acks = AckBatcher(self._write_acks)
@@ -318,17 +315,16 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
         are returned (the consumer frees the capacity the bad ones reserved)."""
         params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, **self._budgets()}
         sent = time.monotonic()
-        pool = self.idle_claim_pool if idle else self.pool
         # In an outage, ask for a connection only briefly: the consumer tries again
         # at once, and each try makes the pool attempt a fresh connection.
         timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
         try:
-            with self._conn(pool=pool, timeout=timeout) as c:
-                rows = c.execute(sql.CLAIM, params).fetchall()
+            with self._conn(pool=self.pool, timeout=timeout) as c:
+                rows = _claim_relaxed(c, params) if idle else c.execute(sql.CLAIM, params).fetchall()
         except BrokerConnectionError:
             self._claims_failing = True
             with contextlib.suppress(Exception):
-                pool.check()  # drop every broken idle connection now, not one per try
+                self.pool.check()  # drop every broken idle connection now, not one per try
             raise
         self._claims_failing = False
         out, bad = decode_claimed(rows, self.actors)
@@ -337,16 +333,21 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
             self.leases.fail_unreadable(bad)
         return out
 
-    def report_progress(self, job_id: str, attempt: int, percent: float | None, message: str | None) -> None:
-        """Buffer a progress report of a running job (see ``supervisor.progress``)."""
+    def progress_buffer(self) -> ProgressBuffer:
+        """This process's progress reports, written by their own thread, started on
+        first use (``supervisor.progress`` keeps its ``record`` for the job)."""
         progress = self._progress
         if progress is None:
             with self._start_lock:
                 if self._progress is None:
-                    self._progress = ProgressBuffer(self.pool)
+                    self._progress = ProgressBuffer(self.pool, holds=self.leases.holds)
                     self._progress.start()
                 progress = self._progress
-        progress.record(job_id, attempt, percent, message)
+        return progress
+
+    def report_progress(self, job_id: str, attempt: int, percent: float | None, message: str | None) -> None:
+        """Buffer a progress report of a running job (see ``supervisor.progress``)."""
+        self.progress_buffer().record(job_id, attempt, percent, message)
 
     def flush_acks(self, timeout: float | None = None) -> bool:
         return self._acks.flush(timeout) if self._acks else True
@@ -369,8 +370,21 @@ class PostgresBroker(QueueHelpers, Outcomes, Broker):
         for m in self.middleware:
             if isinstance(m, Results) and isinstance(m.backend, PostgresBackend):
                 m.backend.close()
-        self.idle_claim_pool.close()
+        if self._actor_pool is not None:
+            self._actor_pool.close()
         self.pool.close()
+
+
+def _claim_relaxed(conn: psycopg.Connection, params: dict[str, Any]) -> list[tuple]:
+    """A claim made while idle commits without waiting for its WAL flush: that
+    flush is a third of the enqueue-to-start latency. A claim lost in a server
+    crash only puts the row back to pending (a rerun, like any lost lease, which
+    the attempt fence handles). Claims under load stay synchronous: unflushed
+    commits delay the hint bits that let later claims skip dead index entries.
+    SET LOCAL, so nothing outlives the transaction (PgBouncer's transaction pooling)."""
+    with conn.transaction():
+        conn.execute(sql.RELAX_COMMIT)
+        return conn.execute(sql.CLAIM, params).fetchall()
 
 
 def setup_broker(url: str | None = None, **options: Any) -> PostgresBroker:

@@ -20,7 +20,7 @@ from . import sql
 from .acks import AckBatcher
 from .joining import Failures
 from .leases import Leases
-from .listener import Listener
+from .listener import Wakeups
 from .message import PgMessageProxy, body_columns, error_text
 from .progress import ProgressBuffer
 
@@ -33,13 +33,13 @@ class Outcomes:
     leases: Leases
     jobs_done: int
     _acks: AckBatcher | None
-    _listener: Listener | None
+    _listener: Wakeups | None
     _progress: ProgressBuffer | None
 
     failures: Failures
 
     if TYPE_CHECKING:  # provided by PostgresBroker and dramatiq's Broker (never defined here: MRO)
-        def _start(self) -> tuple[Listener, AckBatcher]: ...
+        def _start(self) -> tuple[Wakeups, AckBatcher]: ...
 
         def _conn(self, conn: psycopg.Connection | None = None, *, pool: ConnectionPool | None = None,
                   timeout: float = 10.0) -> contextlib.AbstractContextManager[psycopg.Connection]: ...

@@ -25,6 +25,8 @@ from .message import jsonb
 CHANNEL = "actor_supervisor_results"
 # A blocking get looks again at least this often, even without a NOTIFY.
 RECHECK_SECONDS = 5.0
+# Without LISTEN (a pooled URL and no listen_url), a blocking wait reads this often.
+POLL_SECONDS = 0.05
 
 # Store (or replace) a result, copy it onto its job row, and wake its waiters.
 STORE = """
@@ -78,14 +80,17 @@ class PostgresBackend(ResultBackend):
       url: database URL (None: DATABASE_URL, else the embedded server).
       pool: connections to store and read with (the broker passes its own);
         blocking waits always use connections of their own.
+      listen_url: where blocking waits LISTEN (default: url; "" for nowhere: a
+        pooled URL with no direct one, so waits poll).
       namespace, encoder, use_namespace_prefix_keys: as for every Dramatiq backend.
     """
 
     def __init__(self, *, url: str | None = None, pool: ConnectionPool | None = None,
                  namespace: str = "dramatiq-results", encoder: Any = None,
-                 use_namespace_prefix_keys: bool = False) -> None:
+                 use_namespace_prefix_keys: bool = False, listen_url: str | None = None) -> None:
         super().__init__(namespace=namespace, encoder=encoder, use_namespace_prefix_keys=use_namespace_prefix_keys)
         self._url = db.resolve_url(url)
+        self._listen_url = self._url if listen_url is None else listen_url
         self._pool = pool
         self._owns_pool = pool is None
         self._wait_pool: ConnectionPool | None = None
@@ -105,7 +110,7 @@ class PostgresBackend(ResultBackend):
         if self._wait_pool is None:
             with self._lock:
                 if self._wait_pool is None:
-                    self._wait_pool = db.make_pool(self._url, min_size=0, max_size=8,
+                    self._wait_pool = db.make_pool(self._listen_url, min_size=0, max_size=8,
                                                    name="result-waits")
         return self._wait_pool
 
@@ -147,6 +152,8 @@ class PostgresBackend(ResultBackend):
                 raise ResultMissing(message)
             return self.unwrap_result(found)
         deadline = time.monotonic() + (DEFAULT_TIMEOUT if timeout is None else timeout) / 1000
+        if not self._listen_url:
+            return self._poll(message, key, deadline)
         with self._waiters().connection(timeout=10) as c:
             c.execute(f"LISTEN {CHANNEL}")
             try:
@@ -162,6 +169,18 @@ class PostgresBackend(ResultBackend):
                             break
             finally:
                 c.execute(f"UNLISTEN {CHANNEL}")
+
+    def _poll(self, message, key: str, deadline: float) -> Any:
+        """Blocking wait without LISTEN (a pooled URL only): read again every POLL_SECONDS."""
+        pause = threading.Event()
+        while True:
+            found = self._get(key)
+            if found is not Missing:
+                return self.unwrap_result(found)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ResultTimeout(message)
+            pause.wait(min(remaining, POLL_SECONDS))
 
     def close(self) -> None:
         """Close the connections this backend opened (never a pool it was given)."""

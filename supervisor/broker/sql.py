@@ -22,22 +22,30 @@ ON CONFLICT DO NOTHING
 RETURNING id
 """
 
-# The bulk path: one statement, one round trip, arrays in, ids of new rows out.
-INSERT_MANY = """
-INSERT INTO jobs (id, queue, actor, args, kwargs, options, priority, run_at,
-                  max_attempts, dedupe_key, concurrency_key, message_timestamp, payload)
-SELECT id, queue, actor, args, kwargs, options, priority,
-       now() + delay_ms * interval '1 millisecond', max_attempts, dedupe_key, concurrency_key,
-       message_timestamp, payload
-  FROM unnest(%(ids)s::uuid[], %(queues)s::text[], %(actors)s::text[], %(args)s::jsonb[],
-              %(kwargs)s::jsonb[], %(options)s::jsonb[], %(priorities)s::int[],
-              %(delays)s::bigint[], %(max_attempts)s::int[], %(dedupe_keys)s::text[],
-              %(concurrency_keys)s::text[], %(message_timestamps)s::bigint[], %(payloads)s::bytea[])
-       AS m(id, queue, actor, args, kwargs, options, priority, delay_ms, max_attempts,
-            dedupe_key, concurrency_key, message_timestamp, payload)
+# The bulk path (bulk.py). Its rows carry these columns in this order; run_at,
+# now() + the batch's delay, is the same for every row of a batch.
+BULK_COLUMNS = """id, queue, actor, args, kwargs, options, payload, priority, max_attempts, dedupe_key,
+    concurrency_key, message_timestamp"""
+
+# A small batch, or one the COPY could not take: one statement, arrays in
+# (one per column, in BULK_COLUMNS order, after the delay), ids of new rows out.
+INSERT_MANY = f"""
+INSERT INTO jobs ({BULK_COLUMNS}, run_at)
+SELECT m.*, now() + %s * interval '1 millisecond'
+  FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::jsonb[], %s::jsonb[], %s::jsonb[], %s::bytea[],
+              %s::int[], %s::int[], %s::text[], %s::text[], %s::bigint[]) AS m
 ON CONFLICT DO NOTHING
 RETURNING id
 """
+
+# A large batch streams its rows in (text format), inside a savepoint: a unique
+# violation rolls it back and the batch goes through INSERT_MANY instead. The
+# statement-level NOTIFY trigger fires for COPY as for INSERT. run_at is left to
+# its default, now(), unless the batch is delayed: then every row carries RUN_AT,
+# read once in the same transaction (so it is the same now()).
+COPY_JOBS = f"COPY jobs ({BULK_COLUMNS}) FROM STDIN"
+COPY_JOBS_AT = f"COPY jobs ({BULK_COLUMNS}, run_at) FROM STDIN"
+RUN_AT = "SELECT now() + %s * interval '1 millisecond'"
 
 LIVE_BY_DEDUPE_KEYS = """
 SELECT dedupe_key, id FROM jobs
@@ -95,6 +103,9 @@ UPDATE jobs j
    AND (cand.concurrency_key IS NULL OR cand.id IN (SELECT job_id FROM slots))
 RETURNING {_CLAIMED}
 """
+
+# Only for this transaction: a pooled session (PgBouncer) may serve another client next.
+RELAX_COMMIT = "SET LOCAL synchronous_commit = off"
 
 # Acks arrive in batches (group commit). Each is fenced by owner and attempt number,
 # so a late ack after a reclaim, or the ack that follows a retry, changes nothing.
@@ -296,7 +307,10 @@ SELECT id FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs'
 """
 
 # Retention: delete a bounded batch of old finished rows of one status per call
-# (with their events and progress), so no statement holds locks for long.
+# (with their events and progress), so no statement holds locks for long. The batch
+# is read oldest first through jobs_finished (its predicate is repeated so the planner
+# may use it), never by a scan of the table; rows another process is pruning are
+# skipped, so pruners never wait on each other.
 PRUNE = """
 WITH old AS (
     SELECT id FROM jobs
@@ -304,6 +318,7 @@ WITH old AS (
        AND finished_at < now() - %(older_than_s)s * interval '1 second'
      ORDER BY finished_at
      LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM jobs j USING old WHERE j.id = old.id RETURNING j.id
 ), ev AS (
@@ -325,23 +340,40 @@ DELETE FROM job_progress WHERE id IN (
     SELECT id FROM job_progress WHERE at < now() - %(older_than_s)s * interval '1 second' ORDER BY at LIMIT %(limit)s)
 """
 
-# Progress: each job's latest report since the process's last write. The history
-# rows, alone (for jobs being acked, whose ack sets jobs.progress) or with the
-# jobs.progress update of running jobs (fenced by attempt and status, so a report
-# of an attempt that lost its lease never overwrites the current one).
-_REPORTS = """
+# The upkeep's vacuum of jobs: due once enough dead tuples wait, no (auto)vacuum ran
+# lately and none is running now. No advisory lock: a session lock taken and released
+# by separate statements may land on two server connections behind PgBouncer and leak.
+# The vacuum's own table lock (SKIP_LOCKED below) keeps it to one at a time.
+JOBS_VACUUM_DUE = """
+SELECT s.n_dead_tup
+  FROM pg_stat_user_tables s
+ WHERE s.relid = 'jobs'::regclass
+   AND s.n_dead_tup >= %(dead_rows)s
+   AND coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity') < now() - %(min_s)s * interval '1 second'
+   AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_vacuum v WHERE v.relid = s.relid)
+"""
+
+# SKIP_LOCKED: skipped while another vacuum (a worker's or autovacuum) holds the table,
+# never waited on. No truncation:
+# cutting empty pages off the end takes an ACCESS EXCLUSIVE lock, which would stall every
+# claim. INDEX_CLEANUP ON: the claim index sheds its dead entries even when few heap
+# pages have any (the default skips the indexes then). One process, no parallel workers.
+VACUUM_JOBS = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false, PARALLEL 0) jobs"
+
+# Progress: each job's latest report since the process's last write, one history
+# row each; jobs.progress too for running jobs (fenced by attempt and status, so a
+# report of an attempt that lost its lease never overwrites the current one); an
+# acked job's ack already set it (``running`` false: its history row only).
+WRITE_PROGRESS = """
 WITH r AS (
-    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(at)s::timestamptz[], %(percents)s::real[],
-                         %(messages)s::text[]) AS r(id, attempts, at, percent, message)
+    SELECT id, attempts, to_timestamp(at) AS at, percent, message, running
+      FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(at)s::float8[], %(percents)s::real[],
+                  %(messages)s::text[], %(running)s::bool[]) AS r(id, attempts, at, percent, message, running)
 ), ev AS (
     INSERT INTO job_progress (job_id, at, percent, message) SELECT id, at, percent, message FROM r
-)"""
-
-INSERT_PROGRESS = _REPORTS + "\nSELECT 1"
-
-WRITE_PROGRESS = _REPORTS + """
+)
 UPDATE jobs j SET progress = jsonb_build_object('percent', r.percent, 'message', r.message, 'at', r.at)
-  FROM r WHERE j.id = r.id AND j.attempts = r.attempts AND j.status = 'running'
+  FROM r WHERE r.running AND j.id = r.id AND j.attempts = r.attempts AND j.status = 'running'
 """
 
 PROGRESS = "SELECT at, percent, message FROM job_progress WHERE job_id = %(id)s ORDER BY at, id"

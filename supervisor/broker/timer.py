@@ -9,7 +9,7 @@ import time
 from psycopg_pool import ConnectionPool
 
 from . import sql
-from .listener import Listener
+from .listener import Wakeups
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class DueTimer(threading.Thread):
         self._lock = threading.Lock()
         self._halt = False
 
-    def serve(self, queue: str, listener: Listener) -> threading.Event:
+    def serve(self, queue: str, listener: Wakeups) -> threading.Event:
         """Time ``queue`` too; returns its wake-up event (set by NOTIFY 'queue' and by
         this timer). NOTIFY '@queue' refreshes the timer."""
         wakeup = listener.event_for(queue)

@@ -15,10 +15,11 @@ import psycopg
 
 from .. import apps, db, exit_codes
 from ..apps import App
-from ..config import Config, ConfigError, find_path, load
+from ..identity import set_node_name
 
 if TYPE_CHECKING:
     from ..broker import PostgresBroker
+    from ..config import Config
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,6 +71,8 @@ def config_given(ctx: click.Context) -> bool:
 
 def load_config(ctx: click.Context) -> Config:
     """The config file, validated; a bad one ends the command with exit code 2."""
+    from ..config import ConfigError, find_path, load  # the YAML readers: only commands that read a config
+
     o = obj(ctx)
     if "loaded_config" not in o:
         try:
@@ -91,12 +94,34 @@ def url(ctx: click.Context) -> str:
     database.url when a config is given, else DATABASE_URL, else embedded."""
     o = obj(ctx)
     chosen = o.get("database_url")
+    pooled = False
     if not o.get("database_url_from_cmdline") and config_given(ctx):
         chosen = load_config(ctx).database.url
+        pooled = bool(load_config(ctx).database.pooled)
     try:
-        return db.resolve_url(chosen)
+        resolved = db.resolve_url(chosen)
     except Exception as exc:  # embedded server failed to start, for instance
         die(f"cannot start or find the database: {exc}", exit_codes.DATABASE)
+    if pooled:
+        db.mark_pooled(resolved)
+    return resolved
+
+
+def database(ctx: click.Context) -> db.Database:
+    """The database of a long-running command (a worker, the HTTP server): like
+    ``url``, plus where to LISTEN and whether the URL is pooled (detected unless
+    the config says)."""
+    chosen = url(ctx)
+    listen_url, pooled = None, None
+    o = obj(ctx)
+    if not o.get("database_url_from_cmdline") and config_given(ctx):
+        d = load_config(ctx).database
+        listen_url, pooled = d.listen_url, d.pooled
+        set_node_name(load_config(ctx).supervisor.node_name)
+    try:
+        return db.resolve(chosen, listen_url=listen_url, pooled=pooled)
+    except Exception as exc:
+        die(f"cannot reach the database: {db.redact(str(exc))}", exit_codes.DATABASE)
 
 
 def connect(ctx: click.Context) -> psycopg.Connection:
@@ -121,6 +146,8 @@ def producer(ctx: click.Context) -> Iterator[PostgresBroker]:
 def apps_in_use(ctx: click.Context, names: tuple[str, ...] = ()) -> tuple[App, ...]:
     """The apps whose migrations this invocation needs: those the config uses
     (when there is a config), plus any named with --app."""
+    from ..config import find_path  # the YAML readers: only commands that read a config
+
     modules: list[str] = []
     explicit: list[str] = list(names)
     if config_given(ctx) or find_path(obj(ctx).get("config")).exists():

@@ -8,11 +8,10 @@ from typing import Any
 import click
 import psycopg
 
-from .. import admin, control, exit_codes
 from .. import config as config_mod
+from .. import control, exit_codes
 from .context import Seconds, config_option, die, json_option, load_config, obj, url
 from .output import print_json
-from .status_view import render
 
 
 def _control(ctx: click.Context, message: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -125,12 +124,16 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         print_json(reply)
     else:
+        from .status_view import render  # not in `supervisor run`: its children inherit what it imports
+
         click.echo(render(reply))
 
 
 def _paused_queues(ctx: click.Context) -> list[dict[str, Any]] | None:
     """Paused queues, read from the database (the master never reads it for status);
     None when the database cannot be reached within two seconds."""
+    from .. import admin  # not in `supervisor run`: its children inherit what it imports
+
     try:
         with psycopg.connect(url(ctx), autocommit=True, connect_timeout=2) as conn:
             return admin.paused_queues(conn)

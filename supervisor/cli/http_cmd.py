@@ -11,7 +11,7 @@ import click
 from .. import exit_codes
 from ..config import HttpConfig, find_path
 from ..logs import configure_logging
-from .context import config_given, config_option, die, load_config, obj, url
+from .context import config_given, config_option, database, die, load_config, obj
 
 
 @click.command("http")
@@ -39,9 +39,9 @@ def http(ctx: click.Context, listen: str | None, token: str | None, read_only: b
     if read_only:
         settings = dataclasses.replace(settings, read_only=True)
     configure_logging(cfg.supervisor.log_level if cfg else "INFO", cfg.supervisor.log_json if cfg else False)
-    db_url = url(ctx)
+    chosen = database(ctx)
     try:
-        server = build(url=db_url, http=settings, config=cfg)
+        server = build(url=chosen.url, listen_url=chosen.listen_url, http=settings, config=cfg)
     except OSError as exc:
         die(f"cannot listen on {settings.listen}: {exc.strerror or exc}", exit_codes.PROBLEM)
     click.echo(f"serving on http://{settings.listen} (pid {os.getpid()})", err=True)

@@ -7,6 +7,7 @@ package adds its own the same way the bundled price tracker does.
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import click
@@ -14,8 +15,20 @@ import psycopg
 from dramatiq.errors import BrokerConnectionError
 
 from .. import apps, db, exit_codes
-from . import control_cmds, database, http_cmd, jobs, queues, worker_cmd
 from .context import config_option, die, obj
+
+# Each runtime command: (module in this package, attribute). A command's module is
+# imported only when that command runs (or help lists it): `supervisor worker`
+# loads no admin, HTTP or control code and no app's commands (memory: every module
+# a worker imports stays resident in each worker process).
+RUNTIME_COMMANDS = {
+    "migrate": ("database", "migrate"), "check": ("database", "check"),
+    "run": ("control_cmds", "run"), "reload": ("control_cmds", "reload"), "scale": ("control_cmds", "scale"),
+    "status": ("control_cmds", "status"), "stop": ("control_cmds", "stop"),
+    "worker": ("worker_cmd", "worker"), "http": ("http_cmd", "http"),
+    "enqueue": ("jobs", "enqueue"), "jobs": ("jobs", "jobs"), "runs": ("jobs", "runs"),
+    "history": ("jobs", "history"), "queues": ("queues", "queues"),
+}
 
 
 class OneLineErrors(click.Group):
@@ -38,7 +51,38 @@ class OneLineErrors(click.Group):
             die(f"{type(exc).__name__}: {first} (SUPERVISOR_DEBUG=1 shows the traceback)", exit_codes.PROBLEM)
 
 
-@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+class LazyCommands(OneLineErrors):
+    """The runtime's commands by name (``RUNTIME_COMMANDS``), imported when asked
+    for; the apps' commands (``actor_supervisor.apps``) loaded only for a name that
+    is not the runtime's, or to list them all."""
+
+    _app_commands: dict[str, click.Command] | None = None
+
+    def apps_commands(self) -> dict[str, click.Command]:
+        if self._app_commands is None:
+            found: dict[str, click.Command] = {}
+            for app in apps.installed():
+                if app.commands is not None:
+                    for command in app.commands():
+                        if command.name is not None:
+                            found[command.name] = command
+            self._app_commands = found
+        return self._app_commands
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*RUNTIME_COMMANDS, *self.commands, *self.apps_commands()})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:
+            return self.commands[cmd_name]
+        if cmd_name in RUNTIME_COMMANDS:
+            module, attr = RUNTIME_COMMANDS[cmd_name]
+            command: click.Command = getattr(importlib.import_module(f"{__package__}.{module}"), attr)
+            return command
+        return self.apps_commands().get(cmd_name)
+
+
+@click.group(cls=LazyCommands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--database-url",
     envvar="DATABASE_URL",
@@ -55,20 +99,6 @@ def main(ctx: click.Context, database_url: str | None) -> None:
     o["database_url_from_cmdline"] = (
         ctx.get_parameter_source("database_url") == click.core.ParameterSource.COMMANDLINE
     )
-
-
-for command in (
-    database.migrate, database.check,
-    control_cmds.run, control_cmds.reload, control_cmds.scale, control_cmds.status, control_cmds.stop,
-    worker_cmd.worker, http_cmd.http,
-    jobs.enqueue, jobs.jobs, jobs.runs, jobs.history, queues.queues,
-):
-    main.add_command(command)
-
-for app in apps.installed():
-    if app.commands is not None:
-        for command in app.commands():
-            main.add_command(command)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,10 @@ def _table(rows: list[list[str]], indent: str = "") -> list[str]:
 
 def render(status: dict[str, Any]) -> str:
     lines = [
-        f"master pid {status['pid']}  {status['state']}  up {human_duration(status['uptime'])}  "
+        f"node {status.get('node', '?')}  master pid {status['pid']}  {status['state']}  up {human_duration(status['uptime'])}  "
         f"rss {human_bytes(status['rss'])}  reloads {status['reloads']}",
-        f"config {status['config']}  database {status['database']}",
+        f"config {status['config']}  database {status['database']}"
+        + ("  (pooled)" if status.get("pooled") else ""),
         "",
     ]
     paused = {p["queue"]: p for p in status.get("paused_queues") or []}

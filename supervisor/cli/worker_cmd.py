@@ -7,9 +7,10 @@ import sys
 import click
 
 from .. import apps, db, defaults, exit_codes
+from ..config import Retention
 from ..logs import configure_logging
 from ..migrate import migrate
-from .context import Seconds, config_option, die, url
+from .context import Seconds, config_given, config_option, database, die, load_config
 
 
 @click.command()
@@ -41,11 +42,11 @@ def worker(ctx: click.Context, queues: str, actors: str, threads: int, prefetch:
     if heartbeat >= lease:
         die(f"--heartbeat ({heartbeat}s) must be shorter than --lease ({lease}s)", exit_codes.USAGE)
     configure_logging(log_level.upper(), as_json)
-    db_url = url(ctx)
+    chosen = database(ctx)
     modules = tuple(a.strip() for a in actors.split(",") if a.strip())
     if not no_migrate:
         try:
-            migrate(db_url, apps.in_use(modules))
+            migrate(chosen.url, apps.in_use(modules))
         except db.DatabaseError as exc:
             die(str(exc), exit_codes.DATABASE)
     settings = WorkerSettings(
@@ -58,7 +59,9 @@ def worker(ctx: click.Context, queues: str, actors: str, threads: int, prefetch:
         heartbeat_seconds=heartbeat,
         shutdown_timeout=shutdown_timeout,
         job_log=job_log,
+        # a config file given (-c or $SUPERVISOR_CONFIG) lends its retention: what the upkeep prunes
+        retention=load_config(ctx).retention if config_given(ctx) else Retention(),
     )
-    sys.exit(run(settings, db_url))
+    sys.exit(run(settings, chosen))
 
 

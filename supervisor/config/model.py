@@ -32,6 +32,11 @@ class ConfigError(ValueError):
 class DatabaseConfig:
     # None: DATABASE_URL, else the embedded server (supervisor.db.resolve_url decides).
     url: str | None = None
+    # A direct connection for LISTEN when url is a transaction pooler (PgBouncer).
+    listen_url: str | None = None
+    # url goes through a transaction pooler: no server-side prepared statements, and
+    # LISTEN only on listen_url (none: consumers poll). None: detected at start.
+    pooled: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,9 @@ class SupervisorConfig:
     # Crash backoff per role: restart_backoff * 2^(streak-1), capped.
     restart_backoff: float = defaults.RESTART_BACKOFF
     restart_backoff_max: float = defaults.RESTART_BACKOFF_MAX
+    # This supervisor's name in owner ids, the registry, status and logs (default: the
+    # host name). Two supervisors on one machine with different names act as two hosts.
+    node_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def load(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
 
 _TOP = ("database", "supervisor", "roles", "schedules", "retention", "http", "apps")
 _SUPERVISOR = ("control_socket", "state_dir", "shutdown_timeout", "watch_config", "tick", "log_level",
-               "log_json", "job_log", "kill_grace", "start_timeout", "restart_backoff", "restart_backoff_max")
+               "log_json", "job_log", "kill_grace", "start_timeout", "restart_backoff", "restart_backoff_max", "node_name")
 _ROLE = ("processes", "threads", "prefetch", "queues", "actors", "lease", "heartbeat", "max_retries", "min_backoff",
          "max_backoff", "shutdown_timeout", "time_limit", "limits")
 _LIMITS = ("memory_percent", "cpu_percent", "max_rss", "max_jobs")
@@ -103,7 +103,7 @@ def parse(text: str, path: str | Path = "<config>", env: Mapping[str, str] | Non
     app_sections = {name: fn for app in apps.installed() for name, fn in app.sections.items()}
     top = Section(reader, reader.tree(node, ""), _TOP + tuple(app_sections), extensions=True)
 
-    database = DatabaseConfig(url=top.get("database", lambda i: _database(reader, i), None))
+    database = top.get("database", lambda i: _database(reader, i), DatabaseConfig())
     supervisor = _supervisor(reader, top.map.get("supervisor"), path)
     roles_item = top.map.get("roles")
     if roles_item is None or roles_item.value is None:
@@ -131,9 +131,10 @@ def _app_names(item: Item) -> tuple[str, ...]:
     return chosen
 
 
-def _database(reader: Reader, item: Item) -> str | None:
-    section = Section(reader, item, ("url",))
-    return section.get("url", string)
+def _database(reader: Reader, item: Item) -> DatabaseConfig:
+    section = Section(reader, item, ("url", "listen_url", "pooled"))
+    return DatabaseConfig(url=section.get("url", string), listen_url=section.get("listen_url", string),
+                          pooled=section.get("pooled", boolean))
 
 
 def _path(base: Path) -> Callable[[Item], Path]:
@@ -179,6 +180,7 @@ def _supervisor(reader: Reader, item: Item | None, path: Path) -> SupervisorConf
         start_timeout=s.get("start_timeout", duration(0, strict=True), defaults.START_TIMEOUT),
         restart_backoff=s.get("restart_backoff", duration(0), defaults.RESTART_BACKOFF),
         restart_backoff_max=s.get("restart_backoff_max", duration(0), defaults.RESTART_BACKOFF_MAX),
+        node_name=s.get("node_name", _node_name, None),
     )
     if cfg.tick > 10:
         raise reader.error(s.map["tick"], "must be at most 10s (the master reconciles and beats systemd every tick)")
@@ -186,6 +188,13 @@ def _supervisor(reader: Reader, item: Item | None, path: Path) -> SupervisorConf
         raise reader.error(s.map.get("restart_backoff_max") or item, "must not be shorter than restart_backoff",
                            key="supervisor.restart_backoff_max")
     return cfg
+
+
+def _node_name(item: Item) -> str:
+    value = string(item)
+    if not NAME.match(value) or len(value) > 63:
+        raise ValueError(f"expected a name of letters, digits, '.', '_' or '-' (at most 63), got {item.value!r}")
+    return value
 
 
 def _http(reader: Reader, item: Item) -> HttpConfig:

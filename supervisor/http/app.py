@@ -21,15 +21,18 @@ from .state import AppState
 
 
 def create_app(*, url: str, http: HttpConfig, config: Config | None = None,
-               extra_routes: Sequence[BaseRoute] = ()) -> Starlette:
+               extra_routes: Sequence[BaseRoute] = (), listen_url: str | None = None) -> Starlette:
     """The app for database ``url``, served with ``http``'s token and read-only mode.
-    ``config`` (when there is one) names the roles and the local control socket."""
+    ``config`` (when there is one) names the roles and the local control socket;
+    ``listen_url`` is where the dashboard LISTENs (default url; "" for nowhere)."""
     state = AppState(url=url, http=http, config=config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.open()  # in the serving process (after any fork), never before
-        app.state.dashboard_recorder = dashboard.start(url)  # chart history, live-update signal
+        # chart history, live-update signal
+        app.state.dashboard_recorder = dashboard.start(url if listen_url is None else listen_url or url,
+                                                       listen=listen_url != "")
         try:
             yield
         finally:

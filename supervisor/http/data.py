@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import admin, apps, control, cron, defaults, ratelimit
-from ..identity import HOSTNAME
+from ..identity import node_name
 from .state import AppState
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def master_health(state: AppState) -> dict[str, Any]:
     except Exception as exc:
         return {"ok": False, "source": "database", "problem": f"database unreachable: {exc}"}
     fresh = [r for r in rows if r["stopped_at"] is None and r["beat_age"] <= stale_after]
-    local = [r for r in fresh if r["host"] == HOSTNAME]
+    local = [r for r in fresh if r["host"] == node_name()]
     chosen = local or fresh
     if not chosen:
         return {"ok": False, "source": "database",
@@ -159,7 +159,7 @@ def schedules(state: AppState) -> list[dict[str, Any]]:
 
 def system_state(state: AppState) -> dict[str, Any]:
     """The master (when local), the database, job counts by status, and this server."""
-    out: dict[str, Any] = {"host": HOSTNAME, "http": {"read_only": state.http.read_only,
+    out: dict[str, Any] = {"host": node_name(), "http": {"read_only": state.http.read_only,
                                                       "token_required": bool(state.http.token)}}
     out["master"] = master_status(state)
     try:

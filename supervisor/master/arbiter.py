@@ -24,17 +24,18 @@ import psutil
 
 from .. import db, defaults, exit_codes
 from ..config import Config
-from ..control import AlreadyRunning, Connection, ControlServer
-from ..identity import owner_id
+from ..control import AlreadyRunning, ControlServer
+from ..identity import node_name, owner_id
 from ..worker.settings import WorkerSettings
 from .bootstrap import ChildBootstrap, ChildSpec
-from .children import Child, RoleState, describe_exit, plan, spawn
+from .children import Child, RoleState, describe_exit, plan, silent_limits, spawn
 from .handlers import Handlers, Waiter
 from .http_child import HttpBootstrap, http_role_state
 from .janitor import Janitor
 from .metrics_dir import MetricsDir
 from .proctitle import MASTER_TITLE, set_title
 from .systemd import Notifier
+from .wakeups import Relay
 from .watcher import CONFIG_CHANGED, WAKE, ConfigWatcher, poke
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,10 @@ RECYCLE_JITTER = 2.0  # seconds; spreads recycles of processes that hit a limit 
 
 
 class Arbiter(Handlers):
-    def __init__(self, cfg: Config, url: str) -> None:
+    def __init__(self, cfg: Config, database: db.Database) -> None:
         self.config = cfg
-        self.url = url
+        self.database = database
+        self.url = database.url
         self.pid = os.getpid()
         self.owner = owner_id(self.pid)
         self.roles: dict[str, RoleState] = {}
@@ -53,6 +55,7 @@ class Arbiter(Handlers):
         self.notifier = Notifier()
         self.control = ControlServer(cfg.supervisor.control_socket)
         self.janitor: Janitor | None = None
+        self.relay: Relay | None = None
         self.watcher: ConfigWatcher | None = None
         self.waiters: list[Waiter] = []
         self.stopping = False
@@ -99,6 +102,9 @@ class Arbiter(Handlers):
         self.janitor.submit("recover orphans", self.janitor.recover_orphans, retry_for=5.0)
         if not self.janitor.idle.wait(10.0):
             log.warning("orphan recovery is still waiting for the database; starting the roles anyway")
+        if self.database.listen_url and self.config.roles:
+            self.relay = Relay(self.database.listen_url)
+            self.relay.start()
         for role_cfg in self.config.roles:
             self.roles[role_cfg.name] = RoleState(role_cfg, WorkerSettings.from_role(self.config, role_cfg.name))
         http_role = http_role_state(self.config)
@@ -106,8 +112,9 @@ class Arbiter(Handlers):
             self.roles[http_role.name] = http_role
         self._set_watch(self.config.supervisor.watch_config)
         self.notifier.status("starting")
-        log.info("master %d up: %d role(s), control socket %s, database %s", self.pid, len(self.roles),
-                 self.config.supervisor.control_socket, db.redact(self.url))
+        log.info("master %d up: node %s, %d role(s), control socket %s, database %s%s", self.pid, node_name(),
+                 len(self.roles), self.config.supervisor.control_socket, db.redact(self.url),
+                 " (pooled)" if self.database.pooled else "")
 
     def _teardown(self) -> None:
         self._set_watch(False)
@@ -115,6 +122,9 @@ class Arbiter(Handlers):
             if w.conn:
                 w.conn.reply({"ok": False, "error": "the supervisor stopped before the new state was reached"})
         self.waiters.clear()
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay.close_all()
         if self.janitor is not None:
             self.janitor.mark_stopped(self.owner, "stopped")
             if not self.janitor.stop(timeout=5.0):
@@ -209,17 +219,21 @@ class Arbiter(Handlers):
         # Clients waiting for a reload: the reply must be the end of their connection.
         fds += [w.conn.fileno() for w in self.waiters if w.conn is not None and not w.conn.closed]
         fds += self.notifier.fds()
+        if self.relay is not None:
+            fds += self.relay.fds()  # or a sibling would keep another child's pipe open
         return sorted(set(fds))
 
     def _spawn(self, role: RoleState, now: float) -> Child:
         sup = self.config.supervisor
         spec = ChildSpec(role=role.name, slot=role.free_slot(), settings=role.settings, limits=role.config.limits,
-                         url=self.url, token=ChildBootstrap.new_token(), master_pid=self.pid,
+                         database=self.database, token=ChildBootstrap.new_token(), master_pid=self.pid,
                          beat_interval=min(1.0, sup.tick, role.config.heartbeat),
                          log_level=sup.log_level, log_json=sup.log_json)
         bootstrap = (ChildBootstrap(spec, self._fds_to_close()) if role.http is None else
                      HttpBootstrap(spec, self._fds_to_close(), http=role.http, config=self.config))
-        child = spawn(role, bootstrap, now)
+        child = spawn(role, bootstrap, now, wakeups=self.relay is not None and role.http is None)
+        if self.relay is not None and child.wake_fd >= 0:
+            self.relay.add(child.pid, child.wake_fd)
         role.children[child.pid] = child
         self.selector.register(child.fd, selectors.EVENT_READ, lambda key, c=child: self._on_beat(c))
         log.info("started %s[%d] pid %d (generation %d)", role.name, child.slot, child.pid, child.generation)
@@ -276,6 +290,8 @@ class Arbiter(Handlers):
                 self._on_beat(child)
                 self._forget_fd(child)
             del role.children[pid]
+            if self.relay is not None:
+                self.relay.remove(pid)
             self.metrics_dir.mark_dead(pid)
             how = describe_exit(status)
             expected = child.stop_reason is not None and not child.stop_reason.startswith("hung")
@@ -312,7 +328,10 @@ class Arbiter(Handlers):
     def _watch_children(self, now: float) -> None:
         sup = self.config.supervisor
         for role in self.roles.values():
-            hang_after = max(role.config.lease, 3 * min(1.0, sup.tick, role.config.heartbeat), 2.0)
+            # A silent child is killed before its leases can expire: else another process
+            # would reclaim its jobs while it (frozen, not dead) may wake and run them too.
+            hang_after, hang_grace = silent_limits(role.config.lease, role.config.heartbeat,
+                                                   min(1.0, sup.tick, role.config.heartbeat), sup.kill_grace)
             recycling = any(c.recycling for c in role.live())
             for c in list(role.children.values()):
                 if c.stopping:
@@ -322,7 +341,7 @@ class Arbiter(Handlers):
                 if not c.ready and now - c.forked_at > sup.start_timeout:
                     self._terminate(c, f"hung: not ready {sup.start_timeout:g}s after start", sup.kill_grace, now)
                 elif c.ready and now - c.last_beat > hang_after:
-                    self._terminate(c, f"hung: no beat for {now - c.last_beat:.1f}s", sup.kill_grace, now)
+                    self._terminate(c, f"hung: no beat for {now - c.last_beat:.1f}s", hang_grace, now)
                 elif (c.recycle_at is not None and not c.recycling and not recycling and now >= c.recycle_at
                       and not self.stopping and all(role.is_current(o) for o in role.live())):
                     # One recycle per role at a time, and not during a roll.
@@ -366,25 +385,6 @@ class Arbiter(Handlers):
             if w.conn:
                 w.conn.reply({"ok": False, "error": "the supervisor is stopping"})
         self.waiters.clear()
-
-    # --- control socket ---------------------------------------------------------------------------
-
-    def _on_accept(self, key: selectors.SelectorKey) -> None:
-        conn = self.control.accept()
-        if conn is not None:
-            fd = conn.fileno()
-            self.selector.register(fd, selectors.EVENT_READ, lambda k, c=conn, fd=fd: self._on_request(c, fd))
-
-    def _on_request(self, conn: Connection, fd: int) -> None:
-        req = conn.read()
-        if req is None and not conn.closed:
-            return  # not a full line yet
-        # Unregistered by number: the socket may already be closed (and the fd is not reused
-        # before this line: nothing is accepted in between).
-        with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(fd)
-        if req is not None:
-            self.handle(conn, req)
 
     def _housekeeping(self, now: float) -> None:
         self.notifier.flush()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from .. import exit_codes
 from ..config import Limits
+from ..db import Database
 from ..identity import new_token, owner_id
 from ..logs import configure_logging
 from ..worker.guard import Guard
@@ -40,7 +41,7 @@ class ChildSpec:
     slot: int
     settings: WorkerSettings
     limits: Limits
-    url: str
+    database: Database
     # With the child's pid, the lease owner id (host:pid:token): the master computes it
     # right after fork, so it can release this child's leases if it dies.
     token: str
@@ -100,14 +101,17 @@ class Bootstrap:
         self.close_fds = close_fds
         self.tick_interval = spec.beat_interval
         self.beacon: Beacon | None = None
+        self.wake_fd = -1
 
     new_token = staticmethod(new_token)
 
     def owner_for(self, pid: int) -> str:
         return owner_id(pid, self.spec.token)
 
-    def main(self, beat_fd: int) -> None:
-        """Run the child and exit; never returns into the master's code."""
+    def main(self, beat_fd: int, wake_fd: int = -1) -> None:
+        """Run the child and exit; never returns into the master's code. ``wake_fd``:
+        the read end of the relayed NOTIFY pipe (-1: none)."""
+        self.wake_fd = wake_fd
         code = exit_codes.CRASH
         try:
             code = self._run(beat_fd)
@@ -158,7 +162,8 @@ class ChildBootstrap(Bootstrap, Hooks):
     def serve(self) -> int:
         spec = self.spec
         self.guard = Guard(spec.limits, self.ask_recycle)
-        return run(spec.settings, spec.url, owner=self.owner_for(os.getpid()), hooks=self)
+        return run(spec.settings, spec.database, owner=self.owner_for(os.getpid()), hooks=self,
+                   wakeup_fd=self.wake_fd if self.wake_fd >= 0 else None)
 
     def master_gone(self, why: str) -> None:
         if self.proc is not None and not self.proc.stopping.is_set():

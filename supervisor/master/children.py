@@ -43,6 +43,8 @@ class Child:
     owner: str
     fd: int
     forked_at: float
+    # The write end of its wake-up pipe (see master/wakeups.py); -1 when there is none.
+    wake_fd: int = -1
     ready_at: float | None = None
     last_beat: float = 0.0
     state: str = "starting"
@@ -251,6 +253,18 @@ def plan(role: RoleState, now: float) -> tuple[int, list[tuple[Child, str]]]:
     return start, drains
 
 
+def silent_limits(lease: float, heartbeat: float, beat: float, kill_grace: float) -> tuple[float, float]:
+    """How long a ready child may go without a beat before SIGTERM, and the grace
+    before SIGKILL. A lease renewed every ``heartbeat`` can expire ``lease -
+    heartbeat`` after the child's last sign of life: both together stay within
+    that, so the master's release (at once, on reaping) comes before any lease of
+    the child could expire and be reclaimed elsewhere while it may wake up. Never
+    under three beats: one late beat is no hang."""
+    deadline = lease - heartbeat
+    silent = max(3 * beat, deadline / 2)
+    return silent, max(0.1, min(kill_grace, (deadline - silent) * 0.75))
+
+
 def describe_exit(status: int) -> str:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -267,16 +281,22 @@ def describe_exit(status: int) -> str:
     return f"exit {code}"
 
 
-def spawn(role: RoleState, bootstrap: Bootstrap, now: float) -> Child:
-    """Fork one child of ``role``; the child runs ``bootstrap`` (built before the fork)."""
+def spawn(role: RoleState, bootstrap: Bootstrap, now: float, *, wakeups: bool = False) -> Child:
+    """Fork one child of ``role``; the child runs ``bootstrap`` (built before the fork).
+    Two pipes: beats from the child, and (with ``wakeups``) NOTIFYs relayed to it."""
     read_fd, write_fd = os.pipe()
+    wake_r, wake_w = os.pipe() if wakeups else (-1, -1)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # or the child would repeat whatever the master had buffered
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(read_fd)
-        bootstrap.main(write_fd)
+        if wake_w >= 0:
+            os.close(wake_w)
+        bootstrap.main(write_fd, wake_r)
     os.close(write_fd)
+    if wake_r >= 0:
+        os.close(wake_r)
     os.set_blocking(read_fd, False)
     return Child(
         pid=pid,
@@ -285,6 +305,7 @@ def spawn(role: RoleState, bootstrap: Bootstrap, now: float) -> Child:
         generation=role.generation,
         owner=bootstrap.owner_for(pid),
         fd=read_fd,
+        wake_fd=wake_w,
         forked_at=now,
         last_beat=now,
     )

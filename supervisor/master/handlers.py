@@ -5,7 +5,9 @@ state is reached. Mixed into the Arbiter; runs on its loop thread only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import selectors
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -13,13 +15,15 @@ from typing import Any
 from .. import config as config_mod
 from .. import db
 from ..config import Config, ConfigError
-from ..control import Connection
+from ..control import Connection, ControlServer
+from ..identity import node_name
 from ..logs import configure_logging
 from ..worker.settings import WorkerSettings
 from .children import RoleState
 from .http_child import apply_http
 from .reload import Diff, diff
 from .systemd import Notifier
+from .wakeups import Relay
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +51,39 @@ class Handlers:
     ready_sent: bool
     pid: int
     url: str
+    database: db.Database
+    relay: Relay | None
     started: float
     reloads: int
     last_reload: dict[str, Any] | None
     config_text: str | None
     notifier: Notifier
 
+    control: ControlServer
+    selector: selectors.DefaultSelector
+
     def begin_stop(self, why: str, *, hard: bool = False) -> None:
         raise NotImplementedError
+
+    # --- control socket ---------------------------------------------------------------------------
+
+    def _on_accept(self, key: selectors.SelectorKey) -> None:
+        conn = self.control.accept()
+        if conn is not None:
+            fd = conn.fileno()
+            self.selector.register(fd, selectors.EVENT_READ, lambda k, c=conn, fd=fd: self._on_request(c, fd))
+
+    def _on_request(self, conn: Connection, fd: int) -> None:
+        req = conn.read()
+        if req is None and not conn.closed:
+            return  # not a full line yet
+        # Unregistered by number: the socket may already be closed (and the fd is not reused
+        # before this line: nothing is accepted in between).
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(fd)
+        if req is not None:
+            self.handle(conn, req)
+
 
     def _read_text(self) -> str | None:
         raise NotImplementedError
@@ -238,6 +267,7 @@ class Handlers:
         state = "stopping" if self.stopping else ("reloading" if self.waiters else
                                                   ("running" if self.ready_sent else "starting"))
         return {
+            "node": node_name(),
             "pid": self.pid,
             "state": state,
             "uptime": round(now - self.started, 1),
@@ -245,6 +275,9 @@ class Handlers:
             "config": str(self.config.path),
             "control_socket": str(self.config.supervisor.control_socket),
             "database": db.redact(self.url),
+            "pooled": self.database.pooled,
+            # One LISTEN connection for the host, relayed to the children; else they poll.
+            "wakeups": "relayed" if self.relay is not None else "polling",
             "reloads": self.reloads,
             "last_reload": self.last_reload,
             "roles": roles,

@@ -71,7 +71,8 @@ class HttpBootstrap(Bootstrap):
         module, _, name = SERVER_FACTORY.partition(":")
         build = getattr(importlib.import_module(module), name)
         # reuse_port: during a roll the new child listens beside the old one.
-        self.server = build(url=self.spec.url, http=self.http, config=self.config, reuse_port=True)
+        self.server = build(url=self.spec.database.url, listen_url=self.spec.database.listen_url, http=self.http,
+                            config=self.config, reuse_port=True)
         threading.Thread(target=self._beats, name="beats", daemon=True).start()
         self.server.run()
         self.stopping.set()

@@ -20,7 +20,7 @@ import psutil
 
 from .. import backoff, db
 from ..broker import Leases
-from ..identity import HOSTNAME
+from ..identity import node_name
 from ..worker.registry import Beat, Registration
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class Janitor(threading.Thread):
     def recover_orphans(self) -> None:
         """Release the leases of processes of this host that died with a previous master."""
         for wid, host, pid, role, _q, _state, started_at, _hb, stopped_at, *_ in self.registration.list():
-            if host != HOSTNAME or stopped_at is not None or wid == self.owner or _alive_since(pid, started_at):
+            if host != node_name() or stopped_at is not None or wid == self.owner or _alive_since(pid, started_at):
                 continue
             released = self.leases.release_owner(wid, why=f"{role} process {pid} died with its master")
             self.registration.stop("lost", worker_id=wid)

@@ -14,7 +14,7 @@ from ..config import Config
 # Supervisor settings the master picks up on reload; the rest need a restart.
 LIVE_SUPERVISOR_KEYS = ("shutdown_timeout", "watch_config", "tick", "log_level", "log_json", "kill_grace",
                         "start_timeout", "restart_backoff", "restart_backoff_max")
-RESTART_SUPERVISOR_KEYS = ("control_socket", "state_dir")
+RESTART_SUPERVISOR_KEYS = ("control_socket", "state_dir", "node_name")
 
 
 @dataclass
@@ -111,6 +111,7 @@ def diff(old: Config, new: Config) -> Diff:
         if getattr(old.supervisor, key) != getattr(new.supervisor, key):
             d.needs_restart.append(f"supervisor.{key}")
     d.http = _http_change(old, new)
-    if old.database != new.database:
-        d.needs_restart.append("database.url")
+    for key in ("url", "listen_url", "pooled"):
+        if getattr(old.database, key) != getattr(new.database, key):
+            d.needs_restart.append(f"database.{key}")
     return d

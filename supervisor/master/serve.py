@@ -7,6 +7,7 @@ import os
 
 from .. import apps, backoff, db, exit_codes
 from ..config import Config
+from ..identity import set_node_name
 from ..logs import configure_logging
 from ..migrate import migrate
 from .arbiter import Arbiter
@@ -27,15 +28,18 @@ def serve(cfg: Config) -> int:
     if cfg.supervisor.state_dir is not None:
         os.environ["SUPERVISOR_STATE_DIR"] = str(cfg.supervisor.state_dir)
 
-    def prepare() -> str:
-        url = db.resolve_url(cfg.database.url)
-        migrate(url, apps.in_use(cfg.actor_modules(), cfg.apps))
-        return url
+    set_node_name(cfg.supervisor.node_name)
+
+    def prepare() -> db.Database:
+        d = cfg.database
+        database = db.resolve(d.url, listen_url=d.listen_url, pooled=d.pooled)
+        migrate(database.url, apps.in_use(cfg.actor_modules(), cfg.apps))
+        return database
 
     try:
-        url = backoff.retry(prepare, "preparing the database", first=0.5, cap=5.0,
+        database = backoff.retry(prepare, "preparing the database", first=0.5, cap=5.0,
                             give_up_after=DB_START_PATIENCE, logger=log)
     except Exception as exc:
         log.error("cannot prepare the database: %s", db.redact(str(exc)))
         return exit_codes.DATABASE
-    return Arbiter(cfg, url).run()
+    return Arbiter(cfg, database).run()

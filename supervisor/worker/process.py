@@ -15,9 +15,10 @@ import time
 import dramatiq
 from dramatiq import Worker
 
-from .. import apps, backoff, exit_codes, runtime
+from .. import apps, backoff, defaults, exit_codes, runtime
 from ..broker import PostgresBroker
 from ..broker.fencing import LeaseLost
+from ..db import Database
 from . import metrics
 from .joblog import JobLog
 from .registry import Registration
@@ -60,10 +61,12 @@ def start_apps(actor_modules: tuple[str, ...], pool) -> None:
 class WorkerProcess:
     """Owns the broker, the Dramatiq Worker and the upkeep thread of one process."""
 
-    def __init__(self, settings: WorkerSettings, url: str, *, owner: str | None = None) -> None:
+    def __init__(self, settings: WorkerSettings, database: Database, *, owner: str | None = None,
+                 wakeup_fd: int | None = None) -> None:
         self.settings = settings
-        self.url = url
+        self.database = database
         self.owner = owner
+        self.wakeup_fd = wakeup_fd
         self.stopping = threading.Event()
         self.ready = threading.Event()
         self.broker: PostgresBroker | None = None
@@ -78,13 +81,17 @@ class WorkerProcess:
     def start(self) -> None:
         s = self.settings
         broker = PostgresBroker(
-            self.url,
+            self.database.url,
             lease_seconds=s.lease_seconds,
             poll_interval=s.poll_interval,
             max_retries=s.max_retries,
             min_backoff=s.min_backoff_ms,
             max_backoff=s.max_backoff_ms,
-            pool_size=s.threads + 4,
+            # The broker's own work shares a few connections; actor code gets its own pool.
+            pool_size=defaults.WORKER_CONNECTIONS,
+            actor_pool_size=s.threads,
+            listen_url=self.database.listen_url,
+            wakeup_fd=self.wakeup_fd,
             owner=self.owner,
         )
         if s.time_limit_ms:
@@ -207,14 +214,16 @@ class Hooks:
         """Told to stop; the drain follows."""
 
 
-def run(settings: WorkerSettings, url: str, *, owner: str | None = None, hooks: Hooks | None = None) -> int:
+def run(settings: WorkerSettings, database: Database, *, owner: str | None = None, hooks: Hooks | None = None,
+        wakeup_fd: int | None = None) -> int:
     """Run a worker until SIGTERM/SIGINT, then drain. Returns the exit code.
 
     ``owner`` is the lease owner id, chosen by the supervisor so it can release
-    this process's leases if it dies.
+    this process's leases if it dies; ``wakeup_fd`` the pipe on which it relays
+    its host's NOTIFY wake-ups (else the process LISTENs on its own).
     """
     hooks = hooks or Hooks()
-    proc = WorkerProcess(settings, url, owner=owner)
+    proc = WorkerProcess(settings, database, owner=owner, wakeup_fd=wakeup_fd)
     install_stop_signals(proc.stopping)
     try:
         proc.start()

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
+from typing import Any
 
-import psutil
 from psycopg_pool import ConnectionPool
 
-from ..identity import HOSTNAME
+from ..identity import node_name
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,40 @@ class Beat:
     done: int = 0
 
 
+class SelfUsage:
+    """This process's RSS and CPU % since the last sample, as psutil.Process gives
+    them, read from /proc/self/statm and os.times() where there is /proc: psutil
+    costs a worker ~1 MB of RSS for two numbers a beat (elsewhere it is used)."""
+
+    _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def __init__(self) -> None:
+        self._proc: Any = None
+        self._last: tuple[float, float] | None = None  # (CPU seconds, monotonic) at the last sample
+        if not os.path.exists("/proc/self/statm"):
+            import psutil  # no /proc (macOS): psutil reads the same numbers its own way
+
+            self._proc = psutil.Process()
+        self.cpu_percent()
+
+    def rss(self) -> int:
+        if self._proc is not None:
+            return int(self._proc.memory_info().rss)
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * self._PAGE
+
+    def cpu_percent(self) -> float:
+        """CPU time over wall time since the previous call, in % of one core (0.0 the first time)."""
+        if self._proc is not None:
+            return float(self._proc.cpu_percent(None))
+        t = os.times()
+        cpu, wall = t.user + t.system, time.monotonic()
+        last, self._last = self._last, (cpu, wall)
+        if last is None or wall <= last[1]:
+            return 0.0
+        return round((cpu - last[0]) / (wall - last[1]) * 100, 1)
+
+
 class Registration:
     """One process's row in `workers`. ``beat`` samples RSS and CPU itself."""
 
@@ -81,18 +116,17 @@ class Registration:
         self.role = role
         self.queues = queues
         self.capacity = capacity  # rows it may hold claimed at once (None: it runs no jobs)
-        self._proc = psutil.Process()
-        self._proc.cpu_percent(None)
+        self._usage = SelfUsage()
 
     def register(self, timeout: float = 30.0) -> None:
         with self.pool.connection(timeout=timeout) as c:
-            c.execute(REGISTER, {"id": self.id, "host": HOSTNAME, "pid": os.getpid(),
+            c.execute(REGISTER, {"id": self.id, "host": node_name(), "pid": os.getpid(),
                                  "role": self.role, "queues": self.queues, "capacity": self.capacity})
 
     def sample(self, beat: Beat) -> dict[str, object]:
         """The BEAT parameters, sampled now (callable from a thread that must not wait on the database)."""
-        return {"id": self.id, "state": beat.state, "rss": self._proc.memory_info().rss,
-                "cpu": self._proc.cpu_percent(None), "in_flight": beat.in_flight, "done": beat.done}
+        return {"id": self.id, "state": beat.state, "rss": self._usage.rss(),
+                "cpu": self._usage.cpu_percent(), "in_flight": beat.in_flight, "done": beat.done}
 
     def beat(self, beat: Beat, params: dict[str, object] | None = None) -> None:
         with self.pool.connection(timeout=10) as c:

@@ -1,4 +1,5 @@
-"""The per-process upkeep thread: lease heartbeat, registry row, reaper, retention."""
+"""The per-process upkeep thread: lease heartbeat, registry row, reaper, retention,
+and the jobs table's vacuum trigger."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import psycopg
 
 from .. import defaults
 from ..broker import PostgresBroker
@@ -19,6 +22,30 @@ from .registry import Beat, Registration
 
 log = logging.getLogger(__name__)
 
+def vacuum_due(conn: psycopg.Connection, *, dead_rows: int = defaults.VACUUM_DEAD_ROWS,
+               min_seconds: float = defaults.VACUUM_MIN_SECONDS) -> int | None:
+    """The dead tuples of jobs if a vacuum is due: at least ``dead_rows`` of them, no
+    (auto)vacuum in the last ``min_seconds`` and none running; else None.
+
+    Autovacuum visits a database once a minute at most (autovacuum_naptime), and not at
+    all where it is off; at a few thousand jobs/s the claim index gathers a hundred
+    thousand dead entries by then, which every claim steps over."""
+    row = conn.execute(jobs_sql.JOBS_VACUUM_DUE, {"dead_rows": dead_rows, "min_s": min_seconds}).fetchone()
+    return None if row is None else int(row[0])
+
+
+def vacuum_jobs(conn: psycopg.Connection, *, dead_rows: int = defaults.VACUUM_DEAD_ROWS,
+                min_seconds: float = defaults.VACUUM_MIN_SECONDS) -> int | None:
+    """VACUUM jobs on ``conn`` (autocommit) if due; returns the dead tuples it found, or None.
+
+    One process at a time: a vacuum takes a lock that conflicts with itself, and
+    VACUUM_JOBS skips the table instead of waiting for it. Never blocks a claim: see
+    sql.VACUUM_JOBS."""
+    dead = vacuum_due(conn, dead_rows=dead_rows, min_seconds=min_seconds)
+    if dead is not None:
+        conn.execute(jobs_sql.VACUUM_JOBS, prepare=False)
+    return dead
+
 
 @dataclass(frozen=True)
 class UpkeepSettings:
@@ -27,8 +54,19 @@ class UpkeepSettings:
     retention: Retention = field(default_factory=Retention)
     prune_seconds: float = defaults.PRUNE_SECONDS
     prune_batch: int = defaults.PRUNE_BATCH
-    # Batches one prune runs per kind at most; the rest waits for the next prune.
+    # Batches one prune runs per kind at most; the rest waits for the next prune,
+    # which then comes after the next beat instead of a whole prune_seconds later.
     prune_max_batches: int = 50
+    vacuum_dead_rows: int = defaults.VACUUM_DEAD_ROWS  # 0: leave jobs to autovacuum
+    vacuum_check_seconds: float = defaults.VACUUM_CHECK_SECONDS
+    vacuum_min_seconds: float = defaults.VACUUM_MIN_SECONDS
+
+    @property
+    def prune_every(self) -> float:
+        """Seconds between prunes: often enough that the shortest retention is
+        overshot by a fraction of itself (the table stays flat), at most prune_seconds."""
+        shortest = min(vars(self.retention).values())
+        return max(defaults.PRUNE_MIN_SECONDS, min(self.prune_seconds, shortest / defaults.PRUNE_PER_RETENTION))
 
 
 class Upkeep(threading.Thread):
@@ -37,8 +75,11 @@ class Upkeep(threading.Thread):
     Every beat it renews the leases of all of this process's running jobs
     with one UPDATE and refreshes its ``workers`` row. Less often (with
     jitter, so a fleet does not reap in lockstep) it returns expired leases
-    of dead hosts to pending and prunes old finished jobs. Database errors
-    are logged and retried on the next beat; the thread never dies of them.
+    of dead hosts to pending and prunes old finished jobs. Every few seconds
+    it checks whether jobs needs a vacuum and, if so, runs it on a thread of
+    its own (a vacuum can take seconds; the beats must not wait for it).
+    Database errors are logged and retried on the next beat; the thread never
+    dies of them.
     """
 
     def __init__(
@@ -55,10 +96,41 @@ class Upkeep(threading.Thread):
         self.settings = settings
         self.state = state
         self._halt = threading.Event()
+        self._vacuum: threading.Thread | None = None
+        self._prune_backlog = False
 
     def beat(self) -> None:
         self.broker.leases.heartbeat()
         self.registration.beat(Beat(self.state(), self.broker.leases.count(), self.broker.jobs_done))
+
+    def vacuum(self) -> int | None:
+        """Vacuum jobs if due (see vacuum_due); returns the dead tuples it found, or None."""
+        s = self.settings
+        with self.broker.pool.connection(timeout=10) as c:
+            dead = vacuum_due(c, dead_rows=s.vacuum_dead_rows, min_seconds=s.vacuum_min_seconds)
+        if dead is None:
+            return None
+        started = time.monotonic()
+        # A connection of its own for the seconds it runs (one process of the fleet at a
+        # time): the broker's few connections are for claims, acks and heartbeats.
+        with psycopg.connect(self.broker.url, autocommit=True, connect_timeout=10) as c:
+            c.execute(jobs_sql.VACUUM_JOBS, prepare=False)
+        log.info("vacuumed jobs (%d dead tuples) in %.1fs", dead, time.monotonic() - started,
+                 extra={"vacuumed": dead})
+        return dead
+
+    def _vacuum_task(self) -> None:
+        try:
+            self.vacuum()
+        except Exception as exc:
+            log.warning("upkeep vacuum failed (%s); will retry", exc)
+
+    def start_vacuum(self) -> None:
+        """Check (and vacuum) on a thread of its own, one at a time per process."""
+        if self.settings.vacuum_dead_rows <= 0 or self._vacuum is not None and self._vacuum.is_alive():
+            return
+        self._vacuum = threading.Thread(target=self._vacuum_task, name="upkeep-vacuum", daemon=True)
+        self._vacuum.start()
 
     def _batches(self, statement: str, **params: object) -> int:
         """Run a bounded DELETE until it comes back short: each batch commits on
@@ -71,11 +143,14 @@ class Upkeep(threading.Thread):
             total += n
             if n < s.prune_batch:
                 break
+        else:
+            self._prune_backlog = True
         return total
 
     def prune(self) -> dict[str, int]:
         """Delete what the retention settings no longer keep; returns counts by kind."""
         r = self.settings.retention
+        self._prune_backlog = False
         counts = {status: self._batches(jobs_sql.PRUNE, status=status, older_than_s=getattr(r, status))
                   for status in ("succeeded", "failed", "cancelled")}
         counts["events"] = self._batches(jobs_sql.PRUNE_EVENTS, older_than_s=r.events)
@@ -94,18 +169,25 @@ class Upkeep(threading.Thread):
     def run(self) -> None:
         s = self.settings
         now = time.monotonic()
-        next_reap = now + random.uniform(0, s.reap_seconds)
-        next_prune = now + random.uniform(s.prune_seconds / 10, s.prune_seconds)
-        while not self._halt.wait(s.heartbeat_seconds):
-            for due, task in (("beat", self.beat), ("reap", self.broker.leases.reap_expired), ("prune", self.prune)):
+        # Each task's next due time; the first reap and prune are spread at random
+        # (with jitter after), so a fleet started together does not act in lockstep.
+        due = {"beat": now + s.heartbeat_seconds, "reap": now + random.uniform(0, s.reap_seconds),
+               "prune": now + random.uniform(s.prune_every / 10, s.prune_every),
+               "vacuum": now + random.uniform(0, s.vacuum_check_seconds)}
+        tasks: dict[str, Callable[[], object]] = {"beat": self.beat, "reap": self.broker.leases.reap_expired, "prune": self.prune,
+                 "vacuum": self.start_vacuum}
+        every = {"beat": s.heartbeat_seconds, "reap": s.reap_seconds, "prune": s.prune_every,
+                 "vacuum": s.vacuum_check_seconds}
+        while not self._halt.wait(max(0.0, min(due.values()) - time.monotonic())):
+            for name, task in tasks.items():
                 now = time.monotonic()
-                if due == "reap" and now < next_reap or due == "prune" and now < next_prune:
+                if now < due[name]:
                     continue
                 try:
                     task()
                 except Exception as exc:
-                    log.warning("upkeep %s failed (%s); will retry", due, exc)
-                if due == "reap":
-                    next_reap = now + s.reap_seconds * random.uniform(0.8, 1.2)
-                elif due == "prune":
-                    next_prune = now + s.prune_seconds * random.uniform(0.8, 1.2)
+                    log.warning("upkeep %s failed (%s); will retry", name, exc)
+                # a prune that stopped at its cap left rows behind: it goes on after the next beat
+                backlog = name == "prune" and self._prune_backlog
+                jitter = 1.0 if name == "beat" else random.uniform(0.8, 1.2)
+                due[name] = now + (s.heartbeat_seconds if backlog else every[name] * jitter)

@@ -10,9 +10,9 @@ from .recorder import Recorder
 from .views import routes
 
 
-def start(url: str) -> Recorder:
+def start(url: str, *, listen: bool = True) -> Recorder:
     """The recorder for one serving process (call after any fork)."""
-    recorder = Recorder(url)
+    recorder = Recorder(url, listen=listen)
     recorder.start()
     return recorder
 

@@ -17,9 +17,8 @@ import time
 
 import psycopg
 
-from ... import backoff
+from ... import backoff, db
 from ...broker.listener import CHANNEL
-from ...db import redact
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +118,11 @@ def sample(conn: psycopg.Connection) -> None:
 
 
 class Recorder(threading.Thread):
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, listen: bool = True) -> None:
         super().__init__(name="dashboard-recorder", daemon=True)
         self.url = url
+        # False: a pooled URL with no direct one; pages then update on samples only.
+        self.listen = listen
         self.version = 0  # bumped on every NOTIFY and every sample
         self._halt = threading.Event()
         self._sample_failing = False  # log the first failure of a run, not every period
@@ -139,7 +140,7 @@ class Recorder(threading.Thread):
             try:
                 self._listen_and_sample()
             except psycopg.Error as exc:
-                log.warning("dashboard recorder lost %s (%s); again in %.1fs", redact(self.url), exc, delay)
+                log.warning("dashboard recorder lost %s (%s); again in %.1fs", db.redact(self.url), exc, delay)
             self._halt.wait(delay)
 
     def _sample(self, conn: psycopg.Connection) -> None:
@@ -157,9 +158,12 @@ class Recorder(threading.Thread):
             self._sample_failing = False
 
     def _listen_and_sample(self) -> None:
-        with psycopg.connect(self.url, autocommit=True, connect_timeout=10,
-                             options="-c statement_timeout=5000") as conn:
-            conn.execute(f"LISTEN {CHANNEL}")
+        kwargs = db.session_kwargs(self.url)
+        if not db.is_pooled(self.url):  # a pooler refuses startup options
+            kwargs["options"] = "-c statement_timeout=5000"
+        with psycopg.connect(self.url, **kwargs) as conn:
+            if self.listen:
+                conn.execute(f"LISTEN {CHANNEL}")
             next_sample = 0.0
             while not self._halt.is_set():
                 now = time.monotonic()

@@ -1,0 +1,113 @@
+"""Where a worker's time goes on the W1 drain: CPU per job of the worker
+processes and of their PostgreSQL backends, and optionally a yappi profile.
+
+    python bench/profile_worker.py [--jobs 20000] [--threads 8] [--prefetch N]
+                                   [--repeat 3] [--profile cpu|wall] [--top 40]
+
+CPU figures come from /proc (utime + stime of each worker process and of every
+backend connected to the bench database), sampled just before the enqueue's
+commit and just after the drain: the drain's CPU, divided by the jobs. They
+drift less than jobs/s on a shared machine, since they do not count the time
+other programs hold the cores.
+
+--profile runs every worker under yappi (pip install yappi; all threads) and
+prints each process's top functions by total time when it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.bench_broker import _bulk_enqueue, _drain, _warm_up, load  # noqa: E402
+from bench.common import WorkerPool, bench_database, code_state, reset, say, server_url  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def backend_pids(conn: psycopg.Connection, dbname: str) -> list[int]:
+    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                        (dbname,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def run_once(url: str, broker, actors, *, jobs: int, threads: int, prefetch: int | None,
+             env: dict[str, str]) -> dict[str, float]:
+    dbname = conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        reset(conn)
+        module = "bench.profiled_cli" if env.get("BENCH_PROFILE") else "supervisor.cli"
+        with WorkerPool(url, count=2, threads=threads, prefetch=prefetch, module=module, env=env) as pool:
+            _warm_up(url, conn, broker, actors.noop)
+            messages = [actors.noop.message() for _ in range(jobs)]
+            backends = backend_pids(conn, dbname)
+            workers0 = sum(cpu_seconds(p) for p in pool.pids())
+            backends0 = {p: cpu_seconds(p) for p in backends}
+            committed = _bulk_enqueue(url, messages, broker, 0)
+            seconds = _drain(conn, jobs, committed, timeout=300)
+            workers1 = sum(cpu_seconds(p) for p in pool.pids())
+            # Backends opened during the drain started after the first sample: count them whole.
+            backends1 = {p: cpu_seconds(p) for p in backend_pids(conn, dbname)}
+    backend_cpu = sum(v - backends0.get(p, 0.0) for p, v in backends1.items())
+    out = {"rate": jobs / seconds, "worker_us": (workers1 - workers0) / jobs * 1e6,
+           "backend_us": backend_cpu / jobs * 1e6}
+    say(f"    {out['rate']:,.0f} jobs/s; CPU per job: workers {out['worker_us']:.0f} us, "
+        f"their backends {out['backend_us']:.0f} us ({load()})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=20_000)
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--prefetch", type=int, default=None, help="rows a process may hold (default: threads)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--profile", choices=("cpu", "wall"), default=None, help="run the workers under yappi")
+    p.add_argument("--top", type=int, default=40, help="functions printed per profiled process")
+    p.add_argument("--database-url", default=None)
+    args = p.parse_args(argv)
+    env = {}
+    if args.profile:
+        env = {"BENCH_PROFILE": args.profile, "BENCH_PROFILE_TOP": str(args.top),
+               "BENCH_PROFILE_DIR": os.environ.get("BENCH_PROFILE_DIR", "/tmp")}
+    with bench_database(server_url(args.database_url)) as url:
+        import supervisor
+
+        broker = supervisor.setup_broker(url)
+        from bench import bench_actors as actors
+
+        say(code_state())
+        results = []
+        for run in range(args.repeat):
+            say(f"run {run + 1}/{args.repeat}: {args.jobs:,} no-op jobs, 2 processes x {args.threads} threads"
+                + (f", prefetch {args.prefetch}" if args.prefetch else ""))
+            results.append(run_once(url, broker, actors, jobs=args.jobs, threads=args.threads,
+                                    prefetch=args.prefetch, env=env))
+        broker.close()
+    for key, label in (("rate", "jobs/s"), ("worker_us", "worker CPU us/job"), ("backend_us", "backend CPU us/job")):
+        values = [r[key] for r in results]
+        say(f"median {label}: {statistics.median(values):,.0f} (runs: {', '.join(f'{v:,.0f}' for v in values)})")
+    if args.profile:
+        say(f"profiles: {env['BENCH_PROFILE_DIR']}/as-profile-<pid>.txt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The broker's middleware signals (broker/signals.py) keep Dramatiq's contract while
+calling only real hooks, and a claimed message reads its fields without MessageProxy's
+__getattr__. Real broker on real PostgreSQL; a real Dramatiq Worker for the end-to-end
+case."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import dramatiq
+import pytest
+from dramatiq.middleware import Middleware, SkipMessage
+
+from supervisor.broker import PostgresBroker
+from tests.conftest import scalar, wait_for
+
+QUEUE = "signals"
+
+
+class Recorder(Middleware):
+    """Records the hooks it defines, with its name, into a shared list."""
+
+    def __init__(self, name: str, calls: list[tuple[str, str]]) -> None:
+        self.name = name
+        self.calls = calls
+
+    def before_process_message(self, broker, message) -> None:
+        self.calls.append((self.name, "before_process_message"))
+
+    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+        self.calls.append((self.name, "after_process_message"))
+
+
+class Failing(Middleware):
+    def before_ack(self, broker, message) -> None:
+        raise RuntimeError("hook failed")
+
+    def before_enqueue(self, broker, message, delay) -> None:
+        raise SkipMessage("a MiddlewareError goes through")
+
+
+@pytest.fixture
+def broker(database_url: str, conn) -> Iterator[PostgresBroker]:
+    conn.execute("DELETE FROM jobs WHERE queue = %s", (QUEUE,))
+    b = PostgresBroker(database_url, poll_interval=0.2)
+    yield b
+    b.close()
+
+
+def test_hooks_run_in_dramatiq_order_and_follow_the_middleware_list(broker):
+    calls: list[tuple[str, str]] = []
+    broker.add_middleware(Recorder("a", calls))
+    broker.add_middleware(Recorder("b", calls))
+    broker.emit_before("process_message", None)
+    broker.emit_after("process_message", None, result=None)
+    # before_*: list order; after_*: reversed, as Dramatiq's Broker does.
+    assert calls == [("a", "before_process_message"), ("b", "before_process_message"),
+                     ("b", "after_process_message"), ("a", "after_process_message")]
+
+    calls.clear()
+    broker.add_middleware(Recorder("c", calls), before=Recorder)  # added after the first emit
+    broker.emit_before("process_message", None)
+    assert calls == [("c", "before_process_message"), ("a", "before_process_message"),
+                     ("b", "before_process_message")]
+
+
+def test_a_hook_set_on_an_instance_is_called(broker):
+    calls: list[str] = []
+    plain = Middleware()
+    plain.before_nack = lambda broker, message: calls.append("before_nack")  # type: ignore[method-assign]
+    broker.add_middleware(plain)
+    broker.emit_before("nack", None)
+    assert calls == ["before_nack"]
+
+
+def test_a_failing_hook_is_logged_and_a_middleware_error_raised(broker, caplog):
+    broker.add_middleware(Failing())
+    with caplog.at_level(logging.CRITICAL):
+        broker.emit_before("ack", None)  # logged, not raised
+    assert any("Unexpected failure in before_ack" in r.getMessage() for r in caplog.records)
+    with pytest.raises(SkipMessage):
+        broker.emit_before("enqueue", None, None)
+
+
+def test_claimed_message_fields_are_the_messages(broker, conn):
+    @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="signals_fields")
+    def fields(x, y=None):
+        pass
+
+    broker.declare_queue(QUEUE)
+    sent = fields.send_with_options(args=(1,), kwargs={"y": 2}, priority=3)
+    [claimed] = broker.claim(QUEUE, 5)
+    inner = claimed._message  # noqa: SLF001  (Dramatiq's MessageProxy keeps the message there)
+    for name in ("message_id", "queue_name", "actor_name", "args", "kwargs", "options", "message_timestamp"):
+        assert getattr(claimed, name) == getattr(inner, name), name
+    assert claimed.message_id == sent.message_id and claimed.args == (1,) and claimed.kwargs == {"y": 2}
+    # Middleware (Retries) writes into options: one dict, seen through both.
+    claimed.options["retries"] = 1
+    assert inner.options["retries"] == 1
+    assert claimed.asdict()["options"]["retries"] == 1
+    broker.requeue([claimed])
+
+
+def test_a_worker_runs_every_job_once_through_the_signals(broker, conn):
+    runs: list[int] = []
+
+    @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="signals_count", max_retries=0)
+    def count(i):
+        runs.append(i)
+
+    calls: list[tuple[str, str]] = []
+    broker.add_middleware(Recorder("r", calls))
+    broker.declare_queue(QUEUE)
+    broker.enqueue_many([count.message(i) for i in range(200)])
+    worker = dramatiq.Worker(broker, queues={QUEUE}, worker_threads=4, worker_timeout=100)
+    worker.start()
+    try:
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE queue = %s AND status = 'succeeded'",
+                                (QUEUE,)) == 200, 60)
+    finally:
+        worker.stop()
+    assert sorted(runs) == list(range(200))
+    assert calls.count(("r", "before_process_message")) == 200
+    assert calls.count(("r", "after_process_message")) == 200

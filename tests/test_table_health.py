@@ -1,0 +1,135 @@
+"""The jobs table stays small and fast: the upkeep's vacuum trigger, the prune's
+batches and cadence, and the table settings of 025_jobs_bloat.sql. Real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from supervisor.broker import PostgresBroker
+from supervisor.broker import sql as jobs_sql
+from supervisor.config import Retention
+from supervisor.worker.registry import Registration
+from supervisor.worker.upkeep import Upkeep, UpkeepSettings, vacuum_jobs
+from tests.conftest import scalar, wait_for
+
+CLAIM = {"queue": "health", "n": 5, "owner": "t", "lease_s": 30.0, "actors": [], "actor_max_attempts": [],
+         "actor_max_losses": [], "default_max_attempts": 1, "default_max_losses": 1}
+STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
+
+
+@pytest.fixture
+def broker(database_url: str) -> Iterator[PostgresBroker]:
+    b = PostgresBroker(database_url, lease_seconds=30, poll_interval=0.2, pool_size=4)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def other(database_url: str) -> Iterator[psycopg.Connection]:
+    """A second session: another process of the fleet."""
+    with psycopg.connect(database_url, autocommit=True) as c:
+        yield c
+
+
+def make_dead(conn: psycopg.Connection, n: int) -> int:
+    """Leave n dead tuples in jobs and wait until the statistics show them; returns vacuum_count."""
+    conn.execute("INSERT INTO jobs (actor, status, finished_at) SELECT 'x', 'succeeded', now()"
+                 " FROM generate_series(1, %s)", (n,))
+    conn.execute("DELETE FROM jobs")
+    conn.execute("SELECT pg_stat_force_next_flush()")  # published when this session goes idle
+    wait_for(lambda: conn.execute(STATS).fetchone()[0] >= n, message=f"{n} dead tuples in the statistics")
+    return conn.execute(STATS).fetchone()[1]
+
+
+def test_vacuum_runs_once_dead_tuples_pass_the_threshold(conn):
+    before = make_dead(conn, 500)
+    # Statistics of earlier tests on this database may still arrive: a threshold far
+    # above what is there, not one dead tuple above what this test made.
+    assert vacuum_jobs(conn, dead_rows=100_000, min_seconds=0) is None
+    assert conn.execute(STATS).fetchone()[1] == before  # below the threshold: nothing ran
+
+    assert vacuum_jobs(conn, dead_rows=500, min_seconds=0) >= 500
+    assert conn.execute(STATS).fetchone() == (0, before + 1)
+
+
+def test_vacuum_not_again_soon_after_the_last(conn):
+    before = make_dead(conn, 300)
+    assert vacuum_jobs(conn, dead_rows=100, min_seconds=0) is not None
+    make_dead(conn, 300)
+    # a vacuum ended moments ago: within min_seconds nobody runs another
+    assert vacuum_jobs(conn, dead_rows=100, min_seconds=3600) is None
+    assert conn.execute(STATS).fetchone()[1] == before + 1
+
+
+def test_vacuum_one_process_at_a_time_never_waiting_never_blocking_a_claim(conn, other, database_url):
+    before = make_dead(conn, 300)
+    conn.execute("SET lock_timeout = '5s'")  # were it to wait, it would fail here instead of hanging
+    with other.transaction():
+        # another process is vacuuming jobs (this is the lock a vacuum holds): this one
+        # does not run a second vacuum, nor wait for the first
+        other.execute("LOCK TABLE jobs IN SHARE UPDATE EXCLUSIVE MODE")
+        assert vacuum_jobs(conn, dead_rows=100, min_seconds=0) is not None
+        # ...and that lock never stands in a claim's way
+        with psycopg.connect(database_url, autocommit=True, options="-c lock_timeout=5s") as claimer:
+            claimer.execute("INSERT INTO jobs (queue, actor) VALUES ('health', 'x')")
+            assert len(claimer.execute(jobs_sql.CLAIM, CLAIM).fetchall()) == 1
+    assert conn.execute(STATS).fetchone()[1] == before  # skipped: no second vacuum ran
+    assert conn.execute(STATS).fetchone()[0] >= 300
+    assert vacuum_jobs(conn, dead_rows=100, min_seconds=0) is not None  # free again: it runs
+    assert conn.execute(STATS).fetchone()[1] == before + 1
+    # no truncation (it would take ACCESS EXCLUSIVE and stall every claim), by the table's setting too
+    options = scalar(conn, "SELECT reloptions FROM pg_class WHERE oid = 'jobs'::regclass")
+    assert {"vacuum_truncate=off", "vacuum_index_cleanup=on"} <= set(options)
+    assert "TRUNCATE false" in jobs_sql.VACUUM_JOBS and "SKIP_LOCKED" in jobs_sql.VACUUM_JOBS
+
+
+def test_upkeep_thread_vacuums_jobs_when_dead_tuples_pile_up(conn, broker):
+    before = make_dead(conn, 400)
+    registration = Registration(broker.pool, broker.owner, role="t", queues=["tests"])
+    settings = UpkeepSettings(heartbeat_seconds=3600, vacuum_dead_rows=400, vacuum_check_seconds=0.05,
+                              vacuum_min_seconds=0)
+    upkeep = Upkeep(broker, registration, settings=settings, state=lambda: "running")
+    upkeep.start()
+    try:
+        wait_for(lambda: conn.execute(STATS).fetchone()[1] > before, message="the upkeep's vacuum of jobs")
+    finally:
+        upkeep.stop()
+        upkeep.join(10)
+    assert not upkeep.is_alive()
+    assert conn.execute(STATS).fetchone()[0] == 0
+
+
+def test_concurrent_prunes_take_different_rows_without_waiting(conn, other):
+    conn.execute("INSERT INTO jobs (actor, status, finished_at) SELECT 'x', 'succeeded', now() - g * interval '1 day'"
+                 " FROM generate_series(1, 10) AS g")
+    params = {"status": "succeeded", "older_than_s": 3600}
+    with other.transaction():
+        first = other.execute(jobs_sql.PRUNE, {**params, "limit": 4}).fetchall()
+        # the first pruner's batch is locked (not committed): the second skips it, never waits
+        conn.execute("SET lock_timeout = '5s'")
+        second = conn.execute(jobs_sql.PRUNE, {**params, "limit": 10}).fetchall()
+    assert len(first) == 4 and len(second) == 6
+    assert not {r[0] for r in first} & {r[0] for r in second}
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 0
+
+
+def test_prune_cadence_follows_the_shortest_retention():
+    assert UpkeepSettings().prune_every == 300.0  # the defaults keep rows a day or more
+    assert UpkeepSettings(retention=Retention(succeeded=60)).prune_every == 15.0
+    assert UpkeepSettings(retention=Retention(succeeded=1)).prune_every == 5.0  # never busier than this
+
+
+def test_a_heartbeat_is_a_hot_update(conn):
+    """Renewing a lease touches no index (no index covers the columns it sets), so it
+    leaves no dead index entry behind: counted in the transaction's own statistics."""
+    job = scalar(conn, "INSERT INTO jobs (queue, actor, status, lease_owner, lease_expires_at, attempts)"
+                       " VALUES ('tests', 'noop', 'running', 'n:1:t', now() + interval '5 s', 1) RETURNING id")
+    with conn.transaction():
+        renewed = conn.execute(jobs_sql.HEARTBEAT, {"ids": [job], "owner": "n:1:t", "lease_s": 30}).fetchall()
+        hot = scalar(conn, "SELECT pg_stat_get_xact_tuples_hot_updated('jobs'::regclass)")
+        updated = scalar(conn, "SELECT pg_stat_get_xact_tuples_updated('jobs'::regclass)")
+    assert [str(r[0]) for r in renewed] == [str(job)]
+    assert (updated, hot) == (1, 1)
