@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
+import threading
 from datetime import date
 
 import pytest
@@ -210,8 +210,12 @@ def test_server_errors_and_timeouts_retry_with_backoff(conn, pipeline_broker, pi
     _, watch_id = shop
     pipeline_config["http"] = {"timeout": 0.3}
 
+    answer = threading.Event()
+
     def slow(request):
-        time.sleep(1.0)
+        # Answers only after the client gave up, and before the test ends: a handler
+        # still running would log its request into the next test's server log.
+        answer.wait(30)
         return Response("[]", content_type="application/json")
 
     httpserver.expect_request("/search").respond_with_data("busy", status=503)
@@ -222,6 +226,8 @@ def test_server_errors_and_timeouts_retry_with_backoff(conn, pipeline_broker, pi
         httpserver.expect_request("/search").respond_with_handler(slow)
         timed_out = scrape_watch.send_with_options(args=(watch_id,), dedupe_key="t")
         assert wait_job(conn, timed_out.message_id, "retryable", "failed") == "retryable"
+        answer.set()
+        wait_for(lambda: httpserver.log, timeout=10, message="the slow handler to answer")
     delay, error = conn.execute("SELECT extract(epoch FROM run_at - now()), last_error FROM jobs WHERE id = %s",
                                 (msg.message_id,)).fetchone()
     assert 2 < delay <= 5 and "HTTP 503" in error  # the actor's first backoff is 5 s
