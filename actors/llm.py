@@ -48,22 +48,19 @@ class LlmUnavailable(Exception):
 @contextlib.contextmanager
 def fleet_slot(pool, key: str, slots: int, wait: float) -> Iterator[None]:
     """Hold one of ``slots`` fleet-wide slots for ``key`` while the block runs;
-    LlmUnavailable when none frees up within ``wait`` seconds. The connection
-    holding the lock stays checked out of the pool until the block ends."""
+    LlmUnavailable when none frees up within ``wait`` seconds. The slot's
+    transaction (and its connection) stays open until the block ends."""
     deadline = time.monotonic() + wait
     with pool.connection() as conn:
         for delay in backoff.delays(first=0.02, cap=0.25):
-            slot = next((n for n in range(slots)
-                         if conn.execute(slots_sql.TRY_SLOT, {"key": key, "slot": n}).fetchone()[0]), None)
-            if slot is not None:
-                break
+            with conn.transaction():
+                if any(conn.execute(slots_sql.TRY_SLOT, {"key": key, "slot": n}).fetchone()[0]
+                       for n in range(slots)):
+                    yield  # the block's exception, if any, rolls back: the slot is free either way
+                    return
             if time.monotonic() + delay > deadline:
                 raise LlmUnavailable(f"all {slots} fleet-wide slots busy for {wait:.0f}s")
             time.sleep(delay)
-        try:
-            yield
-        finally:
-            conn.execute(slots_sql.RELEASE_SLOT, {"key": key, "slot": slot})
 
 
 def _clean(data: Any) -> dict[str, Any]:

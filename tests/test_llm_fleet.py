@@ -62,7 +62,7 @@ def test_the_llm_cap_holds_across_three_processes(conn, database_url, threaded_s
 HOLD = """
 import sys, psycopg
 from actors.queries import slots
-conn = psycopg.connect(sys.argv[1], autocommit=True)
+conn = psycopg.connect(sys.argv[1])  # the slot lives as long as this transaction
 assert conn.execute(slots.TRY_SLOT, {"key": "llm:held", "slot": 0}).fetchone()[0]
 print("held", flush=True)
 sys.stdin.read()

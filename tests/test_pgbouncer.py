@@ -145,3 +145,34 @@ def test_producers_send_and_bulk_copy_through_pgbouncer(bouncer, conn):
         assert scalar(conn, "SELECT count(*) FROM jobs") == 8 + 50
     finally:
         broker.close()
+
+
+def test_llm_fleet_slots_through_pgbouncer_are_never_stranded(bouncer, conn):
+    """Many short slot holds from several threads over a small PgBouncer pool: a slot
+    is held exactly while its block runs, and none outlives it on a server connection."""
+    from actors.llm import LlmUnavailable, fleet_slot
+    from actors.queries import slots
+
+    db.mark_pooled(bouncer.url)
+    pool = db.make_pool(bouncer.url, min_size=1, max_size=6, name="llm-test")
+    key = "llm:bounced"
+    try:
+        with fleet_slot(pool, key, 1, wait=1.0):
+            assert scalar(conn, slots.HELD, {"key": key}) == 1
+            with pytest.raises(LlmUnavailable, match="all 1 fleet-wide slots busy"), \
+                    fleet_slot(pool, key, 1, wait=0.1):
+                pass
+        assert scalar(conn, slots.HELD, {"key": key}) == 0
+
+        def cycles(_: int) -> int:
+            for _ in range(40):
+                with fleet_slot(pool, key, 2, wait=30.0):
+                    held = scalar(conn, slots.HELD, {"key": key})
+                    assert 1 <= held <= 2, held
+            return 40
+
+        with ThreadPoolExecutor(6) as ex:
+            assert sum(ex.map(cycles, range(6))) == 240
+        assert scalar(conn, slots.HELD, {"key": key}) == 0
+    finally:
+        pool.close()

@@ -1,11 +1,12 @@
-"""The fleet-wide LLM semaphore: N session advisory locks ``(hashtext(key), slot)``.
+"""The fleet-wide LLM semaphore: N transaction advisory locks ``(hashtext(key), slot)``.
 
-A session lock lives as long as the connection that took it: a killed process's
-connection closes and the server frees its slot, so no slot can leak."""
+A slot is held by a transaction that stays open while the model is asked, and
+goes with it: COMMIT, ROLLBACK, or the connection closing when its process is
+killed. Transaction-level, not session-level, so PgBouncer's transaction pooling
+cannot strand it: a session lock taken and released by separate statements may
+land on two server connections, and the one that took it keeps it for good."""
 
-TRY_SLOT = "SELECT pg_try_advisory_lock(hashtext(%(key)s), %(slot)s)"
-
-RELEASE_SLOT = "SELECT pg_advisory_unlock(hashtext(%(key)s), %(slot)s)"
+TRY_SLOT = "SELECT pg_try_advisory_xact_lock(hashtext(%(key)s), %(slot)s)"
 
 # How many slots are held right now, by anyone (for tests and the operator).
 HELD = """
