@@ -110,7 +110,7 @@ class WorkerPool:
     # The entry point run with ``python -m``; an experiment may point it at a
     # wrapper that patches the broker before calling the CLI.
     module: str = "supervisor.cli"
-    prefetch: int | None = None  # rows a process may hold claimed (default: threads)
+    prefetch: int | None = None  # rows a process may hold claimed (default: paced)
     # The per-job log line (on by default in production) is off here: the bench measures
     # the broker; BENCH_JOB_LOG=1 measures with it (it costs ~40 % of no-op throughput).
     job_log: bool = os.environ.get("BENCH_JOB_LOG") == "1"

@@ -24,6 +24,12 @@ MIN_BACKOFF_MS = 15_000
 MAX_BACKOFF_MS = 24 * 3600 * 1000  # the cap: a retry is never further away than a day
 # A worker process.
 THREADS = 8
+# Prefetch when a role sets none: a process holds up to PREFETCH_PER_THREAD x threads rows
+# while its recent jobs take under SHORT_JOB_SECONDS (the next claim then overlaps the
+# current batch, and a row waits at most one short job for its thread); only threads rows
+# once they take longer, so long jobs are never hoarded while another process is idle.
+PREFETCH_PER_THREAD = 2
+SHORT_JOB_SECONDS = 0.01
 # Connections a supervisor worker process holds for the broker's own work (claims,
 # acks, heartbeats, timers, sends): a fleet of many hosts must stay within what one
 # PostgreSQL (or PgBouncer) can serve. Actor code's own queries use a separate pool.
@@ -47,6 +53,9 @@ VACUUM_DEAD_ROWS = 20_000
 VACUUM_CHECK_SECONDS = 5.0
 # ...but not again within this long of the last (auto)vacuum: each one reads every index.
 VACUUM_MIN_SECONDS = 10.0
+# At the same checks: ANALYZE jobs once it holds this many rows and the planner believes
+# in under a quarter of them (see sql.JOBS_STATS_STALE).
+STATS_MIN_ROWS = 1000
 # The supervisor (master).
 TICK = 0.5
 KILL_GRACE = 5.0

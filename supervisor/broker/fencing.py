@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from dramatiq.middleware import Middleware
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
@@ -48,7 +49,9 @@ class Fence(Middleware):
     def __init__(self, leases: Leases, *, interval: float = 0.05) -> None:
         self.leases = leases
         self.interval = interval
-        self._running: dict[Hold, tuple[int, PgMessageProxy]] = {}
+        # What each running job's thread is, and since when (a job's run time feeds Pace).
+        self._running: dict[Hold, tuple[int, PgMessageProxy, float]] = {}
+        self.on_finished: Callable[[float], None] | None = None
         self._doomed: dict[Hold, type[Interrupt]] = {}
         self._lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
@@ -68,7 +71,7 @@ class Fence(Middleware):
         with self._lock:
             doomed = self._doomed.pop(key, None)
             if doomed is None:
-                self._running[key] = (threading.get_ident(), message)
+                self._running[key] = (threading.get_ident(), message, time.monotonic())
                 return
         message.fenced = _REASONS[doomed]
         raise doomed()
@@ -76,7 +79,9 @@ class Fence(Middleware):
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         if isinstance(message, PgMessageProxy):
             with self._lock:
-                self._running.pop((message.message_id, message.attempts), None)
+                entry = self._running.pop((message.message_id, message.attempts), None)
+            if entry is not None and self.on_finished is not None:
+                self.on_finished(time.monotonic() - entry[2])
 
     after_skip_message = after_process_message
 
@@ -95,7 +100,7 @@ class Fence(Middleware):
                 if entry is None:
                     self._doomed[key] = exc  # claimed, not started: it will not start
                     continue
-                thread_id, message = entry
+                thread_id, message, _ = entry
                 message.fenced = _REASONS[exc]
                 raise_thread_exception(thread_id, exc)
             log.warning("interrupted job %s (attempt %d): %s", key[0], key[1], _REASONS[exc])

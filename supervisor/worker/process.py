@@ -18,6 +18,7 @@ from dramatiq import Worker
 from .. import apps, backoff, defaults, exit_codes, runtime
 from ..broker import PostgresBroker
 from ..broker.fencing import LeaseLost
+from ..broker.pace import Pace
 from ..db import Database
 from . import metrics
 from .joblog import JobLog
@@ -114,6 +115,8 @@ class WorkerProcess:
         for queue in s.queues:
             broker.declare_queue(queue)
         broker.set_capacity(s.capacity)
+        if s.prefetch is None:
+            broker.fence.on_finished = Pace(broker.capacity, s.threads, s.capacity).finished
         broker.emit_after("process_boot")
 
         registration = Registration(broker.pool, broker.owner, role=s.role, queues=list(s.queues),

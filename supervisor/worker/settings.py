@@ -17,9 +17,8 @@ class WorkerSettings:
     actors: tuple[str, ...]
     role: str = "worker"
     threads: int = defaults.THREADS
-    # Rows a process may hold claimed (running or waiting for a thread). The
-    # default, `threads`, never hoards; 2 x threads lets the next claim overlap
-    # the current batch, which pays off for many short jobs.
+    # Rows a process may hold claimed (running or waiting for a thread). None: paced
+    # (broker/pace.py), threads rows, up to PREFETCH_PER_THREAD x threads while jobs are short.
     prefetch: int | None = None
     lease_seconds: float = defaults.LEASE_SECONDS
     heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS
@@ -41,8 +40,8 @@ class WorkerSettings:
 
     @property
     def capacity(self) -> int:
-        """Rows this process may hold claimed at once."""
-        return self.prefetch or self.threads
+        """Rows this process may hold claimed at once (at most, when paced)."""
+        return self.prefetch or self.threads * defaults.PREFETCH_PER_THREAD
 
     @classmethod
     def from_role(cls, cfg: Config, name: str) -> WorkerSettings:
@@ -53,7 +52,7 @@ class WorkerSettings:
             actors=r.actors,
             role=r.name,
             threads=r.threads,
-            prefetch=r.prefetch or r.threads,
+            prefetch=r.prefetch,
             lease_seconds=r.lease,
             heartbeat_seconds=r.heartbeat,
             shutdown_timeout=r.shutdown_timeout,

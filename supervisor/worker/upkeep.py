@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from .. import defaults
+from .. import db, defaults
 from ..broker import PostgresBroker
 from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
@@ -104,20 +104,26 @@ class Upkeep(threading.Thread):
         self.registration.beat(Beat(self.state(), self.broker.leases.count(), self.broker.jobs_done))
 
     def vacuum(self) -> int | None:
-        """Vacuum jobs if due (see vacuum_due); returns the dead tuples it found, or None."""
+        """Analyze jobs if the planner's row count is stale, then vacuum it if due (see
+        vacuum_due); returns the dead tuples the vacuum found, or None."""
         s = self.settings
         with self.broker.pool.connection(timeout=10) as c:
+            stale = c.execute(jobs_sql.JOBS_STATS_STALE, {"min_rows": defaults.STATS_MIN_ROWS}).fetchone()
             dead = vacuum_due(c, dead_rows=s.vacuum_dead_rows, min_seconds=s.vacuum_min_seconds)
-        if dead is None:
-            return None
+        if stale is not None:
+            self._maintain(jobs_sql.ANALYZE_JOBS, "analyzed jobs (%d rows the planner did not count)", stale[0],
+                           key="analyzed")
+        if dead is not None:
+            self._maintain(jobs_sql.VACUUM_JOBS, "vacuumed jobs (%d dead tuples)", dead, key="vacuumed")
+        return dead
+
+    def _maintain(self, statement: str, what: str, rows: int, *, key: str) -> None:
         started = time.monotonic()
         # A connection of its own for the seconds it runs (one process of the fleet at a
         # time): the broker's few connections are for claims, acks and heartbeats.
-        with psycopg.connect(self.broker.url, autocommit=True, connect_timeout=10) as c:
-            c.execute(jobs_sql.VACUUM_JOBS, prepare=False)
-        log.info("vacuumed jobs (%d dead tuples) in %.1fs", dead, time.monotonic() - started,
-                 extra={"vacuumed": dead})
-        return dead
+        with db.connect(self.broker.url) as c:
+            c.execute(statement, prepare=False)
+        log.info(what + " in %.1fs", rows, time.monotonic() - started, extra={key: rows})
 
     def _vacuum_task(self) -> None:
         try:
