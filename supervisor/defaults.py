@@ -24,12 +24,12 @@ MIN_BACKOFF_MS = 15_000
 MAX_BACKOFF_MS = 24 * 3600 * 1000  # the cap: a retry is never further away than a day
 # A worker process.
 THREADS = 8
-# Prefetch when a role sets none: a process holds up to PREFETCH_PER_THREAD x threads rows
-# while its recent jobs take under SHORT_JOB_SECONDS (the next claim then overlaps the
-# current batch, and a row waits at most one short job for its thread); only threads rows
-# once they take longer, so long jobs are never hoarded while another process is idle.
-PREFETCH_PER_THREAD = 2
-SHORT_JOB_SECONDS = 0.01
+# Prefetch when a role sets none (paced, broker/pace.py): up to PREFETCH_PER_THREAD x threads
+# rows, as many beyond the threads as keep a prefetched row's wait for its thread under
+# PREFETCH_WAIT_SECONDS at the recent mean run time. Short jobs get the next claim
+# overlapping the current batch; long ones are never hoarded while another process idles.
+PREFETCH_PER_THREAD = 4
+PREFETCH_WAIT_SECONDS = 0.01
 # Connections a supervisor worker process holds for the broker's own work (claims,
 # acks, heartbeats, timers, sends): a fleet of many hosts must stay within what one
 # PostgreSQL (or PgBouncer) can serve. Actor code's own queries use a separate pool.

@@ -52,6 +52,8 @@ class Fence(Middleware):
         # What each running job's thread is, and since when (a job's run time feeds Pace).
         self._running: dict[Hold, tuple[int, PgMessageProxy, float]] = {}
         self.on_finished: Callable[[float], None] | None = None
+        # Every check: how long the longest-running job has run so far (Pace reads it).
+        self.on_running: Callable[[float], None] | None = None
         self._doomed: dict[Hold, type[Interrupt]] = {}
         self._lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
@@ -116,5 +118,8 @@ class Fence(Middleware):
                 with self._lock:
                     for key in [k for k in self._doomed if not self.leases.holds(k)]:
                         del self._doomed[key]
+                    oldest = min((entry[2] for entry in self._running.values()), default=None)
+                if oldest is not None and self.on_running is not None:
+                    self.on_running(time.monotonic() - oldest)
             except Exception:  # never let the fence die
                 log.exception("lease fence check failed")

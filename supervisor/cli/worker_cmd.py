@@ -19,9 +19,9 @@ from .context import Seconds, config_given, config_option, database, die, load_c
 @click.option("--actors", "-a", required=True, help="Comma-separated actor modules to import.")
 @click.option("--threads", "-t", default=defaults.THREADS, show_default=True, type=click.IntRange(min=1))
 @click.option("--prefetch", default=None, type=click.IntRange(min=1),
-              help=f"Rows held claimed at most (default: paced, --threads rows, up to"
-                   f" {defaults.PREFETCH_PER_THREAD}x while jobs take under"
-                   f" {defaults.SHORT_JOB_SECONDS * 1000:g} ms).")
+              help=f"Rows held claimed at most (default: paced: --threads rows, plus as many as"
+                   f" would wait under {defaults.PREFETCH_WAIT_SECONDS * 1000:g} ms for a thread,"
+                   f" up to {defaults.PREFETCH_PER_THREAD}x threads).")
 @click.option("--role", default="worker", show_default=True, help="Role name recorded in the workers table.")
 @click.option("--shutdown-timeout", default=defaults.SHUTDOWN_TIMEOUT, show_default=True, type=Seconds(min=0),
               help="Seconds to let running jobs finish on SIGTERM.")

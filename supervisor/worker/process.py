@@ -116,7 +116,8 @@ class WorkerProcess:
             broker.declare_queue(queue)
         broker.set_capacity(s.capacity)
         if s.prefetch is None:
-            broker.fence.on_finished = Pace(broker.capacity, s.threads, s.capacity).finished
+            pace = Pace(broker.capacity, s.threads, s.capacity)
+            broker.fence.on_finished, broker.fence.on_running = pace.finished, pace.running
         broker.emit_after("process_boot")
 
         registration = Registration(broker.pool, broker.owner, role=s.role, queues=list(s.queues),

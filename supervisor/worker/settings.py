@@ -18,7 +18,7 @@ class WorkerSettings:
     role: str = "worker"
     threads: int = defaults.THREADS
     # Rows a process may hold claimed (running or waiting for a thread). None: paced
-    # (broker/pace.py), threads rows, up to PREFETCH_PER_THREAD x threads while jobs are short.
+    # (broker/pace.py): threads rows, up to PREFETCH_PER_THREAD x threads while jobs are short.
     prefetch: int | None = None
     lease_seconds: float = defaults.LEASE_SECONDS
     heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS
