@@ -120,8 +120,10 @@ class WorkerProc:
         self.pid = self.proc.pid
 
     def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
+        # Read without moving the file offset, which the process shares (the file is not
+        # in append mode): a seek back to 0 would make its next lines overwrite old ones.
+        fd = self.log.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
 
     def owner(self, conn) -> str | None:
         row = conn.execute("SELECT id FROM workers WHERE pid = %s AND stopped_at IS NULL", (self.pid,)).fetchone()
