@@ -8,6 +8,7 @@ its own, migrated once; each test starts from empty tables.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -108,20 +109,29 @@ class WorkerProc:
     a chatty worker must never block on a full pipe."""
 
     def __init__(self, url: str, *, queues="tests", actors="tests.sample_actors", threads=4,
-                 lease=30.0, heartbeat=10.0, shutdown_timeout=30.0, extra_env=None, argv=None):
+                 lease=30.0, heartbeat=10.0, shutdown_timeout=30.0, extra_env=None, argv=None,
+                 log_level="WARNING"):
         env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT), **(extra_env or {})}
         argv = argv or [
             sys.executable, "-m", "supervisor.cli", "worker", "--queues", queues, "--actors", actors,
             "--threads", str(threads), "--lease", str(lease), "--heartbeat", str(heartbeat),
-            "--shutdown-timeout", str(shutdown_timeout), "--no-migrate", "--log-level", "WARNING",
+            "--shutdown-timeout", str(shutdown_timeout), "--no-migrate", "--log-level", log_level,
         ]
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the process)
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=self.log, text=True)
         self.pid = self.proc.pid
 
     def stderr(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
+        # Read without moving the file offset, which the process shares (the file is not
+        # in append mode): a seek back to 0 would make its next lines overwrite old ones.
+        fd = self.log.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
+    def claims(self, queue: str) -> list[int]:
+        """How many rows each of its claims from ``queue`` took, in order (logged at DEBUG:
+        start it with log_level="DEBUG")."""
+        line = rf"supervisor\.broker\.consumer: claimed (\d+) of \d+ from {re.escape(queue)}$"
+        return [int(n) for n in re.findall(line, self.stderr(), re.MULTILINE)]
 
     def owner(self, conn) -> str | None:
         row = conn.execute("SELECT id FROM workers WHERE pid = %s AND stopped_at IS NULL", (self.pid,)).fetchone()

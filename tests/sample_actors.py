@@ -91,10 +91,15 @@ def record_once(n: int = 0, sleep_s: float = 0.0) -> None:
 
 
 @dramatiq.actor(queue_name="tests", max_retries=0)
-def ticking(seconds: float, tag: str = "") -> None:
+def ticking(seconds: float, tag: str = "", announce: bool = False) -> None:
     """Works in 20 ms steps; records when it started and its last step, also when
-    interrupted, so tests can check that two runs of one job never overlap."""
+    interrupted, so tests can check that two runs of one job never overlap. With
+    ``announce``, a 'started' row first: a test can wait until a run is under way."""
     started = last = time.time()
+    if announce:
+        with _pool().connection() as c:
+            c.execute("INSERT INTO test_results (job_id, n, pid, started, tag) VALUES (%s, 0, %s, to_timestamp(%s),"
+                      " 'started')", (_job_id(), os.getpid(), started))
     outcome = "interrupted"
     try:
         for _ in range(int(seconds / 0.02)):  # steps, not wall time: a frozen run does not get ahead

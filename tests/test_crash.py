@@ -101,8 +101,14 @@ def owner_pid(conn, job) -> int | None:
 
 
 def runs(conn, job) -> list[tuple]:
-    return conn.execute("SELECT pid, started, finished, tag FROM test_results WHERE job_id = %s ORDER BY started",
-                        (job,)).fetchall()
+    return conn.execute("SELECT pid, started, finished, tag FROM test_results WHERE job_id = %s"
+                        " AND tag IS DISTINCT FROM 'started' ORDER BY started", (job,)).fetchall()
+
+
+def announced(conn, job) -> list[int]:
+    """The processes whose run of an announcing `ticking` job got under way, in order."""
+    return [r[0] for r in conn.execute("SELECT pid FROM test_results WHERE job_id = %s AND tag = 'started'"
+                                       " ORDER BY id", (job,))]
 
 
 def test_frozen_process_stops_its_job_on_waking_and_never_writes_an_outcome(conn, workers):
@@ -116,14 +122,17 @@ def test_frozen_process_stops_its_job_on_waking_and_never_writes_an_outcome(conn
     procs = {w.pid: w for w in (workers(threads=1, lease=2, heartbeat=0.3) for _ in range(2))}
     for w in procs.values():
         w.wait_ready(conn, timeout=90)
-    job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'ticking', '[4]') RETURNING id")
+    job = scalar(conn, "INSERT INTO jobs (queue, actor, args, kwargs) VALUES ('tests', 'ticking', '[4]',"
+                       " '{\"announce\": true}') RETURNING id")
     first = wait_for(lambda: owner_pid(conn, job), 10, message="the job to start")
-    time.sleep(0.5)  # let it work a little before the freeze
+    # Frozen inside the actor, not before it (a run that had not begun would just be skipped).
+    wait_for(lambda: announced(conn, job) == [first], 10, message="the first run to be under way")
     os.kill(first, signal.SIGSTOP)
     try:
         second = wait_for(lambda: (pid := owner_pid(conn, job)) not in (None, first) and pid, 15,
                           message="another process to take the job over")
-        time.sleep(0.5)  # the new owner is mid-run when the frozen one wakes up
+        # The new owner is mid-run when the frozen one wakes up.
+        wait_for(lambda: announced(conn, job) == [first, second], 10, message="the second run to be under way")
     finally:
         woken = time.time()
         os.kill(first, signal.SIGCONT)
@@ -131,7 +140,7 @@ def test_frozen_process_stops_its_job_on_waking_and_never_writes_an_outcome(conn
     wait_for(lambda: len(runs(conn, job)) == 2, 10, message="both runs to be recorded")
     (pid_a, start_a, end_a, tag_a), (pid_b, start_b, end_b, tag_b) = runs(conn, job)
     assert (pid_a, tag_a, pid_b, tag_b) == (first, "interrupted", second, "done")
-    assert start_a < start_b
+    assert start_a < start_b and start_b.timestamp() < woken < end_b.timestamp()  # b was mid-run at the wake
     # the first run did no work after waking beyond one step (and none while frozen)
     # (one 20 ms step, plus what a loaded machine adds before the woken threads run)
     assert end_a.timestamp() - woken < 0.5, f"first run went on {end_a.timestamp() - woken:.3f}s after waking"

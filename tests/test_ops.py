@@ -202,18 +202,24 @@ def claimed(conn, queue: str) -> int:
 def test_a_paused_queue_gets_no_claims_from_any_process(conn, workers, database_url):
     from supervisor import admin
 
-    procs = [workers(queues="tests,other", threads=2) for _ in range(2)]
+    procs = [workers(queues="tests,other", threads=2, log_level="DEBUG") for _ in range(2)]
     for p in procs:
         p.wait_ready(conn)
     out = cli("queues", "pause", "tests", "--reason", "maintenance", url=database_url)
     assert out.returncode == 0 and "tests paused" in out.stdout, out.stderr
-    time.sleep(1.2)  # consumers that were idle learn at their next poll (1 s); busy ones at their next claim
+    # No waiting for the pause to spread: each claim reads queue_pauses in its own statement,
+    # and the pause committed before these rows did, so a claim that sees them sees it too.
     enqueue(conn, 20, queue="tests")
+    before = [len(p.claims("tests")) for p in procs]
     enqueue(conn, 20, queue="other", sleep_s=0.05)
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'other' AND status = 'succeeded'") == 20,
              30, message="the other queue to run")
     assert scalar(conn, "SELECT count(DISTINCT pid) FROM test_results") == 2  # both processes were claiming
-    time.sleep(1.0)  # a second more of both processes polling
+    # Each process has claimed from the paused queue twice since its rows committed (woken by
+    # their NOTIFY, then at its poll). The second claim began after the first had returned, so
+    # after the commit: it saw the rows, and took none.
+    wait_for(lambda: all(len(p.claims("tests")) >= n + 2 for p, n in zip(procs, before, strict=True)), 10,
+             message="both processes to claim from the paused queue")
     assert claimed(conn, "tests") == 0
 
     listing = json.loads(cli("queues", "--json", url=database_url).stdout)
@@ -244,9 +250,10 @@ def test_pause_survives_a_restart_and_running_jobs_finish(conn, workers, databas
     # The two running jobs finish; nothing new is claimed.
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 2, 10)
     assert first.terminate() == 0
-    second = workers(queues="tests", threads=2)
+    second = workers(queues="tests", threads=2, log_level="DEBUG")
     second.wait_ready(conn)
-    time.sleep(1.2)
+    # Its first claim (at once on start, for a backlog) came after the pause and the rows.
+    wait_for(lambda: second.claims("tests"), 10, message="the new process to claim")
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'pending'") == 3
     assert [p["reason"] for p in admin.paused_queues(conn)] == ["deploy"]
     assert admin.resume_queue(conn, "tests") and not admin.resume_queue(conn, "tests")

@@ -110,6 +110,10 @@ class PostgresConsumer(Consumer):
             if self._outage:
                 log.warning("claiming from %s again", self.queue_name)
                 self._outage = False
+            # At DEBUG, each claim and what it found: an operator asking why a queue's
+            # jobs sit (paused, keys held, not due) sees that they are being asked for,
+            # and tests see that a claim ran rather than waiting a while for one.
+            log.debug("claimed %d of %d from %s", len(claimed), n, self.queue_name)
             self.capacity.release(n - len(claimed))
             self._more = len(claimed) == n
             self._next_poll = time.monotonic() + self.poll_interval

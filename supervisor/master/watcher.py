@@ -41,6 +41,11 @@ class ConfigWatcher(threading.Thread):
                 poke(self.wake_fd, CONFIG_CHANGED)
         except Exception as exc:
             log.error("config watcher stopped: %s", exc)
+        else:
+            # Once the watch is closed and its last poke written: from here on a save
+            # reaches the master only by SIGHUP or `reload` (an operator who turned
+            # watch_config off sees that it took effect; tests wait for it too).
+            log.info("stopped watching %s", self.path)
 
     def stop(self) -> None:
         self.stop_event.set()
