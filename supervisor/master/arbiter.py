@@ -197,7 +197,9 @@ class Arbiter(Handlers):
             return
         # Signal numbers in here are only wake-ups: self._signals has them, even if
         # a full pipe dropped the byte.
-        if CONFIG_CHANGED in data and self._read_text() != self.config_text:
+        # A change noted just before watching was turned off is not applied: only a
+        # watcher still running speaks for the file.
+        if CONFIG_CHANGED in data and self.watcher is not None and self._read_text() != self.config_text:
             self.reload(None, source="config file change")
 
     def _handle_signals(self) -> None:
