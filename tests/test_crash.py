@@ -158,7 +158,10 @@ def test_process_cut_off_from_the_database_stops_its_job_before_the_lease_expire
         wait_for(lambda: owner_pid(conn, job), 10, message="the job to start")
         proxy.go_down()
         expires = scalar(conn, "SELECT lease_expires_at FROM jobs WHERE id = %s", (job,))
-        wait_for(lambda: "interrupted job" in w.stderr(), 10, message="the worker to stop the job")
+        try:
+            wait_for(lambda: "interrupted job" in w.stderr(), 10, message="the worker to stop the job")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the worker's log ends:\n{w.stderr()[-2000:]}") from None
         assert scalar(conn, "SELECT clock_timestamp() < %s", (expires,))  # before the lease could expire
         proxy.come_back()
         # never acked: the row is reclaimed when its lease expires and runs again
