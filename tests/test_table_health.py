@@ -15,7 +15,7 @@ from supervisor.worker.registry import Registration
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings, vacuum_jobs
 from tests.conftest import scalar, wait_for
 
-CLAIM = {"queue": "health", "n": 5, "owner": "t", "lease_s": 30.0, "actors": [], "actor_max_attempts": [],
+CLAIM = {"queue": "health", "n": 5, "owner": "t", "lease_s": 30.0, "relaxed": False, "actors": [], "actor_max_attempts": [],
          "actor_max_losses": [], "default_max_attempts": 1, "default_max_losses": 1}
 STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
 
@@ -171,3 +171,14 @@ def test_upkeep_analyzes_jobs_when_the_planner_counts_too_few_rows(conn, other, 
         upkeep.stop()
         upkeep.join(10)
     assert scalar(conn, "SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass") >= 1
+
+
+def test_a_relaxed_claim_skips_the_flush_wait_of_its_own_transaction_only(conn):
+    conn.execute("INSERT INTO jobs (queue, actor, args) SELECT 'health', 'x', '[]' FROM generate_series(1, 2)")
+    with conn.transaction():
+        assert len(conn.execute(jobs_sql.CLAIM, {**CLAIM, "n": 1, "relaxed": True}).fetchall()) == 1
+        assert scalar(conn, "SHOW synchronous_commit") == "off"
+    assert scalar(conn, "SHOW synchronous_commit") == "on"  # nothing outlives the transaction
+    with conn.transaction():
+        assert len(conn.execute(jobs_sql.CLAIM, {**CLAIM, "n": 1}).fetchall()) == 1
+        assert scalar(conn, "SHOW synchronous_commit") == "on"

@@ -313,14 +313,15 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):
 
         A row that cannot become a message fails at once, alone; only the others
         are returned (the consumer frees the capacity the bad ones reserved)."""
-        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, **self._budgets()}
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
+                  **self._budgets()}
         sent = time.monotonic()
         # In an outage, ask for a connection only briefly: the consumer tries again
         # at once, and each try makes the pool attempt a fresh connection.
         timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
         try:
             with self._conn(pool=self.pool, timeout=timeout) as c:
-                rows = _claim_relaxed(c, params) if idle else c.execute(sql.CLAIM, params).fetchall()
+                rows = c.execute(sql.CLAIM, params).fetchall()
         except BrokerConnectionError:
             self._claims_failing = True
             with contextlib.suppress(Exception):
@@ -373,18 +374,6 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):
         if self._actor_pool is not None:
             self._actor_pool.close()
         self.pool.close()
-
-
-def _claim_relaxed(conn: psycopg.Connection, params: dict[str, Any]) -> list[tuple]:
-    """A claim made while idle commits without waiting for its WAL flush: that
-    flush is a third of the enqueue-to-start latency. A claim lost in a server
-    crash only puts the row back to pending (a rerun, like any lost lease, which
-    the attempt fence handles). Claims under load stay synchronous: unflushed
-    commits delay the hint bits that let later claims skip dead index entries.
-    SET LOCAL, so nothing outlives the transaction (PgBouncer's transaction pooling)."""
-    with conn.transaction():
-        conn.execute(sql.RELAX_COMMIT)
-        return conn.execute(sql.CLAIM, params).fetchall()
 
 
 def setup_broker(url: str | None = None, **options: Any) -> PostgresBroker:
