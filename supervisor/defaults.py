@@ -30,6 +30,13 @@ THREADS = 8
 # overlapping the current batch; long ones are never hoarded while another process idles.
 PREFETCH_PER_THREAD = 4
 PREFETCH_WAIT_SECONDS = 0.01
+
+
+def capacity(threads: int, prefetch: int | None) -> int:
+    """Rows a process may hold claimed at most: its prefetch, or when paced (None)
+    PREFETCH_PER_THREAD x threads."""
+    return prefetch or threads * PREFETCH_PER_THREAD
+
 # Connections a supervisor worker process holds for the broker's own work (claims,
 # acks, heartbeats, timers, sends): a fleet of many hosts must stay within what one
 # PostgreSQL (or PgBouncer) can serve. Actor code's own queries use a separate pool.

@@ -79,7 +79,7 @@ class RoleConfig:
     actors: tuple[str, ...]
     processes: int = 1
     threads: int = defaults.THREADS
-    # Claimed-but-unfinished rows a process may hold; None means `threads`.
+    # Claimed-but-unfinished rows a process may hold; None: paced (see defaults.capacity).
     prefetch: int | None = None
     lease: float = defaults.LEASE_SECONDS
     heartbeat: float = defaults.HEARTBEAT_SECONDS
@@ -90,6 +90,11 @@ class RoleConfig:
     time_limit: float | None = None
     limits: Limits = field(default_factory=Limits)
     line: int = field(default=0, compare=False)
+
+    @property
+    def capacity(self) -> int:
+        """Rows a process of this role may hold claimed at most."""
+        return defaults.capacity(self.threads, self.prefetch)
 
     def differences(self, other: RoleConfig) -> list[str]:
         """Names of the settings (other than line) that differ from ``other``."""

@@ -41,7 +41,7 @@ class WorkerSettings:
     @property
     def capacity(self) -> int:
         """Rows this process may hold claimed at once (at most, when paced)."""
-        return self.prefetch or self.threads * defaults.PREFETCH_PER_THREAD
+        return defaults.capacity(self.threads, self.prefetch)
 
     @classmethod
     def from_role(cls, cfg: Config, name: str) -> WorkerSettings:

@@ -138,7 +138,7 @@ def workers(state: AppState) -> dict[str, Any]:
         rc = configs.get(w["role"])
         mem_limit = (rc.limits.max_rss if rc and rc.limits.max_rss else host_memory)
         cpu_limit = (rc.limits.cpu_percent if rc and rc.limits.cpu_percent else 100.0)
-        capacity = (rc.prefetch or rc.threads) if rc else None
+        capacity = rc.capacity if rc else None
         mine = local.get(w["id"], {})
         mem_pct = 100 * w["rss_bytes"] / mem_limit if w["rss_bytes"] else None
         cpu_pct = 100 * w["cpu_percent"] / cpu_limit if w["cpu_percent"] is not None else None
