@@ -212,14 +212,23 @@ PROBE_IDLE_SECONDS = 5.0
 _last_used: weakref.WeakKeyDictionary[psycopg.Connection, float] = weakref.WeakKeyDictionary()
 
 
-def probe_if_idle(conn: psycopg.Connection) -> None:
+def probe_if_idle(conn: psycopg.Connection, pool: ConnectionPool) -> None:
     if conn.broken or conn.closed:
         raise psycopg.OperationalError("connection is broken")
     now = time.monotonic()
     last = _last_used.get(conn, 0.0)
     _last_used[conn] = now
     if now - last > PROBE_IDLE_SECONDS:
-        ConnectionPool.check_connection(conn)
+        try:
+            ConnectionPool.check_connection(conn)
+        except psycopg.Error:
+            # What broke this idle connection (a server restart, a failover, sessions
+            # terminated) broke its idle neighbours too. psycopg_pool would hand them to
+            # this same caller one by one, sleeping 1, 2, 4, 8, 16 s after each failed
+            # check: five dead connections use up a 30 s timeout, PoolTimeout with the
+            # server up. Weed them all out at once (one round trip each, only now).
+            pool.check()
+            raise
 
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "supervisor",
@@ -230,6 +239,10 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
     kwargs = session_kwargs(url)
     if options and url not in _pooled:
         kwargs["options"] = options
+
+    def check(conn: psycopg.Connection) -> None:
+        probe_if_idle(conn, pool)
+
     pool = ConnectionPool(
         url,
         min_size=min_size,
@@ -238,7 +251,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
         name=name,
         open=False,
         # A broken connection is replaced instead of handed out again.
-        check=probe_if_idle,
+        check=check,
         # By default a failed connection attempt is not retried on the pool's own
         # backoff (1, 2, 4... s: a reconnect up to seconds after the database is back);
         # callers retry, and each request that finds no connection starts a new attempt.

@@ -10,7 +10,9 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
+import traceback
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +25,7 @@ from actors.queries import pipeline as pipeline_sql
 from actors.queries import sources as sources_sql
 from supervisor import db, runtime
 from supervisor.broker import PostgresBroker
-from tests.conftest import WorkerProc
+from tests.conftest import WorkerProc, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = ("scraping", "extraction", "notification", "forecasting")
@@ -69,6 +71,44 @@ def pipeline_config_fixture() -> Iterator[LivePipeline]:
     runtime.configure(app_settings={})
 
 
+def _stacks(threads: list[threading.Thread]) -> str:
+    frames = sys._current_frames()
+    return "\n".join(f"--- {t.name}\n" + "".join(traceback.format_stack(frames[t.ident]))
+                     for t in threads if t.ident in frames)
+
+
+@pytest.fixture(autouse=True)
+def _actor_pool_given_back(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Run a pipeline test on the pipeline broker, and fail it if it leaves
+    actor-pool connections checked out: otherwise a later test of the same process
+    waits out the pool's timeout and fails with PoolTimeout, far from the cause."""
+    if "pipeline_broker" not in request.fixturenames:
+        yield
+        return
+    broker: PostgresBroker = request.getfixturevalue("pipeline_broker")
+    # Actor code finds its broker and pool through the global broker at call time,
+    # and a session broker of another module (test_broker's) may have taken that
+    # place since the pipeline broker was made.
+    previous = dramatiq.broker.global_broker
+    dramatiq.set_broker(broker)
+    pool = broker.actor_pool
+
+    def checked_out() -> int:
+        stats = pool.get_stats()
+        return stats["pool_size"] - stats["pool_available"] + stats["requests_waiting"]
+
+    before = checked_out()  # not 0 only after a test that failed this check: blame that one alone
+    yield
+    dramatiq.broker.global_broker = previous
+    # A connection is given back after the block that used it ends, and a new one
+    # counts as checked out while it connects: give both a moment.
+    try:
+        wait_for(lambda: checked_out() <= before, timeout=5, interval=0.05)
+    except AssertionError:
+        pytest.fail(f"{request.node.nodeid} left {checked_out() - before} actor-pool connections checked out"
+                    f" ({pool.get_stats()}); threads now:\n{_stacks(threading.enumerate())}", pytrace=False)
+
+
 def set_pipeline(config: dict) -> None:
     runtime.configure(app_settings={"pipeline": config})
 
@@ -93,6 +133,12 @@ def running_worker(broker: PostgresBroker, queues=QUEUES, threads: int = 4) -> I
     finally:
         worker.stop(timeout=10_000)
         broker.flush_acks(10)
+        # stop() gives up after its timeout and leaves a busy thread running: its actor
+        # would go on using the actor pool and the database during later tests.
+        stuck = [t for t in worker.workers if t.is_alive()]
+        if stuck:
+            pytest.fail(f"{len(stuck)} worker threads still running 10 s after stop:\n{_stacks(stuck)}",
+                        pytrace=False)
 
 
 class PipelineWorker(WorkerProc):

@@ -1,7 +1,9 @@
-"""Fast recovery: a private PostgreSQL server restarted under running workers."""
+"""Fast recovery: a private PostgreSQL server restarted under running workers,
+and a pool whose idle connections the server dropped all at once."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,7 +17,7 @@ import psutil
 import psycopg
 import pytest
 
-from supervisor import apps
+from supervisor import apps, db
 from supervisor.migrate import migrate
 from tests.conftest import ROOT, TEST_TABLES, scalar, wait_for
 from tests.supervisor_helpers import role, write_config
@@ -100,3 +102,24 @@ def test_a_ready_process_killed_is_replaced_at_once(tmp_path, conn, database_url
         assert time.monotonic() - killed < 1.5
         s.wait_state({"alpha": 1})
     assert s.roles()["alpha"]["state"] == "running"
+
+
+def test_a_pool_whose_idle_connections_all_died_serves_a_new_one_at_once(conn, database_url, monkeypatch):
+    """A restart or a failover kills every idle connection of a pool at once. The
+    first caller must not be handed the dead ones one after another with psycopg_pool's
+    backoff between them (1, 2, 4, 8, 16 s): that was a PoolTimeout after 30 s."""
+    monkeypatch.setattr(db, "PROBE_IDLE_SECONDS", 0.0)  # as after a quiet spell: every hand-out probes
+    pool = db.make_pool(database_url, min_size=0, max_size=8, name="dead-idle", reconnect_timeout=30)
+    try:
+        with contextlib.ExitStack() as held:
+            backends = [held.enter_context(pool.connection()).info.backend_pid for _ in range(8)]
+        conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (backends,))
+        wait_for(lambda: not scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (backends,)),
+                 10, message="the pool's sessions to end")
+        started = time.monotonic()
+        # Handed out one by one, the sixth dead connection would come 15 s after the first.
+        with pool.connection(timeout=15) as fresh:
+            assert fresh.info.backend_pid not in backends and fresh.execute("SELECT 1").fetchone() == (1,)
+        assert time.monotonic() - started < 5
+    finally:
+        pool.close()

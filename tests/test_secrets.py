@@ -46,8 +46,11 @@ def test_no_output_surface_shows_a_password(tmp_path, conn, database_url, superv
     # (once its LISTEN connection is open: cut before that, there is nothing to lose)
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                                   " AND query LIKE 'LISTEN %%'"), 20, message="the worker's LISTEN connection")
-    conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                 " WHERE datname = current_database() AND pid <> pg_backend_pid()")
+    # Only the supervisor's own sessions (application_name "actor-supervisor NODE:PID"): the
+    # test process's pools share this database, and a later test would get their dead connections.
+    ours = [str(pid) for pid in {s.pid, *s.pids()}]
+    conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+                 " AND split_part(application_name, ':', 2) = ANY(%s)", (ours,))
     wait_for(lambda: "listener lost" in s.log() and "listener back" in s.log(), 20, message="the worker to reconnect")
     outputs = {"master and worker log": s.log()}
     for name, args in {"status": ("status",), "status --json": ("status", "--json"), "check": ("check",)}.items():
