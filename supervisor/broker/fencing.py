@@ -115,11 +115,12 @@ class Fence(Middleware):
                 if overdue:
                     log.warning("could not renew the lease of %d job(s) in time: stopping them", len(overdue))
                     self.stop_jobs(overdue, LeaseLost)
+                on_running = self.on_running
                 with self._lock:
                     for key in [k for k in self._doomed if not self.leases.holds(k)]:
                         del self._doomed[key]
-                    oldest = min((entry[2] for entry in self._running.values()), default=None)
-                if oldest is not None and self.on_running is not None:
-                    self.on_running(time.monotonic() - oldest)
+                    started = [entry[2] for entry in self._running.values()] if on_running else []
+                if on_running is not None and started:
+                    on_running(time.monotonic() - min(started))
             except Exception:  # never let the fence die
                 log.exception("lease fence check failed")

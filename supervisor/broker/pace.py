@@ -34,7 +34,6 @@ class Pace:
         self.most = max(most, threads)
         self.wait_seconds = wait_seconds
         self.mean = 2 * wait_seconds  # as if long: no row beyond the threads yet
-        self.limit = threads
         capacity.set_limit(threads)
 
     def running(self, seconds: float) -> None:
@@ -50,6 +49,5 @@ class Pace:
         # The rows queued behind each thread wait one mean run time each.
         behind = self.wait_seconds / mean if mean > 0 else float(self.most)
         limit = min(self.most, self.threads * (1 + int(behind)))
-        if limit != self.limit:
-            self.limit = limit
+        if limit != self.capacity.limit:
             self.capacity.set_limit(limit)
