@@ -35,11 +35,21 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (all its threads), 0 if it is gone."""
+    return sum(cpu_split(pid)[:2])
+
+
+def cpu_split(pid: int) -> tuple[float, float, int]:
+    """(user seconds, system seconds, context switches) of a process, all its threads."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        switches = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches:" in line:  # voluntary and nonvoluntary
+                    switches += int(line.split()[1])
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
+        return 0.0, 0.0, 0
+    return int(fields[11]) / TICK, int(fields[12]) / TICK, switches
 
 
 def backend_pids(conn: psycopg.Connection, dbname: str) -> list[int]:
@@ -58,17 +68,20 @@ def run_once(url: str, broker, actors, *, jobs: int, threads: int, prefetch: int
             _warm_up(url, conn, broker, actors.noop)
             messages = [actors.noop.message() for _ in range(jobs)]
             backends = backend_pids(conn, dbname)
-            workers0 = sum(cpu_seconds(p) for p in pool.pids())
+            split0 = [cpu_split(p) for p in pool.pids()]
             backends0 = {p: cpu_seconds(p) for p in backends}
             committed = _bulk_enqueue(url, messages, broker, 0)
             seconds = _drain(conn, jobs, committed, timeout=300)
-            workers1 = sum(cpu_seconds(p) for p in pool.pids())
+            split1 = [cpu_split(p) for p in pool.pids()]
             # Backends opened during the drain started after the first sample: count them whole.
             backends1 = {p: cpu_seconds(p) for p in backend_pids(conn, dbname)}
     backend_cpu = sum(v - backends0.get(p, 0.0) for p, v in backends1.items())
-    out = {"rate": jobs / seconds, "worker_us": (workers1 - workers0) / jobs * 1e6,
-           "backend_us": backend_cpu / jobs * 1e6}
-    say(f"    {out['rate']:,.0f} jobs/s; CPU per job: workers {out['worker_us']:.0f} us, "
+    user, system, switches = (sum(b[i] - a[i] for a, b in zip(split0, split1, strict=True)) for i in range(3))
+    out = {"rate": jobs / seconds, "worker_us": (user + system) / jobs * 1e6,
+           "backend_us": backend_cpu / jobs * 1e6, "worker_sys_us": system / jobs * 1e6,
+           "switches": switches / jobs}
+    say(f"    {out['rate']:,.0f} jobs/s; CPU per job: workers {out['worker_us']:.0f} us "
+        f"(of it in the kernel {out['worker_sys_us']:.0f} us; {out['switches']:.1f} context switches), "
         f"their backends {out['backend_us']:.0f} us ({load()})")
     return out
 
@@ -101,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append(run_once(url, broker, actors, jobs=args.jobs, threads=args.threads,
                                     prefetch=args.prefetch, env=env))
         broker.close()
-    for key, label in (("rate", "jobs/s"), ("worker_us", "worker CPU us/job"), ("backend_us", "backend CPU us/job")):
+    for key, label in (("rate", "jobs/s"), ("worker_us", "worker CPU us/job"),
+                       ("worker_sys_us", "worker kernel CPU us/job"), ("switches", "worker context switches/job"),
+                       ("backend_us", "backend CPU us/job")):
         values = [r[key] for r in results]
         say(f"median {label}: {statistics.median(values):,.0f} (runs: {', '.join(f'{v:,.0f}' for v in values)})")
     if args.profile:

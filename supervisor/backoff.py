@@ -22,6 +22,12 @@ def delays(*, first: float = 0.5, cap: float = 30.0) -> Iterator[float]:
         delay = min(cap, delay * 2)
 
 
+def describe(exc: BaseException) -> str:
+    """An error for a log line: its text, or its type when it has none (an empty
+    "failed ()" tells the operator nothing)."""
+    return str(exc).strip() or type(exc).__name__
+
+
 def retry(
     fn: Callable[[], T],
     what: str,
@@ -47,7 +53,7 @@ def retry(
                 raise
             if deadline is not None and time.monotonic() + delay > deadline:
                 raise
-            logger.warning("%s failed (%s); retrying in %.1fs", what, exc, delay)
+            logger.warning("%s failed (%s); retrying in %.1fs", what, describe(exc), delay)
             if stop is not None:
                 stop.wait(delay)
             else:

@@ -12,6 +12,7 @@ import os
 import re
 import time
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,25 @@ def one(cursor: psycopg.Cursor[Any]) -> Any:
     if row is None:
         raise DatabaseError("the statement returned no row")
     return row[0]
+
+
+def array_text(values: Iterable[str | int | float | bool | None]) -> str:
+    """One parameter holding a PostgreSQL array literal (``{"a","b",NULL}``), for a
+    statement that casts it (``%(ids)s::uuid[]``). psycopg adapts a Python list
+    element by element, about 60 us a list here against 3 for one string: on the
+    claim and the ack, paid for every few jobs, that was a tenth of a worker's CPU.
+    Strings are quoted and escaped, so any value stays data."""
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        elif isinstance(v, bool):
+            parts.append("t" if v else "f")
+        elif isinstance(v, int | float):
+            parts.append(repr(v))
+        else:
+            parts.append('"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return "{" + ",".join(parts) + "}"
 
 
 def dicts(conn: psycopg.Connection, query: Any, params: Any = None) -> list[dict[str, Any]]:

@@ -18,7 +18,8 @@ def test_capacity_plan_from_known_rows(conn, database_url):
         SELECT 'cap', 'a', 'pending', now() - interval '1 minute' FROM generate_series(1, 30);
         INSERT INTO jobs (queue, actor, status, run_at)
         SELECT 'cap', 'a', 'pending', now() + interval '1 hour' FROM generate_series(1, 5);
-        INSERT INTO jobs (queue, actor, status, lease_owner) SELECT 'cap', 'a', 'running', 'h:1:a' FROM generate_series(1, 2);
+        INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at) SELECT 'cap', 'a', 'running', 'h:1:a', now()
+          FROM generate_series(1, 2);
         INSERT INTO jobs (queue, actor, status, run_at) SELECT 'cap', 'a', 'retryable', now() FROM generate_series(1, 3);
         INSERT INTO jobs (queue, actor, status, lease_owner, started_at, finished_at)
         SELECT 'cap', 'a', 'succeeded', CASE WHEN i % 2 = 0 THEN 'h:1:a' ELSE 'h:2:b' END,

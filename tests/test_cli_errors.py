@@ -37,3 +37,23 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(argv, database_url, tmp_path):
     assert "Traceback" not in done.stderr, done.stderr
     said = [line for line in done.stderr.splitlines() if line.startswith(("error:", "Error:")) or " ERROR [" in line]
     assert len(said) == 1, done.stderr
+
+
+def test_a_retried_error_without_text_is_named_by_its_type(caplog):
+    # "preparing the database failed ()" told an operator nothing.
+    import logging
+
+    from supervisor import backoff
+
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise TimeoutError
+        return "ready"
+
+    with caplog.at_level(logging.WARNING, logger="supervisor.backoff"):
+        assert backoff.retry(flaky, "preparing the database", first=0.01) == "ready"
+    assert "preparing the database failed (TimeoutError)" in caplog.text
+    assert backoff.describe(ValueError("  bad value ")) == "bad value"

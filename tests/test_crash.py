@@ -154,8 +154,11 @@ def test_process_cut_off_from_the_database_stops_its_job_before_the_lease_expire
     with TcpProxy(database_url) as proxy:
         w = workers(threads=1, lease=3, heartbeat=0.5, url=proxy.url)
         w.wait_ready(conn, timeout=90)
-        job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'ticking', '[30]') RETURNING id")
-        wait_for(lambda: owner_pid(conn, job), 10, message="the job to start")
+        job = scalar(conn, "INSERT INTO jobs (queue, actor, args, kwargs) VALUES ('tests', 'ticking', '[30]',"
+                           " '{\"announce\": true}') RETURNING id")
+        # Running, not only claimed: a claimed job that had not started when the database
+        # went away is never started (the fence dooms it) rather than interrupted.
+        wait_for(lambda: announced(conn, job) == [w.pid], 10, message="the run to be under way")
         proxy.go_down()
         expires = scalar(conn, "SELECT lease_expires_at FROM jobs WHERE id = %s", (job,))
         try:

@@ -55,8 +55,8 @@ def test_metrics_report_each_breaker(http_server, conn):
 
 
 def test_the_api_shows_a_jobs_progress_history(http_server, conn):
-    job = scalar(conn, "INSERT INTO jobs (queue, actor, status, progress) VALUES ('q', 'noop', 'running',"
-                       " '{\"percent\": 60}') RETURNING id::text")
+    job = scalar(conn, "INSERT INTO jobs (queue, actor, status, claimed_at, progress) VALUES ('q', 'noop',"
+                       " 'running', now(), '{\"percent\": 60}') RETURNING id::text")
     conn.execute("INSERT INTO job_progress (job_id, at, percent, message) VALUES"
                  " (%s, now() - interval '2 seconds', 30, 'fetched'), (%s, now(), 60, 'parsed')", (job, job))
     found = http_server().client.get(f"/api/v1/jobs/{job}").json()

@@ -149,3 +149,16 @@ def test_an_unknown_app_is_a_one_line_error(tmp_path, fresh_database):
     out = cli("migrate", config=path, url=fresh_database)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert f"{path}:1: apps: no app named 'nosuchapp' is installed" in out.stderr, out.stderr
+
+
+def test_array_text_round_trips_any_value(conn):
+    # The claim and the ack send arrays as one literal (db.array_text): whatever a
+    # string holds, PostgreSQL must read back exactly the values sent.
+    texts = ['plain', 'with "quotes"', 'back\\slash', 'a,b', '{braces}', 'NULL', '', ' spaced ', 'ünï', "it's"]
+    assert conn.execute("SELECT %s::text[]", (db.array_text(texts),)).fetchone()[0] == texts
+    assert conn.execute("SELECT %s::text[]", (db.array_text(["x", None]),)).fetchone()[0] == ["x", None]
+    ints = [0, -3, 2_147_483_647, None]
+    assert conn.execute("SELECT %s::int[]", (db.array_text(ints),)).fetchone()[0] == ints
+    assert conn.execute("SELECT %s::bool[]", (db.array_text([True, False]),)).fetchone()[0] == [True, False]
+    assert conn.execute("SELECT %s::float8[]", (db.array_text([1.5, -0.25]),)).fetchone()[0] == [1.5, -0.25]
+    assert conn.execute("SELECT cardinality(%s::uuid[])", (db.array_text([]),)).fetchone()[0] == 0

@@ -145,9 +145,9 @@ def test_a_broker_made_for_the_cli_keeps_its_leases(conn, database_url):
         broker.declare_queue("kept")
         dramatiq.actor(lambda: None, actor_name="a", queue_name="kept", broker=broker)
         held = broker.enqueue(Message(queue_name="kept", actor_name="a", args=(), kwargs={}, options={}))
-        dead = scalar(conn, "INSERT INTO jobs (queue, actor, status, attempts, lease_owner, lease_expires_at)"
-                            " VALUES ('elsewhere', 'a', 'running', 1, 'gone:1:dead', now() - interval '1 minute')"
-                            " RETURNING id")
+        dead = scalar(conn, "INSERT INTO jobs (queue, actor, status, attempts, lease_owner, lease_expires_at,"
+                            " claimed_at) VALUES ('elsewhere', 'a', 'running', 1, 'gone:1:dead',"
+                            " now() - interval '1 minute', now() - interval '2 minutes') RETURNING id")
         consumer = broker.consume("kept", prefetch=1, timeout=5000)
         claimed = next(consumer)
         assert claimed is not None and claimed.message_id == held.message_id

@@ -76,5 +76,7 @@ def test_the_registry_samples_rss_and_cpu_as_psutil_does():
     while sum(os.times()[:2]) - sum(spent[:2]) < 0.2:  # burn 0.2 s of CPU (measured, not slept)
         pass
     ours, theirs = usage.cpu_percent(), proc.cpu_percent(None)
-    assert 0 < ours <= 105 and abs(ours - theirs) <= 15  # same interval, same formula
+    # Above 100 % when another thread of this test process (a pool's, say) ran meanwhile.
+    assert 0 < ours <= 100 * (os.cpu_count() or 1) + 5
+    assert abs(ours - theirs) <= 15  # same interval, same formula
     assert abs(usage.rss() - proc.memory_info().rss) <= 2 << 20

@@ -82,7 +82,8 @@ def test_reports_are_kept_when_the_ack_write_fails(conn, producer):
     from supervisor.broker.progress import ProgressBuffer
 
     buffer = ProgressBuffer(producer.pool)
-    job = scalar(conn, "INSERT INTO jobs (actor, status, attempts) VALUES ('x', 'running', 1) RETURNING id::text")
+    job = scalar(conn, "INSERT INTO jobs (actor, status, attempts, claimed_at) VALUES ('x', 'running', 1, now())"
+                 " RETURNING id::text")
     buffer.record(job, 1, 40, "almost")
     with (producer.pool.connection() as c, pytest.raises(psycopg.errors.UndefinedTable),
           buffer.for_ack(c, [job]) as progress):
@@ -104,7 +105,8 @@ def test_reports_coalesce_to_one_row_per_job_per_write(conn, producer):
 
     held: set[tuple[str, int]] = set()
     buffer = ProgressBuffer(producer.pool, holds=held.__contains__)
-    a, b, c_ = (scalar(conn, "INSERT INTO jobs (actor, status, attempts) VALUES ('x', 'running', 1) RETURNING id::text")
+    a, b, c_ = (scalar(conn, "INSERT INTO jobs (actor, status, attempts, claimed_at) VALUES ('x', 'running', 1, now())"
+                 " RETURNING id::text")
                 for _ in range(3))
     held.update({(a, 1), (b, 1), (c_, 1)})
     for i in range(1, 101):

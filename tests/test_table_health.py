@@ -3,14 +3,17 @@ batches and cadence, and the table settings of 025_jobs_bloat.sql. Real PostgreS
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 
-from supervisor.broker import PostgresBroker
+from supervisor import db
+from supervisor.broker import PostgresBroker, reads
 from supervisor.broker import sql as jobs_sql
 from supervisor.config import Retention
+from supervisor.http.dashboard import recorder
 from supervisor.worker.registry import Registration
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings, vacuum_jobs
 from tests.conftest import scalar, wait_for
@@ -125,8 +128,8 @@ def test_prune_cadence_follows_the_shortest_retention():
 def test_a_heartbeat_is_a_hot_update(conn):
     """Renewing a lease touches no index (no index covers the columns it sets), so it
     leaves no dead index entry behind: counted in the transaction's own statistics."""
-    job = scalar(conn, "INSERT INTO jobs (queue, actor, status, lease_owner, lease_expires_at, attempts)"
-                       " VALUES ('tests', 'noop', 'running', 'n:1:t', now() + interval '5 s', 1) RETURNING id")
+    job = scalar(conn, "INSERT INTO jobs (queue, actor, status, lease_owner, lease_expires_at, attempts, claimed_at)"
+                       " VALUES ('tests', 'noop', 'running', 'n:1:t', now() + interval '5 s', 1, now()) RETURNING id")
     with conn.transaction():
         renewed = conn.execute(jobs_sql.HEARTBEAT, {"ids": [job], "owner": "n:1:t", "lease_s": 30}).fetchall()
         hot = scalar(conn, "SELECT pg_stat_get_xact_tuples_hot_updated('jobs'::regclass)")
@@ -182,3 +185,68 @@ def test_a_relaxed_claim_skips_the_flush_wait_of_its_own_transaction_only(conn):
     with conn.transaction():
         assert len(conn.execute(jobs_sql.CLAIM, {**CLAIM, "n": 1}).fetchall()) == 1
         assert scalar(conn, "SHOW synchronous_commit") == "on"
+
+
+def _plan(conn: psycopg.Connection, statement: str, params: dict) -> str:
+    """The statement's plan with sequential scans priced out (a small test table
+    would otherwise be read whole whatever indexes it has)."""
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL enable_seqscan = off")
+        return "\n".join(r[0] for r in conn.execute("EXPLAIN " + statement, params))
+
+
+def _indexes_used(conn: psycopg.Connection, statement: str, params: dict) -> set[str]:
+    return set(re.findall(r" using (\w+)", _plan(conn, statement, params)))
+
+
+def test_reaper_and_release_read_running_rows_by_index_ack_and_heartbeat_by_id(conn):
+    # No index on running rows made every reap and every release read the whole table
+    # (0.4 s at 2 M finished rows). jobs_running serves them; the ack and the heartbeat
+    # must still find their rows by id, never by reading every running row of the owner.
+    ids = [scalar(conn, "INSERT INTO jobs (actor, status, lease_owner, attempts, claimed_at, lease_expires_at)"
+                        " VALUES ('x', 'running', 'h:1:a', 1, now(), now()) RETURNING id::text") for _ in range(3)]
+    conn.execute("ANALYZE jobs")
+    budget = {"who": "t", "why": "test", "default_max_losses": 3}
+    reap = _indexes_used(conn, jobs_sql.REAP_EXPIRED, {**budget, "limit": 10, "margin_s": 1.0})
+    release = _indexes_used(conn, jobs_sql.RELEASE_OWNER, {**budget, "owner": "h:1:a"})
+    ack = _indexes_used(conn, jobs_sql.ACK_MANY, {"ids": db.array_text(ids), "attempts": db.array_text([1, 1, 1]),
+                                                  "owner": "h:1:a", "progress": None})
+    beat = _indexes_used(conn, jobs_sql.HEARTBEAT, {"ids": db.array_text(ids), "owner": "h:1:a", "lease_s": 30.0})
+    assert "jobs_running" in reap and "jobs_running" in release, (reap, release)
+    # (which index they do use is the planner's choice on a table this small)
+    assert "jobs_running" not in ack, ack
+    assert "jobs_running" not in beat, beat
+    # and what the reaper reads through it is right: the expired rows, released
+    released = conn.execute(jobs_sql.REAP_EXPIRED, {**budget, "limit": 10, "margin_s": 0.0}).fetchall()
+    assert sorted(str(r[0]) for r in released) == sorted(ids)
+
+
+def test_reads_of_live_or_failed_rows_never_read_the_succeeded_ones(conn):
+    # /metrics (v_queue_capacity) at every scrape, the dashboard's recorder every 10 s,
+    # the queue listings and join(): each read the whole table (0.36 s at 2 M finished
+    # rows) while no index covered the running rows. Through jobs_live they read the
+    # claim and running indexes only.
+    conn.execute("INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at)"
+                 " VALUES ('q', 'x', 'running', 'h:1:a', now()), ('q', 'x', 'pending', NULL, NULL)")
+    conn.execute("ANALYZE jobs")
+    for name, statement, params in (("LIVE_BY_QUEUE", reads.LIVE_BY_QUEUE, {}), ("CAPACITY", reads.CAPACITY, {}),
+                                    ("SAMPLE_QUEUES", recorder.SAMPLE_QUEUES, {"step_s": 10}),
+                                    ("START_LATENCY", reads.START_LATENCY, {"window_s": 60}),
+                                    ("LIVE_IN_QUEUE", jobs_sql.LIVE_IN_QUEUE, {"queue": "q"}),
+                                    # failed rows, kept for days beside the succeeded ones
+                                    ("FAILED_BY_QUEUE", reads.FAILED_BY_QUEUE, {}),
+                                    ("FAILED_SINCE", jobs_sql.FAILED_SINCE, {"queue": "q", "since": "-infinity"}),
+                                    ("DEAD_LETTERS", jobs_sql.DEAD_LETTERS, {"queues": ["q"], "since": "-infinity"})):
+        plan = _plan(conn, statement, params)
+        assert not re.search(r"Seq Scan on jobs\b", plan), f"{name} reads all of jobs:\n{plan}"
+        if name.startswith(("FAILED", "DEAD")):  # not jobs_finished: it holds every succeeded row too
+            assert "jobs_failed" in plan, f"{name}:\n{plan}"
+    assert conn.execute("SELECT ready, running FROM v_queue_capacity WHERE queue = 'q'").fetchone() == (1, 1)
+
+
+def test_a_running_row_is_a_claimed_row(conn):
+    # jobs_running and jobs_live rely on it: only the claim makes a row running, and it
+    # sets claimed_at. A row made running by hand without it is refused, not missed.
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("INSERT INTO jobs (actor, status) VALUES ('x', 'running')")
+

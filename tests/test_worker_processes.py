@@ -3,7 +3,11 @@ under concurrency, crash recovery, drain, and a database outage."""
 
 from __future__ import annotations
 
-from tests.conftest import scalar, wait_for
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT, scalar, wait_for
 from tests.tcp_proxy import TcpProxy
 
 ENQUEUE_RECORDS = """
@@ -118,3 +122,24 @@ def test_database_outage_worker_retries_and_loses_nothing(conn, workers, databas
         assert w.proc.poll() is None  # never crashed
         assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == 300
         assert w.terminate() == 0
+
+
+def test_a_stop_signal_landing_inside_the_stop_events_wait_still_stops(tmp_path):
+    # The run loop waits on proc.stopping every tick, holding the Event's own lock for a
+    # few bytecodes each time. A handler that set the Event itself, run in that window,
+    # waited for that lock for ever (a child never drained after its master died). Here
+    # the signal lands, for certain, while the main thread holds that lock.
+    script = tmp_path / "stop.py"
+    script.write_text(
+        "import os, signal, threading\n"
+        "from supervisor.worker.process import install_stop_signals\n"
+        "stop = threading.Event()\n"
+        "install_stop_signals(stop)\n"
+        "with stop._cond:  # as inside stop.wait()\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    total = sum(range(100_000))  # bytecodes: the Python-level handler runs here\n"
+        "print('stopped' if stop.wait(10) else 'not stopped', flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip() == "stopped", done.stderr

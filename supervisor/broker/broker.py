@@ -59,7 +59,8 @@ _transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.Co
 )
 
 
-class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):
+# Signals makes ``middleware`` a property (a list that notices edits); Broker types it as a list.
+class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[misc]
     """A Dramatiq broker whose queues are rows of the ``jobs`` table.
 
     Parameters:

@@ -101,6 +101,7 @@ class Fence(Middleware):
                 entry = self._running.pop(key, None)
                 if entry is None:
                     self._doomed[key] = exc  # claimed, not started: it will not start
+                    log.warning("will not start job %s (attempt %d): %s", key[0], key[1], _REASONS[exc])
                     continue
                 thread_id, message, _ = entry
                 message.fenced = _REASONS[exc]

@@ -125,7 +125,7 @@ def _check(row: tuple[Any, ...], args: Any, kwargs: Any, options: Any, actors: C
         raise Unreadable(f"options must be a JSON object, got {json_type(options)}")
     if actor not in actors:
         raise Unreadable(unknown_actor_text(actor))
-    for name, low in _NUMERIC_OPTIONS.items():
+    for name, low in _NUMERIC_OPTIONS.items() if options else ():
         value = options.get(name)
         if value is None:
             continue

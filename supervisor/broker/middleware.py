@@ -19,7 +19,7 @@ from typing import Any
 import dramatiq
 from dramatiq.middleware import Middleware
 
-from .. import defaults
+from .. import db, defaults
 
 
 class JobOptions(Middleware):
@@ -121,7 +121,9 @@ def claim_budgets(actors: dict[str, Any], retries: Retries | None) -> dict[str, 
             own = (retries.max_retries if retry_count is None else int(retry_count)) + 1
         attempts.append(1 if own is None else int(own))
         losses.append(options.get("max_lease_losses"))
-    return {"actors": names, "actor_max_attempts": attempts, "actor_max_losses": losses,
+    # As array literals: computed once, sent with every claim (see db.array_text).
+    return {"actors": db.array_text(names), "actor_max_attempts": db.array_text(attempts),
+            "actor_max_losses": db.array_text(losses),
             "default_max_attempts": 1 if retries is None else retries.max_retries + 1,
             "default_max_losses": defaults.MAX_LEASE_LOSSES}
 

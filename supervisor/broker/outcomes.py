@@ -49,13 +49,13 @@ class Outcomes:
         def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None: ...
 
     def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
+        params = {"ids": db.array_text(ids), "attempts": db.array_text(attempts), "owner": self.owner}
         with self.pool.connection(timeout=10) as c:
             if self._progress is None:
-                c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner, "progress": None})
+                c.execute(sql.ACK_MANY, {**params, "progress": None})
                 return
             with self._progress.for_ack(c, ids) as progress:  # a job's latest report lands with its ack
-                c.execute(sql.ACK_MANY, {"ids": ids, "attempts": attempts, "owner": self.owner,
-                                         "progress": progress})
+                c.execute(sql.ACK_MANY, {**params, "progress": progress})
 
     def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None:
         """``on_written`` runs once the outcome is committed (or nothing is to be written)."""

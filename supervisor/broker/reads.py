@@ -70,14 +70,14 @@ WITH s AS (
        AND started_at IS NOT NULL
     UNION ALL
     SELECT extract(epoch FROM started_at - greatest(created_at, run_at))::float8
-      FROM jobs WHERE status = 'running' AND started_at IS NOT NULL
+      FROM jobs WHERE status = 'running' AND claimed_at IS NOT NULL AND started_at IS NOT NULL  -- jobs_running
 )
 SELECT count(*) AS n,
        percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY greatest(wait_s, 0)) AS pct
   FROM s
 """
 
-# Live rows per queue (the claim and running indexes).
+# Live rows per queue (jobs_live: the claim and running indexes, never the finished rows).
 LIVE_BY_QUEUE = """
 SELECT queue,
        count(*) FILTER (WHERE status = 'pending' AND run_at <= now())                AS ready,
@@ -86,8 +86,7 @@ SELECT queue,
        count(*) FILTER (WHERE status = 'retryable' AND run_at <= now())              AS retryable,
        extract(epoch FROM now() - min(run_at) FILTER (WHERE status IN ('pending', 'retryable')
                                                       AND run_at <= now()))::float8 AS oldest_wait_s
-  FROM jobs
- WHERE status IN ('pending', 'retryable', 'running')
+  FROM jobs_live
  GROUP BY queue
 """
 

@@ -12,6 +12,7 @@ the first signal of its name is seen only once the list changes.)
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dramatiq.middleware import Middleware, MiddlewareError
@@ -24,26 +25,56 @@ def _handles(middleware: Middleware, name: str) -> bool:
     return getattr(type(middleware), name, None) is not getattr(Middleware, name, None)
 
 
+class MiddlewareList(list[Middleware]):
+    """The broker's middleware list, holding each signal's hooks; any change to the
+    list (add_middleware, or a caller's own edit) forgets them. Checking the list
+    on every signal instead cost more than the calls it saved."""
+
+    def __init__(self, items: Iterable[Middleware] = ()) -> None:
+        super().__init__(items)
+        self.hooks: dict[str, list[Middleware]] = {}
+
+
+def _forgetting(name: str) -> Callable[..., Any]:
+    """list's own ``name``, after which the hooks are computed again."""
+    method = getattr(list, name)
+
+    def changed(self: MiddlewareList, *args: Any, **kwargs: Any) -> Any:
+        self.hooks = {}
+        return method(self, *args, **kwargs)
+
+    changed.__name__ = changed.__qualname__ = name
+    return changed
+
+
+# Every method that changes a list in place.
+for _name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse",
+              "__setitem__", "__delitem__", "__iadd__", "__imul__"):
+    setattr(MiddlewareList, _name, _forgetting(_name))
+
+
 class Signals:
     """Mixed into PostgresBroker ahead of Dramatiq's Broker."""
 
-    middleware: list[Middleware]
     logger: logging.Logger
-    _signal_hooks: dict[str, list[Middleware]]
-    _signal_key: tuple[int, ...]
+    _middleware: MiddlewareList
+
+    @property
+    def middleware(self) -> MiddlewareList:
+        return self._middleware
+
+    @middleware.setter
+    def middleware(self, items: Iterable[Middleware]) -> None:
+        # Dramatiq's Broker.__init__ assigns a plain list: keep it as ours.
+        self._middleware = items if isinstance(items, MiddlewareList) else MiddlewareList(items)
 
     def _hooks(self, name: str, reverse: bool) -> list[Middleware]:
         """The middleware that handle ``name``, in calling order."""
-        # The key notices any change to the list (add_middleware, or a caller's own edit).
-        key = tuple(map(id, self.middleware))
-        if getattr(self, "_signal_key", None) != key:
-            self._signal_hooks = {}
-            self._signal_key = key
-        hooks = self._signal_hooks.get(name)
+        middleware = self._middleware
+        hooks = middleware.hooks.get(name)
         if hooks is None:
-            ordered = reversed(self.middleware) if reverse else self.middleware
-            hooks = [m for m in ordered if _handles(m, name)]
-            self._signal_hooks[name] = hooks
+            ordered = reversed(middleware) if reverse else middleware
+            hooks = middleware.hooks[name] = [m for m in ordered if _handles(m, name)]
         return hooks
 
     def emit_before(self, signal: str, *args: Any, **kwargs: Any) -> None:

@@ -258,6 +258,7 @@ RELEASE_OWNER = (
 WITH lost AS (
     SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
      WHERE lease_owner = %(owner)s AND status = 'running'
+       AND claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
        FOR UPDATE SKIP LOCKED
 )"""
     + _RELEASE_BODY
@@ -268,6 +269,7 @@ REAP_EXPIRED = (
 WITH lost AS (
     SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
      WHERE status = 'running' AND lease_expires_at < now() - %(margin_s)s * interval '1 second'
+       AND claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
      ORDER BY lease_expires_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -429,7 +431,7 @@ PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses OR
 FLUSH_QUEUE = "DELETE FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable')"
 
 LIVE_IN_QUEUE = """
-SELECT count(*) FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable', 'running')
+SELECT count(*) FROM jobs_live WHERE queue = %(queue)s
 """
 
 # The earliest failure since a join's cut-off (Broker.join with fail_fast).

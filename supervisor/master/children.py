@@ -16,6 +16,7 @@ plain executor and lets the rolling rules be read in one place:
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -288,12 +289,19 @@ def spawn(role: RoleState, bootstrap: Bootstrap, now: float, *, wakeups: bool = 
     wake_r, wake_w = os.pipe() if wakeups else (-1, -1)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # or the child would repeat whatever the master had buffered
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(read_fd)
-        if wake_w >= 0:
-            os.close(wake_w)
-        bootstrap.main(write_fd, wake_r)
+    # The child inherits the master's objects frozen: its collector never scans them,
+    # so it never writes to (and copies) the pages they sit on. The master scans its
+    # own again at once (no garbage of its own is kept for good).
+    gc.freeze()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns (os._exit), so never unfreezes
+            os.close(read_fd)
+            if wake_w >= 0:
+                os.close(wake_w)
+            bootstrap.main(write_fd, wake_r)
+    finally:
+        gc.unfreeze()
     os.close(write_fd)
     if wake_r >= 0:
         os.close(wake_r)

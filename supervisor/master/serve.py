@@ -40,6 +40,6 @@ def serve(cfg: Config) -> int:
         database = backoff.retry(prepare, "preparing the database", first=0.5, cap=5.0,
                             give_up_after=DB_START_PATIENCE, logger=log)
     except Exception as exc:
-        log.error("cannot prepare the database: %s", db.redact(str(exc)))
+        log.error("cannot prepare the database: %s", db.redact(backoff.describe(exc)))
         return exit_codes.DATABASE
     return Arbiter(cfg, database).run()

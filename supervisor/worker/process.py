@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -190,12 +191,30 @@ class WorkerProcess:
         log.info("worker %s stopped in %.2fs", broker.owner, time.monotonic() - started)
 
 
-def install_stop_signals(stop: threading.Event) -> None:
-    def handler(signum, frame):
-        stop.set()
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+
+def install_stop_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``, from a thread of their own.
+
+    A Python signal handler runs in the main thread between two bytecodes, which can be
+    while that thread holds the Event's own lock inside ``Event.wait`` (the run loop
+    waits on ``stop`` every tick); ``stop.set()`` there waits for that lock for ever. A
+    child whose master had died hung so, never draining. So the handler does nothing:
+    the interpreter's C-level handler writes the signal's number to a pipe
+    (``set_wakeup_fd``), and a thread reading the pipe sets the Event. Main thread only."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+
+    def relay() -> None:
+        while data := os.read(read_fd, 64):
+            if any(number in STOP_SIGNALS for number in data):
+                stop.set()
+
+    threading.Thread(target=relay, name="stop-signals", daemon=True).start()
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, lambda signum, frame: None)  # the relay acts; see above
 
 
 class Hooks:

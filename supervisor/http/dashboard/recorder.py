@@ -45,7 +45,7 @@ live AS (
            count(*) FILTER (WHERE status IN ('pending', 'retryable') AND run_at > now()) AS scheduled,
            count(*) FILTER (WHERE status = 'running')                                    AS running,
            count(*) FILTER (WHERE status = 'retryable' AND run_at <= now())              AS retryable
-      FROM jobs WHERE status IN ('pending', 'retryable', 'running') GROUP BY queue
+      FROM jobs_live GROUP BY queue
 ), done AS (
     SELECT queue, count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
            count(*) FILTER (WHERE status = 'failed') AS failed
