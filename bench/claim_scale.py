@@ -20,7 +20,7 @@ Each variant gets two databases: a reference holding a near-empty table
 
 Variant "old" is the schema without sql/runtime/025_jobs_bloat.sql (the bench
 undoes it after migrating), "new" the schema with it. At every state the claim
-(sql.CLAIM, n rows, each run a transaction rolled back) is timed in rounds that
+(sql.claim(n), n rows, each run a transaction rolled back) is timed in rounds that
 alternate between all four databases, so the machine's load drift hits every
 figure alike; each figure is a median over rounds x per-round runs, reported
 next to its variant's empty-table reference from the same rounds. Table and
@@ -125,7 +125,7 @@ def claim_params(n: int, owner: str = "claim-scale-probe") -> dict:
 
 def plan(conn: psycopg.Connection, n: int) -> list[str]:
     with conn.transaction():
-        lines = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql.CLAIM, claim_params(n)).fetchall()]
+        lines = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql.claim(n), claim_params(n)).fetchall()]
         raise psycopg.Rollback()
     return lines
 
@@ -149,7 +149,7 @@ def time_claims(conn: psycopg.Connection, n: int, runs: int) -> list[float]:
     for _ in range(runs):
         with conn.transaction():
             started = time.perf_counter()
-            rows = conn.execute(sql.CLAIM, claim_params(n)).fetchall()
+            rows = conn.execute(sql.claim(n), claim_params(n)).fetchall()
             times.append((time.perf_counter() - started) * 1000)
             if len(rows) != n:
                 raise RuntimeError(f"claim returned {len(rows)} rows, expected {n}")
@@ -162,7 +162,8 @@ def churn(conn: psycopg.Connection, total: int, batch: int, *, quiet: bool = Fal
     started = time.monotonic()
     done = 0
     while done < total:
-        rows = conn.execute(sql.CLAIM, claim_params(min(batch, total - done), owner="churn")).fetchall()
+        size = min(batch, total - done)
+        rows = conn.execute(sql.claim(size), claim_params(size, owner="churn")).fetchall()
         if not rows:
             break
         conn.execute(sql.ACK_MANY, {"ids": [r[0] for r in rows], "attempts": [r[4] for r in rows],
@@ -347,7 +348,7 @@ def held_claim(url: str, conn: psycopg.Connection, n: int) -> int:
     another connection, then roll back: FOR UPDATE row locks live in the rows
     themselves, so the count does not grow with n."""
     with psycopg.connect(url) as holder:
-        holder.execute(sql.CLAIM, claim_params(n)).fetchall()
+        holder.execute(sql.claim(n), claim_params(n)).fetchall()
         count = conn.execute("SELECT count(*) FROM pg_locks WHERE pid = %s", (holder.info.backend_pid,)).fetchone()[0]
         holder.rollback()
     return count

@@ -4,7 +4,7 @@ statements with no worker at all, so no worker design can drain faster on this m
     python bench/db_floor.py [--jobs 20000] [--batch 32,100] [--connections 1,2] [--repeat 3]
 
 For each batch size and connection count: N no-op rows are inserted, then each
-connection loops `sql.CLAIM` (up to BATCH rows) and `sql.ACK_MANY` (those rows), each in
+connection loops `sql.claim(BATCH)` (up to BATCH rows) and `sql.ACK_MANY` (those rows), each in
 its own autocommitted, durable statement, as a worker process does, until no row is
 left. Prints rows/s and the backends' CPU per row (from /proc, as profile_worker.py).
 
@@ -37,7 +37,7 @@ NO_BUDGETS = claim_budgets({}, None)  # no actors known: the rows carry their ow
 def drain(conn: psycopg.Connection, batch: int, owner: str, done: list[int]) -> None:
     """Claim and ack until a claim comes back empty; count the rows in ``done``."""
     params = {"queue": "floor", "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False, **NO_BUDGETS}
-    while rows := conn.execute(sql.CLAIM, params).fetchall():
+    while rows := conn.execute(sql.claim(batch), params).fetchall():
         conn.execute(sql.ACK_MANY, {"ids": db.array_text([str(r[0]) for r in rows]),
                                     "attempts": db.array_text([r[4] for r in rows]),
                                     "owner": owner, "progress": None})

@@ -152,7 +152,7 @@ class Sampler:
     def probe(self) -> float:
         with self.conn.transaction():
             started = time.perf_counter()
-            self.conn.execute(sql.CLAIM, PROBE).fetchall()
+            self.conn.execute(sql.claim(PROBE["n"]), PROBE).fetchall()
             took = (time.perf_counter() - started) * 1000
             raise psycopg.Rollback()
         return took

@@ -314,7 +314,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
 
         A row that cannot become a message fails at once, alone; only the others
         are returned (the consumer frees the capacity the bad ones reserved)."""
-        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
+        params = {"queue": queue, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
                   **self._budgets()}
         sent = time.monotonic()
         # In an outage, ask for a connection only briefly: the consumer tries again
@@ -322,7 +322,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
         try:
             with self._conn(pool=self.pool, timeout=timeout) as c:
-                rows = c.execute(sql.CLAIM, params).fetchall()
+                rows = c.execute(sql.claim(n), params).fetchall()
         except BrokerConnectionError:
             self._claims_failing = True
             with contextlib.suppress(Exception):
