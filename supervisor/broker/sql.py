@@ -54,6 +54,8 @@ SELECT dedupe_key, id FROM jobs
  WHERE dedupe_key = ANY(%(keys)s) AND status IN ('pending', 'retryable', 'running')
 """
 
+_ABOVE_ANY_PRIORITY = 2**31  # jobs.priority is an integer
+
 # Claim up to n runnable rows of one queue in priority order, none while the queue
 # is paused. Rows locked by another claimer are skipped, never waited on. A row with a concurrency key runs only if
 # its key's slot in job_concurrency is free and this claim wins the INSERT.
@@ -69,9 +71,10 @@ WITH RECURSIVE levels AS (
     -- The queue's priority levels, highest first, one index descent each (a loose index
     -- scan, as NEXT_DUE). Each level's rows are then read from run_at's lower end: rows
     -- due later at a higher priority are never walked (one scan in (priority, run_at)
-    -- order walked them all: 100,000 delayed rows made every claim 7x slower).
-    SELECT (SELECT max(priority) FROM jobs
-             WHERE queue = %(queue)s AND status IN ('pending', 'retryable')) AS p
+    -- order walked them all: 100,000 delayed rows made every claim 6x slower). The seed
+    -- is one above any priority, so a single lookup serves every level: it plans faster,
+    -- which a pooled connection (no prepared statements) pays on every claim.
+    SELECT {_ABOVE_ANY_PRIORITY}::bigint AS p
     UNION ALL
     SELECT (SELECT max(priority) FROM jobs
              WHERE queue = %(queue)s AND status IN ('pending', 'retryable') AND priority < l.p)
@@ -102,7 +105,7 @@ WITH RECURSIVE levels AS (
      ORDER BY j.run_at, j.id
      LIMIT %(n)s
        FOR UPDATE SKIP LOCKED) x
-     WHERE l.p IS NOT NULL
+     WHERE l.p < {_ABOVE_ANY_PRIORITY}
      LIMIT %(n)s
 ), keyed AS (
     SELECT DISTINCT ON (concurrency_key) id, concurrency_key
