@@ -7,7 +7,7 @@ Here (a subclass of it, so code that looks for Dramatiq's Retries finds it) the
 row is the count: ``attempts`` (every claim) minus ``lease_losses`` (claims that
 ended with the process dead, frozen or cut off), so, as in Dramatiq,
 ``max_retries`` counts exceptions only. A job that keeps killing its process is
-stopped by its own budget, ``max_lease_losses`` (see sql.py).
+stopped by its own budget, ``max_lease_losses`` (see sql/outcomes.py).
 """
 
 from __future__ import annotations

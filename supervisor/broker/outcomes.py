@@ -1,6 +1,6 @@
 """What becomes of a claimed message: ack (group-committed), nack, retry, requeue.
 
-Every write is fenced by lease owner and attempt (see sql.py), so a late writer
+Every write is fenced by lease owner and attempt (see sql/outcomes.py), so a late writer
 changes nothing. Mixed into PostgresBroker, which provides the state below.
 """
 

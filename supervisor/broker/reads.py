@@ -1,6 +1,6 @@
 """The operator's and the dashboard's reads of ``jobs`` and ``job_events``.
 
-The jobs table's SQL is this module and ``sql.py`` (claims, outcomes, leases:
+The jobs table's SQL is this module and ``sql/`` (claims, outcomes, leases:
 what workers run); these statements only read, for the CLI, the HTTP API and
 the dashboard.
 """

@@ -1,0 +1,97 @@
+"""Every SQL statement on ``jobs``, ``job_concurrency``, ``job_events``,
+``job_progress`` and ``queue_pauses``: the one place for these tables, in one module
+per concern, all read as ``sql.NAME``.
+
+All statements take parameters; none is built from input. Live statuses are
+'pending', 'retryable' and 'running'.
+"""
+
+from .claiming import (
+    _CLAIMED,
+    CLAIM,
+    NEXT_DUE,
+    claim,
+)
+from .enqueue import (
+    BULK_COLUMNS,
+    COPY_JOBS,
+    COPY_JOBS_AT,
+    INSERT,
+    INSERT_MANY,
+    LIVE_BY_DEDUPE_KEYS,
+    RUN_AT,
+)
+from .outcomes import (
+    ACK_MANY,
+    CANCEL,
+    FAIL_UNREADABLE,
+    HEARTBEAT,
+    NACK,
+    REAP_EXPIRED,
+    RELEASE_OWNER,
+    REQUEUE,
+    RETRY,
+    RETRY_FAILED,
+)
+from .queues import (
+    DEAD_LETTERS,
+    FAILED_SINCE,
+    FLUSH_QUEUE,
+    LIVE_IN_QUEUE,
+    NOW,
+    PAUSE_QUEUE,
+    PAUSED_QUEUES,
+    PROGRESS,
+    RESUME_QUEUE,
+    WRITE_PROGRESS,
+)
+from .upkeep import (
+    ANALYZE_JOBS,
+    JOBS_STATS_STALE,
+    JOBS_VACUUM_DUE,
+    PRUNE,
+    PRUNE_EVENTS,
+    PRUNE_PROGRESS,
+    VACUUM_JOBS,
+)
+
+__all__ = [
+    "INSERT",
+    "BULK_COLUMNS",
+    "INSERT_MANY",
+    "COPY_JOBS",
+    "COPY_JOBS_AT",
+    "RUN_AT",
+    "LIVE_BY_DEDUPE_KEYS",
+    "_CLAIMED",
+    "CLAIM",
+    "claim",
+    "NEXT_DUE",
+    "ACK_MANY",
+    "NACK",
+    "RETRY",
+    "REQUEUE",
+    "HEARTBEAT",
+    "RELEASE_OWNER",
+    "REAP_EXPIRED",
+    "CANCEL",
+    "FAIL_UNREADABLE",
+    "RETRY_FAILED",
+    "PRUNE",
+    "PRUNE_EVENTS",
+    "PRUNE_PROGRESS",
+    "JOBS_VACUUM_DUE",
+    "JOBS_STATS_STALE",
+    "ANALYZE_JOBS",
+    "VACUUM_JOBS",
+    "WRITE_PROGRESS",
+    "PROGRESS",
+    "PAUSE_QUEUE",
+    "RESUME_QUEUE",
+    "PAUSED_QUEUES",
+    "FLUSH_QUEUE",
+    "LIVE_IN_QUEUE",
+    "FAILED_SINCE",
+    "NOW",
+    "DEAD_LETTERS",
+]

@@ -1,0 +1,139 @@
+"""The claim: runnable rows of a queue become running rows of one process; and the
+wake-up timer's next due time."""
+
+import functools
+
+# Columns a consumer needs to rebuild a Dramatiq message and fence its lease.
+# args, kwargs and options travel as one JSON text: one json.loads per row on
+# the client instead of three jsonb decodes (the claim's largest client cost).
+_CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, j.options)::text,
+    j.attempts, j.max_attempts, j.concurrency_key, j.lease_losses,
+    coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload"""
+
+_ABOVE_ANY_PRIORITY = 2**31  # jobs.priority is an integer
+
+# Claim up to n runnable rows of one queue in priority order, none while the queue
+# is paused. Rows locked by another claimer are skipped, never waited on. A row with a concurrency key runs only if
+# its key's slot in job_concurrency is free and this claim wins the INSERT.
+# The UPDATE finds the locked rows by ctid (a TID scan), not by joining on id: whatever
+# the planner believes of the table's size, it cannot turn the claim into a scan of the
+# whole table (with reltuples = 0 it joined on id by walking the primary key: 0.3 ->
+# 120 ms a claim at 20,000 rows; see JOBS_STATS_STALE). The ctid is that of the version
+# this statement locked, which nobody else can change before it commits; a row updated
+# and committed by another transaction between this statement's snapshot and its lock
+# is locked but not visible to the UPDATE: it stays pending for the next claim.
+CLAIM = f"""
+WITH RECURSIVE levels AS (
+    -- The queue's priority levels, highest first, one index descent each (a loose index
+    -- scan, as NEXT_DUE). Each level's rows are then read from run_at's lower end: rows
+    -- due later at a higher priority are never walked (one scan in (priority, run_at)
+    -- order walked them all: 100,000 delayed rows made every claim 6x slower). The seed
+    -- is one above any priority, so a single lookup serves every level: it plans faster,
+    -- which a pooled connection (no prepared statements) pays on every claim.
+    SELECT {_ABOVE_ANY_PRIORITY}::bigint AS p
+    UNION ALL
+    SELECT (SELECT max(priority) FROM jobs
+             WHERE queue = %(queue)s AND status IN ('pending', 'retryable') AND priority < l.p)
+      FROM levels l WHERE l.p IS NOT NULL
+), cand AS (
+    -- No ORDER BY here: levels come out highest first, each level's rows in (run_at, id)
+    -- order, and a LATERAL runs as a nested loop that keeps that order. So LIMIT takes the
+    -- first n rows in claim order and stops pulling: a level is read (and its rows locked)
+    -- only while the claim still needs rows. A sort would lock up to n rows per level.
+    SELECT x.* FROM levels l CROSS JOIN LATERAL (
+    SELECT j.ctid AS tid, j.id, j.actor, j.concurrency_key, j.priority, j.run_at
+      FROM jobs j
+     WHERE j.queue = %(queue)s
+       AND j.priority = l.p
+       AND j.status IN ('pending', 'retryable')
+       AND j.run_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = %(queue)s)
+       AND (j.concurrency_key IS NULL
+            OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))
+       -- relaxed (an idle claim): this transaction's commit does not wait for its WAL flush,
+       -- a third of the enqueue-to-start latency. A claim lost in a server crash only puts
+       -- the row back to pending (a rerun, which the attempt fence handles). Claims under
+       -- load stay synchronous: unflushed commits delay the hint bits that let later claims
+       -- skip dead index entries. Set here, once (an InitPlan), for this transaction only:
+       -- one round trip, and nothing outlives it on a pooled (PgBouncer) connection.
+       AND (SELECT CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true)
+                        ELSE 'on' END) IS NOT NULL
+     ORDER BY j.run_at, j.id
+     LIMIT %(n)s
+       FOR UPDATE SKIP LOCKED) x
+     WHERE l.p < {_ABOVE_ANY_PRIORITY}
+     LIMIT %(n)s
+), keyed AS (
+    SELECT DISTINCT ON (concurrency_key) id, concurrency_key
+      FROM cand WHERE concurrency_key IS NOT NULL
+     ORDER BY concurrency_key, priority DESC, run_at, id
+), slots AS (
+    -- sorted so two claimers never take the same keys in opposite orders (no deadlock)
+    INSERT INTO job_concurrency (key, job_id)
+    SELECT concurrency_key, id FROM keyed ORDER BY concurrency_key
+    ON CONFLICT DO NOTHING
+    RETURNING job_id
+), budget AS (
+    -- the budgets of the actors this process knows, for rows that carry none
+    SELECT * FROM unnest(%(actors)s::text[], %(actor_max_attempts)s::int[], %(actor_max_losses)s::int[])
+        AS b(actor, max_attempts, max_lease_losses)
+), claimed AS (
+UPDATE jobs j
+   SET status = 'running',
+       attempts = j.attempts + 1,
+       max_attempts = coalesce(j.max_attempts, jobs_option_int(j.options, 'max_attempts', 1, 1e6),
+                               jobs_option_int(j.options, 'max_retries', 0, 1e6) + 1,
+                               (SELECT b.max_attempts FROM budget b WHERE b.actor = j.actor),
+                               %(default_max_attempts)s),
+       max_lease_losses = coalesce(j.max_lease_losses, jobs_option_int(j.options, 'max_lease_losses', 1, 1e6),
+                                   (SELECT b.max_lease_losses FROM budget b WHERE b.actor = j.actor),
+                                   %(default_max_losses)s),
+       lease_owner = %(owner)s,
+       claimed_at = now(),
+       heartbeat_at = now(),
+       lease_expires_at = now() + %(lease_s)s * interval '1 second',
+       started_at = coalesce(j.started_at, now())
+ WHERE j.ctid = ANY(ARRAY(SELECT tid FROM cand
+                           WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)))
+RETURNING j.*
+)
+-- a TID scan returns rows in ctid order: hand them out in claim order again
+SELECT {_CLAIMED} FROM claimed j ORDER BY j.priority DESC, j.run_at, j.id
+"""
+
+@functools.lru_cache(maxsize=512)
+def claim(n: int) -> str:
+    """CLAIM for up to ``n`` rows, with ``n`` written into the text; the rest stays
+    parameters. With ``LIMIT $n`` the server prices a generic plan at a tenth of the
+    table, so it plans every claim afresh (0.3-0.7 ms, a third of the claim's server
+    time). With the number in the text, each claim size keeps one generic plan once
+    psycopg has prepared it (at its 5th run): the drain floor rises from 13,600 to 16,600
+    rows/s at claims of 32 (bench/README.md). Only an int goes in, never input text."""
+    if type(n) is not int or n < 1:
+        raise ValueError(f"a claim takes a positive number of rows, not {n!r}")
+    return CLAIM.replace("%(n)s", str(n))
+
+# Seconds until the earliest future run_at of each of a process's queues (its
+# wake-up timer). One index descent per priority level present in the queue
+# (a loose index scan over jobs_claim), so a deep backlog costs nothing extra.
+NEXT_DUE = """
+WITH RECURSIVE levels AS (
+    SELECT q.queue, (SELECT max(j.priority) FROM jobs j
+                      WHERE j.queue = q.queue AND j.status IN ('pending', 'retryable')) AS priority
+      FROM unnest(%(queues)s::text[]) AS q(queue)
+    UNION ALL
+    SELECT l.queue, (SELECT max(j.priority) FROM jobs j
+                      WHERE j.queue = l.queue AND j.status IN ('pending', 'retryable') AND j.priority < l.priority)
+      FROM levels l
+     WHERE l.priority IS NOT NULL
+)
+SELECT l.queue, extract(epoch FROM min(d.run_at) - now())::float8
+  FROM levels l
+ CROSS JOIN LATERAL (
+    SELECT j.run_at FROM jobs j
+     WHERE j.queue = l.queue AND j.status IN ('pending', 'retryable') AND j.priority = l.priority
+       AND j.run_at > now()
+     ORDER BY j.run_at
+     LIMIT 1) d
+ GROUP BY l.queue
+"""

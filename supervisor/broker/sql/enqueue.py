@@ -1,0 +1,43 @@
+"""Writing jobs: one message, or a batch (INSERT of arrays, or COPY)."""
+
+INSERT = """
+INSERT INTO jobs (id, queue, actor, args, kwargs, options, priority, run_at,
+                  max_attempts, dedupe_key, concurrency_key, message_timestamp, payload)
+VALUES (%(id)s, %(queue)s, %(actor)s, %(args)s, %(kwargs)s, %(options)s, %(priority)s,
+        now() + %(delay_ms)s * interval '1 millisecond', %(max_attempts)s,
+        %(dedupe_key)s, %(concurrency_key)s, %(message_timestamp)s, %(payload)s)
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+
+# The bulk path (bulk.py). Its rows carry these columns in this order; run_at,
+# now() + the batch's delay, is the same for every row of a batch.
+BULK_COLUMNS = """id, queue, actor, args, kwargs, options, payload, priority, max_attempts, dedupe_key,
+    concurrency_key, message_timestamp"""
+
+# A small batch, or one the COPY could not take: one statement, arrays in
+# (one per column, in BULK_COLUMNS order, after the delay), ids of new rows out.
+INSERT_MANY = f"""
+INSERT INTO jobs ({BULK_COLUMNS}, run_at)
+SELECT m.*, now() + %s * interval '1 millisecond'
+  FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::jsonb[], %s::jsonb[], %s::jsonb[], %s::bytea[],
+              %s::int[], %s::int[], %s::text[], %s::text[], %s::bigint[]) AS m
+ON CONFLICT DO NOTHING
+RETURNING id
+"""
+
+# A large batch streams its rows in (text format), inside a savepoint: a unique
+# violation rolls it back and the batch goes through INSERT_MANY instead. The
+# statement-level NOTIFY trigger fires for COPY as for INSERT. run_at is left to
+# its default, now(), unless the batch is delayed: then every row carries RUN_AT,
+# read once in the same transaction (so it is the same now()).
+COPY_JOBS = f"COPY jobs ({BULK_COLUMNS}) FROM STDIN"
+
+COPY_JOBS_AT = f"COPY jobs ({BULK_COLUMNS}, run_at) FROM STDIN"
+
+RUN_AT = "SELECT now() + %s * interval '1 millisecond'"
+
+LIVE_BY_DEDUPE_KEYS = """
+SELECT dedupe_key, id FROM jobs
+ WHERE dedupe_key = ANY(%(keys)s) AND status IN ('pending', 'retryable', 'running')
+"""

@@ -1,0 +1,61 @@
+"""Progress reports, queue pauses, and the reads behind Dramatiq's join, flush and
+dead letters."""
+
+from .claiming import _CLAIMED
+
+# Progress: each job's latest report since the process's last write, one history
+# row each; jobs.progress too for running jobs (fenced by attempt and status, so a
+# report of an attempt that lost its lease never overwrites the current one); an
+# acked job's ack already set it (``running`` false: its history row only).
+WRITE_PROGRESS = """
+WITH r AS (
+    SELECT id, attempts, to_timestamp(at) AS at, percent, message, running
+      FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(at)s::float8[], %(percents)s::real[],
+                  %(messages)s::text[], %(running)s::bool[]) AS r(id, attempts, at, percent, message, running)
+), ev AS (
+    INSERT INTO job_progress (job_id, at, percent, message) SELECT id, at, percent, message FROM r
+)
+UPDATE jobs j SET progress = jsonb_build_object('percent', r.percent, 'message', r.message, 'at', r.at)
+  FROM r WHERE r.running AND j.id = r.id AND j.attempts = r.attempts AND j.status = 'running'
+"""
+
+PROGRESS = "SELECT at, percent, message FROM job_progress WHERE job_id = %(id)s ORDER BY at, id"
+
+# Queue pauses: every claim reads queue_pauses; resuming wakes the queue's consumers.
+PAUSE_QUEUE = """
+INSERT INTO queue_pauses (queue, paused_by, reason) VALUES (%(queue)s, %(who)s, %(reason)s)
+ON CONFLICT (queue) DO NOTHING
+RETURNING queue
+"""
+
+RESUME_QUEUE = """
+WITH gone AS (DELETE FROM queue_pauses WHERE queue = %(queue)s RETURNING queue)
+SELECT queue FROM gone CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', gone.queue)) AS wake
+"""
+
+PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses ORDER BY queue"
+
+# Broker.flush / Broker.join (Dramatiq's test and admin helpers).
+FLUSH_QUEUE = "DELETE FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable')"
+
+LIVE_IN_QUEUE = """
+SELECT count(*) FROM jobs_live WHERE queue = %(queue)s
+"""
+
+# The earliest failure since a join's cut-off (Broker.join with fail_fast).
+FAILED_SINCE = """
+SELECT id, actor, last_error FROM jobs
+ WHERE queue = %(queue)s AND status = 'failed' AND finished_at >= %(since)s
+ ORDER BY finished_at
+ LIMIT 1
+"""
+
+NOW = "SELECT clock_timestamp()"
+
+# Broker.dead_letters: the stub broker's view of failed jobs (since a cut-off).
+DEAD_LETTERS = f"""
+SELECT {_CLAIMED}
+  FROM jobs j
+ WHERE j.queue = ANY(%(queues)s) AND j.status = 'failed' AND j.finished_at >= %(since)s
+ ORDER BY j.finished_at, j.id
+"""
