@@ -3,14 +3,14 @@
     python bench/claim_priorities.py [--delayed 0,10000,100000,1000000] [--n 32] [--runs 200]
                                      [--database-url URL]
 
-For each --delayed count, a fresh table holds that many rows of priority 10 due in a
-day and enough rows of priority 0 due now (VACUUM ANALYZE). The claim (sql.claim(n))
-then runs --runs times, committed as a worker's, on two connections: one that prepares
-statements (psycopg's default, so the server keeps a generic plan; a rolled-back claim
-would not do: psycopg forgets its prepared statements at a ROLLBACK) and one that never
-does (a PgBouncer-pooled URL, which plans every claim). Prints the median client-side
-time of each. A claim that walked the delayed rows grew with their number
-(tests/test_table_health.py counts the index pages it reads).
+For each --delayed count, a fresh table holds that many rows of priority 10 due in a day
+and enough rows of priority 0 due now (VACUUM ANALYZE). The claim (sql.claim(n); a power
+of two keeps a generic plan) then runs --runs times, committed as a worker's, on two
+connections: one that prepares statements (psycopg's default, so the server keeps a
+generic plan; a rolled-back claim would not do: psycopg forgets its prepared statements
+at a ROLLBACK) and one that never does (a PgBouncer-pooled URL, which plans every
+claim). Prints the median client-side time of each. A claim that walked the delayed rows
+grew with their number (tests/test_table_health.py counts the index pages it reads).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database-url", default=None)
     args = p.parse_args(argv)
     statement = sql.claim(args.n)
+    PARAMS["n"] = args.n
     figures: list[Figure] = []
     with bench_database(server_url(args.database_url)) as url:
         say(code_state())

@@ -314,7 +314,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
 
         A row that cannot become a message fails at once, alone; only the others
         are returned (the consumer frees the capacity the bad ones reserved)."""
-        params = {"queue": queue, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
                   **self._budgets()}
         sent = time.monotonic()
         # In an outage, ask for a connection only briefly: the consumer tries again

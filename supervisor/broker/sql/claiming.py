@@ -101,17 +101,25 @@ RETURNING j.*
 SELECT {_CLAIMED} FROM claimed j ORDER BY j.priority DESC, j.run_at, j.id
 """
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=64)
 def claim(n: int) -> str:
-    """CLAIM for up to ``n`` rows, with ``n`` written into the text; the rest stays
-    parameters. With ``LIMIT $n`` the server prices a generic plan at a tenth of the
-    table, so it plans every claim afresh (0.3-0.7 ms, a third of the claim's server
-    time). With the number in the text, each claim size keeps one generic plan once
-    psycopg has prepared it (at its 5th run): the drain floor rises from 13,600 to 16,600
-    rows/s at claims of 32 (bench/README.md). Only an int goes in, never input text."""
+    """The claim for up to ``n`` rows; its parameters are CLAIM's, ``n`` among them.
+
+    With ``LIMIT $n`` the server prices a generic plan at a tenth of the table, so it
+    plans every claim afresh (0.3-0.7 ms, a third of the claim's server time). For a
+    power of two, ``n`` is written into the text instead, and that size keeps one generic
+    plan once psycopg has prepared it (at its 5th run): the drain floor rises from 13,600
+    to 16,600 rows/s at claims of 32 (bench/README.md). Only powers of two, because each
+    cached plan holds about 340 KB of the server's memory per size and connection: at
+    most 12 sizes up to 2,048, and a consumer's usual sizes (its threads, up to 4 x
+    threads while jobs are short) are few and, at the default 8 threads, all of them.
+    Only an int goes into the text, never input."""
     if type(n) is not int or n < 1:
         raise ValueError(f"a claim takes a positive number of rows, not {n!r}")
+    if n & (n - 1):
+        return CLAIM
     return CLAIM.replace("%(n)s", str(n))
+
 
 # Seconds until the earliest future run_at of each of a process's queues (its
 # wake-up timer). One index descent per priority level present in the queue
