@@ -105,15 +105,16 @@ SELECT {_CLAIMED} FROM claimed j ORDER BY j.priority DESC, j.run_at, j.id
 def claim(n: int) -> str:
     """The claim for up to ``n`` rows; its parameters are CLAIM's, ``n`` among them.
 
-    With ``LIMIT $n`` the server prices a generic plan at a tenth of the table, so it
-    plans every claim afresh (0.3-0.7 ms, a third of the claim's server time). For a
-    power of two, ``n`` is written into the text instead, and that size keeps one generic
-    plan once psycopg has prepared it (at its 5th run): the drain floor rises from 13,600
-    to 16,600 rows/s at claims of 32 (bench/README.md). Only powers of two, because each
-    cached plan holds about 340 KB of the server's memory per size and connection: at
-    most 12 sizes up to 2,048, and a consumer's usual sizes (its threads, up to 4 x
-    threads while jobs are short) are few and, at the default 8 threads, all of them.
-    Only an int goes into the text, never input."""
+    With ``LIMIT $n`` the server prices a generic plan at a tenth of the table; whether
+    it then keeps a generic plan or plans every claim afresh (0.3-0.7 ms, a third of the
+    claim's server time) depends on its estimates. For a power of two, ``n`` is written
+    into the text instead, and that size keeps one generic plan once psycopg has prepared
+    it (at its 5th run): the drain floor rises from 13,600 to 16,600 rows/s at claims of
+    32 where the server had planned every claim (bench/README.md). Only powers of two: each
+    cached plan holds about 340 KB of the server's memory per size and connection, and a
+    consumer asks for any size up to 4 x threads; powers of two are at most 12 sizes up
+    to 2,048, and at the default 8 threads a full claim (8, 16 or 32 rows) is one of
+    them. Other sizes share CLAIM. Only an int goes into the text, never input."""
     if type(n) is not int or n < 1:
         raise ValueError(f"a claim takes a positive number of rows, not {n!r}")
     if n & (n - 1):
