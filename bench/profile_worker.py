@@ -12,6 +12,11 @@ other programs hold the cores.
 
 --profile runs every worker under yappi (pip install yappi; all threads) and
 prints each process's top functions by total time when it exits.
+
+Where the server loads pg_stat_statements (shared_preload_libraries, and
+pg_stat_statements.track_planning = on for the planning column), each run also
+prints the drain's costliest statements: server time per job and per call, and
+planning. It resets the server's statistics at each run's start.
 """
 
 from __future__ import annotations
@@ -58,6 +63,36 @@ def backend_pids(conn: psycopg.Connection, dbname: str) -> list[int]:
     return [r[0] for r in rows]
 
 
+STATEMENTS = """
+SELECT calls, plans, total_plan_time, total_exec_time, rows, regexp_replace(left(query, 400), '\\s+', ' ', 'g')
+  FROM pg_stat_statements
+ WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+ ORDER BY total_plan_time + total_exec_time DESC
+ LIMIT %s
+"""
+
+
+def statements_reset(conn: psycopg.Connection) -> bool:
+    """Empty pg_stat_statements (the whole server's: a bench server) if the server loads it."""
+    try:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SELECT pg_stat_statements_reset()")
+        return True
+    except psycopg.Error as exc:
+        say(f"    no per-statement split: {str(exc).splitlines()[0]}")
+        return False
+
+
+def statements_split(conn: psycopg.Connection, jobs: int, top: int = 4) -> None:
+    """The drain's costliest statements: server time per job, per call, and planning."""
+    for calls, plans, plan_ms, exec_ms, rows, query in conn.execute(STATEMENTS, (top,)).fetchall():
+        words = query.split()
+        head = " ".join(words[:6]) if not query.startswith("WITH") else f"WITH {words[1]} {words[2]} ..."
+        say(f"      {(plan_ms + exec_ms) * 1e3 / jobs:6.1f} us/job  {calls:6,} calls  "
+            f"{(plan_ms + exec_ms) / max(calls, 1):.3f} ms/call (planning {plan_ms / max(calls, 1):.3f} ms, "
+            f"{plans:,} plans)  {rows / max(calls, 1):5.1f} rows/call  {head[:60]}")
+
+
 def run_once(url: str, broker, actors, *, jobs: int, threads: int, prefetch: int | None,
              env: dict[str, str]) -> dict[str, float]:
     dbname = conninfo_to_dict(url)["dbname"]
@@ -70,6 +105,7 @@ def run_once(url: str, broker, actors, *, jobs: int, threads: int, prefetch: int
             backends = backend_pids(conn, dbname)
             split0 = [cpu_split(p) for p in pool.pids()]
             backends0 = {p: cpu_seconds(p) for p in backends}
+            statements = statements_reset(conn)
             committed = _bulk_enqueue(url, messages, broker, 0)
             seconds = _drain(conn, jobs, committed, timeout=300)
             split1 = [cpu_split(p) for p in pool.pids()]
@@ -83,6 +119,9 @@ def run_once(url: str, broker, actors, *, jobs: int, threads: int, prefetch: int
     say(f"    {out['rate']:,.0f} jobs/s; CPU per job: workers {out['worker_us']:.0f} us "
         f"(of it in the kernel {out['worker_sys_us']:.0f} us; {out['switches']:.1f} context switches), "
         f"their backends {out['backend_us']:.0f} us ({load()})")
+    if statements:
+        with psycopg.connect(url, autocommit=True) as conn:
+            statements_split(conn, jobs)
     return out
 
 
