@@ -218,9 +218,10 @@ def connect(url: str, **kwargs) -> psycopg.Connection:
     try:
         return psycopg.connect(url, **{**session_kwargs(url), **kwargs})
     except psycopg.OperationalError as exc:
+        # One line, as every error the CLI prints: libpq's text spans several.
         raise DatabaseError(
-            f"cannot connect to PostgreSQL at {redact(url)}: {str(exc).strip()}\n"
-            "Check that the server is running and DATABASE_URL (or database.url in the config) is right."
+            f"cannot connect to PostgreSQL at {redact(url)}: {' '.join(str(exc).split())}; check that the"
+            " server is running and DATABASE_URL (or database.url in the config) is right"
         ) from exc
 
 

@@ -56,6 +56,14 @@ def test_check_unreachable_database_exits_4():
     assert "unreachable" in result.stdout and "cannot connect" in result.stdout
 
 
+def test_an_unreachable_database_is_one_line_without_the_password():
+    result = cli("queues", url="postgresql://nobody:s3cret@127.0.0.1:1/none")
+    assert result.returncode == 4
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: cannot connect to PostgreSQL"), result.stderr
+    assert "s3cret" not in result.stderr and "check that the server is running" in lines[0]
+
+
 def test_embedded_default_survives_and_is_reused(tmp_path, monkeypatch):
     from tests.conftest import ROOT
 

@@ -37,8 +37,9 @@ class Seconds(click.FloatRange):
 
 
 def die(message: str, code: int = exit_codes.PROBLEM) -> NoReturn:
-    """Print one line (``error: ...``) and exit: never a traceback."""
-    click.echo(f"error: {db.redact(message)}", err=True)
+    """Print one line (``error: ...``) and exit: never a traceback. A message that
+    quotes a library's text (libpq's spans lines) is joined onto the one line."""
+    click.echo(f"error: {' '.join(db.redact(message).split())}", err=True)
     sys.exit(code)
 
 
