@@ -34,6 +34,29 @@ def test_four_processes_run_5000_jobs_exactly_once(conn, workers):
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE status <> 'succeeded' OR attempts <> 1") == 0
 
 
+
+def test_four_processes_take_priority_levels_in_order_past_delayed_rows_exactly_once(conn, workers):
+    # The claim reads each priority level from its own run_at bound: rows due in an hour at
+    # the highest priority stay put, and every due row runs once, a level only after the
+    # levels above it were taken (a claim reaches a lower level only when every row above
+    # is claimed or locked by another claim).
+    procs = [workers(threads=8) for _ in range(4)]
+    for p in procs:
+        p.wait_ready(conn)
+    conn.execute("INSERT INTO jobs (queue, actor, args, max_attempts, priority, run_at) SELECT 'tests', 'record',"
+                 " jsonb_build_array(g, 0.0), 4, 5, now() + interval '1 hour' FROM generate_series(1, 1000) AS g")
+    conn.execute("INSERT INTO jobs (queue, actor, args, max_attempts, priority) SELECT 'tests', 'record',"
+                 " jsonb_build_array(g, 0.0), 4, g %% 3 FROM generate_series(1, 3000) AS g", ())
+    wait_for(lambda: succeeded(conn) == 3000, 120, interval=0.2, message="3000 jobs to succeed")
+    runs, distinct = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM test_results").fetchone()
+    assert (runs, distinct) == (3000, 3000)
+    assert conn.execute("SELECT status, attempts, count(*) FROM jobs WHERE priority = 5 GROUP BY 1, 2"
+                        ).fetchall() == [("pending", 0, 1000)]
+    claimed = {p: (first, last) for p, first, last in conn.execute(
+        "SELECT priority, min(claimed_at), max(claimed_at) FROM jobs WHERE priority < 5 GROUP BY priority")}
+    assert claimed[2][1] <= claimed[0][0], claimed  # the top level was all taken before the lowest began
+
+
 # max_retries=0 and no budgets in the rows: a lost lease must still re-run them.
 ENQUEUE_ONCE = """
 INSERT INTO jobs (queue, actor, args)
