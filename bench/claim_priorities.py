@@ -1,16 +1,17 @@
 """The claim beside rows due later at a higher priority, and its cost per claim.
 
-    python bench/claim_priorities.py [--delayed 0,10000,100000,1000000] [--n 32] [--runs 200]
-                                     [--database-url URL]
+    python bench/claim_priorities.py [--delayed 0,10000,100000,1000000] [--levels 1] [--n 32]
+                                     [--runs 200] [--database-url URL]
 
-For each --delayed count, a fresh table holds that many rows of priority 10 due in a day
-and enough rows of priority 0 due now (VACUUM ANALYZE). The claim (sql.claim(n); a power
-of two keeps a generic plan) then runs --runs times, committed as a worker's, on two
-connections: one that prepares statements (psycopg's default, so the server keeps a
-generic plan; a rolled-back claim would not do: psycopg forgets its prepared statements
-at a ROLLBACK) and one that never does (a PgBouncer-pooled URL, which plans every
-claim). Prints the median client-side time of each. A claim that walked the delayed rows
-grew with their number (tests/test_table_health.py counts the index pages it reads).
+For each --delayed count, a fresh table holds that many rows due in a day, spread over
+--levels priorities from 10 up (one level: all at 10), and enough rows of priority 0 due
+now (VACUUM ANALYZE). The claim (sql.claim(n); a power of two keeps a generic plan) then
+runs --runs times, committed as a worker's, on two connections: one that prepares
+statements (psycopg's default, so the server keeps a generic plan; a rolled-back claim
+would not do: psycopg forgets its prepared statements at a ROLLBACK) and one that never
+does (a PgBouncer-pooled URL, which plans every claim). Prints the median client-side
+time of each. A claim that walked the delayed rows grew with their number
+(tests/test_table_health.py counts the index pages it reads).
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ PARAMS = {"queue": "bench", "owner": "claim-priorities", "lease_s": 30.0, "relax
           **claim_budgets({}, None)}
 
 
-def fill(conn: psycopg.Connection, delayed: int, due: int) -> None:
-    """``delayed`` rows of priority 10 due in a day, ``due`` rows of priority 0 due now."""
+def fill(conn: psycopg.Connection, delayed: int, levels: int, due: int) -> None:
+    """``delayed`` rows due in a day over ``levels`` priorities from 10 up, ``due`` rows of
+    priority 0 due now."""
     reset(conn)
-    conn.execute("INSERT INTO jobs (queue, actor, max_attempts, priority, run_at) SELECT 'bench', 'noop', 1, 10,"
-                 " now() + interval '1 day' FROM generate_series(1, %s)", (delayed,))
+    conn.execute("INSERT INTO jobs (queue, actor, max_attempts, priority, run_at) SELECT 'bench', 'noop', 1,"
+                 " 10 + g %% %s, now() + interval '1 day' FROM generate_series(1, %s) AS g", (levels, delayed))
     conn.execute("INSERT INTO jobs (queue, actor, max_attempts, priority) SELECT 'bench', 'noop', 1, 0"
                  " FROM generate_series(1, %s)", (due,))
     conn.execute("VACUUM ANALYZE jobs")
@@ -59,6 +61,7 @@ def time_claims(conns: dict[str, psycopg.Connection], statement: str, runs: int)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--delayed", default="0,10000,100000,1000000", help="comma-separated counts of delayed rows")
+    p.add_argument("--levels", type=int, default=1, help="priority levels the delayed rows spread over")
     p.add_argument("--n", type=int, default=32, help="rows per claim")
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--database-url", default=None)
@@ -71,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(url, autocommit=True) as prepared, \
                 psycopg.connect(url, autocommit=True, prepare_threshold=None) as pooled:
             for delayed in (int(d) for d in args.delayed.split(",")):
-                fill(prepared, delayed, due=2 * args.runs * args.n + 1000)
-                config = f"{delayed:,} delayed"
+                fill(prepared, delayed, args.levels, due=2 * args.runs * args.n + 1000)
+                config = f"{delayed:,} delayed" + (f" over {args.levels:,} levels" if args.levels > 1 else "")
                 timed = time_claims({"prepared": prepared, "pooled": pooled}, statement, args.runs)
                 for name, times in timed.items():
                     figures.append(Figure(f"claim of {args.n}, {name}", "ms", tuple(times),

@@ -288,6 +288,29 @@ def test_a_claim_never_walks_rows_due_later_at_a_higher_priority(conn):
     assert with_delayed - baseline < 20 < index_pages / 4, (baseline, with_delayed, index_pages)
 
 
+
+def test_a_claim_reads_past_many_priority_levels_in_order(conn):
+    # A descent per level costs more than stepping over a row, so the claim reads only the
+    # first 16 levels one by one and the rest in one ordered scan. 40 levels, each with a
+    # row due in a day; due rows at 30 (read by level), 20 and 10 (read by the scan).
+    conn.execute("INSERT INTO jobs (queue, actor, priority, run_at) SELECT 'health', 'x', g, now() + interval '1 day'"
+                 " FROM generate_series(1, 40) AS g")
+    conn.execute("INSERT INTO jobs (queue, actor, priority) SELECT 'health', 'x', p FROM unnest(%s::int[]) AS p",
+                 ([30, 30, 20, 20, 10, 10],))
+    conn.execute("ANALYZE jobs")
+    for n in (5, 4, 8):  # a power of two (its own statement) and not
+        with conn.transaction(force_rollback=True):
+            claimed = conn.execute(jobs_sql.claim(n), {**CLAIM, "n": n}).fetchall()
+            got = [r[0] for r in conn.execute("SELECT priority FROM jobs WHERE status = 'running'"
+                                              " ORDER BY priority DESC")]
+        assert len(claimed) == min(n, 6) and got == [30, 30, 20, 20, 10, 10][:n], (n, got)
+    # the claim hands its rows out in claim order
+    with conn.transaction(force_rollback=True):
+        order = [r[0] for r in conn.execute(jobs_sql.claim(8), {**CLAIM, "n": 8})]
+        by_id = dict(conn.execute("SELECT id::text, priority FROM jobs WHERE status = 'running'").fetchall())
+    assert [by_id[i] for i in order] == [30, 30, 20, 20, 10, 10]
+
+
 def test_a_claim_size_keeps_one_generic_plan(conn):
     # A claim of a power-of-two size has the size written into the statement, so the
     # server keeps a generic plan for it instead of planning every claim (LIMIT $n is

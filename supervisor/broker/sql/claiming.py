@@ -11,6 +11,15 @@ _CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, 
     coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload"""
 
 _ABOVE_ANY_PRIORITY = 2**31  # jobs.priority is an integer
+# Priority levels the claim reads one by one before it reads the rest in one scan.
+_LEVELS_ONE_BY_ONE = 16
+
+# What makes a row of the queue runnable now: due, and its concurrency key (if any) free.
+_RUNNABLE = """j.queue = %(queue)s
+       AND j.status IN ('pending', 'retryable')
+       AND j.run_at <= now()
+       AND (j.concurrency_key IS NULL
+            OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))"""
 
 # Claim up to n runnable rows of one queue in priority order, none while the queue
 # is paused. Rows locked by another claimer are skipped, never waited on. A row with a concurrency key runs only if
@@ -24,44 +33,56 @@ _ABOVE_ANY_PRIORITY = 2**31  # jobs.priority is an integer
 # is locked but not visible to the UPDATE: it stays pending for the next claim.
 CLAIM = f"""
 WITH RECURSIVE levels AS (
-    -- The queue's priority levels, highest first, one index descent each (a loose index
-    -- scan, as NEXT_DUE). Each level's rows are then read from run_at's lower end: rows
-    -- due later at a higher priority are never walked (one scan in (priority, run_at)
-    -- order walked them all: 100,000 delayed rows made every claim 6x slower). The seed
-    -- is one above any priority, so a single lookup serves every level: it plans faster,
-    -- which a pooled connection (no prepared statements) pays on every claim.
-    SELECT {_ABOVE_ANY_PRIORITY}::bigint AS p
+    -- The queue's highest priority levels, one index descent each (a loose index scan,
+    -- as NEXT_DUE), each read from its run_at lower bound: rows due later at a higher
+    -- priority are never walked (one scan in (priority, run_at) order walked them all:
+    -- 100,000 delayed rows made every claim 6x slower). The seed is one above any
+    -- priority, so one lookup serves every level (it plans faster, which a pooled
+    -- connection pays on every claim). Only the first {_LEVELS_ONE_BY_ONE} levels: a descent per
+    -- level costs more than stepping over a row, so below them, where a queue with
+    -- thousands of distinct priorities keeps most of them, one ordered scan reads on.
+    --
+    -- No seed, so no level and no row, while the queue is paused. The seed also relaxes an
+    -- idle claim's commit: this transaction's commit does not wait for its WAL flush, a
+    -- third of the enqueue-to-start latency. A claim lost in a server crash only puts the
+    -- row back to pending (a rerun, which the attempt fence handles). Claims under load
+    -- stay synchronous: unflushed commits delay the hint bits that let later claims skip
+    -- dead index entries. Set once, for this transaction only: one round trip, and nothing
+    -- outlives it on a pooled (PgBouncer) connection.
+    SELECT {_ABOVE_ANY_PRIORITY}::bigint AS p, 0 AS depth
+     WHERE NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = %(queue)s)
+       AND (SELECT CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true)
+                        ELSE 'on' END) IS NOT NULL
     UNION ALL
     SELECT (SELECT max(priority) FROM jobs
-             WHERE queue = %(queue)s AND status IN ('pending', 'retryable') AND priority < l.p)
-      FROM levels l WHERE l.p IS NOT NULL
+             WHERE queue = %(queue)s AND status IN ('pending', 'retryable') AND priority < l.p),
+           l.depth + 1
+      FROM levels l WHERE l.p IS NOT NULL AND l.depth < {_LEVELS_ONE_BY_ONE}
 ), cand AS (
     -- No ORDER BY here: levels come out highest first, each level's rows in (run_at, id)
-    -- order, and a LATERAL runs as a nested loop that keeps that order. So LIMIT takes the
-    -- first n rows in claim order and stops pulling: a level is read (and its rows locked)
-    -- only while the claim still needs rows. A sort would lock up to n rows per level.
+    -- order, a LATERAL runs as a nested loop that keeps that order, and UNION ALL reads
+    -- its second part only after the first. So LIMIT takes the first n rows in claim
+    -- order and stops pulling: a level is read (and its rows locked) only while the claim
+    -- still needs rows. A sort would lock up to n rows per level.
     SELECT x.* FROM levels l CROSS JOIN LATERAL (
     SELECT j.ctid AS tid, j.id, j.actor, j.concurrency_key, j.priority, j.run_at
       FROM jobs j
-     WHERE j.queue = %(queue)s
+     WHERE {_RUNNABLE}
        AND j.priority = l.p
-       AND j.status IN ('pending', 'retryable')
-       AND j.run_at <= now()
-       AND NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = %(queue)s)
-       AND (j.concurrency_key IS NULL
-            OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))
-       -- relaxed (an idle claim): this transaction's commit does not wait for its WAL flush,
-       -- a third of the enqueue-to-start latency. A claim lost in a server crash only puts
-       -- the row back to pending (a rerun, which the attempt fence handles). Claims under
-       -- load stay synchronous: unflushed commits delay the hint bits that let later claims
-       -- skip dead index entries. Set here, once (an InitPlan), for this transaction only:
-       -- one round trip, and nothing outlives it on a pooled (PgBouncer) connection.
-       AND (SELECT CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true)
-                        ELSE 'on' END) IS NOT NULL
      ORDER BY j.run_at, j.id
      LIMIT %(n)s
        FOR UPDATE SKIP LOCKED) x
      WHERE l.p < {_ABOVE_ANY_PRIORITY}
+    UNION ALL
+    -- below the last level read one by one (none when the queue has fewer levels)
+    SELECT y.* FROM (
+    SELECT j.ctid AS tid, j.id, j.actor, j.concurrency_key, j.priority, j.run_at
+      FROM jobs j
+     WHERE {_RUNNABLE}
+       AND j.priority < (SELECT l.p FROM levels l WHERE l.depth = {_LEVELS_ONE_BY_ONE})
+     ORDER BY j.priority DESC, j.run_at, j.id
+     LIMIT %(n)s
+       FOR UPDATE SKIP LOCKED) y
      LIMIT %(n)s
 ), keyed AS (
     SELECT DISTINCT ON (concurrency_key) id, concurrency_key
