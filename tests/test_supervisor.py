@@ -190,6 +190,32 @@ def test_recycle_after_max_jobs_is_rolling(tmp_path, conn, database_url, supervi
     assert scalar(conn, "SELECT count(DISTINCT pid) FROM test_results") >= 3
 
 
+
+def test_recycle_past_max_rss_is_rolling(tmp_path, conn, database_url, supervisor):
+    # Every worker is over 1MB of RSS from its start: each asks to be recycled, and the
+    # master rolls the role (a replacement ready first), one at a time, with no job lost
+    # or run twice and no restart counted against the role.
+    path = write_config(tmp_path / "s.yaml", database_url,
+                        {"alpha": role(processes=1, threads=2, limits={"max_rss": "1MB"})})
+    s = supervisor(path)
+    s.wait_state({"alpha": 1})
+    enqueue(conn, 100, sleep_s=0.05)
+    serving: list[int] = []
+
+    def recycled_and_done() -> bool:
+        procs = s.roles()["alpha"]["processes"]
+        serving.append(sum(1 for p in procs if p["ready"] and not p["stop_reason"]))
+        done = scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 100
+        return done and len(s.seen) >= 3
+
+    wait_for(recycled_and_done, 60, interval=0.05, message="100 jobs done and two recycles")
+    assert_exactly_once(conn, 100)
+    assert min(serving) >= 1  # rolled: never without a claiming process
+    alpha = s.roles()["alpha"]
+    assert alpha["restarts"] == 0
+    assert "max_rss" in (alpha["last_exit"] or ""), alpha["last_exit"]
+
+
 def test_resource_guard_pauses_claiming_until_reload(tmp_path, conn, database_url, supervisor):
     # Any host uses more than 1% of its memory: the guard must stop claiming.
     path = write_config(tmp_path / "s.yaml", database_url,
