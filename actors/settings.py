@@ -131,10 +131,12 @@ def alerts() -> AlertSettings:
 class NotificationSettings:
     timeout: float = duration(10.0)
     # After a worker died mid-request or a response timed out, the webhook may or
-    # may not have the message. False (default): do not resend (no duplicates; the
-    # alert stays unnotified with an 'unknown' attempt). True: resend, carrying the
-    # same Idempotency-Key, for receivers that deduplicate.
-    resend_unknown: bool = False
+    # may not have the message. True (default, decision 6 of the refactor plan: a
+    # rare duplicate after a timeout beats a lost alert): retry with backoff, every
+    # attempt in the ledger, each carrying the same Idempotency-Key. False (strict):
+    # never resend; the alert stays unnotified with an 'unknown' attempt until an
+    # operator runs `supervisor alerts resend`.
+    resend_unknown: bool = True
     username: str = "Price tracker"
 
 

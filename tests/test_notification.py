@@ -119,10 +119,22 @@ def test_unreachable_webhook_records_an_unsent_attempt_and_retries(conn, deliver
                         " WHERE alert_id = %s", (alert_id,)).fetchall() == [("failed", True)]
 
 
-def test_a_timed_out_webhook_is_not_sent_twice(conn, deliver, pipeline_config, threaded_server):
+def test_a_timed_out_webhook_is_sent_again_with_backoff_by_default(conn, deliver, pipeline_config, threaded_server):
     """The receiver got the request but answered after our timeout: the outcome is
-    unknown, so it is not resent (unless asked to)."""
+    unknown, so (by default) it is sent again with backoff, the same Idempotency-Key
+    on every try, each attempt in the ledger."""
     pipeline_config["notification"] = {"timeout": 0.3}
+    hook = Receiver(threaded_server, "/slow", answers=[(200, {}, 1.0)])
+    alert_id, job_id, status = deliver(hook.url, min_backoff=100, max_backoff=100)
+    assert status == "succeeded" and len(hook.requests) == 2
+    assert [s for s, _ in attempts(conn, alert_id)] == ["unknown", "succeeded"]
+    assert {r["headers"]["Idempotency-Key"] for r in hook.requests} == {f"alert-{alert_id}"}
+    assert scalar(conn, "SELECT notified FROM alerts WHERE id = %s", (alert_id,))
+
+
+def test_strict_mode_never_sends_an_unknown_outcome_twice(conn, deliver, pipeline_config, threaded_server):
+    """`resend_unknown: false`: an unknown outcome is not resent (unless an operator asks)."""
+    pipeline_config["notification"] = {"timeout": 0.3, "resend_unknown": False}
     hook = Receiver(threaded_server, "/slow", answers=[(200, {}, 1.0)])
     alert_id, job_id, status = deliver(hook.url)
     assert status == "failed" and len(hook.requests) == 1
