@@ -142,6 +142,7 @@ class WatchSpec:
     webhook_url: str | None = None
     poll_interval_seconds: int = 3600
     enabled: bool = True
+    re_alerts: bool | None = None  # None: the config's alerts.re_alerts_enabled
 
     def __post_init__(self) -> None:
         if not self.query.strip():
@@ -245,6 +246,12 @@ def set_watch_enabled(conn, ref: str, enabled: bool) -> int:
     return wid
 
 
+def set_watch_re_alerts(conn, ref: str, re_alerts: bool | None) -> int:
+    wid = watch_id(conn, ref)
+    conn.execute(watch_sql.SET_WATCH_RE_ALERTS, {"id": wid, "re_alerts": re_alerts})
+    return wid
+
+
 def remove_watch(conn, ref: str) -> int:
     wid = watch_id(conn, ref)
     conn.execute(watch_sql.DELETE_WATCH, {"id": wid})
@@ -259,7 +266,7 @@ SOURCE_KEYS = {"search_url": "search_url", "format": "format", "rate_per_minute"
                "burst": "burst", "daily_quota": "daily_quota", "enabled": "enabled"}
 WATCH_KEYS = {"source": "source", "query": "query", "target_price": "target_price_cents",
               "deal_threshold": "deal_threshold", "webhook": "webhook_url", "every": "poll_interval_seconds",
-              "enabled": "enabled"}
+              "enabled": "enabled", "re_alerts": "re_alerts"}
 
 
 def given(**values: Any) -> dict[str, Any]:

@@ -181,16 +181,20 @@ watches = click.Group("watches", help="What to look for: a query on a source, a 
               help="A deal is this fraction under the typical price (0.2); default pipeline.scoring.")
 @click.option("--webhook", default=None, metavar="URL", help="Where alerts are posted (Discord or JSON).")
 @click.option("--every", default=None, help="How often to poll (30m, 1h, ...; default: 1h).")
+@click.option("--re-alerts/--no-re-alerts", "re_alerts", default=None,
+              help="Alert again for a listing notified before, after the cooldown (default: "
+                   "pipeline.alerts.re_alerts_enabled).")
 @json_option
 @click.pass_context
-def watches_add(ctx, source, query, name, target_price, deal_threshold, webhook, every, as_json) -> None:
+def watches_add(ctx, source, query, name, target_price, deal_threshold, webhook, every, re_alerts,
+                as_json) -> None:
     """Add a watch."""
     with tracker_db(ctx) as conn:
         spec = catalog.WatchSpec(
             query=query, source=source, name=catalog.checked("--name", "name", name),
             target_price_cents=catalog.checked("--target-price", "target_price", target_price),
             deal_threshold=catalog.checked("--deal-threshold", "deal_threshold", deal_threshold),
-            webhook_url=catalog.checked("--webhook", "webhook", webhook),
+            webhook_url=catalog.checked("--webhook", "webhook", webhook), re_alerts=re_alerts,
             **catalog.given(poll_interval_seconds=catalog.checked("--every", "every", every)))
         wid = catalog.add_watch(conn, spec)
         _done(as_json, {"id": wid, "query": query, "source": source}, f"watch {wid} added: {query!r} on {source}")
@@ -209,6 +213,24 @@ def watches_list(ctx, source, as_json) -> None:
             data = [{**w, "last_polled_at": w["last_polled_at"] or "never"} for w in data]
         rows(data, as_json, ["id", "name", "query", "source", "enabled", "every_seconds", "last_polled_at",
                              "pending_alerts"])
+
+
+@watches.command("set")
+@click.option("--re-alerts/--no-re-alerts", "re_alerts", default=None,
+              help="Alert again for a listing notified before, after the cooldown (on), or only once "
+                   "the pending alert is notified (off).")
+@click.option("--re-alerts-default", "follow_config", is_flag=True,
+              help="Follow pipeline.alerts.re_alerts_enabled again.")
+@_ref_command("WATCH")
+def watches_set(ctx, ref, as_json, re_alerts, follow_config) -> None:
+    """Change a watch's alerting (WATCH: id or name)."""
+    if (re_alerts is None) == (not follow_config):
+        die("give one of --re-alerts, --no-re-alerts or --re-alerts-default", exit_codes.USAGE)
+    with tracker_db(ctx) as conn:
+        wid = catalog.set_watch_re_alerts(conn, ref, None if follow_config else re_alerts)
+        shown = "the config's default" if follow_config else ("on" if re_alerts else "off")
+        _done(as_json, {"watch": wid, "re_alerts": None if follow_config else re_alerts},
+              f"watch {ref}: re-alerts {shown}")
 
 
 watches.add_command(_show("watch", "WATCH", catalog.get_watch))

@@ -66,6 +66,7 @@ WATCH: Schema = {
     "source": string, "query": string, "target_price": lambda item: catalog.price_cents(item.value),
     "deal_threshold": lambda item: catalog.check_threshold(number(0, 1)(item)),
     "webhook": _text(catalog.check_webhook), "every": duration(1), "enabled": boolean,
+    "re_alerts": boolean,
 }
 NAMED: dict[str, tuple[Schema, tuple[str, ...]]] = {
     "sources": (SOURCE, ("search_url",)),

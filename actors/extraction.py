@@ -95,7 +95,7 @@ def run_extraction(listing_id: int, watch_id: int | None = None) -> dict:
             created = conn.execute(sql.CREATE_ALERT, {
                 "watch_id": watch_id, "listing_id": listing_id, "price_cents": price_cents,
                 "baseline_cents": median, "score": verdict.score, "reason": verdict.reason,
-                "cooldown_s": alerting.re_alerts_cooldown if alerting.re_alerts_enabled else None,
+                "re_alerts": alerting.re_alerts_enabled, "cooldown_s": alerting.re_alerts_cooldown,
             }).fetchone()
             alert_id = created[0] if created else None
             if alert_id is not None and watch[4]:

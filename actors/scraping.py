@@ -169,11 +169,12 @@ def _store(pool, target: _Target, listings) -> dict:
                 continue
             external_id = item.external_id or (url_key(item.url) if item.url else
                                                url_key("title:" + normalise_title(item.title)))
-            listing_id, inserted, old_price = conn.execute(sql.UPSERT_LISTING, {
+            listing_id, inserted, old_price, reappeared = conn.execute(sql.UPSERT_LISTING, {
                 "source_id": target.source_id, "external_id": external_id, "url": item.url,
                 "title": item.title, "description": item.description, "price_cents": item.price_cents,
                 "currency": item.currency, "price_type": item.price_type, "condition": item.condition,
                 "raw": Jsonb(item.raw), "listing_type": item.listing_type, "auction_ends_at": item.auction_ends_at,
+                "previous_poll": target.last_polled_at,
             }).fetchone()
             key = dedupe_key(external_id=item.external_id, url=item.url, title=item.title,
                              price_cents=item.price_cents, day=today, price_type=item.price_type)
@@ -185,7 +186,10 @@ def _store(pool, target: _Target, listings) -> dict:
             point_is_new = point is not None and point[1]
             new_listings += bool(inserted)
             new_points += bool(point_is_new)
-            if inserted or point_is_new or (old_price is not None and old_price != item.price_cents):
+            # Judged again only when something a verdict depends on changed: a new listing,
+            # a new price, or one back after a poll that did not find it. A daily price
+            # point of an unchanged listing is history, not news (it must not re-alert).
+            if inserted or reappeared or (old_price is not None and old_price != item.price_cents):
                 extract_listing.send_with_options(
                     args=(listing_id, target.watch_id),
                     dedupe_key=f"extract:{target.watch_id}:{listing_id}",

@@ -182,11 +182,12 @@ def make_source(conn, name: str = "shop", search_url: str = "http://127.0.0.1:9/
 
 def make_watch(conn, source_id: int, query: str, *, target_price_cents: int | None = None,
                deal_threshold: float | None = None, webhook_url: str | None = None, webhook_format: str = "auto",
-               enabled: bool = True, poll_interval_seconds: int = 3600, name: str | None = None) -> int:
+               enabled: bool = True, poll_interval_seconds: int = 3600, name: str | None = None,
+               re_alerts: bool | None = None) -> int:
     return conn.execute(pipeline_sql.INSERT_WATCH, {
         "name": name, "query": query, "source_id": source_id, "target_price_cents": target_price_cents,
         "deal_threshold": deal_threshold, "webhook_url": webhook_url, "webhook_format": webhook_format,
-        "enabled": enabled, "poll_interval_seconds": poll_interval_seconds,
+        "enabled": enabled, "poll_interval_seconds": poll_interval_seconds, "re_alerts": re_alerts,
     }).fetchone()[0]
 
 

@@ -113,21 +113,40 @@ def test_a_cold_baseline_is_built_inline_and_judges_once_warm(conn, setup, pipel
     assert conn.execute("SELECT sample_count, median_cents FROM price_baselines").fetchone() == (4, 10_150)
 
 
-def test_re_alerts_are_off_by_default_and_wait_for_the_cooldown_when_on(conn, setup, pipeline_config):
+def test_re_alerts_off_block_only_while_pending_and_on_wait_for_the_cooldown(conn, setup, pipeline_config):
     from actors.extraction import run_extraction
 
     source_id, watch_id = setup
     seed_baseline(conn, "ram:ddr4:32gb:3200", 10_000)
     cheap = listing(conn, source_id, "Corsair 32GB DDR4 3200", 7_000, "c")
     assert run_extraction(cheap, watch_id)["alert_id"] is not None
+    assert run_extraction(cheap, watch_id)["alert_id"] is None  # off: blocked while the first is pending
     conn.execute("UPDATE alerts SET notified = true, notified_at = now()")
-    assert run_extraction(cheap, watch_id)["alert_id"] is None  # off: one alert per listing, ever
+    assert run_extraction(cheap, watch_id)["alert_id"] is not None  # off: notified, so it may alert again
+    conn.execute("UPDATE alerts SET notified = true, notified_at = now()")
 
     pipeline_config["alerts"] = {"re_alerts_enabled": True, "re_alerts_cooldown": "1h"}
-    assert run_extraction(cheap, watch_id)["alert_id"] is None  # within the cooldown
+    assert run_extraction(cheap, watch_id)["alert_id"] is None  # on: within the cooldown
     conn.execute("UPDATE alerts SET notified_at = now() - interval '2 hours'")
     assert run_extraction(cheap, watch_id)["alert_id"] is not None
-    assert scalar(conn, "SELECT count(*) FROM alerts") == 2
+    assert scalar(conn, "SELECT count(*) FROM alerts") == 3
+
+
+def test_re_alerts_per_watch_override_the_config(conn, setup, pipeline_config):
+    from actors import catalog
+    from actors.extraction import run_extraction
+
+    source_id, watch_id = setup
+    seed_baseline(conn, "ram:ddr4:32gb:3200", 10_000)
+    cheap = listing(conn, source_id, "Corsair 32GB DDR4 3200", 7_000, "c")
+    catalog.set_watch_re_alerts(conn, str(watch_id), True)  # opted in, the config's default is off
+    assert run_extraction(cheap, watch_id)["alert_id"] is not None
+    conn.execute("UPDATE alerts SET notified = true, notified_at = now()")
+    assert run_extraction(cheap, watch_id)["alert_id"] is None  # the 24 h default cooldown applies
+    pipeline_config["alerts"] = {"re_alerts_enabled": True, "re_alerts_cooldown": "1h"}
+    catalog.set_watch_re_alerts(conn, str(watch_id), False)  # opted out, the config's default is on
+    assert run_extraction(cheap, watch_id)["alert_id"] is not None
+    assert catalog.get_watch(conn, str(watch_id))["re_alerts"] is False
 
 
 def test_refresh_baselines(conn, setup):

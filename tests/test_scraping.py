@@ -317,3 +317,89 @@ def test_poll_due_watches_enqueues_each_due_watch_once(conn, pipeline_broker):
     assert enqueue_due_watches() == 2  # still due, but the live job's dedupe key absorbs it
     rows = conn.execute("SELECT args->>0, dedupe_key FROM jobs WHERE actor = 'scrape_watch' ORDER BY 1").fetchall()
     assert sorted(rows) == sorted([(str(due), f"scrape:{due}"), (str(stale), f"scrape:{stale}")])
+
+
+# --- price history and reappearing listings -------------------------------------------
+
+
+def _one_day_passes(conn) -> None:
+    """Time moves on by a day: what was observed so far was observed a day earlier."""
+    conn.execute("UPDATE price_points SET observed_on = observed_on - 1, observed_at = observed_at - interval '1 day'")
+
+
+def test_a_listing_seen_on_three_days_at_three_prices_gives_three_points_and_moves_the_forecast(
+        conn, pipeline_broker, pipeline_config, httpserver, shop):
+    from actors.forecasting import run_forecast
+    from actors.scraping import run_scrape
+
+    _, watch_id = shop
+    pipeline_config["forecasting"] = {"min_days": 3, "horizon_days": 3}
+    pipeline_config["cache"] = {"enabled": False}  # each scrape reads the page anew
+    for day, price in enumerate([100.0, 90.0, 80.0]):
+        if day:
+            _one_day_passes(conn)
+        httpserver.clear()
+        httpserver.expect_request("/search").respond_with_json([{"id": "P1", "title": "Corsair 32GB DDR4 3200",
+                                                                 "price": price}])
+        run_scrape(watch_id)
+    # The same price again the same day is no new observation; a new price that day replaces it.
+    run_scrape(watch_id)
+    points = conn.execute("SELECT observed_on, price_cents FROM price_points ORDER BY observed_on").fetchall()
+    assert [p[1] for p in points] == [10_000, 9_000, 8_000]
+    assert len({p[0] for p in points}) == 3
+    conn.execute("UPDATE listings SET product_key = 'ram:ddr4:32gb:3200'")
+    result = run_forecast("ram:ddr4:32gb:3200")
+    assert result["days"] == 3, result
+    y_hat = scalar(conn, "SELECT y_hat FROM predictions_daily ORDER BY date LIMIT 1")
+    assert y_hat < 8_500  # the falling prices reached the forecast: it is below all but the last
+
+
+def test_a_price_change_within_a_day_keeps_the_days_last_price(conn, pipeline_broker, shop):
+    from actors.queries import pipeline as sql
+
+    source_id, watch_id = shop
+    row = {"watch_id": watch_id, "source_id": source_id, "listing_id": None, "dedupe_key": "ext_Q",
+           "price_cents": 100, "currency": "USD", "price_type": "ask", "observed_on": date.today(),
+           "match_strength": 0.5}
+    assert conn.execute(sql.UPSERT_PRICE_POINT, row).fetchone()[1] is True
+    assert conn.execute(sql.UPSERT_PRICE_POINT, row).fetchone() is None  # nothing changed
+    assert conn.execute(sql.UPSERT_PRICE_POINT, {**row, "price_cents": 95}).fetchone()[1] is False
+    assert conn.execute("SELECT count(*), max(price_cents) FROM price_points").fetchone() == (1, 95)
+
+
+def test_a_deal_that_disappears_and_reappears_is_judged_again_and_alerts_again(
+        conn, pipeline_broker, pipeline_config, httpserver, shop):
+    from actors.extraction import run_extraction
+    from actors.scraping import run_scrape
+    from tests.pipeline_helpers import seed_baseline
+
+    _, watch_id = shop
+    pipeline_config["cache"] = {"enabled": False}  # each scrape reads the page anew
+    seed_baseline(conn, "ram:ddr4:32gb:3200", 10_000)
+    deal = {"id": "D1", "title": "Corsair 32GB DDR4 3200", "price": 70.0}
+    other = {"id": "O1", "title": "Kingston 32GB DDR4 3200", "price": 99.0}
+
+    def scrape(items) -> None:
+        httpserver.clear()
+        httpserver.expect_request("/search").respond_with_json(items)
+        run_scrape(watch_id)
+
+    def extractions() -> int:
+        return scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'extract_listing'"
+                            " AND args->>0 = (SELECT id::text FROM listings WHERE external_id = 'D1')")
+
+    def extract_deal():
+        lid = scalar(conn, "SELECT id FROM listings WHERE external_id = 'D1'")
+        conn.execute("DELETE FROM jobs WHERE actor = 'extract_listing'")  # done, as a worker would
+        return run_extraction(lid, watch_id)["alert_id"]
+
+    scrape([deal, other])
+    assert extractions() == 1 and extract_deal() is not None
+    conn.execute("UPDATE alerts SET notified = true, notified_at = now()")
+    scrape([deal, other])  # still up, same price: nothing to judge, no second alert
+    assert extractions() == 0
+    scrape([other])  # gone
+    scrape([deal, other])  # back
+    assert extractions() == 1
+    assert extract_deal() is not None
+    assert scalar(conn, "SELECT count(*) FROM alerts") == 2

@@ -136,3 +136,17 @@ def test_tracker_state_and_reextract(conn, database_url):
     assert {(a, p) for a, p, _ in rows} == {("extract_listing", 1)} and len(rows) == 2
     assert sorted(r[2][1] for r in rows) == [w1, w2]
     assert ok("tracker", "state", "--json", url=url)["extraction_queue_depth"] == 2
+
+
+def test_re_alerts_per_watch_from_the_cli(conn, database_url):
+    ok("sources", "add", "shop", "--search-url", SEARCH, url=database_url)
+    wid = ok("watches", "add", "--source", "shop", "--query", "ddr4", "--name", "ram", "--re-alerts", "--json",
+             url=database_url)["id"]
+    assert scalar(conn, "SELECT re_alerts FROM watches WHERE id = %s", (wid,)) is True
+    assert ok("watches", "set", "ram", "--no-re-alerts", "--json", url=database_url) == {
+        "watch": wid, "re_alerts": False}
+    assert ok("watches", "show", "ram", "--json", url=database_url)["re_alerts"] is False
+    assert "re-alerts the config's default" in ok("watches", "set", "ram", "--re-alerts-default", url=database_url)
+    assert scalar(conn, "SELECT re_alerts FROM watches WHERE id = %s", (wid,)) is None
+    assert "give one of --re-alerts" in fails("watches", "set", "ram", url=database_url)
+    assert "unknown watch 'nope'" in fails("watches", "set", "nope", "--re-alerts", url=database_url)

@@ -47,9 +47,11 @@ def test_declared_entries_are_validated_with_file_line_and_key(tmp_path, pipelin
 def test_a_good_declaration_loads_parsed(tmp_path):
     path = with_pipeline(write_config(tmp_path / "s.yaml", "embedded", {"scraping": role(1)}), {
         "sources": {"shop": {"search_url": SEARCH, "rate_per_minute": 30}},
-        "watches": {"ram": {"source": "shop", "query": "ddr4", "target_price": "12.50", "every": "30m"}}})
+        "watches": {"ram": {"source": "shop", "query": "ddr4", "target_price": "12.50", "every": "30m",
+                            "re_alerts": True}}})
     pipeline = load(path).app_settings["pipeline"]
-    assert pipeline["watches"]["ram"] == {"source": "shop", "query": "ddr4", "target_price": 1250, "every": 1800.0}
+    assert pipeline["watches"]["ram"] == {"source": "shop", "query": "ddr4", "target_price": 1250, "every": 1800.0,
+                                          "re_alerts": True}
 
 
 def test_synced_at_start_and_on_reload_never_silently_deleted(tmp_path, conn, database_url, supervisor):
@@ -88,3 +90,16 @@ def test_synced_at_start_and_on_reload_never_silently_deleted(tmp_path, conn, da
     assert pruned.returncode == 0, pruned.stderr
     assert yaml.safe_load(pruned.stdout)["removed"] == ["watch gpu"]
     assert [r[0] for r in conn.execute("SELECT name FROM watches")] == ["ram"]
+
+
+def test_a_declared_watch_carries_its_re_alerts(conn, database_url):
+    from actors import catalog
+
+    source = {"shop": {"search_url": SEARCH}}
+    report = catalog.sync(conn, {"sources": source, "watches": {"ram": {"source": "shop", "query": "ddr4",
+                                                                          "re_alerts": True}}})
+    assert report.created == ["source shop", "watch ram"]
+    assert scalar(conn, "SELECT re_alerts FROM watches WHERE name = 'ram'") is True
+    report = catalog.sync(conn, {"sources": source, "watches": {"ram": {"source": "shop", "query": "ddr4"}}})
+    assert report.updated == ["watch ram"]  # the key left out: back to the config's default
+    assert scalar(conn, "SELECT re_alerts FROM watches WHERE name = 'ram'") is None

@@ -5,9 +5,9 @@
 
 INSERT_WATCH = """
 INSERT INTO watches (name, query, source_id, target_price_cents, deal_threshold, webhook_url,
-                     webhook_format, enabled, poll_interval_seconds)
+                     webhook_format, enabled, poll_interval_seconds, re_alerts)
 VALUES (%(name)s, %(query)s, %(source_id)s, %(target_price_cents)s, %(deal_threshold)s, %(webhook_url)s,
-        %(webhook_format)s, %(enabled)s, %(poll_interval_seconds)s)
+        %(webhook_format)s, %(enabled)s, %(poll_interval_seconds)s, %(re_alerts)s)
 RETURNING id
 """
 
@@ -36,7 +36,7 @@ SELECT w.id
 # The catalog (CLI and config sync). Pending alerts: not yet notified.
 WATCH_COLUMNS = """
 w.id, w.name, w.query, s.name AS source, w.enabled, w.target_price_cents, w.deal_threshold,
-w.webhook_url, w.poll_interval_seconds AS every_seconds, w.last_polled_at, w.created_at,
+w.webhook_url, w.poll_interval_seconds AS every_seconds, w.re_alerts, w.last_polled_at, w.created_at,
 (SELECT count(*) FROM alerts a WHERE a.watch_id = w.id AND NOT a.notified) AS pending_alerts
 """
 
@@ -55,16 +55,19 @@ UPDATE_WATCH_BY_NAME = """
 UPDATE watches w
    SET query = %(query)s, source_id = %(source_id)s, target_price_cents = %(target_price_cents)s,
        deal_threshold = %(deal_threshold)s, webhook_url = %(webhook_url)s, enabled = %(enabled)s,
-       poll_interval_seconds = %(poll_interval_seconds)s
+       poll_interval_seconds = %(poll_interval_seconds)s, re_alerts = %(re_alerts)s
  WHERE w.id = (SELECT id FROM watches WHERE name = %(name)s ORDER BY id LIMIT 1)
    AND (w.query, w.source_id, w.target_price_cents, w.deal_threshold, w.webhook_url, w.enabled,
-        w.poll_interval_seconds)
+        w.poll_interval_seconds, w.re_alerts)
        IS DISTINCT FROM (%(query)s, %(source_id)s, %(target_price_cents)s, %(deal_threshold)s::real,
-                         %(webhook_url)s, %(enabled)s, %(poll_interval_seconds)s)
+                         %(webhook_url)s, %(enabled)s, %(poll_interval_seconds)s, %(re_alerts)s::boolean)
 RETURNING w.id
 """
 
 SET_WATCH_ENABLED = "UPDATE watches SET enabled = %(enabled)s WHERE id = %(id)s RETURNING id"
+
+# NULL: follow the config's alerts.re_alerts_enabled.
+SET_WATCH_RE_ALERTS = "UPDATE watches SET re_alerts = %(re_alerts)s WHERE id = %(id)s RETURNING id"
 
 DELETE_WATCH = "DELETE FROM watches WHERE id = %(id)s RETURNING id"
 
@@ -74,11 +77,13 @@ DELETE FROM watches WHERE name IS NULL OR NOT (name = ANY(%(names)s)) RETURNING 
 
 # --- listings -----------------------------------------------------------------
 
-# Returns the listing id, whether it is new, and its price before this upsert (so
-# the caller can re-score a listing whose price moved).
+# Returns the listing id, whether it is new, its price before this upsert (so the
+# caller can re-score a listing whose price moved), and whether it reappeared: it was
+# last seen before the watch's previous poll, so that poll did not find it (a deal
+# that disappears and comes back is judged again and may alert again).
 UPSERT_LISTING = """
 WITH before AS (
-    SELECT price_cents FROM listings WHERE source_id = %(source_id)s AND external_id = %(external_id)s
+    SELECT price_cents, last_seen_at FROM listings WHERE source_id = %(source_id)s AND external_id = %(external_id)s
 )
 INSERT INTO listings AS l (source_id, external_id, url, title, description, price_cents, currency,
                            price_type, condition_text, raw, listing_type, auction_ends_at)
@@ -89,7 +94,8 @@ ON CONFLICT (source_id, external_id) DO UPDATE
        price_cents = EXCLUDED.price_cents, currency = EXCLUDED.currency, price_type = EXCLUDED.price_type,
        condition_text = EXCLUDED.condition_text, raw = EXCLUDED.raw, listing_type = EXCLUDED.listing_type,
        auction_ends_at = EXCLUDED.auction_ends_at, last_seen_at = now()
-RETURNING l.id, (xmax = 0) AS inserted, (SELECT price_cents FROM before)
+RETURNING l.id, (xmax = 0) AS inserted, (SELECT price_cents FROM before),
+          coalesce((SELECT last_seen_at FROM before) < %(previous_poll)s::timestamptz, false) AS reappeared
 """
 
 LISTING_FOR_EXTRACTION = """
@@ -161,23 +167,28 @@ SELECT %(watch_id)s, %(source_id)s, l.id, %(external_id)s, %(price_cents)s, 'USD
 
 # --- price points ---------------------------------------------------------------
 
-# Same dedupe key for the same watch and source: keep one row; a stronger match
-# replaces a weaker one. Returns the row only when it was inserted or replaced.
+# One observation per dedupe key, watch, source and day (migration 102): the same
+# offer seen again that day updates the row (the day's last price), a weaker match
+# never replaces a stronger one. Returns the row only when it was inserted or changed.
 UPSERT_PRICE_POINT = """
 INSERT INTO price_points AS p (watch_id, source_id, listing_id, dedupe_key, price_cents, currency,
                                price_type, observed_on, match_strength)
 VALUES (%(watch_id)s, %(source_id)s, %(listing_id)s, %(dedupe_key)s, %(price_cents)s, %(currency)s,
         %(price_type)s, %(observed_on)s, %(match_strength)s)
-ON CONFLICT (watch_id, source_id, dedupe_key) DO UPDATE
+ON CONFLICT (watch_id, source_id, dedupe_key, observed_on) DO UPDATE
    SET listing_id = EXCLUDED.listing_id, price_cents = EXCLUDED.price_cents, currency = EXCLUDED.currency,
        price_type = EXCLUDED.price_type, match_strength = EXCLUDED.match_strength,
        observed_at = now()
  WHERE p.match_strength < EXCLUDED.match_strength
+    OR (p.match_strength = EXCLUDED.match_strength
+        AND (p.price_cents, p.currency, p.price_type) IS DISTINCT FROM
+            (EXCLUDED.price_cents, EXCLUDED.currency, EXCLUDED.price_type))
 RETURNING p.id, (xmax = 0) AS inserted
 """
 
 # Median unit price per day for one product; one observation per listing and day
-# (the same listing seen by several watches counts once).
+# (the same listing seen by several watches counts once; of several prices that day,
+# the best match's latest).
 DAILY_SERIES = """
 SELECT day, percentile_cont(0.5) WITHIN GROUP (ORDER BY unit_price)::float8, count(*)
   FROM (SELECT DISTINCT ON (p.listing_id, p.observed_on)
@@ -187,7 +198,7 @@ SELECT day, percentile_cont(0.5) WITHIN GROUP (ORDER BY unit_price)::float8, cou
          WHERE l.product_key = %(product_key)s
            AND p.price_type <> 'bid'
            AND p.observed_on > current_date - %(days)s::int
-         ORDER BY p.listing_id, p.observed_on, p.match_strength DESC) AS obs
+         ORDER BY p.listing_id, p.observed_on, p.match_strength DESC, p.observed_at DESC) AS obs
  GROUP BY day
  ORDER BY day
 """
@@ -236,17 +247,21 @@ WATCH_FOR_SCORING = """
 SELECT id, enabled, target_price_cents, deal_threshold, webhook_url FROM watches WHERE id = %(id)s
 """
 
-# One pending alert per watch and listing (the partial unique index). A listing
-# that was already notified alerts again only with re-alerts on and after the
-# cooldown; %(cooldown_s)s NULL means re-alerts are off.
+# One pending alert per watch and listing, always (the partial unique index): that is
+# all that blocks a second alert with re-alerts off, so a deal that disappears and
+# reappears alerts again once the first was notified. With re-alerts on (the watch's
+# own `re_alerts`, else %(re_alerts)s from the config), a listing notified within the
+# cooldown does not alert again.
 CREATE_ALERT = """
 INSERT INTO alerts (watch_id, listing_id, price_cents, baseline_cents, score, reason)
-SELECT %(watch_id)s, %(listing_id)s, %(price_cents)s, %(baseline_cents)s, %(score)s, %(reason)s
- WHERE NOT EXISTS (
-        SELECT 1 FROM alerts a
-         WHERE a.watch_id = %(watch_id)s AND a.listing_id = %(listing_id)s AND a.notified
-           AND (%(cooldown_s)s::float8 IS NULL
-                OR a.notified_at > now() - %(cooldown_s)s::float8 * interval '1 second'))
+SELECT w.id, %(listing_id)s, %(price_cents)s, %(baseline_cents)s, %(score)s, %(reason)s
+  FROM watches w
+ WHERE w.id = %(watch_id)s
+   AND (NOT coalesce(w.re_alerts, %(re_alerts)s::boolean)
+        OR NOT EXISTS (
+            SELECT 1 FROM alerts a
+             WHERE a.watch_id = w.id AND a.listing_id = %(listing_id)s AND a.notified
+               AND a.notified_at > now() - %(cooldown_s)s::float8 * interval '1 second'))
 ON CONFLICT (watch_id, listing_id) WHERE NOT notified DO NOTHING
 RETURNING id
 """
