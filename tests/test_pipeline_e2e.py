@@ -100,7 +100,9 @@ def test_pipeline_delivers_each_deal_exactly_once(conn, database_url, pipeline_b
                            webhook_url=hooks.add("/hook/slow", before_answer=lambda n: time.sleep(1.5))),
     }
 
-    pipeline = {"notification": {"timeout": 0.5}}
+    # Strict mode: an unknown outcome is never resent, so every deal reaches its webhook
+    # exactly once (the default resends it: tests/test_notification.py).
+    pipeline = {"notification": {"timeout": 0.5, "resend_unknown": False}}
     workers = [PipelineWorker(database_url, queues=["scraping", "extraction"],
                               actors=["actors.scraping", "actors.extraction"], pipeline=pipeline)]
     notifier["current"] = PipelineWorker(database_url, queues=["notification"], actors=["actors.notification"],
