@@ -17,6 +17,7 @@ from dataclasses import asdict
 from datetime import date, timedelta
 
 import dramatiq
+import supervisor
 from psycopg.types.json import Jsonb
 
 from . import forecast_model, settings, store
@@ -68,6 +69,7 @@ def run_forecast(product_key: str, date_from: date | str | None = None, date_to:
             start = max(_day(date_from) or last + timedelta(days=1), last + timedelta(days=1))
             reason = _range_problem(first, last, _day(date_from) or start, end, cfg.max_range_days)
         if reason is not None:
+            supervisor.log_fields(rows=0, skipped=reason)
             _status(conn, product_key, "skipped", reason, len(days), None)
             log.info("forecast skipped: %s", reason)
             return {"product_key": product_key, "skipped": reason}
@@ -86,6 +88,7 @@ def run_forecast(product_key: str, date_from: date | str | None = None, date_to:
                       "from": start.isoformat(), "to": end.isoformat()}
             _status(conn, product_key, "ok", None, len(series), params)
     log.info("forecast %s: %d days from %s, %s..%s", product_key, len(series), first, start, end)
+    supervisor.log_fields(rows=len(points), date_from=start.isoformat(), date_to=end.isoformat())
     return {"product_key": product_key, "days": len(series), "horizon": len(points),
             "from": start.isoformat(), "to": end.isoformat(), "rows_affected": len(points)}
 

@@ -25,3 +25,10 @@ def ops_steps(n: int, pause_at: int = -1, pause_s: float = 0.0) -> None:
         supervisor.progress(100 * i / n, f"step {i} of {n}")
         if i == pause_at:
             time.sleep(pause_s)
+
+
+@dramatiq.actor(queue_name="ops", max_retries=0)
+def ops_counted(rows: int) -> None:
+    """Adds fields to its job's log line (supervisor.log_fields), the last call winning."""
+    supervisor.log_fields(rows=0, date_from="2026-01-01")
+    supervisor.log_fields(rows=rows, date_to="2026-01-31")

@@ -15,6 +15,7 @@ from dramatiq import group, pipeline
 from dramatiq.message import Message
 from dramatiq.results import ResultFailure, ResultMissing
 
+import supervisor
 from supervisor.broker import PostgresBroker
 from supervisor.results import PostgresBackend
 from tests.conftest import cli, scalar, wait_for
@@ -356,5 +357,25 @@ def test_one_json_log_line_per_finished_job(conn, producer, workers):
         "ops_add", "ops", "ops-role", w.pid, "succeeded")
     assert good["duration_ms"] >= 0
     assert lines[bad.message_id]["outcome"] == "failed" and "planned failure" in lines[bad.message_id]["error"]
+
+
+def test_an_actor_adds_fields_to_its_job_log_line_in_json_and_text(conn, producer, workers):
+    argv = [sys.executable, "-m", "supervisor.cli", "worker", "--queues", "ops", "--actors", "tests.ops_actors",
+            "--threads", "1", "--no-migrate"]
+    lines = {}
+    for mode, extra in (("json", ["--json"]), ("text", [])):
+        w = workers(argv=[*argv, *extra])
+        w.wait_ready(conn)
+        job = producer.enqueue(ops("ops_counted", 7))
+        wait_for(lambda job=job: status(conn, job.message_id) == "succeeded", 20)
+        lines[mode] = wait_for(lambda w=w, job=job: [line for line in w.stderr().splitlines()
+                                                      if "supervisor.jobs" in line and job.message_id in line],
+                               10, message=f"the {mode} job line")
+        assert w.terminate() == 0
+    record = json.loads(lines["json"][0])
+    assert (record["rows"], record["date_from"], record["date_to"]) == (7, "2026-01-01", "2026-01-31")
+    assert lines["text"][0].endswith(" succeeded rows=7 date_from=2026-01-01 date_to=2026-01-31")
+    with pytest.raises(ValueError, match="job_id is reserved"):
+        supervisor.log_fields(job_id="x")
 
 

@@ -1,4 +1,5 @@
-"""One log line per finished job: id, actor, queue, role, pid, duration, outcome.
+"""One log line per finished job: id, actor, queue, role, pid, duration, outcome,
+and the fields the actor added with ``supervisor.log_fields()``.
 
 With ``log_json`` every field is a key of the JSON line (``pid`` is on every
 line already, see ``supervisor.logs``),
@@ -14,6 +15,8 @@ import time
 
 from dramatiq.middleware import Middleware
 
+from ..broker import jobfields
+
 log = logging.getLogger("supervisor.jobs")
 
 
@@ -24,6 +27,7 @@ class JobLog(Middleware):
         self.role = role
         self.pid = os.getpid()
         self._started = threading.local()  # a message is processed on one worker thread
+        jobfields.collecting = True  # supervisor.log_fields() keeps what actors add from now on
 
     def before_process_message(self, broker, message) -> None:
         self._started.at = time.monotonic()
@@ -45,8 +49,11 @@ class JobLog(Middleware):
         }
         if exception is not None:
             fields["error"] = f"{type(exception).__name__}: {exception}"
+        added = jobfields.take(message.message_id)
+        fields.update(added)
         log.info(
-            "job %s %s queue=%s role=%s pid=%d %sms %s%s", message.message_id, message.actor_name,
+            "job %s %s queue=%s role=%s pid=%d %sms %s%s%s", message.message_id, message.actor_name,
             message.queue_name, self.role, self.pid, duration_ms, outcome,
+            "".join(f" {k}={v}" for k, v in added.items()),
             f" ({fields['error']})" if exception is not None else "", extra=fields,
         )
