@@ -17,8 +17,9 @@ from dataclasses import asdict
 from datetime import date, timedelta
 
 import dramatiq
-import supervisor
 from psycopg.types.json import Jsonb
+
+import supervisor
 
 from . import forecast_model, settings, store
 from .queries import forecasts as sql
