@@ -19,6 +19,8 @@ from supervisor.units import parse_duration
 
 from .queries import pipeline as watch_sql
 from .queries import sources as source_sql
+from .queries import state as state_sql
+from .settings import ScoringSettings
 
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
 FORMATS = ("auto", "json", "html")
@@ -301,8 +303,9 @@ SYNC_LOCK = "SELECT pg_advisory_xact_lock(hashtext('actors.catalog.sync'))"
 
 
 def sync(conn, section: Mapping[str, Any], *, prune: bool = False) -> SyncReport:
-    """Apply the declared sources and watches by name, in one transaction (one
-    process at a time: every worker of a fleet calls this at boot)."""
+    """Apply the declared sources and watches by name, and the settings system_state
+    reads, in one transaction (one process at a time: every worker of a fleet calls
+    this at boot)."""
     report = SyncReport([], [], [], [])
     sources, watches = declared_sources(section), declared_watches(section)
     with conn.transaction():
@@ -322,6 +325,10 @@ def sync(conn, section: Mapping[str, Any], *, prune: bool = False) -> SyncReport
                 report.created.append(f"watch {w.name}")
             elif conn.execute(watch_sql.UPDATE_WATCH_BY_NAME, values).fetchone() is not None:
                 report.updated.append(f"watch {w.name}")
+        # What system_state judges by (warm baselines), the same as the extraction does.
+        min_samples = (section.get("scoring") or {}).get("min_samples") or ScoringSettings.min_samples
+        if conn.execute(state_sql.SYNC_SETTINGS, {"min_samples": int(min_samples)}).fetchone() is not None:
+            report.updated.append(f"setting scoring.min_samples = {int(min_samples)}")
         if prune:
             names = [w.name for w in watches]
             report.removed += [f"watch {r[0]}" for r in conn.execute(watch_sql.DELETE_UNDECLARED_WATCHES,

@@ -11,8 +11,17 @@ import click
 import psycopg
 from dramatiq.message import Message
 
-from supervisor import exit_codes
-from supervisor.cli.context import config_option, connect, die, json_option, load_config, producer, url
+from supervisor import exit_codes, runtime
+from supervisor.cli.context import (
+    config_given,
+    config_option,
+    connect,
+    die,
+    json_option,
+    load_config,
+    producer,
+    url,
+)
 from supervisor.cli.output import fmt, print_json, rows
 from supervisor.migrate import migrate
 
@@ -303,18 +312,34 @@ def tracker_state(ctx, as_json) -> None:
 @config_option
 @click.option("--watch", default=None, help="Only this watch's listings (id or name).")
 @click.option("--all", "everything", is_flag=True, help="Every listing.")
+@click.option("--incomplete", is_flag=True,
+              help="Only listings whose extraction was incomplete (system_state's listings_incomplete_extraction).")
+@click.option("--now", is_flag=True, help="Extract here and now, one listing at a time, instead of enqueueing.")
 @json_option
 @click.pass_context
-def tracker_reextract(ctx, watch, everything, as_json) -> None:
-    """Extract listings again at priority 1 (ahead of new listings)."""
-    if bool(watch) == everything:
-        die("give --watch ID or --all", exit_codes.USAGE)
+def tracker_reextract(ctx, watch, everything, incomplete, now, as_json) -> None:
+    """Extract listings again: enqueued at priority 1 (ahead of new listings), or here with --now."""
+    if (bool(watch) and everything) or not (watch or everything or incomplete):
+        die("give --watch ID or --all (either may take --incomplete), or --incomplete alone", exit_codes.USAGE)
     with tracker_db(ctx) as conn:
         wid = catalog.watch_id(conn, watch) if watch else None
     with producer(ctx) as broker:
-        count = tracker.reextract(broker, wid)
-    _done(as_json, {"enqueued": count, "watch_id": wid, "priority": tracker.REEXTRACT_PRIORITY},
-          f"{count} listing(s) enqueued for extraction at priority {tracker.REEXTRACT_PRIORITY}")
+        if not now:
+            count = tracker.reextract(broker, wid, incomplete)
+            _done(as_json, {"enqueued": count, "watch_id": wid, "priority": tracker.REEXTRACT_PRIORITY},
+                  f"{count} listing(s) enqueued for extraction at priority {tracker.REEXTRACT_PRIORITY}")
+            return
+        runtime.configure(app_settings=load_config(ctx).app_settings if config_given(ctx) else {})
+
+        def progress(done: int, total: int) -> None:
+            if not as_json and (done == total or done % 100 == 0):
+                click.echo(f"extracted {done} of {total}", err=True)
+
+        counts = tracker.reextract_now(broker, wid, incomplete, progress)
+    _done(as_json, {**counts, "watch_id": wid},
+          f"{counts['listings']} listing(s) extracted: {counts['deals']} deal(s), {counts['errors']} error(s)")
+    if counts["errors"]:
+        raise SystemExit(exit_codes.PROBLEM)
 
 
 @tracker_group.command("sync")

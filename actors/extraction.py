@@ -7,7 +7,8 @@ baseline and the watch's target, and for a deal creates an alert (one pending
 per watch and listing) and chains its notification -- in one transaction.
 
 ``refresh_baselines`` is the scheduled job that recomputes every product's
-price baseline from recent listings.
+price baseline from recent listings; ``reextract_incomplete`` the one that reads
+again the listings whose product key came out short.
 """
 
 from __future__ import annotations
@@ -114,6 +115,15 @@ def refresh_baselines() -> dict:
     pruned = cache.prune()
     return {"baselines": baselines, "rescored": rescored, "cache_pruned": pruned,
             "rows_affected": baselines + rescored}
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=3, min_backoff=10_000)
+def reextract_incomplete() -> dict:
+    """The scheduled re-extraction: every listing whose extraction was incomplete,
+    enqueued at priority 1 (ahead of new listings)."""
+    from .tracker import reextract
+
+    return {"rows_affected": reextract(store.broker(), incomplete=True)}
 
 
 def refresh_all_baselines() -> int:

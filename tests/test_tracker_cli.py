@@ -150,3 +150,56 @@ def test_re_alerts_per_watch_from_the_cli(conn, database_url):
     assert scalar(conn, "SELECT re_alerts FROM watches WHERE id = %s", (wid,)) is None
     assert "give one of --re-alerts" in fails("watches", "set", "ram", url=database_url)
     assert "unknown watch 'nope'" in fails("watches", "set", "nope", "--re-alerts", url=database_url)
+
+
+def test_incomplete_extractions_counted_and_reextracted_enqueued_or_now(conn, database_url, tmp_path):
+    from actors import catalog
+
+    url = database_url
+    ok("sources", "add", "shop", "--search-url", SEARCH, url=url)
+    wid = ok("watches", "add", "--source", "shop", "--query", "ram", "--json", url=url)["id"]
+    source_id = scalar(conn, "SELECT id FROM sources")
+    # Extracted before: one complete, two whose key came out short (no key; a RAM kit keyed by its words).
+    for ext, key, attrs in (("ok", "ram:ddr4:32gb:3200", '{"component": "ram"}'), ("nokey", None, "{}"),
+                            ("short", "item:corsair:vengeance:ram", '{"component": "ram"}')):
+        lid = conn.execute(
+            "INSERT INTO listings (source_id, external_id, title, price_cents, product_key, attributes, extracted_at)"
+            " VALUES (%s, %s, 'Corsair Vengeance 32GB DDR4 3200', 9000, %s, %s, now()) RETURNING id",
+            (source_id, ext, key, attrs)).fetchone()[0]
+        conn.execute("INSERT INTO price_points (watch_id, source_id, listing_id, dedupe_key, price_cents, currency,"
+                     " price_type, observed_on) VALUES (%s, %s, %s, %s, 9000, 'USD', 'ask', current_date)",
+                     (wid, source_id, lid, f"ext_{ext}"))
+    assert ok("tracker", "state", "--json", url=url)["listings_incomplete_extraction"] == 2
+
+    # The scheduled path: enqueued at priority 1.
+    sent = ok("tracker", "reextract", "--incomplete", "--json", url=url)
+    assert (sent["enqueued"], sent["priority"]) == (2, 1)
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'extract_listing' AND priority = 1") == 2
+    conn.execute("DELETE FROM jobs")
+
+    # The synchronous path, in a real process: extracted here, nothing enqueued.
+    done = cli("tracker", "reextract", "--incomplete", "--now", "--json", url=url)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"listings": 2, "deals": 0, "errors": 0, "watch_id": None}
+    assert ok("tracker", "state", "--json", url=url)["listings_incomplete_extraction"] == 0
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'extract_listing'") == 0
+    assert "--watch" in fails("tracker", "reextract", "--watch", str(wid), "--all", url=url)
+
+    # A baseline is warm at the config's scoring.min_samples, as the extraction judges.
+    conn.execute("DELETE FROM price_baselines")  # the extraction built one inline; one of 3 samples instead
+    conn.execute("INSERT INTO price_baselines (product_key, median_cents, p25_cents, p75_cents, mean_cents,"
+                 " sample_count, window_days) VALUES ('ram:ddr4:32gb:3200', 9000, 9000, 9000, 9000, 3, 30)")
+    assert ok("tracker", "state", "--json", url=url)["baselines_warm"] == 0  # the default, 5
+    catalog.sync(conn, {"scoring": {"min_samples": 2}})
+    state = ok("tracker", "state", "--json", url=url)
+    assert (state["baselines_warm"], state["baselines_cold"]) == (1, 0)
+
+
+def test_the_default_config_schedules_the_incomplete_reextraction():
+    import yaml
+
+    from tests.conftest import ROOT
+
+    schedules = yaml.safe_load((ROOT / "config" / "supervisor.yaml").read_text())["schedules"]
+    entry = schedules["reextract-incomplete"]
+    assert (entry["actor"], entry["queue"]) == ("reextract_incomplete", "extraction")

@@ -134,12 +134,14 @@ UPDATE listings l
  WHERE l.id = s.id
 """
 
-# Re-extraction: the listings to read again (one watch's, or all), each with the
-# watch that found it (the latest price point), so a new deal can alert.
+# Re-extraction: the listings to read again (one watch's, or all; only those whose
+# extraction was incomplete, migration 103), each with the watch that found it (the
+# latest price point), so a new deal can alert.
 LISTINGS_TO_REEXTRACT = """
 SELECT DISTINCT ON (l.id) l.id, p.watch_id
   FROM listings l LEFT JOIN price_points p ON p.listing_id = l.id
- WHERE %(watch_id)s::bigint IS NULL OR p.watch_id = %(watch_id)s
+ WHERE (%(watch_id)s::bigint IS NULL OR p.watch_id = %(watch_id)s)
+   AND (NOT %(incomplete)s OR listing_extraction_incomplete(l.product_key, l.attributes, l.extracted_at))
  ORDER BY l.id, p.observed_at DESC NULLS LAST
 """
 
