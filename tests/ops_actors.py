@@ -32,3 +32,10 @@ def ops_counted(rows: int) -> None:
     """Adds fields to its job's log line (supervisor.log_fields), the last call winning."""
     supervisor.log_fields(rows=0, date_from="2026-01-01")
     supervisor.log_fields(rows=rows, date_to="2026-01-31")
+
+
+@dramatiq.actor(queue_name="ops", max_retries=0)
+def ops_events(n: int) -> None:
+    """Reports n events of alternating kinds in a tight loop (well within one write interval)."""
+    for i in range(1, n + 1):
+        supervisor.progress(100 * i / n, f"item {i}", event="fetched" if i % 2 else "parsed")

@@ -57,7 +57,12 @@ def test_metrics_report_each_breaker(http_server, conn):
 def test_the_api_shows_a_jobs_progress_history(http_server, conn):
     job = scalar(conn, "INSERT INTO jobs (queue, actor, status, claimed_at, progress) VALUES ('q', 'noop',"
                        " 'running', now(), '{\"percent\": 60}') RETURNING id::text")
-    conn.execute("INSERT INTO job_progress (job_id, at, percent, message) VALUES"
-                 " (%s, now() - interval '2 seconds', 30, 'fetched'), (%s, now(), 60, 'parsed')", (job, job))
-    found = http_server().client.get(f"/api/v1/jobs/{job}").json()
-    assert [(p["percent"], p["message"]) for p in found["progress_history"]] == [(30, "fetched"), (60, "parsed")]
+    conn.execute("INSERT INTO job_progress (job_id, at, percent, message, event) VALUES"
+                 " (%s, now() - interval '2 seconds', 30, 'fetched', 'page'), (%s, now(), 60, 'parsed', 'rows')",
+                 (job, job))
+    server = http_server()
+    found = server.client.get(f"/api/v1/jobs/{job}").json()
+    assert [(p["percent"], p["message"], p["event"]) for p in found["progress_history"]] == [
+        (30, "fetched", "page"), (60, "parsed", "rows")]
+    page = server.client.get(f"/jobs/{job}").text
+    assert 'id="progress-history"' in page and "<td>rows</td><td>parsed</td>" in page

@@ -74,6 +74,31 @@ def test_progress_is_visible_while_running_and_complete_at_the_ack(conn, produce
     assert as_json["progress_history"][-1]["message"] == "step 4 of 4"
 
 
+def test_every_progress_event_keeps_its_kind_up_to_the_bound(conn, producer, workers, database_url):
+    from supervisor.broker.progress import MAX_REPORTS
+
+    ops_worker(workers, conn)
+    few, many = producer.enqueue(ops("ops_events", 6)), producer.enqueue(ops("ops_events", 500))
+    for m in (few, many):
+        wait_for(lambda m=m: status(conn, m.message_id) == "succeeded", 20)
+    rows = wait_for(lambda: len(_events(conn, few.message_id)) == 6 and _events(conn, few.message_id), 5,
+                    message="six history rows")
+    assert rows == [(f"item {i}", "fetched" if i % 2 else "parsed") for i in range(1, 7)]
+    # A tight loop of 500 keeps its first reports and its last, bounded per write interval.
+    kept = wait_for(lambda: (e := _events(conn, many.message_id)) and e[-1] == ("item 500", "parsed") and e, 5,
+                    message="the last report in the history")
+    assert kept[:5] == [(f"item {i}", "fetched" if i % 2 else "parsed") for i in range(1, 6)]
+    assert len(kept) <= 2 * MAX_REPORTS
+    assert scalar(conn, "SELECT progress->>'event' FROM jobs WHERE id = %s", (few.message_id,)) == "parsed"
+    shown = cli("jobs", "show", few.message_id, url=database_url)
+    assert "[fetched] item 5" in shown.stdout and "[parsed] item 6" in shown.stdout
+
+
+def _events(conn, job_id: str) -> list[tuple[str, str]]:
+    return conn.execute("SELECT message, event FROM job_progress WHERE job_id = %s ORDER BY at, id",
+                        (job_id,)).fetchall()
+
+
 def _history(conn, job_id: str) -> list[tuple[float, str]]:
     return conn.execute("SELECT percent, message FROM job_progress WHERE job_id = %s ORDER BY at, id",
                         (job_id,)).fetchall()
@@ -98,11 +123,12 @@ def test_reports_are_kept_when_the_ack_write_fails(conn, producer):
     assert scalar(conn, "SELECT count(*) FROM job_progress") == 1
 
 
-def test_reports_coalesce_to_one_row_per_job_per_write(conn, producer):
-    """Many reports between two writes leave one history row per job; an unchanged
-    report is not written again; an acked job's report rides on the ack and its
-    history row goes with the next write; attempts no longer held are forgotten."""
-    from supervisor.broker.progress import ProgressBuffer
+def test_reports_are_kept_bounded_per_job_per_write(conn, producer):
+    """Many reports between two writes leave at most MAX_REPORTS history rows per job
+    (its first ones and its latest); an unchanged report is not written again; an
+    acked job's report rides on the ack and its history row goes with the next
+    write; attempts no longer held are forgotten."""
+    from supervisor.broker.progress import MAX_REPORTS, ProgressBuffer
 
     held: set[tuple[str, int]] = set()
     buffer = ProgressBuffer(producer.pool, holds=held.__contains__)
@@ -114,9 +140,10 @@ def test_reports_coalesce_to_one_row_per_job_per_write(conn, producer):
         buffer.record(a, 1, i, f"a {i}")
         buffer.record(b, 1, 50, "b steady")  # the same report 100 times
     with producer.pool.connection() as c:
-        assert buffer.write(c) == 2
+        assert buffer.write(c) == MAX_REPORTS + 1
         assert buffer.write(c) == 0 and not buffer.pending()  # nothing changed since
-    assert _history(conn, a) == [(100, "a 100")] and _history(conn, b) == [(50, "b steady")]
+    kept = [(float(i), f"a {i}") for i in range(1, MAX_REPORTS)] + [(100, "a 100")]
+    assert _history(conn, a) == kept and _history(conn, b) == [(50, "b steady")]
     assert scalar(conn, "SELECT progress->>'message' FROM jobs WHERE id = %s", (a,)) == "a 100"
 
     # c reports and is acked before any write: its value comes out of for_ack, a (already
@@ -129,10 +156,11 @@ def test_reports_coalesce_to_one_row_per_job_per_write(conn, producer):
     held.discard((b, 1))  # b failed (no ack): its report is dropped at the next write
     with producer.pool.connection() as c:
         assert buffer.write(c) == 1
-    assert _history(conn, c_) == [(100, "c done")] and len(_history(conn, a)) == 1  # a: no second row
+    assert _history(conn, c_) == [(100, "c done")] and len(_history(conn, a)) == MAX_REPORTS  # a: nothing new
     assert scalar(conn, "SELECT status || ' ' || (progress->>'message') FROM jobs WHERE id = %s",
                   (c_,)) == "succeeded c done"
-    assert buffer._latest == {} and buffer._written == {}  # a and c acked, b forgotten: nothing kept
+    # a and c acked, b forgotten: nothing kept
+    assert buffer._latest == {} and buffer._written == {} and buffer._unwritten == {}
 
 
 def test_progress_outside_a_job_does_nothing(producer):

@@ -1,15 +1,15 @@
-"""Progress reports from inside an actor: ``supervisor.progress(pct, message)``.
+"""Progress reports from inside an actor: ``supervisor.progress(pct, message, event=None)``.
 
-A report is one dict store and no lock: each job's latest report sits in a
-dict that only job threads write (one key each, the job they run) and one
-thread writes to the database every ``interval`` seconds, in one statement
-(``sql.WRITE_PROGRESS``): the history row and ``jobs.progress`` of each
-running job whose report changed since the last write, and the history row of
-each job acked meanwhile. The ack writer takes the latest report of the jobs
-it acks and sets their ``jobs.progress`` in the ack itself, so a job's latest
-report lands with its ``succeeded`` at no extra round trip or row update; its
-history row goes with the next write. A no-op job that reports ten times costs
-one history row and nothing on the ack's critical path.
+A report is a dict store and a deque append, no lock: each job's latest report
+sits in a dict that only job threads write (one key each, the job they run), and
+every report joins the job's queue of unwritten ones. One thread writes to the
+database every ``interval`` seconds, in one statement (``sql.WRITE_PROGRESS``):
+a history row for every report made since the last write (with its ``event``
+kind: reports are not merged away, up to ``MAX_REPORTS`` per job per write) and
+``jobs.progress`` of each running job (its latest). The ack writer takes the
+latest report of the jobs it acks and sets their ``jobs.progress`` in the ack
+itself, so a job's latest report lands with its ``succeeded`` at no extra round
+trip or row update; its history rows go with the next write.
 """
 
 from __future__ import annotations
@@ -42,8 +42,13 @@ FLUSH_INTERVAL = 0.5
 
 _json_string = json.encoder.encode_basestring  # str -> quoted JSON (C)
 
-# (attempt, unix time, percent, message)
-Report = tuple[int, float, float | None, str | None]
+# A job that reports in a tight loop keeps, per write interval, its first reports
+# and its latest, this many in all: the history shows every event of a job that
+# reports a few, and costs a bounded number of rows for one that reports thousands.
+MAX_REPORTS = 32
+
+# (attempt, unix time, percent, message, event kind)
+Report = tuple[int, float, float | None, str | None, str | None]
 # (job id, attempt) -> does this process still run that attempt? (Leases.holds)
 Holds = Callable[[tuple[str, int]], bool]
 
@@ -78,23 +83,23 @@ def _value(report: Report) -> _JsonText:
     percent = "null" if report[2] is None else repr(report[2])
     message = "null" if report[3] is None else _json_string(report[3])
     at = datetime.fromtimestamp(report[1], UTC).isoformat()
-    return _JsonText(f'{{"percent":{percent},"message":{message},"at":"{at}"}}')
+    event = "" if report[4] is None else f',"event":{_json_string(report[4])}'
+    return _JsonText(f'{{"percent":{percent},"message":{message},"at":"{at}"{event}}}')
 
 
 class ProgressBuffer(threading.Thread):
-    """The latest report of each job this process runs; a daemon thread writes them.
+    """Each job's latest report and its reports not yet written; a daemon thread writes them.
 
-    Coalesced: per job, only the latest report of each write interval reaches
-    the database (the history keeps at most one row per job per interval, plus
-    the last one), so a job that reports in a tight loop costs one row per
-    interval, not one per call. A report equal to the job's previous one is
-    dropped at once.
+    Every report becomes a history row (a report equal to the job's previous one is
+    dropped at once), up to ``MAX_REPORTS`` per job per write interval: past that,
+    the newest replaces the last one kept. ``jobs.progress`` gets the latest.
 
-    Threads: job threads only store into ``_latest`` (each under its own job's
-    key); the ack thread pops the keys of the jobs it acks and appends them to
-    ``_ended``; the writer thread copies ``_latest`` (one C call, atomic under
-    the GIL), writes what changed, remembers what it wrote in ``_written`` (its
-    own), and forgets the jobs this process no longer runs (``holds``).
+    Threads: job threads store into ``_latest`` and append to their job's deque in
+    ``_unwritten`` (each under its own job's key); the ack thread pops the latest
+    reports of the jobs it acks and, once the ack committed, names them in
+    ``_ended``; the writer thread drains the deques (popleft and append are atomic),
+    writes, remembers what it wrote last per job in ``_written`` (its own), and
+    forgets the jobs this process no longer runs (``holds``) or acked.
     """
 
     def __init__(self, pool: ConnectionPool, *, interval: float = FLUSH_INTERVAL,
@@ -104,69 +109,95 @@ class ProgressBuffer(threading.Thread):
         self.interval = interval
         self._holds = holds
         self._latest: dict[str, Report] = {}  # job id -> its latest report
+        self._unwritten: dict[str, collections.deque[Report]] = {}  # job id -> reports with no history row yet
         self._written: dict[str, Report] = {}  # job id -> the report last written (same object)
-        self._ended: collections.deque[tuple[str, Report]] = collections.deque()  # acked, history unwritten
+        self._ended: collections.deque[str] = collections.deque()  # acked: forget once their rows are written
         self._write_lock = threading.Lock()  # one writer at a time (the thread, close, tests)
         self._halt = threading.Event()
 
-    def record(self, job_id: str, attempt: int, percent: float | None, message: str | None) -> None:
+    def record(self, job_id: str, attempt: int, percent: float | None, message: str | None,
+               event: str | None = None) -> None:
         latest = self._latest
         prev = latest.get(job_id)
-        if prev is not None and prev[2] == percent and prev[3] == message and prev[0] == attempt:
+        if (prev is not None and prev[2] == percent and prev[3] == message and prev[4] == event
+                and prev[0] == attempt):
             return  # nothing new to show: keep the earlier time, write nothing
-        latest[job_id] = (attempt, time.time(), percent, message)
+        report = latest[job_id] = (attempt, time.time(), percent, message, event)
+        queue = self._unwritten.get(job_id)
+        if queue is None:
+            queue = self._unwritten[job_id] = collections.deque()
+        elif len(queue) >= MAX_REPORTS:
+            with contextlib.suppress(IndexError):  # the writer may have drained it meanwhile
+                queue.pop()
+        queue.append(report)
 
     def pending(self) -> bool:
-        written = self._written
-        return bool(self._ended) or any(written.get(i) is not r for i, r in self._latest.copy().items())
+        return bool(self._ended) or any(self._unwritten.copy().values())
 
     def write(self, conn: psycopg.Connection) -> int:
         """Write everything pending through ``conn``: one statement. Returns reports written."""
         with self._write_lock:
-            ended: list[tuple[str, Report]] = []
+            ended: list[str] = []
             with contextlib.suppress(IndexError):
                 while True:  # popleft is atomic; the ack thread may append meanwhile
                     ended.append(self._ended.popleft())
-            written = self._written
-            running = [(i, r) for i, r in self._latest.copy().items() if written.get(i) is not r]
-            # An acked job's report already written while it ran needs no second row.
-            history = [(i, r) for i, r in ended if written.get(i) is not r]
-            if running or history:
+            taken: list[tuple[str, collections.deque[Report], list[Report]]] = []
+            for job_id, queue in self._unwritten.copy().items():
+                reports: list[Report] = []
+                with contextlib.suppress(IndexError):
+                    while True:
+                        reports.append(queue.popleft())
+                if reports:
+                    taken.append((job_id, queue, reports))
+            if taken:
                 try:
                     with conn.transaction():  # committed before the reports count as written
-                        conn.execute(sql.WRITE_PROGRESS, self._params(running, history))
+                        conn.execute(sql.WRITE_PROGRESS, self._params(taken))
                 except BaseException:
+                    for _, queue, reports in taken:
+                        queue.extendleft(reversed(reports))
                     self._ended.extendleft(reversed(ended))
                     raise
-            for i, r in running:
-                written[i] = r
-            for i, _ in ended:
-                written.pop(i, None)
+            written = self._written
+            for job_id, _, reports in taken:
+                written[job_id] = reports[-1]
+            for job_id in ended:
+                self._forget(job_id)
             self._forget_finished()
-            return len(running) + len(history)
+            return sum(len(reports) for _, _, reports in taken)
 
     @staticmethod
-    def _params(running: list[tuple[str, Report]], ended: list[tuple[str, Report]]) -> dict[str, list[Any]]:
-        both = running + ended
-        return {"ids": [i for i, _ in both], "attempts": [r[0] for _, r in both],
-                "at": [r[1] for _, r in both],  # unix time: to_timestamp() in SQL, no datetime here
-                "percents": [r[2] for _, r in both], "messages": [r[3] for _, r in both],
-                # jobs.progress of acked jobs was set by their ack: history rows only
-                "running": [True] * len(running) + [False] * len(ended)}
+    def _params(taken: list[tuple[str, Any, list[Report]]]) -> dict[str, list[Any]]:
+        rows = [(job_id, r, k == len(reports) - 1) for job_id, _, reports in taken for k, r in enumerate(reports)]
+        return {"ids": [i for i, _, _ in rows], "attempts": [r[0] for _, r, _ in rows],
+                "at": [r[1] for _, r, _ in rows],  # unix time: to_timestamp() in SQL, no datetime here
+                "percents": [r[2] for _, r, _ in rows], "messages": [r[3] for _, r, _ in rows],
+                "events": [r[4] for _, r, _ in rows],
+                # jobs.progress from each job's latest row only (fenced in SQL to running jobs)
+                "latest": [last for _, _, last in rows]}
+
+    def _forget(self, job_id: str) -> None:
+        queue = self._unwritten.get(job_id)
+        if queue is None or not queue:
+            self._unwritten.pop(job_id, None)
+            self._written.pop(job_id, None)
+        else:  # reports made after the ack took its latest (cannot happen: the job ended); next write
+            self._ended.append(job_id)
 
     def _forget_finished(self) -> None:
-        """Drop the written reports of attempts this process no longer runs (failed,
-        retried, interrupted: no ack came to take them). The job thread of such an
-        attempt is done with its key. Only a new attempt of the same job claimed by
-        this process, reporting between the check and the pop, could lose a report
-        (the next one, or its ack, shows it again)."""
+        """Drop the reports of attempts this process no longer runs (failed, retried,
+        interrupted: no ack came to take them) once they are written. The job thread
+        of such an attempt is done with its key. Only a new attempt of the same job
+        claimed by this process, reporting between the check and the pop, could lose
+        a report (the next one, or its ack, shows it again)."""
         if self._holds is None:
             return
-        latest, written = self._latest, self._written
+        latest, written, unwritten = self._latest, self._written, self._unwritten
         for i, r in list(written.items()):
-            if latest.get(i) is r and not self._holds((i, r[0])):
+            if latest.get(i) is r and not unwritten.get(i) and not self._holds((i, r[0])):
                 latest.pop(i, None)
                 written.pop(i, None)
+                unwritten.pop(i, None)
 
     @contextlib.contextmanager
     def for_ack(self, conn: psycopg.Connection, ids: list[str]) -> Iterator[list[Any] | None]:
@@ -189,7 +220,7 @@ class ProgressBuffer(threading.Thread):
             for i, r in taken:
                 latest.setdefault(i, r)  # keep unwritten reports, unless a newer one came meanwhile
             raise
-        self._ended.extend(taken)
+        self._ended.extend(i for i, _ in taken)
 
     def stop(self) -> None:
         self._halt.set()
@@ -213,13 +244,15 @@ class ProgressBuffer(threading.Thread):
 _job = threading.local()
 
 
-def progress(percent: float | None, message: str | None = None) -> None:
-    """Report the current job's progress (0-100, and/or a message) from inside an actor.
+def progress(percent: float | None, message: str | None = None, event: str | None = None) -> None:
+    """Report the current job's progress (0-100, and/or a message) from inside an actor;
+    ``event`` names the kind of report (``"fetched"``, ``"retrying-upstream"``...).
 
-    Cheap enough to call in a loop (well under a microsecond, no lock, no I/O):
-    the report is kept in memory and written with the process's next progress
-    write (within half a second) or with the job's ack. Outside a job (no current
-    message), it does nothing.
+    Cheap enough to call in a loop (about a microsecond, no lock, no I/O): the
+    report is kept in memory and written with the process's next progress write
+    (within half a second) or with the job's ack. Every report is kept in the job's
+    history, up to ``MAX_REPORTS`` per job per write interval. Outside a job (no
+    current message), it does nothing.
     """
     current = CurrentMessage.get_current_message()
     if current is None:
@@ -241,4 +274,6 @@ def progress(percent: float | None, message: str | None = None) -> None:
             percent = None
     if message is not None and type(message) is not str:
         message = str(message)
-    cached[3](cached[1], cached[2], percent, message)
+    if event is not None and type(event) is not str:
+        event = str(event)
+    cached[3](cached[1], cached[2], percent, message, event)

@@ -112,7 +112,8 @@ def jobs_show(ctx, job_id, as_json) -> None:
         click.echo("progress:")
         for p in reports:
             pct = "-" if p["percent"] is None else f"{p['percent']:.0f}%"
-            click.echo(f"  {fmt(p['at'])}  {pct:>4}  {p['message'] or ''}".rstrip())
+            kind = f"[{p['event']}] " if p.get("event") else ""
+            click.echo(f"  {fmt(p['at'])}  {pct:>4}  {kind}{p['message'] or ''}".rstrip())
 
 
 def _job_id(job_id: str) -> str:

@@ -3,23 +3,25 @@ dead letters."""
 
 from .claiming import _CLAIMED
 
-# Progress: each job's latest report since the process's last write, one history
-# row each; jobs.progress too for running jobs (fenced by attempt and status, so a
-# report of an attempt that lost its lease never overwrites the current one); an
-# acked job's ack already set it (``running`` false: its history row only).
+# Progress: every report since the process's last write, one history row each (with
+# its event kind); jobs.progress from each job's latest (``latest``), for running jobs
+# only (fenced by attempt and status, so a report of an attempt that lost its lease
+# never overwrites the current one, and an acked job keeps what its ack set).
 WRITE_PROGRESS = """
 WITH r AS (
-    SELECT id, attempts, to_timestamp(at) AS at, percent, message, running
+    SELECT id, attempts, to_timestamp(at) AS at, percent, message, event, latest
       FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(at)s::float8[], %(percents)s::real[],
-                  %(messages)s::text[], %(running)s::bool[]) AS r(id, attempts, at, percent, message, running)
+                  %(messages)s::text[], %(events)s::text[], %(latest)s::bool[])
+           AS r(id, attempts, at, percent, message, event, latest)
 ), ev AS (
-    INSERT INTO job_progress (job_id, at, percent, message) SELECT id, at, percent, message FROM r
+    INSERT INTO job_progress (job_id, at, percent, message, event) SELECT id, at, percent, message, event FROM r
 )
 UPDATE jobs j SET progress = jsonb_build_object('percent', r.percent, 'message', r.message, 'at', r.at)
-  FROM r WHERE r.running AND j.id = r.id AND j.attempts = r.attempts AND j.status = 'running'
+                             || CASE WHEN r.event IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('event', r.event) END
+  FROM r WHERE r.latest AND j.id = r.id AND j.attempts = r.attempts AND j.status = 'running'
 """
 
-PROGRESS = "SELECT at, percent, message FROM job_progress WHERE job_id = %(id)s ORDER BY at, id"
+PROGRESS = "SELECT at, percent, message, event FROM job_progress WHERE job_id = %(id)s ORDER BY at, id"
 
 # Queue pauses: every claim reads queue_pauses; resuming wakes the queue's consumers.
 PAUSE_QUEUE = """
