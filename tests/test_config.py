@@ -363,3 +363,14 @@ def test_http_section():
     assert diff(load(MINIMAL), load(text)).http == "started"
     assert diff(load(text), load(MINIMAL)).http == "stopped"
     assert diff(load(text), load(text.replace("true", "false"))).lines()[-1] == "http: rolled (read_only)"
+
+
+def test_poll_interval_per_role_reaches_the_worker_settings():
+    from supervisor.config import parse
+    from supervisor.worker.settings import WorkerSettings
+
+    cfg = parse("roles:\n  fast: {queues: [q], actors: [m], poll_interval: 250ms}\n  plain: {queues: [q], actors: [m]}\n")
+    assert WorkerSettings.from_role(cfg, "fast").poll_interval == 0.25
+    assert WorkerSettings.from_role(cfg, "plain").poll_interval == 1.0
+    with pytest.raises(Exception, match="roles.fast.poll_interval"):
+        parse("roles:\n  fast: {queues: [q], actors: [m], poll_interval: 0s}\n")

@@ -176,3 +176,19 @@ def test_llm_fleet_slots_through_pgbouncer_are_never_stranded(bouncer, conn):
         assert scalar(conn, slots.HELD, {"key": key}) == 0
     finally:
         pool.close()
+
+
+def test_a_pooled_role_with_no_listen_polls_at_its_poll_interval(tmp_path, conn, bouncer, supervisor):
+    """Nowhere to LISTEN: idle workers find new work by polling, every `poll_interval`
+    of their role (1 s by default), here 0.1 s."""
+    path = write_config(tmp_path / "s.yaml", bouncer.url, {"alpha": role(processes=1, threads=2,
+                                                                          poll_interval="100ms")})
+    s = supervisor(path)
+    s.wait_state({"alpha": 1})
+    for n in range(10):
+        enqueue(conn, 1)
+        wait_all_succeeded(conn, n + 1, timeout=10)
+    waits = [r[0] for r in conn.execute("SELECT extract(epoch FROM started_at - created_at)::float8 FROM jobs")]
+    # A 1 s poll leaves a job waiting 0.5 s on average: ten of them all under 0.7 s
+    # would be a 3 % chance; at 0.1 s each waits at most ~0.1 s plus the claim.
+    assert max(waits) < 0.7, waits

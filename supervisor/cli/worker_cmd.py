@@ -29,6 +29,8 @@ from .context import Seconds, config_given, config_option, database, die, load_c
               help="Lease seconds; renewed by the heartbeat.")
 @click.option("--heartbeat", default=defaults.HEARTBEAT_SECONDS, show_default=True, type=Seconds(min=0.1),
               help="Heartbeat interval seconds (keep well under --lease).")
+@click.option("--poll-interval", default=defaults.POLL_INTERVAL, show_default=True, type=Seconds(min=0.01),
+              help="Longest wait between claims when no wake-up (NOTIFY) comes.")
 @click.option("--no-migrate", is_flag=True, help="Do not apply pending migrations at start.")
 @click.option("--log-level", default="INFO", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Log JSON lines (one object per event, as log_json does).")
@@ -36,7 +38,7 @@ from .context import Seconds, config_given, config_option, database, die, load_c
               help="One log line per finished job (costs ~40% of the throughput of no-op jobs).")
 @click.pass_context
 def worker(ctx: click.Context, queues: str, actors: str, threads: int, prefetch: int | None, role: str, shutdown_timeout: float,
-           lease: float, heartbeat: float, no_migrate: bool, log_level: str, as_json: bool, job_log: bool) -> None:
+           lease: float, heartbeat: float, poll_interval: float, no_migrate: bool, log_level: str, as_json: bool, job_log: bool) -> None:
     """Run one worker process until SIGTERM, then drain and exit 0."""
     from ..worker.process import run
     from ..worker.settings import WorkerSettings
@@ -60,6 +62,7 @@ def worker(ctx: click.Context, queues: str, actors: str, threads: int, prefetch:
         lease_seconds=lease,
         heartbeat_seconds=heartbeat,
         shutdown_timeout=shutdown_timeout,
+        poll_interval=poll_interval,
         job_log=job_log,
         # a config file given (-c or $SUPERVISOR_CONFIG) lends its retention: what the upkeep prunes
         retention=load_config(ctx).retention if config_given(ctx) else Retention(),

@@ -88,6 +88,9 @@ class RoleConfig:
     max_backoff: float = defaults.MAX_BACKOFF_MS / 1000
     shutdown_timeout: float = defaults.SHUTDOWN_TIMEOUT
     time_limit: float | None = None
+    # Longest a consumer waits between claims when no wake-up (NOTIFY) comes: the
+    # latency of work behind a pooled URL with no listen_url, or of a lost NOTIFY.
+    poll_interval: float = defaults.POLL_INTERVAL
     limits: Limits = field(default_factory=Limits)
     line: int = field(default=0, compare=False)
 

@@ -80,7 +80,7 @@ _TOP = ("database", "supervisor", "roles", "schedules", "retention", "http", "ap
 _SUPERVISOR = ("control_socket", "state_dir", "shutdown_timeout", "watch_config", "tick", "log_level",
                "log_json", "job_log", "kill_grace", "start_timeout", "restart_backoff", "restart_backoff_max", "node_name")
 _ROLE = ("processes", "threads", "prefetch", "queues", "actors", "lease", "heartbeat", "max_retries", "min_backoff",
-         "max_backoff", "shutdown_timeout", "time_limit", "limits")
+         "max_backoff", "shutdown_timeout", "time_limit", "poll_interval", "limits")
 _LIMITS = ("memory_percent", "cpu_percent", "max_rss", "max_jobs")
 _SCHEDULE = ("cron", "actor", "queue", "args", "kwargs", "lock_ttl")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -271,6 +271,7 @@ def _role(reader: Reader, name: str, item: Item, sup: SupervisorConfig) -> RoleC
         max_backoff=max_backoff,
         shutdown_timeout=shutdown,
         time_limit=s.get("time_limit", duration(0, strict=True), None),
+        poll_interval=s.get("poll_interval", duration(0, strict=True), defaults.poll_interval),
         limits=_limits(reader, limits_item) if limits_item is not None and limits_item.value is not None else Limits(),
         line=item.line,
     )

@@ -56,6 +56,7 @@ class WorkerSettings:
             lease_seconds=r.lease,
             heartbeat_seconds=r.heartbeat,
             shutdown_timeout=r.shutdown_timeout,
+            poll_interval=r.poll_interval,
             max_retries=r.max_retries,
             min_backoff_ms=int(r.min_backoff * 1000),
             max_backoff_ms=int(r.max_backoff * 1000),
