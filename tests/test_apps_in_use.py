@@ -111,3 +111,22 @@ def test_the_help_lists_an_apps_commands_only_where_it_is_in_use(runtime_databas
     assert "sources" not in listed()
     monkeypatch.setenv("SUPERVISOR_CONFIG", "config/supervisor.yaml")  # the repository's: the tracker's roles
     assert {"sources", "watches", "alerts", "tracker", "demo"} <= listed()
+
+
+def test_a_reload_that_changes_the_apps_in_use_rolls_the_http_child(tmp_path: Path) -> None:
+    """The HTTP child shows the apps its config uses: a reload that changes them rolls it."""
+    from supervisor.config import load
+    from supervisor.master.reload import diff
+
+    def config(text: str):
+        path = tmp_path / f"c{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text("http: {listen: '127.0.0.1:9191'}\nroles:\n  w: {queues: [tests], actors: [tests.sample_actors]}\n"
+                        + text)
+        return load(path)
+
+    own = config("")
+    named = config("apps: [actors]\n")
+    tracker = config("  s: {queues: [scraping], actors: [actors.scraping]}\n")
+    assert diff(own, named).http == "rolled (apps)"
+    assert diff(own, tracker).http == "rolled (apps)"
+    assert diff(named, tracker).http is None  # the same apps in use either way
