@@ -53,4 +53,5 @@ APP = App(
     on_worker_start=_on_worker_start,
     pages=_pages,
     gauges=_gauges,
+    standalone_commands=("demo",),  # the demo brings its own database and config
 )

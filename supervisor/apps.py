@@ -8,8 +8,12 @@ group whose object is an ``App``::
     myapp = "myapp.supervisor_app:APP"
 
 The runtime never imports an app by name: it finds apps through this group.
-An app's migrations are applied only when the config uses it (a role lists
-one of its actor modules, or the config's ``apps:`` names it).
+An app is in use where the config uses it (a role lists one of its actor
+modules, or the config's ``apps:`` names it): only then are its migrations
+applied, and only there do its pages, alerts, gauges and commands appear. Where
+no config says (`supervisor http` standalone, a command run without a config),
+the database does: the app is in use when every migration of it is applied
+(``supervisor.migrate.migrated_apps``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +62,12 @@ class App:
     # only by the HTTP child when it serves the dashboard.
     pages: Callable[[], Iterable[Any]] | None = None
     # The app's gauges for /metrics (e.g. breaker states), read with the HTTP child's
-    # connection at each scrape; an app whose tables are absent just reports nothing.
+    # connection at each scrape, only where the app is in use.
     gauges: Callable[[Any], Iterable[Gauge]] | None = None
+    # Commands that bring their own database and config (a demo): they run, and are
+    # listed, whether or not the app is in use where they are called. Every other
+    # command of the app refuses, in one line, where the app is not in use.
+    standalone_commands: tuple[str, ...] = ()
 
     def owns(self, module: str) -> bool:
         return any(module == p or module.startswith(p + ".") for p in self.packages)
@@ -92,6 +100,20 @@ def by_name(name: str) -> App:
             return app
     known = ", ".join(a.name for a in installed()) or "none"
     raise AppError(f"no app named {name!r} is installed (installed: {known})")
+
+
+class UsesApps(Protocol):
+    """What of a config says which apps it uses (``supervisor.config.Config``)."""
+
+    @property
+    def apps(self) -> tuple[str, ...]: ...
+
+    def actor_modules(self) -> list[str]: ...
+
+
+def used_by(config: UsesApps) -> tuple[App, ...]:
+    """The apps a config uses: its roles' actor modules, plus those its ``apps:`` names."""
+    return in_use(config.actor_modules(), config.apps)
 
 
 def in_use(actor_modules: Iterable[str], explicit: Iterable[str] = ()) -> tuple[App, ...]:

@@ -81,6 +81,14 @@ def applied_migrations(conn: psycopg.Connection) -> dict[int, str]:
     return dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
 
 
+def migrated_apps(conn: psycopg.Connection, apps: Iterable[App]) -> tuple[App, ...]:
+    """The apps among ``apps`` whose every migration this database has applied (an app
+    with no migrations needs none): where no config says, these are the apps in use."""
+    done = applied_migrations(conn)
+    return tuple(a for a in apps
+                 if all(m.version in done for m in load_migrations([a]) if m.owner != RUNTIME))
+
+
 def pending_migrations(conn: psycopg.Connection, apps: Iterable[App] = ()) -> list[Migration]:
     done = applied_migrations(conn)
     return [m for m in load_migrations(apps) if m.version not in done]

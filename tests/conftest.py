@@ -7,6 +7,7 @@ its own, migrated once; each test starts from empty tables.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -76,14 +77,38 @@ def database_url(worker_id: str) -> Iterator[str]:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture
-def conn(database_url: str) -> Iterator[psycopg.Connection]:
-    with psycopg.connect(database_url, autocommit=True) as c:
+@pytest.fixture(scope="session")
+def runtime_database_url(worker_id: str) -> Iterator[str]:
+    """A database with the runtime's tables only (no installed app's), as `supervisor run`
+    leaves it for a config whose roles run only the user's own actors."""
+    server = _server_url()
+    name = f"as_runtime_{worker_id}_{os.getpid()}_{secrets.token_hex(2)}"
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = _with_dbname(server, name)
+    migrate(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(TEST_TABLES)
+    yield url
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def emptied(url: str) -> Iterator[psycopg.Connection]:
+    """A connection to ``url`` (autocommit) once every table is empty (the migrations' ledger kept)."""
+    with psycopg.connect(url, autocommit=True) as c:
         tables = [r[0] for r in c.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'schema_migrations'"
         )]
         if tables:
             c.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE")
+        yield c
+
+
+@pytest.fixture
+def conn(database_url: str) -> Iterator[psycopg.Connection]:
+    with emptied(database_url) as c:
         yield c
 
 

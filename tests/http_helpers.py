@@ -8,18 +8,55 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.conftest import ROOT, wait_for
+from tests.supervisor_helpers import role, write_config
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def runtime_config(path: Path, url: str, **supervisor) -> Path:
+    """A config whose one role runs only the tests' own actors (no installed app in use),
+    with one schedule: what a user of the runtime without the bundled app writes."""
+    write_config(path, url, {"w": role(processes=1, threads=2, queues=("tests", "other"))}, **supervisor)
+    data = yaml.safe_load(path.read_text())
+    data["schedules"] = {"nightly": {"cron": "0 3 * * *", "actor": "noop", "queue": "tests"}}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One configuration the HTTP tests run against: its database, the flags that give
+    `supervisor http` its config, a role and a schedule the config names, the apps in use."""
+
+    name: str
+    url: str
+    args: tuple[str, ...]
+    role: str
+    schedule: str
+    apps: list[str]
+
+
+def matrix_setup(request: pytest.FixtureRequest, tmp_path: Path) -> Matrix:
+    """``request.param``: "tracker" (the repository's config/supervisor.yaml, found by
+    default, on a database with every app's tables) or "runtime" (``runtime_config`` on a
+    database with the runtime's tables only)."""
+    if request.param == "tracker":
+        return Matrix("tracker", request.getfixturevalue("database_url"), (), "scraping", "poll-watches", ["actors"])
+    url = request.getfixturevalue("runtime_database_url")
+    path = runtime_config(tmp_path / "runtime.yaml", url)
+    return Matrix("runtime", url, ("-c", str(path)), "w", "nightly", [])
 
 
 class HttpServer:

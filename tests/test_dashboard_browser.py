@@ -14,8 +14,8 @@ import yaml
 
 from supervisor import defaults
 from tests.browser_helpers import Browser
-from tests.conftest import cli, scalar, wait_for
-from tests.http_helpers import HttpServer, free_port
+from tests.conftest import cli, emptied, scalar, wait_for
+from tests.http_helpers import HttpServer, free_port, runtime_config
 from tests.supervisor_helpers import Supervisor, enqueue, role, write_config
 
 pytestmark = pytest.mark.xdist_group("dashboard-browser")
@@ -34,15 +34,13 @@ class Dash:
 @pytest.fixture(scope="module")
 def dash(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
     tmp = tmp_path_factory.mktemp("dash")
-    with psycopg.connect(database_url, autocommit=True) as db:
-        tables = [r[0] for r in db.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'schema_migrations'")]
-        db.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE")
+    with emptied(database_url) as db:
         port = free_port()
         cfg = write_config(tmp / "sup.yaml", database_url,
                            {"w": role(processes=2, threads=2, queues=("tests", "other"))})
         data = yaml.safe_load(cfg.read_text())
         data["http"] = {"listen": f"127.0.0.1:{port}", "token": TOKEN}
+        data["apps"] = ["actors"]  # the bundled tracker in use: its page, breakers and alerts show
         data["schedules"] = {"nightly": {"cron": "0 3 * * *", "actor": "noop", "queue": "tests"}}
         cfg.write_text(yaml.safe_dump(data))
         sup = Supervisor(cfg)
@@ -55,11 +53,11 @@ def dash(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             sup.cleanup()
 
 
-def _up(base: str) -> bool:
+def _up(base: str, path: str = "/") -> bool:
     import httpx
 
     try:
-        return httpx.get(base + "/", timeout=5).status_code == 200
+        return httpx.get(base + path, timeout=5).status_code == 200
     except httpx.TransportError:
         return False
 
@@ -309,3 +307,69 @@ def test_overview_alerts_on_a_crash_looping_role(dash: Dash, browser: Browser) -
     finally:
         config.write_text(good)
         assert cli("reload", "--timeout", "60", config=config).returncode == 0
+
+
+PAGES = ("/", "/?window=24h", "/queues", "/jobs", "/jobs?status=failed", "/workers", "/schedules", "/limits")
+API_READS = ("/api/v1/queues", "/api/v1/jobs", "/api/v1/workers", "/api/v1/schedules", "/api/v1/system/state",
+             "/api/v1/openapi.json")
+
+
+def test_the_runtime_without_the_app(browser: Browser, fresh_database: str, tmp_path) -> None:
+    """A config whose role runs only the tests' own actors, on the database `supervisor run`
+    migrated for it (no tracker table): every page loads with no trace of the tracker, every
+    API read and /metrics answer. Once the tracker's tables exist, the HTTP child still hides
+    it (its config decides) while `supervisor http` shows it (the database decides)."""
+    import httpx
+
+    port = free_port()
+    cfg = runtime_config(tmp_path / "sup.yaml", fresh_database)
+    data = yaml.safe_load(cfg.read_text())
+    data["http"] = {"listen": f"127.0.0.1:{port}"}
+    cfg.write_text(yaml.safe_dump(data))
+    sup = Supervisor(cfg)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        sup.wait_state({"w": 1, "http": 1}, timeout=60)
+        wait_for(lambda: _up(base, "/api/v1/openapi.json"), 20, message="the HTTP child answers")
+        with psycopg.connect(fresh_database, autocommit=True) as db:
+            assert scalar(db, "SELECT to_regclass('sources') IS NULL")  # no tracker table
+            enqueue(db, 3, actor="nap")
+            db.execute("INSERT INTO jobs (queue, actor, status, finished_at, last_error) VALUES "
+                       "('tests', 'flaky', 'failed', now(), 'RuntimeError: upstream said no')")
+            wait_for(lambda: scalar(db, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 3, 30,
+                     message="the role ran its jobs")
+            job = scalar(db, "SELECT id FROM jobs WHERE status = 'failed'")
+            for page in (*PAGES, f"/jobs/{job}"):
+                browser.open(base + page)
+                assert browser.css("main h1"), (page, browser.text("body")[:500])
+                assert not browser.css('a[href^="/apps/"]'), page
+            browser.open(base + "/")
+            assert "No alerts" in browser.text("#alerts")
+            assert browser.text('#roles tr[data-role="w"] td.count') == "1/1"
+            browser.open(base + "/apps/tracker")
+            assert "no such page" in browser.text("body")
+            for path in API_READS + (f"/api/v1/jobs/{job}",):
+                assert httpx.get(base + path, timeout=10).status_code == 200, path
+            assert httpx.get(base + "/api/v1/system/state", timeout=10).json()["apps"] == []
+            metrics = httpx.get(base + "/metrics", timeout=10)
+            assert metrics.status_code == 200 and "actor_supervisor_database_up 1.0" in metrics.text
+            assert "breaker" not in metrics.text
+            for command in (("status",), ("reload", "--dry-run")):  # the commands that ask the master
+                done = cli(*command, config=cfg)
+                assert done.returncode == 0, (command, done.stderr)
+
+            # The tracker's tables now exist, and the config still does not use it.
+            assert cli("migrate", "--app", "actors", config=cfg).returncode == 0
+            assert scalar(db, "SELECT to_regclass('sources') IS NOT NULL")
+            browser.open(base + "/limits")
+            assert browser.css("main h1") and not browser.css('a[href^="/apps/"]')
+            assert "Circuit breakers" not in browser.text("main")
+            standalone = HttpServer(fresh_database, log_dir=tmp_path)
+            try:
+                browser.open(standalone.base + "/")
+                assert browser.css('a[href="/apps/tracker"]')
+                assert standalone.client.get("/api/v1/system/state").json()["apps"] == ["actors"]
+            finally:
+                standalone.stop()
+    finally:
+        sup.cleanup()

@@ -66,3 +66,21 @@ def test_the_api_shows_a_jobs_progress_history(http_server, conn):
         (30, "fetched", "page"), (60, "parsed", "rows")]
     page = server.client.get(f"/jobs/{job}").text
     assert 'id="progress-history"' in page and "<td>rows</td><td>parsed</td>" in page
+
+
+def test_an_app_in_use_that_fails_costs_its_own_lines_only(http_server, conn):
+    """The tracker is in use (its migrations are applied) but its table is not readable:
+    the runtime's pages, their alerts and /metrics still answer, each saying what failed."""
+    s = http_server()
+    conn.execute("ALTER TABLE sources RENAME TO sources_away")
+    try:
+        overview = s.client.get("/")
+        assert overview.status_code == 200
+        assert "Price tracker: its alerts could not be read (relation &#34;sources&#34; does not exist" in overview.text
+        limits = s.client.get("/limits")
+        assert limits.status_code == 200 and "Price tracker: its limits could not be read" in limits.text
+        metrics = s.client.get("/metrics")
+        assert metrics.status_code == 200 and "actor_supervisor_database_up 1.0" in metrics.text
+        assert "actor_supervisor_breaker_open" not in metrics.text
+    finally:
+        conn.execute("ALTER TABLE sources_away RENAME TO sources")

@@ -1,4 +1,8 @@
-"""The JSON API against a real database, over real HTTP on loopback (`supervisor http`)."""
+"""The JSON API against a real database, over real HTTP on loopback (`supervisor http`).
+
+Each test runs twice (``matrix``): on the bundled tracker's config and database, and on a
+runtime-only config (a role of the tests' own actors) over a database without the
+tracker's tables."""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.conftest import scalar, wait_for
+from tests.conftest import emptied, scalar, wait_for
+from tests.http_helpers import Matrix, matrix_setup
 from tests.tcp_proxy import TcpProxy
 
 TOKEN = "s3cret"
@@ -26,21 +31,32 @@ def _job(conn, *, queue="q1", actor="a", status="pending", args=(), created_min=
         (queue, actor, status, json.dumps(list(args)), created, finished, last_error)))
 
 
+@pytest.fixture(params=["tracker", "runtime"])
+def matrix(request, tmp_path) -> Matrix:
+    return matrix_setup(request, tmp_path)
+
+
 @pytest.fixture
-def api(conn, http_server):
-    return http_server(env={"SUPERVISOR_HTTP_TOKEN": TOKEN})
+def conn(matrix):
+    with emptied(matrix.url) as c:
+        yield c
 
 
-def test_reads_health_and_the_guard(conn, api):
+@pytest.fixture
+def api(conn, http_server, matrix):
+    return http_server(*matrix.args, url=matrix.url, env={"SUPERVISOR_HTTP_TOKEN": TOKEN})
+
+
+def test_reads_health_and_the_guard(conn, api, matrix):
     conn.execute("INSERT INTO jobs (queue, actor) VALUES ('q1', 'a'), ('q1', 'a'), ('q2', 'b')")
     queues = {q["queue"]: q for q in api.client.get("/api/v1/queues").json()["queues"]}
     assert queues["q1"]["ready"] == 2 and queues["q2"]["ready"] == 1 and queues["q1"]["backlog"] == 2
     # No master runs: healthz says so, naming the reason.
     r = api.client.get("/healthz")
     assert r.status_code == 503 and "no master" in r.json()["problem"]
-    # The repository's config/supervisor.yaml names roles, and no worker runs them.
+    # The config names roles, and no worker runs them.
     r = api.client.get("/readyz")
-    assert r.status_code == 503 and any("role scraping: 0 of" in p for p in r.json()["problems"]), r.json()
+    assert r.status_code == 503 and any(f"role {matrix.role}: 0 of" in p for p in r.json()["problems"]), r.json()
     # Actions need the token: none, a wrong one, the right one by header (as a browser sends it).
     r = api.client.post("/api/v1/queues/q1/pause")
     assert r.status_code == 401 and "token" in r.json()["error"]
@@ -127,7 +143,7 @@ def test_bulk_actions_by_filter(conn, api):
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'bulk' AND status = 'pending'") == 1
 
 
-def test_pause_resume_workers_schedules_and_state(conn, api):
+def test_pause_resume_workers_schedules_and_state(conn, api, matrix):
     r = api.client.post("/api/v1/queues/emails/pause", headers=AUTH, json={"reason": "smtp down"})
     assert r.status_code == 200
     queues = {q["queue"]: q for q in api.client.get("/api/v1/queues").json()["queues"]}
@@ -143,15 +159,16 @@ def test_pause_resume_workers_schedules_and_state(conn, api):
     workers = api.client.get("/api/v1/workers").json()["workers"]
     assert [(w["id"], w["jobs_in_flight"], w["capacity"], w["state"]) for w in workers] == [("h:1:t", 2, 8, "paused")]
 
-    conn.execute("INSERT INTO job_runs (job_name, scheduled_for, status) VALUES ('poll-watches', now(), 'succeeded')")
+    conn.execute("INSERT INTO job_runs (job_name, scheduled_for, status) VALUES (%s, now(), 'succeeded')",
+                 (matrix.schedule,))
     schedules = {s["name"]: s for s in api.client.get("/api/v1/schedules").json()["schedules"]}
-    # The repository's config names poll-watches with its cron: next fire is computed, runs come from the DB.
-    assert schedules["poll-watches"]["cron"] and schedules["poll-watches"]["next_fire"]
-    assert [r["status"] for r in schedules["poll-watches"]["recent_runs"]] == ["succeeded"]
+    # The config names the schedule with its cron: next fire is computed, runs come from the DB.
+    assert schedules[matrix.schedule]["cron"] and schedules[matrix.schedule]["next_fire"]
+    assert [r["status"] for r in schedules[matrix.schedule]["recent_runs"]] == ["succeeded"]
 
 
-def test_read_only_refuses_every_action(conn, http_server):
-    s = http_server("--read-only")
+def test_read_only_refuses_every_action(conn, http_server, matrix):
+    s = http_server("--read-only", *matrix.args, url=matrix.url)
     job = _job(conn, status="failed")
     for path in (f"/api/v1/jobs/{job}/retry", f"/api/v1/jobs/{job}/cancel", "/api/v1/queues/q/pause",
                  "/api/v1/queues/q/resume", "/api/v1/jobs/retry", "/api/v1/jobs/cancel"):
@@ -161,7 +178,7 @@ def test_read_only_refuses_every_action(conn, http_server):
     assert s.client.get("/api/v1/jobs").status_code == 200  # reads still work
 
 
-def test_readyz_and_metrics_when_the_database_is_down(conn, database_url, http_server):
+def test_readyz_and_metrics_when_the_database_is_down(database_url, http_server):
     with TcpProxy(database_url) as proxy:
         s = http_server(url=proxy.url)
         assert not any("database" in p for p in s.client.get("/readyz").json()["problems"])
@@ -174,3 +191,26 @@ def test_readyz_and_metrics_when_the_database_is_down(conn, database_url, http_s
         assert r.status_code == 503 and "database unavailable" in r.json()["error"]
         proxy.come_back()  # the pool reconnects on its own
         wait_for(lambda: s.client.get("/api/v1/jobs").status_code == 200, 20, interval=0.2, message="API back")
+
+
+def test_every_page_and_read_answers_and_an_app_shows_only_where_in_use(conn, api, matrix):
+    """Every dashboard page, every GET of the API and /metrics answer on both configs; the
+    tracker's page, link, alerts and gauges are there only where its tables are (`supervisor
+    http` standalone reads the apps in use from the database)."""
+    job = _job(conn, status="failed", finished_min=1, last_error="Traceback ...\nValueError: boom")
+    tracker = "actors" in matrix.apps
+    for page in ("/", "/?window=6h", "/?window=24h", "/queues", "/jobs", f"/jobs/{job}", "/workers", "/schedules",
+                 "/limits"):
+        r = api.client.get(page)
+        assert r.status_code == 200, (page, r.text[-2000:])
+        assert ('href="/apps/tracker"' in r.text) == tracker, page
+    assert ("Circuit breakers" in api.client.get("/limits").text) == tracker
+    assert api.client.get("/apps/tracker").status_code == (200 if tracker else 404)
+    for path in ("/api/v1/queues", "/api/v1/jobs", f"/api/v1/jobs/{job}", "/api/v1/workers", "/api/v1/schedules",
+                 "/api/v1/system/state", "/api/v1/openapi.json"):
+        r = api.client.get(path)
+        assert r.status_code == 200, (path, r.text)
+    assert api.client.get("/api/v1/system/state").json()["apps"] == matrix.apps
+    metrics = api.client.get("/metrics")
+    assert metrics.status_code == 200 and "actor_supervisor_database_up 1.0" in metrics.text
+    assert ("# HELP actor_supervisor_breaker_open" in metrics.text) == tracker

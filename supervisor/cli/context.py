@@ -50,10 +50,11 @@ def _store_config(ctx: click.Context, param: click.Parameter, value: str | None)
 
 
 def config_option(f: F) -> F:
-    """-c/--config on every command (and on the group), the last one given wins."""
+    """-c/--config on every command (and on the group), the last one given wins. Eager,
+    so `-c FILE --help` lists the commands of the apps that FILE uses."""
     return click.option(
         "-c", "--config", "config_file", default=None, expose_value=False, callback=_store_config,
-        type=click.Path(dir_okay=False),
+        type=click.Path(dir_okay=False), is_eager=True,
         help="Config file (default: $SUPERVISOR_CONFIG, else config/supervisor.yaml).",
     )(f)
 

@@ -41,7 +41,8 @@ def http(ctx: click.Context, listen: str | None, token: str | None, read_only: b
     configure_logging(cfg.supervisor.log_level if cfg else "INFO", cfg.supervisor.log_json if cfg else False)
     chosen = database(ctx)
     try:
-        server = build(url=chosen.url, listen_url=chosen.listen_url, http=settings, config=cfg)
+        # Standalone, no config tells which apps run here: those whose tables the database holds.
+        server = build(url=chosen.url, listen_url=chosen.listen_url, http=settings, config=cfg, apps_from="database")
     except OSError as exc:
         die(f"cannot listen on {settings.listen}: {exc.strerror or exc}", exit_codes.PROBLEM)
     click.echo(f"serving on http://{settings.listen} (pid {os.getpid()})", err=True)

@@ -209,7 +209,7 @@ def schedules(request: Request) -> Json:
 def system_state(request: Request) -> Json:
     """
     ---
-    summary: The master (when local), the database, job counts by status, paused queues
+    summary: The master (when local), the database, job counts by status, paused queues, the apps in use
     responses:
       200: {description: the state}
     """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import Literal
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -21,11 +22,17 @@ from .state import AppState
 
 
 def create_app(*, url: str, http: HttpConfig, config: Config | None = None,
-               extra_routes: Sequence[BaseRoute] = (), listen_url: str | None = None) -> Starlette:
+               extra_routes: Sequence[BaseRoute] = (), listen_url: str | None = None,
+               apps_from: Literal["config", "database"] | None = None) -> Starlette:
     """The app for database ``url``, served with ``http``'s token and read-only mode.
     ``config`` (when there is one) names the roles and the local control socket;
-    ``listen_url`` is where the dashboard LISTENs (default url; "" for nowhere)."""
-    state = AppState(url=url, http=http, config=config)
+    ``listen_url`` is where the dashboard LISTENs (default url; "" for nowhere);
+    ``apps_from``: whether the apps in use (their pages, alerts, gauges) are those the
+    config uses (the default with a config: the HTTP child) or any installed app
+    (`supervisor http`, and the default without a config); either way only those whose
+    migrations the database holds (``AppState.apps_in_use``)."""
+    chosen = apps_from or ("config" if config is not None else "database")
+    state = AppState(url=url, http=http, config=config, apps_from=chosen)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

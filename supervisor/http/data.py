@@ -158,7 +158,8 @@ def schedules(state: AppState) -> list[dict[str, Any]]:
 
 
 def system_state(state: AppState) -> dict[str, Any]:
-    """The master (when local), the database, job counts by status, and this server."""
+    """The master (when local), the database, job counts by status, the apps in use
+    (their pages, alerts and gauges are shown), and this server."""
     out: dict[str, Any] = {"host": node_name(), "http": {"read_only": state.http.read_only,
                                                       "token_required": bool(state.http.token)}}
     out["master"] = master_status(state)
@@ -170,6 +171,7 @@ def system_state(state: AppState) -> dict[str, Any]:
                 counts[status] = counts.get(status, 0) + n
             out["jobs"] = counts
             out["paused_queues"] = admin.paused_queues(conn)
+        out["apps"] = [a.name for a in state.apps_in_use()]
     except Exception as exc:
         out["database"] = {"reachable": False, "error": str(exc)}
     return out
@@ -178,16 +180,16 @@ def system_state(state: AppState) -> dict[str, Any]:
 # --- the metrics snapshot -----------------------------------------------------------------------
 
 
-def _app_gauges(conn: Any) -> list[apps.Gauge]:
-    """Every installed app's gauges; an app that fails (its tables absent) reports none."""
+def _app_gauges(conn: Any, in_use: tuple[apps.App, ...]) -> list[apps.Gauge]:
+    """The gauges of the apps in use; one that fails reports none (and says why in the log)."""
     out: list[apps.Gauge] = []
-    for app in apps.installed():
+    for app in in_use:
         if app.gauges is None:
             continue
         try:
             out.extend(app.gauges(conn))
-        except Exception as exc:
-            log.debug("app %s reported no gauges: %s", app.name, exc)
+        except Exception as exc:  # an app's code: the runtime's gauges are reported whatever it raises
+            log.warning("app %s reported no gauges: %s", app.name, exc)
     return out
 
 
@@ -195,12 +197,13 @@ def metrics_snapshot(state: AppState) -> dict[str, Any]:
     """What /metrics reports from the database and the master: one connection, three
     short reads (capacity view, workers registry, rate limiters), and the local
     master's status when there is one. Raises if the database is away."""
+    in_use = state.apps_in_use()
     with state.connection() as conn:
         snapshot: dict[str, Any] = {
             "queues": admin.queue_capacity(conn),
             "workers": [w for w in admin.workers(conn) if w["stopped_at"] is None],
             "limiters": ratelimit.states(conn),
-            "app_gauges": _app_gauges(conn),
+            "app_gauges": _app_gauges(conn, in_use),
         }
     snapshot["master"] = master_status(state)
     return snapshot

@@ -1,24 +1,31 @@
-"""What every request handler shares: the settings and one small connection pool."""
+"""What every request handler shares: the settings, one small connection pool, and the
+apps in use (whose pages, alerts and gauges are shown)."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import psycopg
 from psycopg_pool import ConnectionPool
 from starlette.requests import Request
 
-from .. import db
+from .. import apps, db
 from ..config import Config, HttpConfig
+from ..migrate import migrated_apps
 
 # A scrape or an API call must never hold a connection (or a lock) for long.
 STATEMENT_TIMEOUT_MS = 5000
 POOL_SIZE = 4
 # Seconds a request waits for a connection: a database that is away answers 503 quickly.
 POOL_WAIT = 2.0
+# Seconds the apps' migrations read from the database stay current: an app migrated
+# meanwhile shows within this long, and most pages cost no extra statement.
+APPS_RECHECK_SECONDS = 10.0
 
 
 @dataclass
@@ -27,7 +34,30 @@ class AppState:
     http: HttpConfig
     # The supervisor's config when there is one: roles for readiness, the control socket.
     config: Config | None = None
+    # Which apps are in use: "config" (the HTTP child: those its config uses, none
+    # without one) or "database" (`supervisor http`: every installed app); in both, only
+    # those whose migrations the database holds (a config may name an app whose tables
+    # a reload or --no-migrate left uncreated).
+    apps_from: Literal["config", "database"] = "config"
     pool: ConnectionPool | None = field(default=None, repr=False)
+    _migrated: tuple[float, frozenset[str]] | None = field(default=None, init=False, repr=False)
+
+    def apps_in_use(self) -> tuple[apps.App, ...]:
+        """The installed apps in use here: only their pages, alerts and gauges are shown.
+        Raises when the database is away (and an app could be in use)."""
+        if self.apps_from == "config":
+            wanted = apps.used_by(self.config) if self.config is not None else ()
+        else:
+            wanted = apps.installed()
+        if not wanted:
+            return ()
+        now = time.monotonic()
+        read = self._migrated
+        if read is None or now - read[0] >= APPS_RECHECK_SECONDS:
+            with self.connection() as conn:
+                read = (now, frozenset(a.name for a in migrated_apps(conn, apps.installed())))
+            self._migrated = read
+        return tuple(a for a in wanted if a.name in read[1])
 
     @property
     def control_socket(self) -> Path | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import apps
 from ..config import Config
 
 # Supervisor settings the master picks up on reload; the rest need a restart.
@@ -68,12 +69,14 @@ def _show(value) -> str:
 
 def _http_change(old: Config, new: Config) -> str | None:
     """What a reload does to the HTTP child: started, stopped, rolled (it reads the
-    http section, and lists the schedules), or nothing."""
+    http section, lists the schedules, and shows the pages of the apps in use), or nothing."""
     if old.http is None or new.http is None:
         return None if old.http == new.http else ("started" if old.http is None else "stopped")
     changed = [f for f in ("host", "port", "token", "read_only") if getattr(old.http, f) != getattr(new.http, f)]
     if old.schedules != new.schedules:
         changed.append("schedules")
+    if {a.name for a in apps.used_by(old)} != {a.name for a in apps.used_by(new)}:
+        changed.append("apps")
     return f"rolled ({', '.join(changed)})" if changed else None
 
 

@@ -7,24 +7,30 @@ function takes the app state and returns what one page shows.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import psycopg
 
-from ... import admin, apps, cron, db, ratelimit
+from ... import admin, cron, db, ratelimit
 from ...broker import reads
 from ...worker import registry, scheduler_sql
 from .. import data
 from ..state import AppState
 from . import recorder
-from .extension import Page
+from .extension import Page, Table
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # window name -> (seconds, bucket seconds)
 WINDOWS = {"1h": (3600, 60), "6h": (6 * 3600, 300), "24h": (24 * 3600, 900)}
@@ -37,9 +43,20 @@ RUNS_SHOWN = 30
 
 
 
-def app_pages() -> list[Page]:
-    """Every page the installed apps contribute (an app without the hook adds none)."""
-    return [p for app in apps.installed() if app.pages is not None for p in app.pages()]
+def app_pages(state: AppState) -> list[Page]:
+    """The pages of the apps in use here (an app without the hook adds none)."""
+    return [p for app in state.apps_in_use() if app.pages is not None for p in app.pages()]
+
+
+def _contributed(page: Page, what: str, read: Callable[[], Sequence[T]], failed: Callable[[str], T]) -> list[T]:
+    """An app's contribution to a runtime page; when it fails, one line saying so
+    instead: the runtime's own pages never fail for an app's sake."""
+    try:
+        return list(read())
+    except Exception as exc:  # an app's code: whatever it raises, the page still renders
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        log.warning("the %s of page %s failed: %s", what, page.slug, first)
+        return [failed(f"{page.title}: its {what} could not be read ({first})")]
 
 
 # --- overview ----------------------------------------------------------------------------
@@ -78,10 +95,12 @@ def alerts(state: AppState, queue_rows: list[dict[str, Any]]) -> list[str]:
         need = q["needed"].get("1h")
         if need is not None and need > q["workers"]:
             out.append(f"queue {q['queue']} needs {need} worker(s) to drain in 1 h; {q['workers']} running")
-    with state.connection() as conn:
-        for page in app_pages():
-            if page.alerts is not None:
-                out.extend(page.alerts(conn))
+    pages = [p for p in app_pages(state) if p.alerts is not None]
+    if pages:
+        with state.connection() as conn:
+            for page in pages:
+                assert page.alerts is not None
+                out.extend(_contributed(page, "alerts", functools.partial(page.alerts, conn), str))
     return out
 
 
@@ -324,14 +343,20 @@ def schedules(state: AppState) -> list[dict[str, Any]]:
 
 
 def limits(state: AppState) -> dict[str, Any]:
+    pages = [p for p in app_pages(state) if p.limits is not None]
+    tables: list[Table] = []
     with state.connection() as conn:
         buckets = ratelimit.states(conn)
-        tables = [t for page in app_pages() if page.limits is not None for t in page.limits(conn)]
+        for page in pages:
+            assert page.limits is not None
+            # A failure is a table with the page's title and the failure as its note.
+            tables += _contributed(page, "limits", functools.partial(page.limits, conn),
+                                   functools.partial(Table, page.title, (), ()))
     return {"buckets": buckets, "tables": tables}
 
 
 def app_page(state: AppState, slug: str) -> dict[str, Any] | None:
-    page = next((p for p in app_pages() if p.slug == slug), None)
+    page = next((p for p in app_pages(state) if p.slug == slug), None)
     if page is None:
         return None
     with state.connection() as conn:

@@ -64,5 +64,5 @@ def page(request: Request, template: str, **context: Any) -> HTMLResponse:
     html = env.get_template(template).render(
         request=request, partial=request.headers.get(PARTIAL_HEADER) == "1",
         actions=not http.read_only, token_needed=bool(http.token) and not http.read_only,
-        app_pages=app_pages(), path=request.url.path, **context)
+        app_pages=app_pages(state_of(request)), path=request.url.path, **context)
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})
