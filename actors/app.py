@@ -38,6 +38,18 @@ def _gauges(conn: Any) -> Any:
     return gauges(conn)
 
 
+def _state(conn: Any) -> Any:
+    from .tracker import system_state
+
+    return system_state(conn)
+
+
+def _routes() -> list[Any]:
+    from .api import routes
+
+    return routes()
+
+
 def _pages() -> list[Any]:
     from .dashboard import pages
 
@@ -53,5 +65,7 @@ APP = App(
     on_worker_start=_on_worker_start,
     pages=_pages,
     gauges=_gauges,
+    state=_state,
+    routes=_routes,
     standalone_commands=("demo",),  # the demo brings its own database and config
 )

@@ -1,4 +1,5 @@
-"""The price tracker's gauges on /metrics (through ``App.gauges``): each source's breaker."""
+"""The price tracker's gauges on /metrics (through ``App.gauges``): each source's breaker,
+and every column of the ``system_state`` view, read at each scrape."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import psycopg
 from supervisor.apps import Gauge
 
 from .queries import sources
+from .tracker import system_state
 
 
 def gauges(conn: psycopg.Connection) -> Iterable[Gauge]:
@@ -21,4 +23,8 @@ def gauges(conn: psycopg.Connection) -> Iterable[Gauge]:
               ("source",), open_),
         Gauge("actor_supervisor_breaker_failure_streak", "Consecutive failed fetches of the source",
               ("source",), streak),
+        Gauge("actor_supervisor_tracker_state",
+              "The price tracker's system_state view, one series per column (watches, listings, baselines "
+              "warm/cold at scoring.min_samples, extraction queue depth, listings_incomplete_extraction, ...)",
+              ("column",), tuple(((name,), float(value)) for name, value in system_state(conn).items())),
     )

@@ -64,6 +64,13 @@ class App:
     # The app's gauges for /metrics (e.g. breaker states), read with the HTTP child's
     # connection at each scrape, only where the app is in use.
     gauges: Callable[[Any], Iterable[Gauge]] | None = None
+    # The app's section of GET /api/v1/system/state (under ``app_state.<name>``), read
+    # with the HTTP child's connection, only where the app is in use.
+    state: Callable[[Any], Mapping[str, Any]] | None = None
+    # The app's own routes under /api/v1 (Starlette routes, imported only by the HTTP
+    # child). They answer only where the app is in use (elsewhere: 404, one line);
+    # actions pass the same token check as the runtime's.
+    routes: Callable[[], Iterable[Any]] | None = None
     # Commands that bring their own database and config (a demo): they run, and are
     # listed, whether or not the app is in use where they are called. Every other
     # command of the app refuses, in one line, where the app is not in use.

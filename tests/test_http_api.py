@@ -214,3 +214,63 @@ def test_every_page_and_read_answers_and_an_app_shows_only_where_in_use(conn, ap
     metrics = api.client.get("/metrics")
     assert metrics.status_code == 200 and "actor_supervisor_database_up 1.0" in metrics.text
     assert ("# HELP actor_supervisor_breaker_open" in metrics.text) == tracker
+
+
+def test_create_a_job_over_http_with_one_clear_error_per_bad_field(conn, api):
+    body = {"actor": "noop", "queue": "tests", "args": [1, "two"], "kwargs": {"k": 3},
+            "options": {"priority": 7, "delay": 60_000, "concurrency_key": "c1", "max_retries": 2}}
+    assert api.client.post("/api/v1/jobs", json=body).status_code == 401  # an action: the token
+    r = api.client.post("/api/v1/jobs", json=body, headers=AUTH)
+    assert r.status_code == 201 and r.json()["deduplicated"] is False, r.text
+    row = conn.execute("SELECT actor, queue, args, kwargs, priority, concurrency_key, max_attempts, status,"
+                       " run_at > now() + interval '50 seconds' FROM jobs WHERE id = %s", (r.json()["id"],)).fetchone()
+    assert row == ("noop", "tests", [1, "two"], {"k": 3}, 7, "c1", 3, "pending", True)
+
+    # A dedupe hit answers with the live job's id.
+    first = api.client.post("/api/v1/jobs", json={"actor": "noop", "options": {"dedupe_key": "d1"}}, headers=AUTH)
+    again = api.client.post("/api/v1/jobs", json={"actor": "noop", "options": {"dedupe_key": "d1"}}, headers=AUTH)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == {**first.json(), "deduplicated": True}
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE dedupe_key = 'd1'") == 1
+
+    for bad, field in (({"queue": "q"}, "actor: required"), ({"actor": "no spaces"}, "actor: must be a name"),
+                       ({"actor": "a", "args": {"x": 1}}, "args: must be a JSON array"),
+                       ({"actor": "a", "kwargs": [1]}, "kwargs: must be a JSON object"),
+                       ({"actor": "a", "options": {"delay": -1}}, "options.delay: must be milliseconds"),
+                       ({"actor": "a", "options": {"priority": "high"}}, "options.priority: must be an integer"),
+                       ({"actor": "a", "options": {"eta": 5}}, "options.eta: unknown option"),
+                       ({"actor": "a", "colour": "red"}, "colour: unknown field")):
+        r = api.client.post("/api/v1/jobs", json=bad, headers=AUTH)
+        assert r.status_code == 400 and r.json()["error"].startswith(field), (bad, r.text)
+    assert api.client.post("/api/v1/jobs", content=b"[1]", headers=AUTH).status_code == 400
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 2
+    assert "/api/v1/jobs" in api.client.get("/api/v1/openapi.json").json()["paths"]
+
+
+def test_an_apps_state_routes_and_gauges_only_where_it_is_in_use(conn, api, matrix):
+    state = api.client.get("/api/v1/system/state").json()
+    metrics = api.client.get("/metrics").text
+    r = api.client.post("/api/v1/reextract", json={"incomplete": True}, headers=AUTH)
+    if "actors" not in matrix.apps:
+        assert "app_state" not in state or state["app_state"] == {}
+        assert "actor_supervisor_tracker_state" not in metrics
+        assert r.status_code == 404 and "the app 'actors' is not in use here" in r.json()["error"]
+        return
+    tracker = state["app_state"]["actors"]
+    assert tracker["watches_total"] == 0 and "listings_incomplete_extraction" in tracker
+    assert 'actor_supervisor_tracker_state{column="listings_incomplete_extraction"} 0.0' in metrics
+    assert r.status_code == 200 and r.json() == {"listings": 0, "deals": 0, "errors": 0, "watch_id": None}
+    assert api.client.post("/api/v1/reextract", json={"incomplete": "yes"}, headers=AUTH).status_code == 400
+    r = api.client.post("/api/v1/reextract", json={"watch": "nope"}, headers=AUTH)
+    assert r.status_code == 400 and "unknown watch 'nope'" in r.json()["error"]
+    assert api.client.post("/api/v1/reextract", json={}).status_code == 401
+    # A listing whose extraction left no product key: extracted again, here and now.
+    source = scalar(conn, "INSERT INTO sources (name, search_url) VALUES ('shop', 'http://127.0.0.1:9/?q={query}')"
+                          " RETURNING id")
+    conn.execute("INSERT INTO listings (source_id, external_id, title, price_cents, extracted_at)"
+                 " VALUES (%s, 'x', 'Corsair Vengeance 32GB DDR4 3200', 9000, now())", (source,))
+    assert api.client.get("/api/v1/system/state").json()["app_state"]["actors"]["listings_incomplete_extraction"] == 1
+    r = api.client.post("/api/v1/reextract", json={"incomplete": True}, headers=AUTH)
+    assert r.status_code == 200 and r.json()["listings"] == 1 and r.json()["errors"] == 0, r.text
+    assert scalar(conn, "SELECT product_key FROM listings") == "ram:ddr4:32gb:3200"
+    assert api.client.post("/api/v1/reextract", json={"enqueue": True}, headers=AUTH).json()["enqueued"] == 1

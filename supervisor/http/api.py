@@ -17,13 +17,14 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from dramatiq.errors import BrokerConnectionError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
 from .. import admin
-from . import data
+from . import data, new_job
 from .render import Json, error
 from .state import state_of
 
@@ -321,6 +322,31 @@ def resume_queue(request: Request) -> Json:
         return Json({"queue": queue, "resumed": admin.resume_queue(conn, queue)})
 
 
+@_handles_errors
+async def create_job(request: Request) -> Json:
+    """
+    ---
+    summary: "Send a job: {actor, queue, args, kwargs, options: {delay (ms), priority, dedupe_key,
+      concurrency_key, max_retries}}"
+    responses:
+      201: {description: "{id, deduplicated: false}"}
+      200: {description: "a live job had the dedupe key: {id: that job's id, deduplicated: true}"}
+      400: {description: one bad field, named}
+    """
+    try:
+        job = new_job.parse(await _body(request))
+    except new_job.InvalidJob as exc:
+        raise BadRequest(str(exc)) from None
+    producer = state_of(request).producer()
+    try:
+        sent = await run_in_threadpool(producer.enqueue, job.message, delay=job.delay_ms or None)
+    except BrokerConnectionError as exc:
+        return error(503, str(exc))
+    hit = sent.message_id != job.message.message_id
+    return Json({"id": sent.message_id, "deduplicated": hit, "queue": job.message.queue_name,
+                 "actor": job.message.actor_name}, status_code=200 if hit else 201)
+
+
 def openapi(request: Request) -> Json:
     return Json(schemas.get_schema(routes=request.app.routes))
 
@@ -330,6 +356,7 @@ routes = [
     Route("/queues/{queue}/pause", pause_queue, methods=["POST"]),
     Route("/queues/{queue}/resume", resume_queue, methods=["POST"]),
     Route("/jobs", jobs, methods=["GET"]),
+    Route("/jobs", create_job, methods=["POST"]),
     Route("/jobs/retry", retry_jobs, methods=["POST"]),
     Route("/jobs/cancel", cancel_jobs, methods=["POST"]),
     Route("/jobs/{job_id}", job, methods=["GET"]),

@@ -8,17 +8,51 @@ and gets the same action guard and shared state (``state.state_of(request)``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import Literal
+import functools
+import inspect
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Literal
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute, Mount
+from starlette.requests import Request
+from starlette.routing import BaseRoute, Mount, Route
 
+from .. import apps
 from ..config import Config, HttpConfig
 from . import api, dashboard, health, metrics
 from .auth import ActionGuard
-from .state import AppState
+from .render import error
+from .state import AppState, state_of
+
+
+def _only_in_use(app: apps.App, endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    """``endpoint``, answering only where ``app`` is in use (elsewhere 404, one line)."""
+    @functools.wraps(endpoint)
+    async def guarded(request: Request) -> Any:
+        try:
+            in_use = app in state_of(request).apps_in_use()
+        except Exception as exc:  # the database is away: it cannot tell
+            return error(503, f"database unavailable: {exc}")
+        if not in_use:
+            return error(404, f"{request.url.path}: the app {app.name!r} is not in use here (its config does"
+                              " not use it, or its migrations are not applied)")
+        if inspect.iscoroutinefunction(endpoint):
+            return await endpoint(request)
+        return await run_in_threadpool(endpoint, request)
+
+    return guarded
+
+
+def app_routes() -> list[BaseRoute]:
+    """Every installed app's /api/v1 routes, each answering only where its app is in use."""
+    out: list[BaseRoute] = []
+    for app in apps.installed():
+        for route in app.routes() if app.routes is not None else ():
+            out.append(Route(route.path, _only_in_use(app, route.endpoint), methods=route.methods,
+                             name=route.name))
+    return out
 
 
 def create_app(*, url: str, http: HttpConfig, config: Config | None = None,
@@ -47,8 +81,8 @@ def create_app(*, url: str, http: HttpConfig, config: Config | None = None,
             state.close()
 
     app = Starlette(
-        routes=[*health.routes, *metrics.routes, Mount("/api/v1", routes=api.routes), *extra_routes,
-                *dashboard.routes],
+        routes=[*health.routes, *metrics.routes, Mount("/api/v1", routes=[*api.routes, *app_routes()]),
+                *extra_routes, *dashboard.routes],
         middleware=[Middleware(ActionGuard, http=http)],
         lifespan=lifespan,
     )

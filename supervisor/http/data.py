@@ -171,10 +171,22 @@ def system_state(state: AppState) -> dict[str, Any]:
                 counts[status] = counts.get(status, 0) + n
             out["jobs"] = counts
             out["paused_queues"] = admin.paused_queues(conn)
-        out["apps"] = [a.name for a in state.apps_in_use()]
+            in_use = state.apps_in_use()
+            out["apps"] = [a.name for a in in_use]
+            out["app_state"] = {a.name: _app_state(conn, a) for a in in_use if a.state is not None}
     except Exception as exc:
         out["database"] = {"reachable": False, "error": str(exc)}
     return out
+
+
+def _app_state(conn: Any, app: apps.App) -> dict[str, Any]:
+    """An app's section of the state; one that fails says why instead (the rest stands)."""
+    assert app.state is not None
+    try:
+        return dict(app.state(conn))
+    except Exception as exc:
+        log.warning("app %s: its state could not be read: %s", app.name, exc)
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 # --- the metrics snapshot -----------------------------------------------------------------------

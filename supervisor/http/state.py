@@ -15,6 +15,7 @@ from psycopg_pool import ConnectionPool
 from starlette.requests import Request
 
 from .. import apps, db
+from ..broker import PostgresBroker
 from ..config import Config, HttpConfig
 from ..migrate import migrated_apps
 
@@ -40,6 +41,7 @@ class AppState:
     # a reload or --no-migrate left uncreated).
     apps_from: Literal["config", "database"] = "config"
     pool: ConnectionPool | None = field(default=None, repr=False)
+    _producer: PostgresBroker | None = field(default=None, init=False, repr=False)
     _migrated: tuple[float, frozenset[str]] | None = field(default=None, init=False, repr=False)
 
     def apps_in_use(self) -> tuple[apps.App, ...]:
@@ -68,7 +70,17 @@ class AppState:
             self.pool = db.make_pool(self.url, min_size=0, max_size=POOL_SIZE, name="http",
                                      options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
 
+    def producer(self) -> PostgresBroker:
+        """A broker that only sends (the API's POST /jobs, an app's actions): made on
+        first use, one connection, no LISTEN, no consumer."""
+        if self._producer is None:
+            self._producer = PostgresBroker(self.url, pool_size=1, actor_pool_size=1, listen_url="")
+        return self._producer
+
     def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
         if self.pool is not None:
             self.pool.close()
             self.pool = None
