@@ -40,7 +40,7 @@ def drain(conn: psycopg.Connection, batch: int, owner: str, done: list[int]) -> 
     while rows := conn.execute(sql.claim(batch), params).fetchall():
         conn.execute(sql.ACK_MANY, {"ids": db.array_text([str(r[0]) for r in rows]),
                                     "attempts": db.array_text([r[4] for r in rows]),
-                                    "owner": owner, "progress": None})
+                                    "owner": owner, "progress": None, "started_us": None, "ended_us": None})
         done.append(len(rows))
 
 

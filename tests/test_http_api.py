@@ -174,3 +174,30 @@ def test_readyz_and_metrics_when_the_database_is_down(conn, database_url, http_s
         assert r.status_code == 503 and "database unavailable" in r.json()["error"]
         proxy.come_back()  # the pool reconnects on its own
         wait_for(lambda: s.client.get("/api/v1/jobs").status_code == 200, 20, interval=0.2, message="API back")
+
+
+def test_the_live_job_states_in_metrics_partition_the_live_rows(conn, api):
+    """actor_supervisor_jobs{queue,state}: each live job in exactly one state, so a sum
+    by queue is the queue's live rows (pending, due or not, retryable and running)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn.execute("""
+        INSERT INTO jobs (queue, actor, status, run_at) VALUES
+            ('q1', 'a', 'pending', now() - interval '1 minute'), ('q1', 'a', 'pending', now()),
+            ('q1', 'a', 'pending', now() + interval '1 hour'),
+            ('q1', 'a', 'retryable', now() - interval '1 second'), ('q1', 'a', 'retryable', now() + interval '1 minute'),
+            ('q2', 'b', 'pending', now() + interval '1 day'), ('q2', 'b', 'retryable', now());
+        INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at) VALUES
+            ('q1', 'a', 'running', 'h:1:a', now()), ('q2', 'b', 'running', 'h:1:a', now());
+        INSERT INTO jobs (queue, actor, status, finished_at) VALUES
+            ('q1', 'a', 'succeeded', now()), ('q2', 'b', 'failed', now()), ('q2', 'b', 'cancelled', now());
+    """)
+    text = api.client.get("/metrics").text
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == "actor_supervisor_jobs"]
+    by_queue: dict[str, float] = {}
+    for sample in family.samples:
+        by_queue[sample.labels["queue"]] = by_queue.get(sample.labels["queue"], 0) + sample.value
+    assert {s.labels["state"] for s in family.samples} == {"ready", "scheduled", "running", "retryable"}
+    live = dict(conn.execute("SELECT queue, count(*) FROM jobs WHERE status IN ('pending', 'retryable', 'running')"
+                             " GROUP BY queue").fetchall())
+    assert by_queue == live and live == {"q1": 6, "q2": 3}
