@@ -167,7 +167,8 @@ def churn(conn: psycopg.Connection, total: int, batch: int, *, quiet: bool = Fal
         if not rows:
             break
         conn.execute(sql.ACK_MANY, {"ids": [r[0] for r in rows], "attempts": [r[4] for r in rows],
-                                    "progress": [None] * len(rows), "owner": "churn"})
+                                    "progress": [None] * len(rows), "owner": "churn", "started_us": None,
+                                    "ended_us": None})
         done += len(rows)
     elapsed = time.monotonic() - started
     if not quiet:

@@ -40,6 +40,9 @@ def drain(conn: psycopg.Connection, batch: int, owner: str, done: list[int]) -> 
     while rows := conn.execute(sql.claim(batch), params).fetchall():
         conn.execute(sql.ACK_MANY, {"ids": db.array_text([str(r[0]) for r in rows]),
                                     "attempts": db.array_text([r[4] for r in rows]),
+                                    # as a worker sends them: each attempt ran 1 ms and ended 0.5 ms ago
+                                    "started_us": db.array_text([1500] * len(rows)),
+                                    "ended_us": db.array_text([500] * len(rows)),
                                     "owner": owner, "progress": None})
         done.append(len(rows))
 

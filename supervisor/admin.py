@@ -59,9 +59,18 @@ def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
     return status is not None and status[0] == "cancelled"
 
 
-def queue_capacity(conn: psycopg.Connection) -> list[dict]:
-    """v_queue_capacity: per queue counts, throughput and workers needed to drain."""
-    return db.dicts(conn, reads.CAPACITY)
+WAITS = ("wait_p50_s", "wait_p95_s", "wait_p99_s")
+
+
+def queue_capacity(conn: psycopg.Connection, *, waits: bool = True) -> list[dict]:
+    """v_queue_capacity: per queue counts, throughput and workers needed to drain; with
+    ``waits``, also the start waits of the last hour's jobs, p50 / p95 / p99 (WAITS, None
+    for a queue that finished none). /metrics leaves them out: they sort an hour of rows."""
+    found = db.dicts(conn, reads.CAPACITY)
+    if not waits:
+        return found
+    finished = {r["queue"]: r for r in db.dicts(conn, reads.FINISHED_BY_QUEUE)}
+    return [{**q, **{k: finished.get(q["queue"], {}).get(k) for k in WAITS}} for q in found]
 
 
 @dataclass(frozen=True)

@@ -219,3 +219,17 @@ def cli(*args: str, config: Path | None = None, url: str | None = None, env: dic
     if config is not None:
         cmd += ["-c", str(config)]
     return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def upstream_failure() -> str:
+    """What a worker writes into last_error for a job that raised (error_text, a real traceback)."""
+    from supervisor.broker.message import error_text
+
+    def call_upstream() -> None:
+        raise RuntimeError("upstream said no")
+
+    try:
+        call_upstream()
+    except RuntimeError as exc:
+        return error_text(exc)
+    raise AssertionError("unreachable")

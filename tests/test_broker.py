@@ -92,6 +92,49 @@ def test_retry_goes_through_retryable_with_backoff(conn, actors, worker):
     assert "retry in 100 ms" in events[0][2] and "retry in 200 ms" in events[1][2]
 
 
+def test_durations_are_each_attempts_run_time_and_the_wait_is_reported_apart(conn, actors, broker):
+    """Four 0.3 s jobs claimed at once by one thread: each waits in the prefetch buffer
+    for the ones before it. Its duration is its own 0.3 s, not the time since its claim
+    (0.3, 0.6, 0.9, 1.2 s), and the wait shows as the start wait, in the capacity plan."""
+    from supervisor import admin
+
+    sent = [actors.nap.send(i, 0.3) for i in range(4)]
+    broker.set_capacity(4)
+    broker.resume_claiming()
+    broker.emit_after("process_boot")
+    w = dramatiq.Worker(broker, queues={"tests"}, worker_threads=1, worker_timeout=100)
+    w.queue_prefetch = 4
+    w.start()
+    try:
+        for m in sent:
+            wait_status(conn, m.message_id, "succeeded")
+    finally:
+        w.stop(timeout=10_000)
+        broker.flush_acks(10)
+    rows = conn.execute(
+        "SELECT extract(epoch FROM finished_at - started_at)::float8,"
+        "       extract(epoch FROM started_at - greatest(created_at, run_at))::float8,"
+        "       claimed_at < started_at"
+        "  FROM jobs WHERE id = ANY(%s::uuid[]) ORDER BY started_at", ([m.message_id for m in sent],)).fetchall()
+    assert all(0.29 < ran < 0.55 for ran, _, _ in rows), rows  # (claimed at once: 0.3, 0.6, 0.9, 1.2 s)
+    assert all(claimed_first for _, _, claimed_first in rows), rows
+    waits = [wait for _, wait, _ in rows]
+    assert waits[-1] > 0.85 and waits == sorted(waits), rows  # the last waited for three runs
+    [cap] = [q for q in admin.queue_capacity(conn) if q["queue"] == "tests"]
+    assert 0.29 < cap["avg_duration_s"] < 0.55, cap
+    assert cap["wait_p50_s"] <= cap["wait_p95_s"] <= cap["wait_p99_s"] and cap["wait_p99_s"] > 0.8, cap
+
+
+def test_a_retried_jobs_duration_is_its_last_attempt_not_the_backoff(conn, actors, worker):
+    msg = actors.flaky.send_with_options(args=(1,), min_backoff=800)  # fails once, retried 0.8 s later
+    wait_status(conn, msg.message_id, "succeeded")
+    ran, waited, attempts = conn.execute(
+        "SELECT extract(epoch FROM finished_at - started_at)::float8,"
+        "       extract(epoch FROM started_at - run_at)::float8, attempts FROM jobs WHERE id = %s",
+        (msg.message_id,)).fetchone()
+    assert attempts == 2 and ran < 0.4 and -0.01 < waited < 0.5, (ran, waited)
+
+
 def test_retry_run_at_is_in_the_future(conn, actors, broker):
     msg = actors.flaky.send_with_options(args=(5,), min_backoff=60_000)
     [claimed] = broker.claim("tests", 1)
@@ -154,6 +197,8 @@ def test_age_limit_skips_an_old_message(conn, actors, worker):
     wait_status(conn, msg.message_id, "failed")
     assert "SkipMessage" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (msg.message_id,))
     assert scalar(conn, "SELECT count(*) FROM test_results") == 0
+    # It never ran: no start, so no duration to count in the queue's averages.
+    assert scalar(conn, "SELECT started_at FROM jobs WHERE id = %s", (msg.message_id,)) is None
 
 
 def test_on_success_callback_runs(conn, actors, worker):

@@ -3,9 +3,10 @@ take only JSON with the token."""
 
 from __future__ import annotations
 
+import html
 import re
 
-from tests.conftest import scalar, wait_for
+from tests.conftest import scalar, upstream_failure, wait_for
 
 
 def test_chart_history_survives_a_restart_of_the_http_child(http_server, conn):
@@ -84,3 +85,35 @@ def test_an_app_in_use_that_fails_costs_its_own_lines_only(http_server, conn):
         assert "actor_supervisor_breaker_open" not in metrics.text
     finally:
         conn.execute("ALTER TABLE sources_away RENAME TO sources")
+    conn.execute("INSERT INTO job_progress (job_id, at, percent, message) VALUES"
+                 " (%s, now() - interval '2 seconds', 30, 'fetched'), (%s, now(), 60, 'parsed')", (job, job))
+    found = http_server().client.get(f"/api/v1/jobs/{job}").json()
+    assert [(p["percent"], p["message"]) for p in found["progress_history"]] == [(30, "fetched"), (60, "parsed")]
+
+
+def test_the_jobs_page_shows_a_failures_exception_and_the_job_page_its_traceback(http_server, conn):
+    error = upstream_failure()
+    job = scalar(conn, "INSERT INTO jobs (queue, actor, status, attempts, finished_at, last_error)"
+                       " VALUES ('q', 'fetch', 'failed', 3, now(), %s) RETURNING id::text", (error,))
+    s = http_server()
+    listing = s.client.get("/jobs").text
+    assert '<td class="err">RuntimeError: upstream said no</td>' in listing, listing
+    assert "Traceback" not in listing
+    [api_row] = s.client.get("/api/v1/jobs").json()["jobs"]
+    assert api_row["last_error"] == "RuntimeError: upstream said no"
+    page = s.client.get(f"/jobs/{job}").text
+    shown = re.search(r'<pre id="error" class="traceback">(.*?)</pre>', page, re.S)
+    assert shown and html.unescape(shown.group(1)) == error  # the whole traceback
+
+
+def test_the_queues_page_and_api_show_the_start_wait_apart_from_the_run_time(http_server, conn):
+    # Due 3 s ago, started 1 s ago, finished now: it waited 2 s and ran 1 s.
+    conn.execute("INSERT INTO jobs (queue, actor, status, created_at, run_at, started_at, finished_at) VALUES"
+                 " ('q', 'fetch', 'succeeded', now() - interval '3 seconds', now() - interval '3 seconds',"
+                 "  now() - interval '1 second', now())")
+    s = http_server()
+    row = re.search(r'<tr data-queue="q">(.*?)</tr>', s.client.get("/queues").text, re.S)
+    assert row and '<td class="wait">2.0 s / 2.0 s / 2.0 s</td>' in row.group(1), row
+    assert "<td>1.0 s / 1.0 s</td>" in row.group(1)  # run avg / p95
+    [q] = s.client.get("/api/v1/queues").json()["queues"]
+    assert (q["avg_duration_s"], q["wait_p50_s"], q["wait_p95_s"], q["wait_p99_s"]) == (1.0, 2.0, 2.0, 2.0)

@@ -9,7 +9,7 @@ import psycopg
 
 from supervisor import apps, db
 from supervisor.migrate import load_migrations, migrate
-from tests.conftest import cli, scalar
+from tests.conftest import cli, scalar, upstream_failure
 
 
 def test_migrate_applies_each_file_once(fresh_database):
@@ -100,6 +100,20 @@ def test_job_commands(conn, database_url):
 
     shown = cli("jobs", "show", job_id, url=database_url)
     assert "cancelled by operator" in shown.stdout and "retried by operator" in shown.stdout
+
+
+def test_a_failed_jobs_list_line_is_its_exception_and_show_keeps_the_traceback(conn, database_url):
+    error = upstream_failure()
+    assert error.startswith("Traceback (most recent call last):")
+    job_id = str(scalar(conn, "INSERT INTO jobs (queue, actor, status, attempts, finished_at, last_error)"
+                              " VALUES ('q', 'fetch', 'failed', 3, now(), %s) RETURNING id", (error,)))
+    listed = cli("jobs", "list", url=database_url)
+    assert listed.returncode == 0 and "RuntimeError: upstream said no" in listed.stdout, listed.stdout
+    assert "Traceback" not in listed.stdout
+    [row] = json.loads(cli("jobs", "list", "--json", url=database_url).stdout)
+    assert row["id"] == job_id and row["last_error"] == "RuntimeError: upstream said no"
+    shown = json.loads(cli("jobs", "show", job_id, "--json", url=database_url).stdout)
+    assert shown["last_error"] == error  # the whole traceback
 
 
 def test_enqueue_rejects_bad_json(database_url):

@@ -274,3 +274,28 @@ def test_an_apps_state_routes_and_gauges_only_where_it_is_in_use(conn, api, matr
     assert r.status_code == 200 and r.json()["listings"] == 1 and r.json()["errors"] == 0, r.text
     assert scalar(conn, "SELECT product_key FROM listings") == "ram:ddr4:32gb:3200"
     assert api.client.post("/api/v1/reextract", json={"enqueue": True}, headers=AUTH).json()["enqueued"] == 1
+def test_the_live_job_states_in_metrics_partition_the_live_rows(conn, api):
+    """actor_supervisor_jobs{queue,state}: each live job in exactly one state, so a sum
+    by queue is the queue's live rows (pending, due or not, retryable and running)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn.execute("""
+        INSERT INTO jobs (queue, actor, status, run_at) VALUES
+            ('q1', 'a', 'pending', now() - interval '1 minute'), ('q1', 'a', 'pending', now()),
+            ('q1', 'a', 'pending', now() + interval '1 hour'),
+            ('q1', 'a', 'retryable', now() - interval '1 second'), ('q1', 'a', 'retryable', now() + interval '1 minute'),
+            ('q2', 'b', 'pending', now() + interval '1 day'), ('q2', 'b', 'retryable', now());
+        INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at) VALUES
+            ('q1', 'a', 'running', 'h:1:a', now()), ('q2', 'b', 'running', 'h:1:a', now());
+        INSERT INTO jobs (queue, actor, status, finished_at) VALUES
+            ('q1', 'a', 'succeeded', now()), ('q2', 'b', 'failed', now()), ('q2', 'b', 'cancelled', now());
+    """)
+    text = api.client.get("/metrics").text
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == "actor_supervisor_jobs"]
+    by_queue: dict[str, float] = {}
+    for sample in family.samples:
+        by_queue[sample.labels["queue"]] = by_queue.get(sample.labels["queue"], 0) + sample.value
+    assert {s.labels["state"] for s in family.samples} == {"ready", "scheduled", "running", "retryable"}
+    live = dict(conn.execute("SELECT queue, count(*) FROM jobs WHERE status IN ('pending', 'retryable', 'running')"
+                             " GROUP BY queue").fetchall())
+    assert by_queue == live and live == {"q1": 6, "q2": 3}

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from .. import backoff
 
 Done = Callable[[], None] | None
+# ids, attempts, and when each attempt started and ended running (time.monotonic(), or None)
+Write = Callable[[list[str], list[int], list[float | None], list[float | None]], None]
 
 log = logging.getLogger(__name__)
 
@@ -16,6 +18,8 @@ log = logging.getLogger(__name__)
 class AckBatcher(threading.Thread):
     """Collects (job id, attempt) pairs and writes them in batches; each pair's
     ``done`` callback runs once its ack is committed (a consumer frees its slot then).
+    The attempt's start and end (monotonic clock) ride along: the ack writes them, so
+    recording when a job ran costs no statement of its own.
 
     While one batch is in flight the next accumulates, so under load the
     number of commits falls far below the number of jobs, and when idle an
@@ -23,18 +27,19 @@ class AckBatcher(threading.Thread):
     backoff: the rows stay 'running' under this process's lease meanwhile.
     """
 
-    def __init__(self, write: Callable[[list[str], list[int]], None], *, max_batch: int = 2000) -> None:
+    def __init__(self, write: Write, *, max_batch: int = 2000) -> None:
         super().__init__(name="ack-batcher", daemon=True)
         self._write = write
         self._max_batch = max_batch
-        self._pending: list[tuple[str, int, Done]] = []
+        self._pending: list[tuple[str, int, Done, float | None, float | None]] = []
         self._cond = threading.Condition()
         self._busy = False
         self._halt = False
 
-    def add(self, job_id: str, attempt: int, done: Done = None) -> None:
+    def add(self, job_id: str, attempt: int, done: Done = None,
+            started: float | None = None, ended: float | None = None) -> None:
         with self._cond:
-            self._pending.append((job_id, attempt, done))
+            self._pending.append((job_id, attempt, done, started, ended))
             if len(self._pending) == 1:  # the batcher waits for the first; later ones join its batch
                 self._cond.notify_all()
 
@@ -61,7 +66,8 @@ class AckBatcher(threading.Thread):
                 del self._pending[: self._max_batch]
                 self._busy = True
             try:
-                self._write([job_id for job_id, _, _ in batch], [attempt for _, attempt, _ in batch])
+                self._write([a[0] for a in batch], [a[1] for a in batch], [a[3] for a in batch],
+                            [a[4] for a in batch])
             except Exception as exc:
                 delay = next(waits)
                 log.warning("could not write %d acks (%s); retrying in %.1fs", len(batch), exc, delay)
@@ -72,7 +78,7 @@ class AckBatcher(threading.Thread):
                     self._cond.wait(delay)
                 continue
             waits = backoff.delays(first=0.1, cap=10.0)
-            for _, _, done in batch:
+            for _, _, done, _, _ in batch:
                 if done is not None:
                     done()
             with self._cond:

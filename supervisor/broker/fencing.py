@@ -73,17 +73,19 @@ class Fence(Middleware):
         with self._lock:
             doomed = self._doomed.pop(key, None)
             if doomed is None:
-                self._running[key] = (threading.get_ident(), message, time.monotonic())
+                message.started = started = time.monotonic()  # the attempt runs from here (last hook)
+                self._running[key] = (threading.get_ident(), message, started)
                 return
         message.fenced = _REASONS[doomed]
         raise doomed()
 
     def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
         if isinstance(message, PgMessageProxy):
+            message.ended = ended = time.monotonic()  # first of the after hooks: the actor just returned
             with self._lock:
                 entry = self._running.pop((message.message_id, message.attempts), None)
             if entry is not None and self.on_finished is not None:
-                self.on_finished(time.monotonic() - entry[2])
+                self.on_finished(ended - entry[2])
 
     after_skip_message = after_process_message
 

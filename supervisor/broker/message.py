@@ -90,6 +90,11 @@ class PgMessageProxy(MessageProxy):
         self.lease_losses = lease_losses
         self.fenced: str | None = None
         self.retried = False  # the Retries middleware scheduled another delivery
+        # When this attempt began and stopped running in its thread (time.monotonic(),
+        # set by the Fence): the outcome write turns them into started_at / finished_at,
+        # so a duration is the attempt's run time, not its wait in a prefetch buffer.
+        self.started: float | None = None
+        self.ended: float | None = None
 
     @property
     def deliveries(self) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,18 @@ from .message import PgMessageProxy, body_columns, error_text
 from .progress import ProgressBuffer
 
 log = logging.getLogger(__name__)
+
+
+def ago_us(now: float, at: float | None) -> int | None:
+    """Microseconds from ``at`` to ``now`` (both time.monotonic()), None if unknown.
+    A write sends how long ago an attempt started and ended, and the server subtracts
+    them from its own now(): no host's wall clock enters started_at or finished_at."""
+    return None if at is None else int((now - at) * 1e6)
+
+
+def _ran(message: PgMessageProxy) -> dict[str, int | None]:
+    now = time.monotonic()
+    return {"started_us": ago_us(now, message.started), "ended_us": ago_us(now, message.ended)}
 
 
 class Outcomes:
@@ -48,14 +61,21 @@ class Outcomes:
 
         def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None: ...
 
-    def _write_acks(self, ids: list[str], attempts: list[int]) -> None:
+    def _write_acks(self, ids: list[str], attempts: list[int], started: list[float | None],
+                    ended: list[float | None]) -> None:
         params = {"ids": db.array_text(ids), "attempts": db.array_text(attempts), "owner": self.owner}
+
+        def ran() -> dict[str, str]:  # as late as can be: the server's now() is taken next
+            now = time.monotonic()
+            return {"started_us": db.array_text([ago_us(now, t) for t in started]),
+                    "ended_us": db.array_text([ago_us(now, t) for t in ended])}
+
         with self.pool.connection(timeout=10) as c:
             if self._progress is None:
-                c.execute(sql.ACK_MANY, {**params, "progress": None})
+                c.execute(sql.ACK_MANY, {**params, "progress": None, **ran()})
                 return
             with self._progress.for_ack(c, ids) as progress:  # a job's latest report lands with its ack
-                c.execute(sql.ACK_MANY, {**params, "progress": progress})
+                c.execute(sql.ACK_MANY, {**params, "progress": progress, **ran()})
 
     def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None:
         """``on_written`` runs once the outcome is committed (or nothing is to be written)."""
@@ -73,7 +93,7 @@ class Outcomes:
                 on_written()
             return
         acks = self._acks if self._acks is not None else self._start()[1]  # no lock on the hot path
-        acks.add(message.message_id, message.attempts, on_written)
+        acks.add(message.message_id, message.attempts, on_written, message.started, message.ended)
         self.leases.let_go(message.message_id)
         self.jobs_done += 1
 
@@ -85,7 +105,7 @@ class Outcomes:
         error = error_text(exc)
         reason = f"attempt {message.attempts} of {message.max_attempts}: {type(exc).__name__ if exc else 'failed'}"
         params = {"id": message.message_id, "attempts": message.attempts, "owner": self.owner,
-                  "error": error, "reason": reason}
+                  "error": error, "reason": reason, **_ran(message)}
         self.failures.record(message.message_id, exc)
         try:
             self._write_until_done("record failure", sql.NACK, params)
@@ -122,6 +142,7 @@ class Outcomes:
             "delay_ms": int(delay or 0),
             "reason": f"attempt {message.attempts} of {message.max_attempts} failed"
             f" ({type(exc).__name__ if exc else 'retry'}); retry in {int(delay or 0)} ms",
+            "started_us": _ran(message)["started_us"],
         }
         self.emit_before("enqueue", message, delay)
         self._write_until_done("schedule retry", sql.RETRY, params)

@@ -11,9 +11,18 @@ STATUS = "SELECT status FROM jobs WHERE id = %(id)s"
 
 EVENTS = "SELECT * FROM job_events WHERE job_id = %(id)s ORDER BY at, id"
 
-LIST = """
+# The line of last_error a person reads in a list: a traceback's exception, not its
+# "Traceback (most recent call last):" header. What follows the last frame (a
+# "  File ..." line and the deeper-indented source lines under it) is the exception
+# (a chained one's last), its lines joined into one. Text that is no traceback (a
+# poison pill, a missing actor) stays as it is. The job's own page shows it whole.
+_ERROR_LINE = r"""left(coalesce(nullif(btrim(regexp_replace(
+           regexp_replace(last_error, '^.*\n  File [^\n]*\n(    [^\n]*\n)*', ''), '\s+', ' ', 'g')), ''),
+       last_error), {width}) AS last_error"""
+
+LIST = f"""
 SELECT id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at,
-       finished_at, lease_owner, left(last_error, 200) AS last_error
+       finished_at, lease_owner, {_ERROR_LINE.format(width=200)}
   FROM jobs
  WHERE (%(status)s::text IS NULL OR status = %(status)s)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -40,7 +49,7 @@ _JOB_FILTER = """
 # Newest first; the next page starts after the (created_at, id) of the last row seen.
 LIST_PAGE = f"""
 SELECT id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at, started_at,
-       finished_at, lease_owner, progress, left(last_error, 200) AS last_error
+       finished_at, lease_owner, progress, {_ERROR_LINE.format(width=200)}
   FROM jobs
  WHERE {_JOB_FILTER}
    AND (%(after_at)s::timestamptz IS NULL OR (created_at, id) < (%(after_at)s, %(after_id)s::uuid))
@@ -61,20 +70,21 @@ SELECT date_bin(%(step_s)s * interval '1 second', finished_at, timestamptz 'epoc
  GROUP BY 1 ORDER BY 1
 """
 
-# Enqueue (or due) to start, in seconds, for jobs started in the last window.
-START_LATENCY = """
-WITH s AS (
-    SELECT extract(epoch FROM started_at - greatest(created_at, run_at))::float8 AS wait_s
-      FROM jobs
-     WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - %(window_s)s * interval '1 second'
-       AND started_at IS NOT NULL
-    UNION ALL
-    SELECT extract(epoch FROM started_at - greatest(created_at, run_at))::float8
-      FROM jobs WHERE status = 'running' AND claimed_at IS NOT NULL AND started_at IS NOT NULL  -- jobs_running
-)
+# How long an attempt waited to start: from when it could run (enqueued, or due: run_at,
+# which a retry, a lease loss and a requeue move) to when it began running in a thread
+# (started_at, the attempt's own). In seconds, never below 0; NULL for a job that never
+# ran (greatest() alone would make that a wait of 0: it skips NULLs).
+_WAIT_S = """CASE WHEN started_at IS NOT NULL
+            THEN greatest(extract(epoch FROM started_at - greatest(created_at, run_at))::float8, 0) END"""
+
+# The start waits of jobs finished in the last window (a running attempt's start is
+# written with its outcome, so only finished ones are known).
+START_LATENCY = f"""
 SELECT count(*) AS n,
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY greatest(wait_s, 0)) AS pct
-  FROM s
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY {_WAIT_S}) AS pct
+  FROM jobs
+ WHERE status IN ('succeeded', 'failed') AND finished_at > now() - %(window_s)s * interval '1 second'
+   AND started_at IS NOT NULL
 """
 
 # Live rows per queue (jobs_live: the claim and running indexes, never the finished rows).
@@ -93,17 +103,23 @@ SELECT queue,
 # Failed rows kept, per queue (retention prunes them; the jobs_finished index holds them).
 FAILED_BY_QUEUE = "SELECT queue, count(*) AS failed FROM jobs WHERE status = 'failed' GROUP BY queue"
 
-# Per queue over the last hour of finished rows: outcomes, durations and the
-# processes that finished them (for throughput per worker-hour).
-FINISHED_BY_QUEUE = """
+# Per queue over the last hour of finished rows: outcomes, durations (the last
+# attempt's run time; rows that never ran have none), the processes that finished
+# them (for throughput per worker-hour) and the start waits, p50 / p95 / p99, in
+# seconds rounded to the millisecond. An attempt's wait is not its duration.
+FINISHED_BY_QUEUE = f"""
 SELECT queue,
        count(*) FILTER (WHERE status = 'failed')                 AS failed_1h,
        count(*) FILTER (WHERE status IN ('succeeded', 'failed')) AS finished_1h,
        avg(dur_s) FILTER (WHERE status = 'succeeded')            AS avg_s,
        percentile_cont(0.95) WITHIN GROUP (ORDER BY dur_s) FILTER (WHERE status = 'succeeded') AS p95_s,
-       count(DISTINCT lease_owner) FILTER (WHERE status IN ('succeeded', 'failed')) AS owners_1h
+       count(DISTINCT lease_owner) FILTER (WHERE status IN ('succeeded', 'failed')) AS owners_1h,
+       round(percentile_cont(0.5) WITHIN GROUP (ORDER BY wait_s)::numeric, 3)::float8 AS wait_p50_s,
+       round(percentile_cont(0.95) WITHIN GROUP (ORDER BY wait_s)::numeric, 3)::float8 AS wait_p95_s,
+       round(percentile_cont(0.99) WITHIN GROUP (ORDER BY wait_s)::numeric, 3)::float8 AS wait_p99_s
   FROM (SELECT queue, status, lease_owner,
-               extract(epoch FROM finished_at - coalesce(started_at, finished_at))::float8 AS dur_s
+               extract(epoch FROM finished_at - started_at)::float8 AS dur_s,
+               CASE WHEN status IN ('succeeded', 'failed') THEN {_WAIT_S} END AS wait_s
           FROM jobs
          WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - interval '1 hour') AS f
  GROUP BY queue
@@ -113,7 +129,7 @@ SELECT queue,
 # Newest first, keyset paging on (created_at, id): a page costs the same at any depth.
 JOBS_PAGE = f"""
 SELECT id, queue, actor, status, attempts, max_attempts, created_at, started_at, finished_at,
-       left(last_error, 120) AS last_error, progress
+       {_ERROR_LINE.format(width=120)}, progress
   FROM jobs
  WHERE {_JOB_FILTER}
    AND (%(after_at)s::timestamptz IS NULL OR (created_at, id) < (%(after_at)s, %(after_id)s::uuid))

@@ -12,7 +12,7 @@ from .context import config_option, connect, die, json_option
 from .output import print_json, rows
 
 COLUMNS = ["queue", "paused", "ready", "scheduled", "retryable", "running", "succeeded_1h", "failed_1h",
-           "avg_duration_s", "active_workers", "throughput_per_worker_hour", "drain_seconds",
+           "avg_duration_s", "wait_p50_s", "wait_p95_s", "wait_p99_s", "active_workers", "throughput_per_worker_hour", "drain_seconds",
            "workers_needed_1h", "workers_needed_4h", "workers_needed_8h"]
 
 
@@ -31,9 +31,11 @@ def _with_pauses(stats: list[dict[str, Any]], paused: list[dict[str, Any]]) -> l
 @json_option
 @click.pass_context
 def queues(ctx: click.Context, as_json: bool) -> None:
-    """Per queue (the v_queue_capacity view): paused, ready, scheduled, retryable, running,
-    finished in the last hour, average duration, active workers, throughput per
-    worker-hour, time to drain and workers needed to drain in 1, 4 and 8 hours.
+    """Per queue (the v_queue_capacity view): paused, ready, scheduled, retryable, running
+    (each live job in one of them), finished in the last hour, average duration (of a
+    job's last attempt, running in its thread), start wait p50 / p95 / p99 (from due to
+    running, last hour), active workers, throughput per worker-hour, time to drain and
+    workers needed to drain in 1, 4 and 8 hours.
 
     `queues pause Q` and `queues resume Q` stop and restart claims of a queue on every host.
     """

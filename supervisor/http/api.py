@@ -133,7 +133,8 @@ def _handles_errors(fn: Callable[[Request], Any]) -> Callable[[Request], Any]:
 def queues(request: Request) -> Json:
     """
     ---
-    summary: Every queue with its counts, pause and capacity plan (v_queue_capacity)
+    summary: Every queue with its counts, pause and capacity plan (v_queue_capacity), and the start waits
+      of the last hour's jobs (wait_p50_s, wait_p95_s, wait_p99_s)
     responses:
       200: {description: "{queues: [...]}"}
     """

@@ -212,7 +212,7 @@ def metrics_snapshot(state: AppState) -> dict[str, Any]:
     in_use = state.apps_in_use()
     with state.connection() as conn:
         snapshot: dict[str, Any] = {
-            "queues": admin.queue_capacity(conn),
+            "queues": admin.queue_capacity(conn, waits=False),
             "workers": [w for w in admin.workers(conn) if w["stopped_at"] is None],
             "limiters": ratelimit.states(conn),
             "app_gauges": _app_gauges(conn, in_use),

@@ -29,7 +29,8 @@ from .state import AppState, state_of
 
 log = logging.getLogger(__name__)
 
-LIVE_STATES = ("pending", "ready", "scheduled", "running", "retryable")
+# One job is in exactly one of them (v_queue_capacity): a sum by queue is its live jobs.
+LIVE_STATES = ("ready", "scheduled", "running", "retryable")
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -63,8 +64,9 @@ class Snapshot:
             yield family
 
     def _queues(self, queues: list[dict[str, Any]]) -> Iterator[Metric]:
-        jobs = _gauge("jobs", "Live jobs per queue and state (ready and scheduled split pending and "
-                      "retryable by whether run_at has come)", ["queue", "state"])
+        jobs = _gauge("jobs", "Live jobs per queue and state, each job in one state: ready (pending, due), "
+                      "scheduled (pending or retryable, not due yet), retryable (due again after a failure), "
+                      "running", ["queue", "state"])
         finished = _gauge("jobs_finished_last_hour", "Jobs finished in the last hour", ["queue", "outcome"])
         needed = _gauge("queue_workers_needed", "Worker processes needed to drain the backlog within N hours",
                         ["queue", "hours"])

@@ -113,7 +113,7 @@ UPDATE jobs j
        claimed_at = now(),
        heartbeat_at = now(),
        lease_expires_at = now() + %(lease_s)s * interval '1 second',
-       started_at = coalesce(j.started_at, now())
+       started_at = NULL  -- set by the outcome: when this attempt began running in a thread
  WHERE j.ctid = ANY(ARRAY(SELECT tid FROM cand
                            WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)))
 RETURNING j.*

@@ -3,20 +3,29 @@ cancel, and the retry of a failed row. Each is fenced by lease owner and attempt
 
 # Acks arrive in batches (group commit). Each is fenced by owner and attempt number,
 # so a late ack after a reclaim, or the ack that follows a retry, changes nothing.
-# A job's latest unwritten progress report rides along (progress NULL: none).
+# A job's latest unwritten progress report rides along (progress NULL: none), and so
+# do how long ago its attempt started and ended running in its thread: started_at and
+# finished_at are the attempt's own (a claim clears started_at), on the server's clock.
+_STARTED = "now() - %(started_us)s::bigint * interval '1 microsecond'"
+_ENDED = "now() - coalesce(%(ended_us)s::bigint, 0) * interval '1 microsecond'"
+
 ACK_MANY = """
 UPDATE jobs j
-   SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL,
+   SET status = 'succeeded', lease_expires_at = NULL,
+       started_at = now() - a.started_us * interval '1 microsecond',
+       finished_at = now() - coalesce(a.ended_us, 0) * interval '1 microsecond',
        progress = coalesce(a.progress, j.progress)
-  FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[]) AS a(id, attempts, progress)
+  FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[], %(started_us)s::bigint[],
+              %(ended_us)s::bigint[]) AS a(id, attempts, progress, started_us, ended_us)
  WHERE j.id = a.id AND j.attempts = a.attempts
    AND j.status = 'running' AND j.lease_owner = %(owner)s
 """
 
-NACK = """
+NACK = f"""
 WITH done AS (
     UPDATE jobs
-       SET status = 'failed', finished_at = now(), lease_expires_at = NULL, last_error = %(error)s
+       SET status = 'failed', started_at = {_STARTED}, finished_at = {_ENDED}, lease_expires_at = NULL,
+           last_error = %(error)s
      WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
  RETURNING id
 )
@@ -28,10 +37,11 @@ SELECT id, %(owner)s, 'running', 'failed', %(reason)s FROM done
 # options, status 'retryable' until run_at. The wake-up names the queue when the
 # retry is due now (consumers claim at once) and '@' || queue when it is due later
 # (each process serving the queue moves its timer to it; see timer.py).
-RETRY = """
+RETRY = f"""
 WITH done AS (
     UPDATE jobs
        SET status = 'retryable', options = %(options)s, payload = %(payload)s, last_error = %(error)s,
+           started_at = {_STARTED},
            run_at = now() + %(delay_ms)s * interval '1 millisecond', lease_expires_at = NULL
      WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
  RETURNING id, queue, run_at <= now() AS due

@@ -208,6 +208,7 @@ def queues(state: AppState) -> list[dict[str, Any]]:
             "oldest_wait_s": lv.get("oldest_wait_s"),
             "throughput_1h": int(dn.get("finished_1h") or 0),
             "avg_s": dn.get("avg_s"), "p95_s": dn.get("p95_s"),
+            **{k: dn.get(k) for k in admin.WAITS},
             "failure_rate": {w: (dn[f"failed_{w}"] / dn[f"finished_{w}"] if dn.get(f"finished_{w}") else None)
                              for w in ("1h", "6h", "24h")},
             "workers": serving, "per_worker_hour": per_worker_hour, "needed": needed,
