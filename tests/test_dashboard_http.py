@@ -85,10 +85,6 @@ def test_an_app_in_use_that_fails_costs_its_own_lines_only(http_server, conn):
         assert "actor_supervisor_breaker_open" not in metrics.text
     finally:
         conn.execute("ALTER TABLE sources_away RENAME TO sources")
-    conn.execute("INSERT INTO job_progress (job_id, at, percent, message) VALUES"
-                 " (%s, now() - interval '2 seconds', 30, 'fetched'), (%s, now(), 60, 'parsed')", (job, job))
-    found = http_server().client.get(f"/api/v1/jobs/{job}").json()
-    assert [(p["percent"], p["message"]) for p in found["progress_history"]] == [(30, "fetched"), (60, "parsed")]
 
 
 def test_the_jobs_page_shows_a_failures_exception_and_the_job_page_its_traceback(http_server, conn):
