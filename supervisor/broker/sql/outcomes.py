@@ -1,16 +1,36 @@
 """What happens to a running row: ack, failure, retry, requeue, heartbeat, lease loss,
-cancel, and the retry of a failed row. Each is fenced by lease owner and attempt."""
+cancel, and the retry of a failed row. Each is fenced by lease owner and attempt.
+
+Lock order: a statement that updates several job rows and may wait for one locks
+them in id order first (``ORDER BY j.id FOR NO KEY UPDATE``: the rows are sorted,
+or read in id order from the primary key, before each is locked), then updates the
+rows it holds. An UPDATE alone locks rows in whatever order its plan reads them: a
+heartbeat's bitmap of the primary key reads them in the table's order, an ack batch's
+nested loop in the order of its array (the order the jobs finished); two such
+statements of one process over the same rows each held a row the other waited for,
+and PostgreSQL killed one of them (deadlock detected). ``FOR NO KEY UPDATE`` is the
+lock the UPDATE itself takes, so taking it first changes nothing else. Statements that
+skip locked rows (claim, reap, release, prune) never wait, so their order is free.
+"""
 
 # Acks arrive in batches (group commit). Each is fenced by owner and attempt number,
 # so a late ack after a reclaim, or the ack that follows a retry, changes nothing.
 # A job's latest unwritten progress report rides along (progress NULL: none).
 ACK_MANY = """
+WITH locked AS (
+    SELECT j.id, a.progress
+      FROM jobs j
+      JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[]) AS a(id, attempts, progress)
+        ON j.id = a.id
+     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
+)
 UPDATE jobs j
    SET status = 'succeeded', finished_at = now(), lease_expires_at = NULL,
-       progress = coalesce(a.progress, j.progress)
-  FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[]) AS a(id, attempts, progress)
- WHERE j.id = a.id AND j.attempts = a.attempts
-   AND j.status = 'running' AND j.lease_owner = %(owner)s
+       progress = coalesce(locked.progress, j.progress)
+  FROM locked
+ WHERE j.id = locked.id
 """
 
 NACK = """
@@ -45,13 +65,18 @@ SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || q
 # Prefetched but never started (drain): back to pending, and the claim is not
 # counted as an attempt because nothing ran.
 REQUEUE = """
-WITH done AS (
+WITH locked AS (
+    SELECT j.id
+      FROM jobs j JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts) ON j.id = a.id
+     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
+), done AS (
     UPDATE jobs j
        SET status = 'pending', attempts = j.attempts - 1, lease_owner = NULL,
            lease_expires_at = NULL, run_at = now()
-      FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts)
-     WHERE j.id = a.id AND j.attempts = a.attempts
-       AND j.status = 'running' AND j.lease_owner = %(owner)s
+      FROM locked
+     WHERE j.id = locked.id
  RETURNING j.id, j.queue
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
@@ -67,10 +92,17 @@ SELECT count(*)
 # The ids renewed come back: a held row missing from them was reclaimed or
 # cancelled, and its process interrupts the job (self-fencing).
 HEARTBEAT = """
-UPDATE jobs
+WITH locked AS (
+    SELECT id FROM jobs
+     WHERE id = ANY(%(ids)s::uuid[]) AND lease_owner = %(owner)s AND status = 'running'
+     ORDER BY id
+       FOR NO KEY UPDATE
+)
+UPDATE jobs j
    SET heartbeat_at = now(), lease_expires_at = now() + %(lease_s)s * interval '1 second'
- WHERE id = ANY(%(ids)s::uuid[]) AND lease_owner = %(owner)s AND status = 'running'
-RETURNING id::text
+  FROM locked
+ WHERE j.id = locked.id
+RETURNING j.id::text
 """
 
 # Lease lost (process or host died, froze, or stopped beating): the row goes back
@@ -152,12 +184,20 @@ RETURNING job_id
 
 # A row that cannot become a message fails alone, at once, fenced like a nack.
 FAIL_UNREADABLE = """
-WITH done AS (
+WITH locked AS (
+    SELECT j.id, a.error
+      FROM jobs j
+      JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(errors)s::text[]) AS a(id, attempts, error)
+        ON j.id = a.id
+     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
+), done AS (
     UPDATE jobs j
-       SET status = 'failed', finished_at = now(), lease_expires_at = NULL, last_error = a.error
-      FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(errors)s::text[]) AS a(id, attempts, error)
-     WHERE j.id = a.id AND j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
- RETURNING j.id, a.error
+       SET status = 'failed', finished_at = now(), lease_expires_at = NULL, last_error = locked.error
+      FROM locked
+     WHERE j.id = locked.id
+ RETURNING j.id, locked.error
 )
 INSERT INTO job_events (job_id, who, from_status, to_status, reason)
 SELECT id, %(owner)s, 'running', 'failed', error FROM done

@@ -14,9 +14,16 @@ WITH r AS (
                   %(messages)s::text[], %(running)s::bool[]) AS r(id, attempts, at, percent, message, running)
 ), ev AS (
     INSERT INTO job_progress (job_id, at, percent, message) SELECT id, at, percent, message FROM r
+), locked AS (
+    -- in id order, as every statement that updates several job rows (see sql/outcomes.py)
+    SELECT j.id, r.percent, r.message, r.at
+      FROM jobs j JOIN r ON j.id = r.id
+     WHERE r.running AND j.attempts = r.attempts AND j.status = 'running'
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
 )
-UPDATE jobs j SET progress = jsonb_build_object('percent', r.percent, 'message', r.message, 'at', r.at)
-  FROM r WHERE r.running AND j.id = r.id AND j.attempts = r.attempts AND j.status = 'running'
+UPDATE jobs j SET progress = jsonb_build_object('percent', locked.percent, 'message', locked.message, 'at', locked.at)
+  FROM locked WHERE j.id = locked.id
 """
 
 PROGRESS = "SELECT at, percent, message FROM job_progress WHERE job_id = %(id)s ORDER BY at, id"
@@ -36,7 +43,12 @@ SELECT queue FROM gone CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jo
 PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses ORDER BY queue"
 
 # Broker.flush / Broker.join (Dramatiq's test and admin helpers).
-FLUSH_QUEUE = "DELETE FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable')"
+FLUSH_QUEUE = """
+DELETE FROM jobs j
+ USING (SELECT id FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable')
+         ORDER BY id FOR UPDATE) AS f  -- in id order (see sql/outcomes.py)
+ WHERE j.id = f.id
+"""
 
 LIVE_IN_QUEUE = """
 SELECT count(*) FROM jobs_live WHERE queue = %(queue)s
