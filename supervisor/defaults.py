@@ -22,6 +22,9 @@ POLL_INTERVAL = 1.0
 MAX_RETRIES = 20
 MIN_BACKOFF_MS = 15_000
 MAX_BACKOFF_MS = 24 * 3600 * 1000  # the cap: a retry is never further away than a day
+# How long a producer's send or enqueue_many keeps writing again on a fresh connection
+# when the server ends its connection (or none comes), before BrokerConnectionError.
+ENQUEUE_RETRY_SECONDS = 10.0
 # A worker process.
 THREADS = 8
 # Prefetch when a role sets none (paced, broker/pace.py): up to PREFETCH_PER_THREAD x threads
