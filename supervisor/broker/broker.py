@@ -101,7 +101,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         keep_leases: bool = False,
     ) -> None:
         self.url = db.resolve_url(url)
-        self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker")
+        # A failed connection attempt tells the leases at once (see Leases.beat_expiry).
+        self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker",
+                                                 reconnect_failed=self._connection_failed)
         self.listen_url = self.url if listen_url is None else listen_url
         self.wakeup_fd = wakeup_fd
         self._actor_pool_size = actor_pool_size
@@ -146,6 +148,11 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self.jobs_done = 0
         self._claims_failing = False
         self._budget_cache: tuple[int, dict[str, Any]] | None = None
+
+    def _connection_failed(self, pool: ConnectionPool) -> None:
+        leases = getattr(self, "leases", None)  # the pool opens (and may fail) before the leases exist
+        if leases is not None:
+            leases.connection_failed()
 
     # --- producer side ------------------------------------------------------
 

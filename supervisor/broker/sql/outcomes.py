@@ -164,6 +164,37 @@ WITH lost AS (
     + _RELEASE_BODY
 )
 
+# A dead process is noticed by its beat, not its lease (worker/liveness.py). Its rows go
+# back once all of these hold:
+#   - its workers row and each row's own renewal are older than stale_beats of its beat
+#     intervals (it registered one: it stops its own jobs once its renewals have failed
+#     for that long, see broker/leases.py, so a live process cut off from the server
+#     has stopped them by then);
+#   - the server holds no session of it: a process that died has none (its kernel closed
+#     its sockets), a frozen one (SIGSTOP, a stalled VM) keeps them and is left to its
+#     leases, as ever; so is a claim it sent just before dying, while it still runs;
+#   - its last beat reached this very server instance: a restart or a failover ends every
+#     session with no process dying (those are left to their leases too).
+RELEASE_DEAD = (
+    """
+WITH gone AS (
+    SELECT w.id, w.beat_seconds * %(stale_beats)s * interval '1 second' AS stale
+      FROM workers w
+     WHERE w.stopped_at IS NULL AND w.beat_seconds IS NOT NULL AND w.session_name IS NOT NULL
+       AND w.heartbeat_at < now() - w.beat_seconds * %(stale_beats)s * interval '1 second'
+       AND w.server_started = pg_postmaster_start_time()
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                        WHERE a.datname = current_database() AND a.application_name = w.session_name)
+), lost AS (
+    SELECT j.id, j.lease_owner AS owner, """ + _LOSS_BUDGET + """
+      FROM gone JOIN jobs j ON j.lease_owner = gone.id
+     WHERE j.status = 'running' AND j.heartbeat_at < now() - gone.stale
+       AND j.claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
+       FOR UPDATE OF j SKIP LOCKED
+)"""
+    + _RELEASE_BODY
+)
+
 # A running job is cancelled too: the row leaves 'running' at once (which frees its
 # concurrency slot) and a trigger NOTIFYs its process, which interrupts the job.
 CANCEL = """
