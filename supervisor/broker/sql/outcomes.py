@@ -177,7 +177,7 @@ WITH lost AS (
 #     session with no process dying (those are left to their leases too).
 RELEASE_DEAD = (
     """
-WITH gone AS (
+WITH gone AS MATERIALIZED (  -- per process (a few), not per job: pg_stat_activity is read once each
     SELECT w.id, w.beat_seconds * %(stale_beats)s * interval '1 second' AS stale
       FROM workers w
      WHERE w.stopped_at IS NULL AND w.beat_seconds IS NOT NULL AND w.session_name IS NOT NULL
