@@ -74,7 +74,7 @@ def test_a_killed_standalone_worker_s_job_runs_elsewhere_within_three_beats(conn
     victim.kill()
     wait_for(lambda: started_by(conn, job) == [victim.pid, other.pid], 4 * BEAT + 5,
              message="another worker to run the killed worker's job")
-    assert rerun_after(conn, job, killed_at) < 3 * BEAT
+    assert (after := rerun_after(conn, job, killed_at)) < 3 * BEAT, after
     assert_ran_again_once(conn, job, victim.pid, other.pid)
     assert [(pid, tag) for pid, tag, *_ in ended(conn, job)] == [(other.pid, "done")]  # the killed run never ended
     reason = scalar(conn, "SELECT reason FROM job_events WHERE job_id = %s", (job,))
@@ -106,7 +106,7 @@ def test_a_killed_node_s_jobs_run_on_the_other_node_within_three_beats(tmp_path,
     wait_for(lambda: all(started_by(conn, j) == [east_worker, west_worker] for j in jobs), 4 * BEAT + 5,
              message="west to run east's jobs")
     for job in jobs:
-        assert rerun_after(conn, job, killed_at) < 3 * BEAT
+        assert (after := rerun_after(conn, job, killed_at)) < 3 * BEAT, after
         assert_ran_again_once(conn, job, east_worker, west_worker)
     assert scalar(conn, "SELECT count(*) FROM job_events WHERE reason LIKE '%%no session left%%'"
                         " AND reason LIKE '%%prior owner east:%%'") == 2
@@ -153,7 +153,7 @@ def test_a_worker_cut_off_from_the_server_stops_its_job_before_another_takes_it(
         proxy.go_down()
         wait_for(lambda: started_by(conn, job) == [victim.pid, other.pid], 4 * BEAT + 5,
                  message="another worker to run the cut-off worker's job")
-        assert rerun_after(conn, job, cut_at) < 3 * BEAT
+        assert (after := rerun_after(conn, job, cut_at)) < 3 * BEAT, after
         assert_ran_again_once(conn, job, victim.pid, other.pid)
         (pid_a, tag_a, _, stopped), (pid_b, tag_b, started, _) = ended(conn, job)
         assert (pid_a, tag_a, pid_b, tag_b) == (victim.pid, "interrupted", other.pid, "done")

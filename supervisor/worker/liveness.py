@@ -2,9 +2,10 @@
 
 A worker killed with no master to see it (a standalone ``supervisor worker``, or a
 whole host) used to keep its jobs until their leases expired (30 s by default). Every
-worker's upkeep now looks, every half beat, for processes that stopped beating and
-releases their jobs (a lease loss each, as any release), so they run again within
-about ``STALE_BEATS`` + 1/2 of the dead process's beat intervals.
+worker's upkeep now looks, every quarter beat (a statement of well under a millisecond
+while nobody is dead), for processes that stopped beating and releases their jobs (a
+lease loss each, as any release), so they run again within ``STALE_BEATS`` of the dead
+process's beat intervals after its last beat, plus a quarter of the looker's.
 
 A beat alone does not tell dead from frozen (SIGSTOP, a stalled VM), and a frozen
 process keeps running its jobs when it wakes: releasing them would make the runs
