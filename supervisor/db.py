@@ -12,7 +12,7 @@ import os
 import re
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,10 +253,13 @@ def probe_if_idle(conn: psycopg.Connection, pool: ConnectionPool) -> None:
 
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "supervisor",
-              options: str | None = None, reconnect_timeout: float = 0) -> ConnectionPool:
+              options: str | None = None, reconnect_timeout: float = 0,
+              reconnect_failed: Callable[[ConnectionPool], None] | None = None) -> ConnectionPool:
     """A small autocommit pool; every process gets its own. ``options``: server
     settings for its sessions (libpq ``options``), a guard such as a statement
-    timeout; dropped for a pooled URL, where sessions are not ours to configure."""
+    timeout; dropped for a pooled URL, where sessions are not ours to configure.
+    ``reconnect_failed``: told each time a connection attempt fails (with no retry
+    budget, at once)."""
     kwargs = session_kwargs(url)
     if options and url not in _pooled:
         kwargs["options"] = options
@@ -279,6 +282,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
         # A pool whose callers wait instead (actor code) passes a retry budget: without
         # one, a caller waiting when an attempt failed would wait out its whole timeout.
         reconnect_timeout=reconnect_timeout,
+        reconnect_failed=reconnect_failed,
     )
     pool.open(wait=False)
     return pool

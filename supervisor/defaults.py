@@ -13,6 +13,10 @@ HEARTBEAT_SECONDS = 10.0
 FENCE_MARGIN_FRACTION = 0.2
 FENCE_MARGIN_MAX = 5.0
 REAP_MARGIN_SECONDS = 1.0
+# A dead process is noticed by its beat: once its beat is this many of its beat intervals
+# old and the server holds no session of it, other processes release its jobs; a process
+# whose renewals have failed that long stops its jobs first (worker/liveness.py).
+STALE_BEATS = 2.0
 # Poison pill: a job whose lease is lost this many times (it killed or stalled its
 # process each time) ends failed. Lost leases never spend max_retries.
 MAX_LEASE_LOSSES = 3
@@ -22,6 +26,9 @@ POLL_INTERVAL = 1.0
 MAX_RETRIES = 20
 MIN_BACKOFF_MS = 15_000
 MAX_BACKOFF_MS = 24 * 3600 * 1000  # the cap: a retry is never further away than a day
+# How long a producer's send or enqueue_many keeps writing again on a fresh connection
+# when the server ends its connection (or none comes), before BrokerConnectionError.
+ENQUEUE_RETRY_SECONDS = 10.0
 # A worker process.
 THREADS = 8
 # Prefetch when a role sets none (paced, broker/pace.py): up to PREFETCH_PER_THREAD x threads

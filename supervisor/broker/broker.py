@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import dramatiq
 import psycopg
@@ -30,7 +29,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import db, defaults
 from ..identity import owner_id
-from . import bulk, sql
+from . import bulk, sending, sql
 from .acks import AckBatcher
 from .capacity import Capacity
 from .consumer import PostgresConsumer
@@ -54,6 +53,7 @@ log = logging.getLogger(__name__)
 ACTOR_POOL_RECONNECT = 30.0
 # How long a claim waits for a connection while claims are failing (see claim).
 CLAIM_TIMEOUT_IN_OUTAGE = 0.25
+T = TypeVar("T")
 _transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.ContextVar(
     "actor_supervisor_transaction", default=None
 )
@@ -101,7 +101,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         keep_leases: bool = False,
     ) -> None:
         self.url = db.resolve_url(url)
-        self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker")
+        # A failed connection attempt tells the leases at once (see Leases.beat_expiry).
+        self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker",
+                                                 reconnect_failed=self._connection_failed)
         self.listen_url = self.url if listen_url is None else listen_url
         self.wakeup_fd = wakeup_fd
         self._actor_pool_size = actor_pool_size
@@ -146,6 +148,11 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self.jobs_done = 0
         self._claims_failing = False
         self._budget_cache: tuple[int, dict[str, Any]] | None = None
+
+    def _connection_failed(self, pool: ConnectionPool) -> None:
+        leases = getattr(self, "leases", None)  # the pool opens (and may fail) before the leases exist
+        if leases is not None:
+            leases.connection_failed()
 
     # --- producer side ------------------------------------------------------
 
@@ -206,15 +213,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
             return self._retry(message, delay)
         self.emit_before("enqueue", message, delay)
         row = self._row(message, delay)
-        with self._conn(conn) as c:
-            for _ in range(5):
-                if c.execute(sql.INSERT, row).fetchone() is not None or not row["dedupe_key"]:
-                    break
-                live = c.execute(sql.LIVE_BY_DEDUPE_KEYS, {"keys": [row["dedupe_key"]]}).fetchone()
-                if live is not None:
-                    message = dataclasses.replace(message, message_id=str(live[1]))
-                    break
-                # the live duplicate finished between our INSERT and SELECT: try again
+        message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
         self.emit_after("enqueue", message, delay)
         return message
 
@@ -222,14 +221,26 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self, messages: Iterable[Message], *, delay: int | None = None, conn: psycopg.Connection | None = None
     ) -> list[Message]:
         """Write many messages at once, in one transaction (the caller's ``conn`` or
-        ``transaction()``, else one of its own); large batches go in with COPY (see
+        ``transaction()``, else one of its own, written again on a fresh connection
+        if the server ends it: see sending.py); large batches go in with COPY (see
         bulk.py). Messages whose dedupe key already has a live job, or repeats a
         key earlier in the batch, come back carrying that job's id."""
         messages = list(messages)
         if not messages:
             return []
-        with self._conn(conn) as c:
-            return bulk.enqueue_many(c, messages, actors=self.actors, retries=self._retries(), delay=int(delay or 0))
+        retries = self._retries()
+        return self._send(lambda c: bulk.enqueue_many(c, messages, actors=self.actors, retries=retries,
+                                                      delay=int(delay or 0)),
+                          conn, f"enqueue {len(messages)} messages")
+
+    def _send(self, write: Callable[[psycopg.Connection], T], conn: psycopg.Connection | None, what: str) -> T:
+        """A producer's write: on the caller's connection (its transaction, never
+        written again here: see sending.py), else on the pool's, again on a fresh one
+        if the server ends it (BrokerConnectionError once that has not helped)."""
+        callers = conn or _transaction.get()
+        if callers is not None:
+            return write(callers)
+        return sending.write_retrying(self.pool, self.url, write, what, give_up_after=defaults.ENQUEUE_RETRY_SECONDS)
 
     # --- worker side --------------------------------------------------------
 

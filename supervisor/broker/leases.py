@@ -6,6 +6,7 @@ with nothing but a pool and its own owner id).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -39,6 +40,13 @@ class Leases:
     sent, minus a margin: past it the lease may have expired, and the job must
     stop (``overdue``, see fencing.py). A held row the heartbeat did not renew
     was reclaimed or cancelled: ``on_lost`` is told at once.
+
+    ``beat_expiry`` (set by a process that other processes release by its beat, see
+    worker/liveness.py): once a renewal, or a connection attempt of the pool, has
+    failed, and until a renewal succeeds, a hold is also due to stop ``beat_expiry``
+    (less a margin) after its last renewal was sent: the age at which a process with
+    no session left on the server is released. A process that is merely slow, or
+    frozen (it tries nothing), keeps its lease's deadline.
     """
 
     def __init__(self, pool: ConnectionPool, owner: str, lease_seconds: float,
@@ -47,19 +55,34 @@ class Leases:
         self.owner = owner
         self.lease_seconds = lease_seconds
         self.reap_margin = reap_margin
+        self.beat_expiry: float | None = None
         self.on_lost: Callable[[list[Hold]], None] = lambda holds: None
-        self._held: dict[str, tuple[int, float]] = {}  # job id -> (attempt, stop-by deadline)
+        # job id -> (attempt, when the statement that claimed or last renewed it was sent;
+        # inf once reported overdue)
+        self._held: dict[str, tuple[int, float]] = {}
+        # A renewal, or a connection attempt of the pool, failed since the last renewal
+        # that succeeded: this process may have no session left on the server.
+        self._unreachable = False
         self._lock = threading.Lock()
 
-    def _deadline(self, since: float) -> float:
-        return since + self.lease_seconds - fence_margin(self.lease_seconds)
+    def connection_failed(self, pool: ConnectionPool | None = None) -> None:
+        """The pool could not open a connection (its ``reconnect_failed``): renewals
+        waiting for one may wait long, so the beat's expiry counts from now on."""
+        self._unreachable = True
+
+    def _limit(self) -> float:
+        """How long after its claim or last renewal was sent a hold must stop."""
+        limit = self.lease_seconds - fence_margin(self.lease_seconds)
+        if self.beat_expiry is not None and self._unreachable:
+            limit = min(limit, self.beat_expiry - fence_margin(self.beat_expiry))
+        return limit
 
     def hold(self, holds: list[Hold], since: float | None = None) -> None:
         """Start holding claimed rows; ``since``: monotonic time the claim was sent."""
-        deadline = self._deadline(time.monotonic() if since is None else since)
+        since = time.monotonic() if since is None else since
         with self._lock:
             for job_id, attempt in holds:
-                self._held[job_id] = (attempt, deadline)
+                self._held[job_id] = (attempt, since)
 
     def let_go(self, *job_ids: str) -> None:
         with self._lock:
@@ -88,34 +111,49 @@ class Leases:
     def overdue(self, now: float) -> list[Hold]:
         """Holds past their deadline, each reported once."""
         out = []
+        limit = self._limit()
         with self._lock:
-            for job_id, (attempt, deadline) in self._held.items():
-                if deadline <= now:
+            for job_id, (attempt, since) in self._held.items():
+                if since + limit <= now:
                     out.append((job_id, attempt))
                     self._held[job_id] = (attempt, math.inf)
         return out
 
     def heartbeat(self) -> int:
-        """Renew the lease of every job this process runs: one UPDATE. Returns rows
-        renewed; held rows that were not renewed are reported to ``on_lost``."""
+        """Renew the lease of every job this process runs: one UPDATE (made again on
+        a fresh connection if the server ended the first). Returns rows renewed; held
+        rows that were not renewed are reported to ``on_lost``."""
         started = time.monotonic()
         with self._lock:
             sent = [(job_id, attempt) for job_id, (attempt, _) in self._held.items()]
         if not sent:
+            self._unreachable = False
             return 0
-        with self.pool.connection(timeout=10) as c:
-            params = {"ids": [job_id for job_id, _ in sent], "owner": self.owner, "lease_s": self.lease_seconds}
-            renewed = {row[0] for row in c.execute(sql.HEARTBEAT, params).fetchall()}
-        deadline = self._deadline(started)
+        params = {"ids": [job_id for job_id, _ in sent], "owner": self.owner, "lease_s": self.lease_seconds}
+        try:
+            renewed = self._renew(params)
+        except PoolTimeout:
+            self._unreachable = True
+            raise
+        except psycopg.OperationalError:  # once more, at once: the server likely ended its connection
+            self._unreachable = True  # meanwhile, and until a renewal succeeds (see _limit)
+            with contextlib.suppress(Exception):
+                self.pool.check()
+            renewed = self._renew(params)
+        self._unreachable = False
         with self._lock:
             for job_id, attempt in sent:
                 held = self._held.get(job_id)
                 if job_id in renewed and held is not None and held[0] == attempt and held[1] != math.inf:
-                    self._held[job_id] = (attempt, deadline)
+                    self._held[job_id] = (attempt, started)
         lost = [h for h in sent if h[0] not in renewed]
         if lost:
             self.on_lost(lost)
         return len(renewed)
+
+    def _renew(self, params: dict[str, object]) -> set[str]:
+        with self.pool.connection(timeout=10) as c:
+            return {row[0] for row in c.execute(sql.HEARTBEAT, params).fetchall()}
 
     def fail_unreadable(self, bad: list[tuple[str, int, str]]) -> None:
         """Fail held rows that cannot become messages ((id, attempt, why) each), at
@@ -141,6 +179,18 @@ class Leases:
                                                 "default_max_losses": defaults.MAX_LEASE_LOSSES}).fetchall()
         for job_id, status, owner in rows:
             log.warning("reclaimed job %s from %s (lease expired) -> %s", job_id, owner, status)
+        return [(str(r[0]), r[1], r[2]) for r in rows]
+
+    def release_dead(self, stale_beats: float) -> list[tuple[str, str, str]]:
+        """Release the rows of processes that died (see ``sql.RELEASE_DEAD``): their
+        beat older than ``stale_beats`` of their beat intervals, and no session left."""
+        with self.pool.connection(timeout=10) as c:
+            rows = c.execute(sql.RELEASE_DEAD, {
+                "stale_beats": stale_beats, "who": self.owner, "default_max_losses": defaults.MAX_LEASE_LOSSES,
+                "why": "its process stopped beating and has no session left"}).fetchall()
+        for job_id, status, owner in rows:
+            log.warning("reclaimed job %s from %s (no beat, no session: the process is gone) -> %s",
+                        job_id, owner, status)
         return [(str(r[0]), r[1], r[2]) for r in rows]
 
     def release_owner(self, owner: str, why: str = "released") -> list[tuple[str, str, str]]:

@@ -21,7 +21,7 @@ from ..broker import PostgresBroker
 from ..broker.fencing import LeaseLost
 from ..broker.pace import Pace
 from ..db import Database
-from . import metrics
+from . import liveness, metrics
 from .joblog import JobLog
 from .registry import Registration
 from .scheduler import RunResults, Scheduler
@@ -121,8 +121,12 @@ class WorkerProcess:
             broker.fence.on_finished, broker.fence.on_running = pace.finished, pace.running
         broker.emit_after("process_boot")
 
+        # Found dead by its beat when it has a session of its own to prove it alive (liveness.py).
+        session = liveness.session_name(self.database, listens=self.wakeup_fd is None)
+        broker.leases.beat_expiry = liveness.beat_expiry(s.heartbeat_seconds) if session else None
         registration = Registration(broker.pool, broker.owner, role=s.role, queues=list(s.queues),
-                                    capacity=s.capacity)
+                                    capacity=s.capacity, beat_seconds=s.heartbeat_seconds if session else None,
+                                    session_name=session)
         self.upkeep = Upkeep(
             broker,
             registration,

@@ -4,33 +4,47 @@ and stops through this one class, as Solid Queue's Registrable. Its SQL lives he
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg_pool import ConnectionPool
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..identity import node_name
 
 log = logging.getLogger(__name__)
 
+# beat_seconds, session_name and server_started: what another process needs to tell
+# that this one died (see liveness.py and sql.RELEASE_DEAD).
 REGISTER = """
-INSERT INTO workers (id, host, pid, role, queues, state, capacity)
-VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, %(queues)s, 'running', %(capacity)s)
-ON CONFLICT (id) DO UPDATE SET state = 'running', heartbeat_at = now(), stopped_at = NULL
+INSERT INTO workers (id, host, pid, role, queues, state, capacity, beat_seconds, session_name, server_started)
+VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, %(queues)s, 'running', %(capacity)s, %(beat_seconds)s,
+        %(session_name)s, pg_postmaster_start_time())
+ON CONFLICT (id) DO UPDATE SET state = 'running', heartbeat_at = now(), stopped_at = NULL,
+                               server_started = pg_postmaster_start_time()
 """
 
 BEAT = """
 UPDATE workers
    SET heartbeat_at = now(), state = %(state)s, rss_bytes = %(rss)s, cpu_percent = %(cpu)s,
-       jobs_in_flight = %(in_flight)s, jobs_done = %(done)s
+       jobs_in_flight = %(in_flight)s, jobs_done = %(done)s, server_started = pg_postmaster_start_time()
  WHERE id = %(id)s
 """
 
 STOPPED = """
 UPDATE workers SET state = %(state)s, stopped_at = now(), jobs_in_flight = 0 WHERE id = %(id)s
+"""
+
+# Processes found dead by their beat (liveness.py) once none of their rows is left running.
+LOST = """
+UPDATE workers w SET state = 'lost', stopped_at = now(), jobs_in_flight = 0
+ WHERE w.id = ANY(%(ids)s) AND w.stopped_at IS NULL
+   AND NOT EXISTS (SELECT 1 FROM jobs j
+                    WHERE j.lease_owner = w.id AND j.status = 'running' AND j.claimed_at IS NOT NULL)
 """
 
 # Rows of processes that stopped (or vanished) long ago.
@@ -110,18 +124,24 @@ class Registration:
     """One process's row in `workers`. ``beat`` samples RSS and CPU itself."""
 
     def __init__(self, pool: ConnectionPool, worker_id: str, *, role: str, queues: list[str],
-                 capacity: int | None = None) -> None:
+                 capacity: int | None = None, beat_seconds: float | None = None,
+                 session_name: str | None = None) -> None:
         self.pool = pool
         self.id = worker_id
         self.role = role
         self.queues = queues
         self.capacity = capacity  # rows it may hold claimed at once (None: it runs no jobs)
+        # Both set: other processes release this one's jobs once its beat is that old
+        # and the server holds no session of that name (see liveness.py).
+        self.beat_seconds = beat_seconds
+        self.session_name = session_name
         self._usage = SelfUsage()
 
     def register(self, timeout: float = 30.0) -> None:
         with self.pool.connection(timeout=timeout) as c:
             c.execute(REGISTER, {"id": self.id, "host": node_name(), "pid": os.getpid(),
-                                 "role": self.role, "queues": self.queues, "capacity": self.capacity})
+                                 "role": self.role, "queues": self.queues, "capacity": self.capacity,
+                                 "beat_seconds": self.beat_seconds, "session_name": self.session_name})
 
     def sample(self, beat: Beat) -> dict[str, object]:
         """The BEAT parameters, sampled now (callable from a thread that must not wait on the database)."""
@@ -129,8 +149,25 @@ class Registration:
                 "cpu": self._usage.cpu_percent(), "in_flight": beat.in_flight, "done": beat.done}
 
     def beat(self, beat: Beat, params: dict[str, object] | None = None) -> None:
+        """Write the beat; once more at once on a fresh connection if the server ended
+        the first (a beat missed for nothing would age the process towards release)."""
+        params = params or self.sample(beat)
+        try:
+            self._write(BEAT, params)
+        except PoolTimeout:
+            raise
+        except psycopg.OperationalError:
+            with contextlib.suppress(Exception):
+                self.pool.check()
+            self._write(BEAT, params)
+
+    def _write(self, statement: str, params: dict[str, object]) -> None:
         with self.pool.connection(timeout=10) as c:
-            c.execute(BEAT, params or self.sample(beat))
+            c.execute(statement, params)
+
+    def mark_lost(self, worker_ids: list[str]) -> None:
+        """Mark processes found dead (liveness.py) lost, once none of their rows runs."""
+        self._write(LOST, {"ids": worker_ids})
 
     def stop(self, state: str = "stopped", *, worker_id: str | None = None) -> None:
         """Mark this process's row (or another's, for a reaped child) stopped."""

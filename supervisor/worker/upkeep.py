@@ -17,7 +17,7 @@ from ..broker import PostgresBroker
 from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
 from ..config import Retention
-from . import scheduler_sql
+from . import liveness, scheduler_sql
 from .registry import Beat, Registration
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,8 @@ class Upkeep(threading.Thread):
     """One thread per worker process.
 
     Every beat it renews the leases of all of this process's running jobs
-    with one UPDATE and refreshes its ``workers`` row. Less often (with
+    with one UPDATE and refreshes its ``workers`` row; every quarter beat it releases
+    the jobs of processes found dead (liveness.py). Less often (with
     jitter, so a fleet does not reap in lockstep) it returns expired leases
     of dead hosts to pending and prunes old finished jobs. Every few seconds
     it checks whether jobs needs a vacuum and, if so, runs it on a thread of
@@ -179,11 +180,13 @@ class Upkeep(threading.Thread):
         # (with jitter after), so a fleet started together does not act in lockstep.
         due = {"beat": now + s.heartbeat_seconds, "reap": now + random.uniform(0, s.reap_seconds),
                "prune": now + random.uniform(s.prune_every / 10, s.prune_every),
-               "vacuum": now + random.uniform(0, s.vacuum_check_seconds)}
+               "vacuum": now + random.uniform(0, s.vacuum_check_seconds),
+               "dead": now + random.uniform(0, s.heartbeat_seconds / 4)}
         tasks: dict[str, Callable[[], object]] = {"beat": self.beat, "reap": self.broker.leases.reap_expired, "prune": self.prune,
-                 "vacuum": self.start_vacuum}
+                 "vacuum": self.start_vacuum,
+                 "dead": lambda: liveness.release_dead(self.broker.leases, self.registration)}
         every = {"beat": s.heartbeat_seconds, "reap": s.reap_seconds, "prune": s.prune_every,
-                 "vacuum": s.vacuum_check_seconds}
+                 "vacuum": s.vacuum_check_seconds, "dead": s.heartbeat_seconds / 4}
         while not self._halt.wait(max(0.0, min(due.values()) - time.monotonic())):
             for name, task in tasks.items():
                 now = time.monotonic()

@@ -1,5 +1,17 @@
 """What happens to a running row: ack, failure, retry, requeue, heartbeat, lease loss,
-cancel, and the retry of a failed row. Each is fenced by lease owner and attempt."""
+cancel, and the retry of a failed row. Each is fenced by lease owner and attempt.
+
+Lock order: a statement that updates several job rows and may wait for one locks
+them in id order first (``ORDER BY j.id FOR NO KEY UPDATE``: the rows are sorted,
+or read in id order from the primary key, before each is locked), then updates the
+rows it holds. An UPDATE alone locks rows in whatever order its plan reads them: a
+heartbeat's bitmap of the primary key reads them in the table's order, an ack batch's
+nested loop in the order of its array (the order the jobs finished); two such
+statements of one process over the same rows each held a row the other waited for,
+and PostgreSQL killed one of them (deadlock detected). ``FOR NO KEY UPDATE`` is the
+lock the UPDATE itself takes, so taking it first changes nothing else. Statements that
+skip locked rows (claim, reap, release, prune) never wait, so their order is free.
+"""
 
 # Acks arrive in batches (group commit). Each is fenced by owner and attempt number,
 # so a late ack after a reclaim, or the ack that follows a retry, changes nothing.
@@ -10,15 +22,23 @@ _STARTED = "now() - %(started_us)s::bigint * interval '1 microsecond'"
 _ENDED = "now() - coalesce(%(ended_us)s::bigint, 0) * interval '1 microsecond'"
 
 ACK_MANY = """
+WITH locked AS (
+    SELECT j.id, a.progress, a.started_us, a.ended_us
+      FROM jobs j
+      JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[], %(started_us)s::bigint[],
+                  %(ended_us)s::bigint[]) AS a(id, attempts, progress, started_us, ended_us)
+        ON j.id = a.id
+     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
+)
 UPDATE jobs j
    SET status = 'succeeded', lease_expires_at = NULL,
-       started_at = now() - a.started_us * interval '1 microsecond',
-       finished_at = now() - coalesce(a.ended_us, 0) * interval '1 microsecond',
-       progress = coalesce(a.progress, j.progress)
-  FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[], %(started_us)s::bigint[],
-              %(ended_us)s::bigint[]) AS a(id, attempts, progress, started_us, ended_us)
- WHERE j.id = a.id AND j.attempts = a.attempts
-   AND j.status = 'running' AND j.lease_owner = %(owner)s
+       started_at = now() - locked.started_us * interval '1 microsecond',
+       finished_at = now() - coalesce(locked.ended_us, 0) * interval '1 microsecond',
+       progress = coalesce(locked.progress, j.progress)
+  FROM locked
+ WHERE j.id = locked.id
 """
 
 NACK = f"""
@@ -55,13 +75,18 @@ SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || q
 # Prefetched but never started (drain): back to pending, and the claim is not
 # counted as an attempt because nothing ran.
 REQUEUE = """
-WITH done AS (
+WITH locked AS (
+    SELECT j.id
+      FROM jobs j JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts) ON j.id = a.id
+     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
+), done AS (
     UPDATE jobs j
        SET status = 'pending', attempts = j.attempts - 1, lease_owner = NULL,
            lease_expires_at = NULL, run_at = now()
-      FROM unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts)
-     WHERE j.id = a.id AND j.attempts = a.attempts
-       AND j.status = 'running' AND j.lease_owner = %(owner)s
+      FROM locked
+     WHERE j.id = locked.id
  RETURNING j.id, j.queue
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
@@ -77,10 +102,17 @@ SELECT count(*)
 # The ids renewed come back: a held row missing from them was reclaimed or
 # cancelled, and its process interrupts the job (self-fencing).
 HEARTBEAT = """
-UPDATE jobs
+WITH locked AS (
+    SELECT id FROM jobs
+     WHERE id = ANY(%(ids)s::uuid[]) AND lease_owner = %(owner)s AND status = 'running'
+     ORDER BY id
+       FOR NO KEY UPDATE
+)
+UPDATE jobs j
    SET heartbeat_at = now(), lease_expires_at = now() + %(lease_s)s * interval '1 second'
- WHERE id = ANY(%(ids)s::uuid[]) AND lease_owner = %(owner)s AND status = 'running'
-RETURNING id::text
+  FROM locked
+ WHERE j.id = locked.id
+RETURNING j.id::text
 """
 
 # Lease lost (process or host died, froze, or stopped beating): the row goes back
@@ -142,6 +174,37 @@ WITH lost AS (
     + _RELEASE_BODY
 )
 
+# A dead process is noticed by its beat, not its lease (worker/liveness.py). Its rows go
+# back once all of these hold:
+#   - its workers row and each row's own renewal are older than stale_beats of its beat
+#     intervals (it registered one: it stops its own jobs once its renewals have failed
+#     for that long, see broker/leases.py, so a live process cut off from the server
+#     has stopped them by then);
+#   - the server holds no session of it: a process that died has none (its kernel closed
+#     its sockets), a frozen one (SIGSTOP, a stalled VM) keeps them and is left to its
+#     leases, as ever; so is a claim it sent just before dying, while it still runs;
+#   - its last beat reached this very server instance: a restart or a failover ends every
+#     session with no process dying (those are left to their leases too).
+RELEASE_DEAD = (
+    """
+WITH gone AS MATERIALIZED (  -- per process (a few), not per job: pg_stat_activity is read once each
+    SELECT w.id, w.beat_seconds * %(stale_beats)s * interval '1 second' AS stale
+      FROM workers w
+     WHERE w.stopped_at IS NULL AND w.beat_seconds IS NOT NULL AND w.session_name IS NOT NULL
+       AND w.heartbeat_at < now() - w.beat_seconds * %(stale_beats)s * interval '1 second'
+       AND w.server_started = pg_postmaster_start_time()
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                        WHERE a.datname = current_database() AND a.application_name = w.session_name)
+), lost AS (
+    SELECT j.id, j.lease_owner AS owner, """ + _LOSS_BUDGET + """
+      FROM gone JOIN jobs j ON j.lease_owner = gone.id
+     WHERE j.status = 'running' AND j.heartbeat_at < now() - gone.stale
+       AND j.claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
+       FOR UPDATE OF j SKIP LOCKED
+)"""
+    + _RELEASE_BODY
+)
+
 # A running job is cancelled too: the row leaves 'running' at once (which frees its
 # concurrency slot) and a trigger NOTIFYs its process, which interrupts the job.
 CANCEL = """
@@ -162,12 +225,20 @@ RETURNING job_id
 
 # A row that cannot become a message fails alone, at once, fenced like a nack.
 FAIL_UNREADABLE = """
-WITH done AS (
+WITH locked AS (
+    SELECT j.id, a.error
+      FROM jobs j
+      JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(errors)s::text[]) AS a(id, attempts, error)
+        ON j.id = a.id
+     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
+), done AS (
     UPDATE jobs j
-       SET status = 'failed', finished_at = now(), lease_expires_at = NULL, last_error = a.error
-      FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(errors)s::text[]) AS a(id, attempts, error)
-     WHERE j.id = a.id AND j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
- RETURNING j.id, a.error
+       SET status = 'failed', finished_at = now(), lease_expires_at = NULL, last_error = locked.error
+      FROM locked
+     WHERE j.id = locked.id
+ RETURNING j.id, locked.error
 )
 INSERT INTO job_events (job_id, who, from_status, to_status, reason)
 SELECT id, %(owner)s, 'running', 'failed', error FROM done

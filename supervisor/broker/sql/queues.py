@@ -15,10 +15,18 @@ WITH r AS (
            AS r(id, attempts, at, percent, message, event, latest)
 ), ev AS (
     INSERT INTO job_progress (job_id, at, percent, message, event) SELECT id, at, percent, message, event FROM r
+), locked AS (
+    -- in id order, as every statement that updates several job rows (see sql/outcomes.py)
+    SELECT j.id, r.percent, r.message, r.at, r.event
+      FROM jobs j JOIN r ON j.id = r.id
+     WHERE r.latest AND j.attempts = r.attempts AND j.status = 'running'
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
 )
-UPDATE jobs j SET progress = jsonb_build_object('percent', r.percent, 'message', r.message, 'at', r.at)
-                             || CASE WHEN r.event IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('event', r.event) END
-  FROM r WHERE r.latest AND j.id = r.id AND j.attempts = r.attempts AND j.status = 'running'
+UPDATE jobs j SET progress = jsonb_build_object('percent', locked.percent, 'message', locked.message, 'at', locked.at)
+                             || CASE WHEN locked.event IS NULL THEN '{}'::jsonb
+                                     ELSE jsonb_build_object('event', locked.event) END
+  FROM locked WHERE j.id = locked.id
 """
 
 PROGRESS = "SELECT at, percent, message, event FROM job_progress WHERE job_id = %(id)s ORDER BY at, id"
@@ -38,7 +46,12 @@ SELECT queue FROM gone CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jo
 PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses ORDER BY queue"
 
 # Broker.flush / Broker.join (Dramatiq's test and admin helpers).
-FLUSH_QUEUE = "DELETE FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable')"
+FLUSH_QUEUE = """
+DELETE FROM jobs j
+ USING (SELECT id FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable')
+         ORDER BY id FOR UPDATE) AS f  -- in id order (see sql/outcomes.py)
+ WHERE j.id = f.id
+"""
 
 LIVE_IN_QUEUE = """
 SELECT count(*) FROM jobs_live WHERE queue = %(queue)s
