@@ -64,7 +64,7 @@ def test_heartbeats_and_ack_batches_over_the_same_rows_never_deadlock(conn, data
     leases = Leases(pool, OWNER, lease_seconds=30)
     leases.hold([(job_id, 1) for job_id in rows])
     acked = list(reversed(rows))  # jobs finish in any order; here the reverse of the table's
-    gate = threading.Barrier(3)
+    gate = threading.Barrier(3, timeout=30)  # a thread that fails breaks it: no hang
     deadlocks: list[str] = []
     renewed: list[int] = []
 
@@ -81,7 +81,8 @@ def test_heartbeats_and_ack_batches_over_the_same_rows_never_deadlock(conn, data
         for _ in range(ROUNDS):
             gate.wait()
             try:
-                broker._write_acks(acked, [1] * len(acked))
+                ran: list[float | None] = [time.monotonic()] * len(acked)
+                broker._write_acks(acked, [1] * len(acked), ran, ran)
             except psycopg.errors.DeadlockDetected as exc:
                 deadlocks.append(f"ack: {exc}")
             gate.wait()
