@@ -40,6 +40,28 @@ UPDATE workers SET state = %(state)s, stopped_at = now(), jobs_in_flight = 0 WHE
 """
 
 # Processes found dead by their beat (liveness.py) once none of their rows is left running.
+# Hosts (node names) in the registry: live processes, last beat, and whether any still
+# beats (a live row that beat within stale_beats of its interval, else of the default).
+NODES = """
+SELECT host AS node,
+       count(*) FILTER (WHERE stopped_at IS NULL) AS live_processes,
+       max(heartbeat_at) AS last_beat_at,
+       extract(epoch FROM now() - max(heartbeat_at))::float8 AS beat_age_s,
+       coalesce(bool_or(stopped_at IS NULL AND heartbeat_at > now() - %(stale_beats)s
+                        * coalesce(beat_seconds, %(heartbeat_s)s) * interval '1 second'), false) AS beating
+  FROM workers
+ WHERE %(node)s::text IS NULL OR host = %(node)s
+ GROUP BY host
+ ORDER BY host
+"""
+
+# A forgotten host: its processes that never said they stopped are lost.
+FORGET_NODE = """
+UPDATE workers SET state = 'lost', stopped_at = now(), jobs_in_flight = 0
+ WHERE host = %(node)s AND stopped_at IS NULL
+RETURNING id
+"""
+
 LOST = """
 UPDATE workers w SET state = 'lost', stopped_at = now(), jobs_in_flight = 0
  WHERE w.id = ANY(%(ids)s) AND w.stopped_at IS NULL

@@ -161,6 +161,21 @@ WITH lost AS (
     + _RELEASE_BODY
 )
 
+# `supervisor nodes forget NODE`: an operator says a host is gone (one whose processes
+# no beat rule covers, e.g. all connections pooled): every job leased to one of its
+# processes (owner ids are "node:pid:token", identity.owner_id) goes back at once. The
+# node name is compared as a prefix by length, not LIKE: '_' is a valid name character.
+RELEASE_NODE = (
+    """
+WITH lost AS (
+    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
+     WHERE status = 'running' AND claimed_at IS NOT NULL  -- jobs_running serves (027)
+       AND left(lease_owner, length(%(node)s) + 1) = %(node)s || ':'
+       FOR UPDATE SKIP LOCKED
+)"""
+    + _RELEASE_BODY
+)
+
 REAP_EXPIRED = (
     """
 WITH lost AS (
