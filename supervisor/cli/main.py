@@ -32,7 +32,7 @@ RUNTIME_COMMANDS = {
     "status": ("control_cmds", "status"), "stop": ("control_cmds", "stop"),
     "worker": ("worker_cmd", "worker"), "http": ("http_cmd", "http"),
     "enqueue": ("jobs", "enqueue"), "jobs": ("jobs", "jobs"), "runs": ("jobs", "runs"),
-    "history": ("jobs", "history"), "queues": ("queues", "queues"),
+    "history": ("jobs", "history"), "queues": ("queues", "queues"), "errors": ("errors_cmd", "errors"),
 }
 
 
