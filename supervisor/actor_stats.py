@@ -49,8 +49,7 @@ def actor_stats(conn: psycopg.Connection, *, window_s: float) -> dict[str, Any]:
             "per_minute": round(finished * 60 / span_s, 3) if span_s > 0 else None,
             "failure_rate": failed / finished if finished else None,
             "busy_s": float(d.get("busy_s") or 0.0),
-            **{f"run_{p}_s": d.get(f"run_{p}") for p in PERCENTILES},
-            **{f"wait_{p}_s": d.get(f"wait_{p}") for p in PERCENTILES},
+            **_percentiles("run", d.get("run_pct")), **_percentiles("wait", d.get("wait_pct")),
             "in_flight": int(flying.get(name, 0)),
             "retries": int(r.get("retries") or 0), "failed_attempts": int(r.get("failed_attempts") or 0),
         })
@@ -59,8 +58,15 @@ def actor_stats(conn: psycopg.Connection, *, window_s: float) -> dict[str, Any]:
             "actors": out}
 
 
+def _percentiles(name: str, values: list[float | None] | None) -> dict[str, float | None]:
+    """{name_p50_s: ..., name_p95_s: ..., name_p99_s: ...} in seconds, to the millisecond."""
+    got = values or [None] * len(PERCENTILES)
+    return {f"{name}_{p}_s": None if v is None else round(v, 3) for p, v in zip(PERCENTILES, got, strict=True)}
+
+
 def start_waits(conn: psycopg.Connection, *, window_s: float = METRICS_WINDOW_S) -> dict[str, dict[str, float]]:
     """Per actor, the start waits p50 / p95 / p99 (seconds) of the jobs finished in the
-    last ``window_s`` seconds (only actors that finished one)."""
+    last ``window_s`` seconds (only actors that finished one that ran)."""
     rows = db.dicts(conn, actor_reads.ACTORS, {"window_s": window_s, "cap": SCAN_CAP})
-    return {r["actor"]: {p: r[f"wait_{p}"] for p in PERCENTILES} for r in rows if r["wait_p50"] is not None}
+    return {r["actor"]: dict(zip(PERCENTILES, r["wait_pct"], strict=True))
+            for r in rows if r["wait_pct"] and r["wait_pct"][0] is not None}

@@ -125,7 +125,8 @@ ACTIONS: dict[str, tuple[Callable[[psycopg.Connection, str], bool], tuple[str, .
 def change_group(conn: psycopg.Connection, action: str, key: GroupKey, *, window_s: float,
                  limit: int = GROUP_LIMIT) -> dict[str, Any]:
     """``retry``: every job of the group that failed for good; ``cancel``: every job of
-    the group waiting for its retry. A job counts in the group whose latest failed
+    the group waiting for another attempt (retryable; or pending: after a lost lease, or
+    retried by an operator). A job counts in the group whose latest failed
     attempt, in the window, is of it. One job at a time (each its own fenced statement),
     oldest failure first, at most ``limit``."""
     change, statuses, verb = ACTIONS[action]

@@ -74,11 +74,12 @@ SELECT e.job_id::text
 
 # --- per actor ---------------------------------------------------------------------------
 
-_PCT = "round(percentile_cont({p}) WITHIN GROUP (ORDER BY {col})::numeric, 3)::float8 AS {col}_p{n}"
+# One sort per column for its three percentiles (one ordered-set aggregate each sorts again).
+_PCT = "percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY {col}) AS {col}_pct"
 
 # Jobs finished in the window (newest first up to the cap), per actor: how many, failed,
 # the time they ran (sum: the time spent), run time and start wait p50 / p95 / p99 in
-# seconds. A job's run time and wait are its last attempt's (028); a cancelled row has
+# seconds (arrays of three). A job's run time and wait are its last attempt's (028); a cancelled row has
 # neither. ``oldest``: the earliest finish read (the window's start unless capped).
 ACTORS = f"""
 SELECT actor,
@@ -86,7 +87,7 @@ SELECT actor,
        count(*) FILTER (WHERE status = 'failed') AS failed,
        count(*) AS rows_read,
        coalesce(sum(run), 0)::float8 AS busy_s,
-       {", ".join(_PCT.format(p=p, n=n, col=c) for c in ("run", "wait") for p, n in ((0.5, 50), (0.95, 95), (0.99, 99)))},
+       {_PCT.format(col="run")}, {_PCT.format(col="wait")},
        min(finished_at) AS oldest
   FROM (SELECT actor, status, finished_at,
                CASE WHEN status IN ('succeeded', 'failed') THEN extract(epoch FROM finished_at - started_at)::float8
