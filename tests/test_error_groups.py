@@ -229,3 +229,30 @@ def test_a_window_is_a_duration_up_to_30_days(value):
         return
     with pytest.raises(ValueError, match="^since: "):
         error_groups.parse_window(value)
+
+
+def test_the_runtimes_own_failures_are_grouped_too(conn):
+    """A lost lease (the job runs again), a poison pill and a row that cannot become a
+    message have no exception of the actor's: named by the runtime, with no frame."""
+    from supervisor.broker import sql
+
+    def running(actor: str, losses: int = 0) -> str:
+        return str(scalar(conn, "INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at, attempts,"
+                                " lease_expires_at, lease_losses, max_lease_losses)"
+                                " VALUES ('q', %s, 'running', 'h:1:a', now(), 1, now() - interval '1 minute', %s, 3)"
+                                " RETURNING id", (actor, losses)))
+
+    lost, poison, unreadable = running("crashy"), running("crashy", losses=2), running("garbled")
+    conn.execute(sql.FAIL_UNREADABLE, {"ids": [unreadable], "attempts": [1], "errors": ["args must be a JSON array"],
+                                       "owner": "h:1:a"})
+    conn.execute(sql.REAP_EXPIRED, {"who": "t", "why": "lease expired", "default_max_losses": 3, "limit": 10,
+                                    "margin_s": 0})
+    events = {str(j): (a, t, w, s) for j, a, t, w, s in conn.execute(
+        "SELECT job_id, actor, error_type, error_where, to_status FROM job_events")}
+    assert events == {lost: ("crashy", "LeaseLost", "", "pending"), poison: ("crashy", "PoisonPill", "", "failed"),
+                      unreadable: ("garbled", "Unreadable", "", "failed")}
+    found = error_groups.error_groups(conn, window_s=3600)
+    sample = {g["error_type"]: g["sample"] for g in found["groups"]}
+    # a lost lease has no traceback of its own: its event's reason stands for it
+    assert sample["LeaseLost"]["traceback"] is None and "lease expired" in sample["LeaseLost"]["reason"]
+    assert sample["Unreadable"]["message"] == "args must be a JSON array"
