@@ -299,3 +299,131 @@ def test_the_live_job_states_in_metrics_partition_the_live_rows(conn, api):
     live = dict(conn.execute("SELECT queue, count(*) FROM jobs WHERE status IN ('pending', 'retryable', 'running')"
                              " GROUP BY queue").fetchall())
     assert by_queue == live and live == {"q1": 6, "q2": 3}
+
+
+# --- errors and actors ----------------------------------------------------------------------
+
+SEND = "app/mail.py:send"
+
+
+def _attempts(conn, job: str, actor: str, error_type: str, where: str, to_status: str, *ago_s: float) -> None:
+    """Failed attempts of ``job`` as a worker records them: its job_events rows with their group."""
+    for ago in ago_s:
+        conn.execute("INSERT INTO job_events (job_id, at, who, from_status, to_status, reason, actor, error_type,"
+                     " error_where) VALUES (%s, now() - %s * interval '1 second', 'w', 'running', %s, 'attempt',"
+                     " %s, %s, %s)", (job, ago, to_status, actor, error_type, where))
+
+
+def test_errors_grouped_and_the_actions_on_a_group(conn, api):
+    from tests.conftest import upstream_failure
+
+    failed = [_job(conn, actor="mailer", status="failed", last_error=upstream_failure()) for _ in range(3)]
+    for i, job in enumerate(failed):
+        _attempts(conn, job, "mailer", "RuntimeError", SEND, "retryable", 600 + i, 400 + i)
+        _attempts(conn, job, "mailer", "RuntimeError", SEND, "failed", 200 + i)
+    waiting = _job(conn, actor="mailer", status="retryable", last_error=upstream_failure())
+    _attempts(conn, waiting, "mailer", "RuntimeError", SEND, "retryable", 30)
+    report = _job(conn, actor="report", status="failed", last_error="Traceback ...\nKeyError: 'x'")
+    _attempts(conn, report, "report", "KeyError", "app/report.py:build", "failed", 7200)
+
+    r = api.client.get("/api/v1/errors", params={"since": "1h"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    [g] = body["groups"]
+    in_sql = conn.execute("SELECT count(*), count(*) FILTER (WHERE to_status = 'failed'), min(at), max(at)"
+                          " FROM job_events WHERE actor = 'mailer' AND error_type = 'RuntimeError'").fetchone()
+    assert (g["actor"], g["error_type"], g["where"]) == ("mailer", "RuntimeError", SEND)
+    assert (g["attempts"], g["failed"], g["retried"]) == (in_sql[0], in_sql[1], in_sql[0] - in_sql[1]) == (10, 3, 7)
+    assert (g["first_seen"], g["last_seen"]) == (in_sql[2].isoformat(), in_sql[3].isoformat())
+    assert sum(n for _, n in g["buckets"]) == 10 and body["complete"] is True and body["attempts"] == 10
+    # the sample: the newest attempt whose traceback is still its job's
+    assert g["sample"]["job_id"] == waiting and g["sample"]["message"] == "RuntimeError: upstream said no"
+    assert g["sample"]["traceback"] == scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (waiting,))
+    # the default window is a day: the report's failure two hours ago is in it
+    groups = api.client.get("/api/v1/errors").json()["groups"]
+    assert [(x["actor"], x["attempts"]) for x in groups] == [("mailer", 10), ("report", 1)]
+    assert [x["actor"] for x in api.client.get("/api/v1/errors", params={"actor": "report"}).json()["groups"]] == [
+        "report"]
+    for bad in ({"since": "forever"}, {"since": "0"}, {"limit": "0"}, {"colour": "red"}):
+        r = api.client.get("/api/v1/errors", params=bad)
+        assert r.status_code == 400 and r.json()["error"], (bad, r.text)
+
+    group = {"actor": "mailer", "error_type": "RuntimeError", "where": SEND, "since": "1h"}
+    assert api.client.post("/api/v1/errors/cancel", json=group).status_code == 401  # an action: the token
+    r = api.client.post("/api/v1/errors/cancel", json=group, headers=AUTH)
+    assert r.status_code == 200 and (r.json()["changed"], r.json()["ids"]) == (1, [waiting]), r.text
+    r = api.client.post("/api/v1/errors/retry", json=group, headers=AUTH)
+    assert r.status_code == 200 and r.json()["changed"] == 3 and sorted(r.json()["ids"]) == sorted(failed)
+    statuses = dict(conn.execute("SELECT id::text, status FROM jobs").fetchall())
+    assert statuses == {**dict.fromkeys(failed, "pending"), waiting: "cancelled", report: "failed"}
+    for bad in ({"actor": "mailer"}, {**group, "where": 3}, {**group, "since": "x"}, {**group, "colour": 1}):
+        r = api.client.post("/api/v1/errors/retry", json=bad, headers=AUTH)
+        assert r.status_code == 400 and r.json()["error"], (bad, r.text)
+    paths = api.client.get("/api/v1/openapi.json").json()["paths"]
+    assert {"/api/v1/errors", "/api/v1/errors/retry", "/api/v1/errors/cancel", "/api/v1/actors"} <= set(paths)
+    for page in ("/errors", "/errors?window=1h&actor=mailer", "/errors?window=7d", "/actors", "/actors?window=6h"):
+        r = api.client.get(page)
+        assert r.status_code == 200 and 'href="/errors"' in r.text and 'href="/actors"' in r.text, page
+    assert api.client.get("/errors?window=2d").status_code == 400
+
+
+def test_actors_figures_and_their_start_waits_in_metrics(conn, api):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    # resize: 20 jobs finished ~10 minutes ago, waits 1..20 s, runs 0.1..2 s, every 4th failed;
+    # thumbnail: 5 jobs finished 2 minutes ago (inside /metrics' 5 minutes), waits 0.5..2.5 s
+    conn.execute("""
+        INSERT INTO jobs (queue, actor, status, created_at, run_at, started_at, finished_at)
+        SELECT 'q1', 'resize', CASE WHEN g % 4 = 0 THEN 'failed' ELSE 'succeeded' END,
+               now() - interval '11 minutes', now() - interval '11 minutes',
+               now() - interval '11 minutes' + g * interval '1 second',
+               now() - interval '11 minutes' + g * interval '1 second' + g * interval '100 ms'
+          FROM generate_series(1, 20) g;
+        INSERT INTO jobs (queue, actor, status, created_at, run_at, started_at, finished_at)
+        SELECT 'q1', 'thumbnail', 'succeeded', now() - interval '3 minutes',
+               now() - interval '3 minutes' - interval '1 hour',
+               now() - interval '3 minutes' + g * interval '500 ms', now() - interval '2 minutes'
+          FROM generate_series(1, 5) g;
+        INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at) VALUES
+            ('q1', 'resize', 'running', 'h:1:a', now()), ('q1', 'resize', 'running', 'h:1:a', now());
+        INSERT INTO jobs (queue, actor, status, finished_at) VALUES ('q1', 'old', 'succeeded', now() - interval '2 hours');
+    """)
+    retried = _job(conn, actor="resize", status="succeeded")
+    _attempts(conn, retried, "resize", "OSError", "app/img.py:resize", "retryable", 100, 90, 80)
+
+    r = api.client.get("/api/v1/actors")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    by_actor = {a["actor"]: a for a in body["actors"]}
+    # most time spent first: thumbnail's five ran about a minute each, resize's twenty 21 s in all
+    assert body["complete"] and [a["actor"] for a in body["actors"]] == ["thumbnail", "resize"]
+    sql = {a: dict(zip(("finished", "failed", "busy", "run", "wait"), row, strict=True)) for a, *row in conn.execute("""
+        SELECT actor, count(*), count(*) FILTER (WHERE status = 'failed'),
+               sum(extract(epoch FROM finished_at - started_at)),
+               percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at)),
+               percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (
+                   ORDER BY extract(epoch FROM started_at - greatest(created_at, run_at)))
+          FROM jobs WHERE status IN ('succeeded', 'failed') AND finished_at > now() - interval '1 hour'
+           AND started_at IS NOT NULL GROUP BY actor""").fetchall()}
+    for name in ("resize", "thumbnail"):
+        got, want = by_actor[name], sql[name]
+        assert (got["finished"], got["failed"]) == (want["finished"], want["failed"]), name
+        assert got["per_minute"] == round(want["finished"] / 60, 3)
+        assert got["busy_s"] == pytest.approx(float(want["busy"]), abs=0.01)
+        assert [got[f"run_{p}_s"] for p in ("p50", "p95", "p99")] == pytest.approx(want["run"], abs=0.001)
+        assert [got[f"wait_{p}_s"] for p in ("p50", "p95", "p99")] == pytest.approx(want["wait"], abs=0.001)
+    assert by_actor["resize"]["failure_rate"] == 5 / 20 and by_actor["thumbnail"]["failure_rate"] == 0
+    assert (by_actor["resize"]["in_flight"], by_actor["resize"]["retries"]) == (2, 3)
+    assert by_actor["resize"]["wait_p50_s"] == pytest.approx(10.5, abs=0.01)  # from due, whatever ran before
+    assert by_actor["thumbnail"]["wait_p99_s"] == pytest.approx(2.48, abs=0.01)  # from enqueued (due earlier)
+    assert "old" not in by_actor and api.client.get("/api/v1/actors", params={"since": "3h"}).json()["actors"][-1][
+        "actor"] == "old"
+    assert api.client.get("/api/v1/actors", params={"since": "x"}).status_code == 400
+
+    # /metrics: the start waits Dramatiq's metrics lack, of the last 5 minutes' jobs (thumbnail's only)
+    text = api.client.get("/metrics").text
+    [family] = [f for f in text_string_to_metric_families(text) if f.name == "actor_supervisor_actor_start_wait_seconds"]
+    got = {(s.labels["actor"], s.labels["quantile"]): s.value for s in family.samples}
+    want = sql["thumbnail"]["wait"]
+    assert got == pytest.approx({("thumbnail", "0.5"): want[0], ("thumbnail", "0.95"): want[1],
+                                 ("thumbnail", "0.99"): want[2]}, abs=0.001)

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from supervisor import db
-from supervisor.broker import PostgresBroker, reads
+from supervisor import db, error_groups
+from supervisor.broker import PostgresBroker, actor_reads, reads
 from supervisor.broker import sql as jobs_sql
 from supervisor.config import Retention
 from supervisor.http.dashboard import recorder
@@ -243,6 +243,41 @@ def test_reads_of_live_or_failed_rows_never_read_the_succeeded_ones(conn):
         if name.startswith(("FAILED", "DEAD")):  # not jobs_finished: it holds every succeeded row too
             assert "jobs_failed" in plan, f"{name}:\n{plan}"
     assert conn.execute("SELECT ready, running FROM v_queue_capacity WHERE queue = 'q'").fetchone() == (1, 1)
+
+
+def test_the_errors_and_actors_reads_are_bounded_by_their_windows_indexes(conn):
+    # The Errors and Actors pages (and their API routes, `supervisor errors`, /metrics'
+    # start waits) read failed attempts and finished jobs of a recent window: each read
+    # must walk that window in an index, never all of jobs (millions of finished rows)
+    # or all of job_events.
+    conn.execute("INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at, started_at, finished_at)"
+                 " SELECT 'q', 'a' || (g % 3), CASE WHEN g % 9 = 0 THEN 'running' WHEN g % 5 = 0 THEN 'failed'"
+                 " ELSE 'succeeded' END, 'h:1:a', now(), now() - interval '2 s',"
+                 " CASE WHEN g % 9 <> 0 THEN now() - g * interval '1 minute' END FROM generate_series(1, 300) g")
+    conn.execute("INSERT INTO job_events (job_id, at, who, from_status, to_status, actor, error_type, error_where)"
+                 " SELECT id, finished_at, 'w', 'running', 'failed', actor, 'ValueError', 'app.py:f' FROM jobs"
+                 " WHERE status = 'failed'")
+    conn.execute("INSERT INTO job_events (job_id, at, who, to_status) SELECT id, now(), 'w', 'cancelled' FROM jobs")
+    conn.execute("ANALYZE jobs")
+    conn.execute("ANALYZE job_events")
+    window = {"window_s": 3600, "cap": 100_000}
+    group = {"actor": "a0", "error_type": "ValueError", "error_where": "app.py:f"}
+    for name, statement, params, index in (
+            ("ERROR_BUCKETS", actor_reads.ERROR_BUCKETS, {**window, "step_s": 150, "actor": None}, "job_events_errors"),
+            ("GROUP_DETAILS", actor_reads.GROUP_DETAILS, {**window, "actors": ["a0"], "types": ["ValueError"],
+                                                         "wheres": ["app.py:f"]}, "job_events_error_groups"),
+            ("GROUP_JOBS", actor_reads.GROUP_JOBS, {**window, **group, "statuses": ["failed"], "limit": 10},
+             "job_events_error_groups"),
+            ("ACTORS", actor_reads.ACTORS, window, "jobs_finished"),
+            ("ACTOR_RETRIES", actor_reads.ACTOR_RETRIES, window, "job_events_errors"),
+            ("IN_FLIGHT", actor_reads.IN_FLIGHT, {}, "jobs_running")):
+        plan = _plan(conn, statement, params)
+        assert not re.search(r"Seq Scan on (jobs|job_events)\b", plan), f"{name} reads a whole table:\n{plan}"
+        assert index in plan, f"{name}:\n{plan}"
+        if "job_events_errors" in plan or name == "ACTORS":  # the window bounds the index scan
+            assert re.search(r"Index Cond: \((finished_)?at > ", plan), f"{name}:\n{plan}"
+    assert error_groups.error_groups(conn, window_s=3600)["attempts"] == scalar(
+        conn, "SELECT count(*) FROM jobs WHERE status = 'failed' AND finished_at > now() - interval '1 hour'")
 
 
 def test_a_running_row_is_a_claimed_row(conn):

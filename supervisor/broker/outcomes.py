@@ -17,7 +17,7 @@ from dramatiq.errors import BrokerConnectionError
 from psycopg_pool import ConnectionPool
 
 from .. import backoff, db
-from . import sql
+from . import error_key, sql
 from .acks import AckBatcher
 from .joining import Failures
 from .leases import Leases
@@ -50,6 +50,7 @@ class Outcomes:
     _progress: ProgressBuffer | None
 
     failures: Failures
+    actors: dict[str, Any]  # dramatiq's Broker: the declared actors by name
 
     if TYPE_CHECKING:  # provided by PostgresBroker and dramatiq's Broker (never defined here: MRO)
         def _start(self) -> tuple[Wakeups, AckBatcher]: ...
@@ -102,16 +103,24 @@ class Outcomes:
             self.leases.let_go(message.message_id)
             return
         exc = getattr(message, "_exception", None)
-        error = error_text(exc)
         reason = f"attempt {message.attempts} of {message.max_attempts}: {type(exc).__name__ if exc else 'failed'}"
         params = {"id": message.message_id, "attempts": message.attempts, "owner": self.owner,
-                  "error": error, "reason": reason, **_ran(message)}
+                  **self._error(message, exc), "reason": reason, **_ran(message)}
         self.failures.record(message.message_id, exc)
         try:
             self._write_until_done("record failure", sql.NACK, params)
         finally:
             self.leases.let_go(message.message_id)
             self.jobs_done += 1
+
+    def _error(self, message: PgMessageProxy, exc: BaseException | None) -> dict[str, str]:
+        """A failed attempt's traceback (``last_error``) and its group (its event's
+        error_type and error_where, see error_key), parsed from that same text."""
+        text = error_text(exc)
+        actor = self.actors.get(message.actor_name)
+        module = getattr(getattr(actor, "fn", None), "__module__", None)
+        key = error_key.parse(text, error_key.own_code(module))
+        return {"error": text, "error_type": key.type, "error_where": key.where}
 
     def _write_until_done(self, what: str, statement: str, params: dict[str, Any]) -> None:
         """Write an outcome, retrying through a database outage.
@@ -138,7 +147,7 @@ class Outcomes:
             "owner": self.owner,
             "options": body["options"],
             "payload": body["payload"],
-            "error": error_text(exc),
+            **self._error(message, exc),
             "delay_ms": int(delay or 0),
             "reason": f"attempt {message.attempts} of {message.max_attempts} failed"
             f" ({type(exc).__name__ if exc else 'retry'}); retry in {int(delay or 0)} ms",

@@ -19,6 +19,7 @@ EVENTS = "SELECT * FROM job_events WHERE job_id = %(id)s ORDER BY at, id"
 _ERROR_LINE = r"""left(coalesce(nullif(btrim(regexp_replace(
            regexp_replace(last_error, '^.*\n  File [^\n]*\n(    [^\n]*\n)*', ''), '\s+', ' ', 'g')), ''),
        last_error), {width}) AS last_error"""
+ERROR_LINE = _ERROR_LINE  # for the other modules of reads (actor_reads)
 
 LIST = f"""
 SELECT id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at,
@@ -76,6 +77,7 @@ SELECT date_bin(%(step_s)s * interval '1 second', finished_at, timestamptz 'epoc
 # ran (greatest() alone would make that a wait of 0: it skips NULLs).
 _WAIT_S = """CASE WHEN started_at IS NOT NULL
             THEN greatest(extract(epoch FROM started_at - greatest(created_at, run_at))::float8, 0) END"""
+WAIT_S = _WAIT_S  # for the other modules of reads (actor_reads)
 
 # The start waits of jobs finished in the last window (a running attempt's start is
 # written with its outcome, so only finished ones are known).

@@ -126,6 +126,10 @@ def _handles_errors(fn: Callable[[Request], Any]) -> Callable[[Request], Any]:
     return run
 
 
+# For the routes other modules add under /api/v1 (api_actors.py).
+handles_errors, limit_param, json_body = _handles_errors, _limit, _body
+
+
 # --- reads ------------------------------------------------------------------------------------
 
 

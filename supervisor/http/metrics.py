@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .. import actor_stats
 from ..defaults import METRICS_DIR_ENV
 from . import data
 from .state import AppState, state_of
@@ -57,6 +58,7 @@ class Snapshot:
         yield from self._queues(snap["queues"])
         yield from self._processes(snap["workers"], snap["master"])
         yield from self._limiters(snap["limiters"])
+        yield self._start_waits(snap["start_waits"])
         for g in snap["app_gauges"]:
             family = GaugeMetricFamily(g.name, g.doc, labels=list(g.labels))
             for labels, value in g.samples:
@@ -133,6 +135,19 @@ class Snapshot:
             granted.add_metric([lim["key"]], lim["granted_total"])
             denied.add_metric([lim["key"]], lim["denied_total"])
         yield from (tokens, granted, denied)
+
+
+    def _start_waits(self, waits: dict[str, dict[str, float]]) -> Metric:
+        """The one figure of the Actors page that Dramatiq's metrics lack (they count
+        finished, failed and retried jobs, in progress, and the run time as a histogram)."""
+        family = _gauge("actor_start_wait_seconds",
+                        f"Start wait (from due to running) of the jobs finished in the last "
+                        f"{actor_stats.METRICS_WINDOW_S // 60} minutes, per actor, p50 / p95 / p99",
+                        ["actor", "quantile"])
+        for actor, pct in sorted(waits.items()):
+            for p in actor_stats.PERCENTILES:
+                family.add_metric([actor, str(int(p[1:]) / 100)], pct[p])
+        return family
 
 
 def registry_for(state: AppState) -> CollectorRegistry:

@@ -47,10 +47,10 @@ WITH done AS (
        SET status = 'failed', started_at = {_STARTED}, finished_at = {_ENDED}, lease_expires_at = NULL,
            last_error = %(error)s
      WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
- RETURNING id
+ RETURNING id, actor
 )
-INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-SELECT id, %(owner)s, 'running', 'failed', %(reason)s FROM done
+INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
+SELECT id, %(owner)s, 'running', 'failed', %(reason)s, actor, %(error_type)s, %(error_where)s FROM done
 """
 
 # The Retries middleware re-enqueues the message it is processing: same row, new
@@ -64,10 +64,10 @@ WITH done AS (
            started_at = {_STARTED},
            run_at = now() + %(delay_ms)s * interval '1 millisecond', lease_expires_at = NULL
      WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
- RETURNING id, queue, run_at <= now() AS due
+ RETURNING id, queue, actor, run_at <= now() AS due
 ), ev AS (
-    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(owner)s, 'running', 'retryable', %(reason)s FROM done
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
+    SELECT id, %(owner)s, 'running', 'retryable', %(reason)s, actor, %(error_type)s, %(error_where)s FROM done
 )
 SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || queue END) FROM done
 """
@@ -139,11 +139,13 @@ _RELEASE_BODY = """
            lease_owner = NULL, lease_expires_at = NULL, run_at = now()
       FROM lost
      WHERE j.id = lost.id
- RETURNING j.id, j.queue, j.status, j.lease_losses, lost.budget, lost.owner
+ RETURNING j.id, j.queue, j.actor, j.status, j.lease_losses, lost.budget, lost.owner
 ), ev AS (
-    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    -- grouped on the Errors page as the runtime's own failures (032): no exception, no frame
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
     SELECT id, %(who)s::text, 'running', status,
-           format('%%s; prior owner %%s; lease loss %%s of %%s', %(why)s, owner, lease_losses, budget)
+           format('%%s; prior owner %%s; lease loss %%s of %%s', %(why)s, owner, lease_losses, budget),
+           actor, CASE WHEN status = 'failed' THEN 'PoisonPill' ELSE 'LeaseLost' END, ''
       FROM upd
 )
 SELECT upd.id, upd.status, upd.owner
@@ -253,10 +255,10 @@ WITH locked AS (
        SET status = 'failed', finished_at = now(), lease_expires_at = NULL, last_error = locked.error
       FROM locked
      WHERE j.id = locked.id
- RETURNING j.id, locked.error
+ RETURNING j.id, j.actor, locked.error
 )
-INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-SELECT id, %(owner)s, 'running', 'failed', error FROM done
+INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
+SELECT id, %(owner)s, 'running', 'failed', error, actor, 'Unreadable', '' FROM done
 """
 
 RETRY_FAILED = """

@@ -21,7 +21,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..render import Json, error
 from ..state import state_of
-from . import actions, gather
+from . import actions, errors_actors, gather
 from .render import page
 
 # A stream ends after this long and the browser reconnects (Last-Event-ID carries what
@@ -74,6 +74,23 @@ def limits(request: Request) -> Response:
     return page(request, "limits.html", limits=gather.limits(state_of(request)))
 
 
+def errors(request: Request) -> Response:
+    window = request.query_params.get("window", errors_actors.ERROR_DEFAULT)
+    actor = request.query_params.get("actor") or None
+    if window not in errors_actors.ERROR_WINDOWS:
+        return HTMLResponse(f"unknown window (one of {', '.join(errors_actors.ERROR_WINDOWS)})", status_code=400)
+    return page(request, "errors.html", e=errors_actors.errors(state_of(request), window, actor), window=window,
+                windows=errors_actors.ERROR_WINDOWS)
+
+
+def actors(request: Request) -> Response:
+    window = request.query_params.get("window", errors_actors.ACTOR_DEFAULT)
+    if window not in errors_actors.ACTOR_WINDOWS:
+        return HTMLResponse(f"unknown window (one of {', '.join(errors_actors.ACTOR_WINDOWS)})", status_code=400)
+    return page(request, "actors.html", a=errors_actors.actors(state_of(request), window), window=window,
+                windows=errors_actors.ACTOR_WINDOWS)
+
+
 def app_page(request: Request) -> Response:
     found = gather.app_page(state_of(request), request.path_params["slug"])
     if found is None:
@@ -112,6 +129,21 @@ async def change_jobs(request: Request) -> Response:
         if where is None and not ids:
             return error(400, "select jobs, or all matching the filter")
         result = await _run(actions.change_jobs, state_of(request), action, ids, where)
+    except NotJson as exc:
+        return error(415, str(exc))
+    except ValueError as exc:
+        return error(400, str(exc))
+    _changed(request)
+    return Json(result)
+
+
+async def change_error_group(request: Request) -> Response:
+    action = request.path_params["action"]
+    if action not in ("retry", "cancel"):
+        return error(404, f"no error group action {action!r} (retry, cancel)")
+    try:
+        body = await _body(request)
+        result = await _run(errors_actors.change_group, state_of(request), action, body)
     except NotJson as exc:
         return error(415, str(exc))
     except ValueError as exc:
@@ -196,8 +228,10 @@ async def events(request: Request) -> Response:
 
 
 _GET = [("/", overview), ("/queues", queues), ("/jobs", jobs), ("/jobs/{job_id}", job), ("/workers", workers),
-        ("/schedules", schedules), ("/limits", limits), ("/apps/{slug}", app_page), ("/events", events)]
+        ("/schedules", schedules), ("/limits", limits), ("/apps/{slug}", app_page), ("/events", events),
+        ("/errors", errors), ("/actors", actors)]
 _POST = [("/ui/jobs/{action:str}", change_jobs), ("/ui/queues/{queue:str}/{verb:str}", pause),
+         ("/ui/errors/{action:str}", change_error_group),
          ("/ui/schedules/{name:str}/run", run_schedule), ("/ui/roles/{role:str}/scale", scale)]
 
 routes: list[BaseRoute] = [

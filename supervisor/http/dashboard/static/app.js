@@ -26,8 +26,10 @@
     const resp = await fetch(location.href, { headers: { "X-Dashboard-Partial": "1" } });
     if (!resp.ok) return;
     const picked = new Set(Array.from(document.querySelectorAll(".pick:checked")).map((c) => c.value));
+    const opened = Array.from(document.querySelectorAll("details[id][open]")).map((d) => d.id);
     document.getElementById("main").innerHTML = await resp.text();
     document.querySelectorAll(".pick").forEach((c) => { c.checked = picked.has(c.value); });
+    opened.forEach((id) => { const d = document.getElementById(id); if (d) d.open = true; });
     document.body.dataset.refreshed = String(lastRefresh);
   }
 
