@@ -374,3 +374,12 @@ def test_poll_interval_per_role_reaches_the_worker_settings():
     assert WorkerSettings.from_role(cfg, "plain").poll_interval == 1.0
     with pytest.raises(Exception, match="roles.fast.poll_interval"):
         parse("roles:\n  fast: {queues: [q], actors: [m], poll_interval: 0s}\n")
+
+
+def test_the_memory_guard_is_on_by_default_and_can_be_turned_off():
+    from supervisor.config import parse
+
+    cfg = parse("roles:\n  a: {queues: [q], actors: [m]}\n  b: {queues: [q], actors: [m], limits: {max_jobs: 5}}\n"
+                "  c: {queues: [q], actors: [m], limits: {memory_percent: off}}\n")
+    assert [cfg.role(n).limits.memory_percent for n in "abc"] == [85.0, 85.0, None]
+    assert cfg.role("a").limits.cpu_percent is None  # CPU: only when set (ARCHITECTURE.md, the resource guard)

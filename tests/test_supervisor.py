@@ -216,7 +216,7 @@ def test_recycle_past_max_rss_is_rolling(tmp_path, conn, database_url, superviso
     assert "max_rss" in (alpha["last_exit"] or ""), alpha["last_exit"]
 
 
-def test_resource_guard_pauses_claiming_until_reload(tmp_path, conn, database_url, supervisor):
+def test_resource_guard_pauses_claiming_until_reload(tmp_path, conn, database_url, supervisor, http_server):
     # Any host uses more than 1% of its memory: the guard must stop claiming.
     path = write_config(tmp_path / "s.yaml", database_url,
                         {"alpha": role(processes=1, limits={"memory_percent": 1})})
@@ -233,6 +233,14 @@ def test_resource_guard_pauses_claiming_until_reload(tmp_path, conn, database_ur
         wait_for(lambda since=since: scalar(conn, "SELECT heartbeat_at > %s FROM workers WHERE pid = %s",
                                             (since, proc["pid"])), 10, message="a fresh heartbeat")
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'pending'") == 5
+    # The reason reaches every host's readers through the process's beat, not only its master.
+    assert "host memory" in scalar(conn, "SELECT paused_reason FROM workers WHERE pid = %s", (proc["pid"],))
+    shown = cli("status", config=path)
+    assert f"pid {proc['pid']} (alpha) not claiming: host memory" in shown.stdout, shown.stdout
+    elsewhere = http_server(url=database_url)  # standalone: no master of its own to ask
+    [w] = [w for w in elsewhere.client.get("/api/v1/workers").json()["workers"] if w["pid"] == proc["pid"]]
+    assert "host memory" in w["paused_why"] and "host memory" in w["paused_reason"]
+    assert "backing off: host memory" in elsewhere.client.get("/workers").text
     write_config(path, database_url, {"alpha": role(processes=1)})
     assert cli("reload", config=path).returncode == 0
     wait_all_succeeded(conn, 5)

@@ -147,7 +147,7 @@ def test_guard_pauses_resumes_with_hysteresis_and_asks_to_recycle_once():
 
 
 def test_guard_reads_this_process():
-    guard = Guard(Limits(), lambda why: None)
+    guard = Guard(Limits(memory_percent=None), lambda why: None)
     r = guard.read()
     assert r.rss > 10 << 20 and r.memory_percent == 0.0  # host figures only when a limit asks for them
     assert os.getpid() == guard._proc.pid

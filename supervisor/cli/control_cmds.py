@@ -120,7 +120,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     reply = _control(ctx, {"cmd": "status"}, 10.0)
     if not reply.get("ok"):
         die(str(reply.get("error")))
-    reply["paused_queues"] = _paused_queues(ctx)
+    reply["paused_queues"], reply["backing_off"] = _from_database(ctx)
     if as_json:
         print_json(reply)
     else:
@@ -129,16 +129,19 @@ def status(ctx: click.Context, as_json: bool) -> None:
         click.echo(render(reply))
 
 
-def _paused_queues(ctx: click.Context) -> list[dict[str, Any]] | None:
-    """Paused queues, read from the database (the master never reads it for status);
+def _from_database(ctx: click.Context) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+    """Paused queues, and the processes of every host that do not claim and why (their
+    beats' reasons), read from the database (the master never reads it for status);
     None when the database cannot be reached within two seconds."""
     from .. import admin  # not in `supervisor run`: its children inherit what it imports
 
     try:
         with psycopg.connect(url(ctx), autocommit=True, connect_timeout=2) as conn:
-            return admin.paused_queues(conn)
+            backing_off = [{k: w[k] for k in ("host", "pid", "role", "paused_reason")}
+                           for w in admin.workers(conn) if w["paused_reason"] and w["stopped_at"] is None]
+            return admin.paused_queues(conn), backing_off
     except psycopg.Error:
-        return None
+        return None, None
 
 
 @click.command()

@@ -37,6 +37,8 @@ def render(status: dict[str, Any]) -> str:
     for queue, p in paused.items():
         why = f": {p['reason']}" if p.get("reason") else ""
         lines.insert(-1, f"queue {queue} paused by {p.get('paused_by') or '?'}{why}")
+    for w in status.get("backing_off") or []:  # every host's, from the registry
+        lines.insert(-1, f"{w['host']} pid {w['pid']} ({w['role']}) not claiming: {w['paused_reason']}")
     for role in status["roles"]:
         scaled = " (scaled)" if role["scaled"] else ""
         queues = ",".join(q + (" (paused)" if q in paused else "") for q in role["queues"])

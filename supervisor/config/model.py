@@ -64,8 +64,9 @@ class SupervisorConfig:
 
 @dataclass(frozen=True)
 class Limits:
-    # Host-wide thresholds: over either, a process stops claiming until it recovers.
-    memory_percent: float | None = None
+    # Host-wide thresholds: over either, a process stops claiming until it recovers
+    # (None: off; memory's is on by default, `memory_percent: off` turns it off).
+    memory_percent: float | None = defaults.GUARD_MEMORY_PERCENT
     cpu_percent: float | None = None
     # Per-process ceilings: past either, the process is recycled (rolled).
     max_rss: int | None = None

@@ -286,8 +286,11 @@ def _limits(reader: Reader, item: Item) -> Limits:
             raise ValueError(f"{i.value!r} is under 1MB; write a size like 512MB")
         return v
 
+    def percent_or_off(i: Item) -> float | None:
+        return None if i.value in ("off", False) else percent(i)
+
     return Limits(
-        memory_percent=s.get("memory_percent", percent),
+        memory_percent=s.get("memory_percent", percent_or_off, Limits.memory_percent),
         cpu_percent=s.get("cpu_percent", percent),
         max_rss=s.get("max_rss", rss),
         max_jobs=s.get("max_jobs", integer(1)),

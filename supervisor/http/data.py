@@ -124,7 +124,8 @@ def job_detail(state: AppState, job_id: str) -> dict[str, Any] | None:
 
 
 def workers(state: AppState) -> list[dict[str, Any]]:
-    """The registry, with why a local process is paused (its beats tell the master)."""
+    """The registry, with why a process is paused: its own beat's reason (every host),
+    or the local master's fresher word for its children."""
     with state.connection() as conn:
         rows = admin.workers(conn)
     status = master_status(state)
@@ -132,7 +133,7 @@ def workers(state: AppState) -> list[dict[str, Any]]:
     if status is not None:
         paused = {p["owner"]: p["paused"] for r in status["roles"] for p in r["processes"]}
     for r in rows:
-        r["paused_why"] = paused.get(r["id"])
+        r["paused_why"] = paused.get(r["id"]) or r.get("paused_reason")
         r["queues"] = list(r["queues"] or [])
     return rows
 

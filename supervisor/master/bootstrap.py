@@ -192,6 +192,7 @@ class ChildBootstrap(Bootstrap, Hooks):
             proc.state = "paused"
         elif not self.guard.paused_for and proc.state == "paused":
             proc.state = "running"
+        proc.paused_reason = self.guard.paused_for
         self.beacon.send(
             "beat", state=proc.state, rss=r.rss, cpu=round(r.process_cpu, 1), in_flight=proc.in_flight(),
             done=broker.jobs_done, paused=self.guard.paused_for,

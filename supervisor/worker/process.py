@@ -76,6 +76,8 @@ class WorkerProcess:
         self.upkeep: Upkeep | None = None
         self.scheduler: Scheduler | None = None
         self.state = "starting"
+        # Why this process does not claim, set by the master's resource guard (its beat shows it).
+        self.paused_reason: str | None = None
 
     def in_flight(self) -> int:
         return self.broker.leases.count() if self.broker else 0
@@ -136,6 +138,7 @@ class WorkerProcess:
                 retention=s.retention,
             ),
             state=lambda: self.state,
+            paused=lambda: self.paused_reason,
         )
         # The database may still be starting (a reboot): wait for it, unless told to stop.
         backoff.retry(registration.register, "registering with the database", cap=30.0, stop=self.stopping,

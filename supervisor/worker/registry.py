@@ -30,7 +30,7 @@ ON CONFLICT (id) DO UPDATE SET state = 'running', heartbeat_at = now(), stopped_
 
 BEAT = """
 UPDATE workers
-   SET heartbeat_at = now(), state = %(state)s, rss_bytes = %(rss)s, cpu_percent = %(cpu)s,
+   SET heartbeat_at = now(), state = %(state)s, paused_reason = %(paused)s, rss_bytes = %(rss)s, cpu_percent = %(cpu)s,
        jobs_in_flight = %(in_flight)s, jobs_done = %(done)s, server_started = pg_postmaster_start_time()
  WHERE id = %(id)s
 """
@@ -77,7 +77,7 @@ DELETE FROM workers
 
 LIST = """
 SELECT id, host, pid, role, queues, state, started_at, heartbeat_at, stopped_at,
-       rss_bytes, cpu_percent, jobs_in_flight, jobs_done, capacity
+       rss_bytes, cpu_percent, jobs_in_flight, jobs_done, capacity, paused_reason
   FROM workers
  WHERE stopped_at IS NULL OR stopped_at > now() - interval '1 hour'
  ORDER BY host, role, started_at
@@ -106,6 +106,7 @@ class Beat:
     state: str
     in_flight: int = 0
     done: int = 0
+    paused: str | None = None  # why it does not claim (the resource guard), None: it claims
 
 
 class SelfUsage:
@@ -168,7 +169,8 @@ class Registration:
     def sample(self, beat: Beat) -> dict[str, object]:
         """The BEAT parameters, sampled now (callable from a thread that must not wait on the database)."""
         return {"id": self.id, "state": beat.state, "rss": self._usage.rss(),
-                "cpu": self._usage.cpu_percent(), "in_flight": beat.in_flight, "done": beat.done}
+                "cpu": self._usage.cpu_percent(), "in_flight": beat.in_flight, "done": beat.done,
+                "paused": beat.paused}
 
     def beat(self, beat: Beat, params: dict[str, object] | None = None) -> None:
         """Write the beat; once more at once on a fresh connection if the server ended

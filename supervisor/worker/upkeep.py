@@ -90,19 +90,22 @@ class Upkeep(threading.Thread):
         *,
         settings: UpkeepSettings,
         state: Callable[[], str],
+        paused: Callable[[], str | None] = lambda: None,
     ) -> None:
         super().__init__(name="upkeep", daemon=True)
         self.broker = broker
         self.registration = registration
         self.settings = settings
         self.state = state
+        self.paused = paused  # why the process does not claim (its beat carries it to the registry)
         self._halt = threading.Event()
         self._vacuum: threading.Thread | None = None
         self._prune_backlog = False
 
     def beat(self) -> None:
         self.broker.leases.heartbeat()
-        self.registration.beat(Beat(self.state(), self.broker.leases.count(), self.broker.jobs_done))
+        self.registration.beat(Beat(self.state(), self.broker.leases.count(), self.broker.jobs_done,
+                                    self.paused()))
 
     def vacuum(self) -> int | None:
         """Analyze jobs if the planner's row count is stale, then vacuum it if due (see

@@ -167,7 +167,7 @@ def workers(state: AppState) -> dict[str, Any]:
             "mem_level": _level(mem_pct), "cpu_level": _level(cpu_pct),
             "mem_limit": mem_limit, "cpu_limit": cpu_limit,
             "mem_points": [(t, m) for t, m, _ in points], "cpu_points": [(t, c) for t, _, c in points],
-            "paused": mine.get("paused"), "beat_age": (datetime.now(UTC) - w["heartbeat_at"]).total_seconds(),
+            "paused": mine.get("paused") or w.get("paused_reason"), "beat_age": (datetime.now(UTC) - w["heartbeat_at"]).total_seconds(),
         })
     # A role that serves no queue (the master's HTTP child) runs no jobs: not a worker.
     names = [n for n, r in role_info.items() if r.get("queues")] + [n for n in by_role if n not in role_info]
