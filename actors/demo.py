@@ -37,7 +37,7 @@ from supervisor.config import load
 from supervisor.migrate import migrate
 from supervisor.units import parse_duration
 
-from . import catalog, extract_rules
+from . import catalog, extract_rules, tracker
 from .demo_servers import PRODUCTS, Marketplace, WebhookReceiver
 from .queries import forecasts as forecast_sql
 from .queries import pipeline as pipeline_sql
@@ -45,8 +45,10 @@ from .settings import SECTION
 
 SOURCE = "demo-market"
 HISTORY_DAYS = 14
-POLL_EVERY = 3.0  # the demo asks for due watches this often (watches poll every 10 s)
+WATCH_EVERY = 5.0  # each watch polls this often (a deal gone for one poll and back alerts again)
+POLL_EVERY = 2.0  # the demo asks for due watches this often
 FORECAST_EVERY = 20.0
+REEXTRACT_AT = 12.0  # seconds in: every listing extracted again at priority 1 (the operator's re-extraction)
 
 
 def pipeline_section(market: Marketplace, receiver: WebhookReceiver) -> dict[str, Any]:
@@ -55,7 +57,7 @@ def pipeline_section(market: Marketplace, receiver: WebhookReceiver) -> dict[str
         name = "demo-" + product.query.replace(" ", "-")
         rule: dict[str, Any] = ({"target_price": f"{product.base_cents * 0.7 / 100:.2f}"}
                                 if product.query.startswith("ddr4") else {"deal_threshold": 0.25})
-        watches[name] = {"source": SOURCE, "query": product.query, "every": 10.0,
+        watches[name] = {"source": SOURCE, "query": product.query, "every": WATCH_EVERY,
                          "webhook": f"{receiver.url}/hook/{name}", **rule}
     return {
         "sources": {SOURCE: {"search_url": market.search_template(), "format": "json", "rate_per_minute": 600.0,
@@ -164,8 +166,11 @@ class Story:
         self.receiver = receiver
         self.say = say
         self.deals: set[int] = set()
+        self.titles: set[str] = set()
+        self.realerts = 0
         self.delivered: dict[int, int] = {}
         self.forecasts: set[str] = set()
+        self.reextracting = 0  # listings enqueued again at priority 1, until they are all done
 
     def look(self, conn) -> None:
         alerts = conn.execute(pipeline_sql.ALERTS, {"watch_id": None, "pending": False, "limit": 10_000}).fetchall()
@@ -174,12 +179,24 @@ class Story:
             alert_id, title, cents, reason, delivery = row[0], row[3], row[4], row[5], row[-1]
             if alert_id not in self.deals:
                 self.deals.add(alert_id)
-                self.say("deal", f"deal found      #{alert_id}  {title}  ${cents / 100:,.2f}  ({reason})",
-                         alert_id=alert_id, title=title, price_cents=cents, reason=reason)
+                if title in self.titles:  # the same listing, gone and back: a second alert
+                    self.realerts += 1
+                    self.say("realert", f"deal is back    #{alert_id}  {title}  ${cents / 100:,.2f}  (it had"
+                             " disappeared: alerted again)", alert_id=alert_id, title=title, price_cents=cents)
+                else:
+                    self.say("deal", f"deal found      #{alert_id}  {title}  ${cents / 100:,.2f}  ({reason})",
+                             alert_id=alert_id, title=title, price_cents=cents, reason=reason)
+                self.titles.add(title)
             if delivery == "delivered" and alert_id not in self.delivered:
                 self.delivered[alert_id] = counts.get(f"alert-{alert_id}", 0)
                 self.say("notified", f"notified        #{alert_id}  webhook received it {self.delivered[alert_id]}"
                          " time(s)", alert_id=alert_id, received=self.delivered[alert_id])
+        if self.reextracting:
+            done = conn.execute(REEXTRACTED, {"priority": tracker.REEXTRACT_PRIORITY}).fetchone()[0]
+            if done >= self.reextracting:
+                self.say("reextracted", f"re-extracted    {done} listing(s) at priority {tracker.REEXTRACT_PRIORITY},"
+                         " ahead of new ones", listings=done)
+                self.reextracting = 0
         for key, _, days, low, high in conn.execute(forecast_sql.FORECASTS_OK):
             if key not in self.forecasts:
                 self.forecasts.add(key)
@@ -191,9 +208,14 @@ class Story:
         only a key the receiver got twice is."""
         counts = self.receiver.counts()
         once = all(n == 1 for n in counts.values()) and all(counts.get(f"alert-{a}") == 1 for a in self.delivered)
-        text = (f"{len(self.deals)} deal(s) found, {len(self.delivered)} notification(s) delivered "
+        text = (f"{len(self.deals)} deal(s) found ({self.realerts} of them back after disappearing), "
+                f"{len(self.delivered)} notification(s) delivered "
                 f"({'each exactly once' if once else 'DUPLICATES SEEN'}), {len(self.forecasts)} forecast(s) written")
         return text, once
+
+
+# Re-extraction jobs done (the demo's database is its own: every such job is the demo's).
+REEXTRACTED = "SELECT count(*) FROM jobs WHERE actor = 'extract_listing' AND priority = %(priority)s AND status = 'succeeded'"
 
 
 def _enqueue(broker, actor: str, queue: str) -> None:
@@ -227,6 +249,7 @@ def run_demo(given_url: str | None, seconds: float | None, keep: bool, say: Say)
                 pid=supervisor.proc.pid, log=str(directory / "supervisor.log"), seconds=seconds)
             deadline = None if seconds is None else time.monotonic() + seconds
             last_poll = last_forecast = 0.0
+            started, reextracted = time.monotonic(), False
             with db.connect(url) as conn, contextlib.closing(PostgresBroker(url, pool_size=1)) as broker:
                 while deadline is None or time.monotonic() < deadline:
                     if supervisor.proc.poll() is not None:
@@ -235,6 +258,11 @@ def run_demo(given_url: str | None, seconds: float | None, keep: bool, say: Say)
                     if now - last_poll >= POLL_EVERY:
                         _enqueue(broker, "poll_due_watches", "scraping")
                         last_poll = now
+                    if not reextracted and now - started >= REEXTRACT_AT:
+                        story.reextracting = tracker.reextract(broker)
+                        reextracted = True
+                        say("reextract", f"re-extraction   {story.reextracting} listing(s) enqueued at priority"
+                            f" {tracker.REEXTRACT_PRIORITY}", listings=story.reextracting)
                     if now - last_forecast >= FORECAST_EVERY and story.deals:
                         _enqueue(broker, "forecast_daily", "forecasting")
                         last_forecast = now
@@ -253,8 +281,8 @@ def run_demo(given_url: str | None, seconds: float | None, keep: bool, say: Say)
         else:
             shutil.rmtree(directory, ignore_errors=True)
     text, ok = story.summary()
-    say("summary", text, deals=len(story.deals), delivered=len(story.delivered), forecasts=len(story.forecasts),
-        exactly_once=ok)
+    say("summary", text, deals=len(story.deals), realerts=story.realerts, delivered=len(story.delivered),
+        forecasts=len(story.forecasts), exactly_once=ok)
     say("stopped", "everything the demo started has stopped")
     return exit_codes.OK if ok else exit_codes.PROBLEM
 

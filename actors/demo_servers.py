@@ -29,7 +29,7 @@ PRODUCTS = (
     Product("nvme 1tb", "Samsung 970 EVO Plus 1TB NVMe M.2 SSD", 8_000),
 )
 REGULAR = 8  # listings per product at roughly the usual price
-DEAL_EVERY = 20.0  # seconds between flash deals per product (the first after DEAL_START)
+DEAL_EVERY = 6.0  # seconds between flash deals per product (the first after DEAL_START)
 DEAL_START = 4.0
 DEAL_PRICE = 0.6  # of the usual price
 
@@ -37,7 +37,8 @@ DEAL_PRICE = 0.6  # of the usual price
 def listings(product: Product, elapsed: float, now: datetime) -> list[dict[str, Any]]:
     """What the marketplace lists for ``product`` ``elapsed`` seconds after it opened:
     regular listings whose prices drift, two of them auctions, plus the current
-    flash deal (a new listing every DEAL_EVERY seconds)."""
+    flash deal: two of them take turns every DEAL_EVERY seconds, so each disappears
+    and comes back (and alerts again: a deal that reappears is news)."""
     slug = product.query.replace(" ", "-")
     out = []
     for i in range(REGULAR):
@@ -50,7 +51,7 @@ def listings(product: Product, elapsed: float, now: datetime) -> list[dict[str, 
             item["auction_ends_at"] = (now + (timedelta(minutes=50) if i == 0 else timedelta(days=2))).isoformat()
         out.append(item)
     if elapsed >= DEAL_START:
-        k = int((elapsed - DEAL_START) // DEAL_EVERY)
+        k = int((elapsed - DEAL_START) // DEAL_EVERY) % 2
         out.append({"id": f"{slug}-deal-{k}", "title": f"{product.title} - flash sale {k + 1}",
                     "price_cents": round(product.base_cents * DEAL_PRICE), "currency": "USD",
                     "url": f"/item/{slug}-deal-{k}", "price_type": "ask"})

@@ -30,8 +30,8 @@ QUEUE = "extraction"
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=5, min_backoff=2_000, max_backoff=120_000)
-def extract_listing(listing_id: int, watch_id: int | None = None) -> None:
-    run_extraction(listing_id, watch_id)
+def extract_listing(listing_id: int, watch_id: int | None = None, reextract: bool = False) -> None:
+    run_extraction(listing_id, watch_id, reextract)
 
 
 def _extract(pool, row) -> extract_rules.Extraction:
@@ -56,7 +56,10 @@ def _baseline(conn, product_key: str | None, scoring: settings.ScoringSettings) 
     return (float(row[0]), int(row[1])) if row else (None, 0)
 
 
-def run_extraction(listing_id: int, watch_id: int | None = None) -> dict:
+def run_extraction(listing_id: int, watch_id: int | None = None, reextract: bool = False) -> dict:
+    """Extract, score and maybe alert. ``reextract``: an operator's or the schedule's
+    re-extraction, which may find a deal but never notifies a listing again that was
+    notified before (only the listing coming back, or its price moving, is news)."""
     pool = store.pool()
     with pool.connection() as conn:
         row = conn.execute(sql.LISTING_FOR_EXTRACTION, {"id": listing_id}).fetchone()
@@ -97,6 +100,7 @@ def run_extraction(listing_id: int, watch_id: int | None = None) -> dict:
                 "watch_id": watch_id, "listing_id": listing_id, "price_cents": price_cents,
                 "baseline_cents": median, "score": verdict.score, "reason": verdict.reason,
                 "re_alerts": alerting.re_alerts_enabled, "cooldown_s": alerting.re_alerts_cooldown,
+                "reextract": reextract,
             }).fetchone()
             alert_id = created[0] if created else None
             if alert_id is not None and watch[4]:

@@ -48,7 +48,7 @@ def reextract(broker, watch_id: int | None = None, incomplete: bool = False) -> 
     listings. Returns how many."""
     rows = to_reextract(broker, watch_id, incomplete)
     messages: list[Message[Any]] = [
-        Message(queue_name="extraction", actor_name="extract_listing", args=(lid, wid), kwargs={},
+        Message(queue_name="extraction", actor_name="extract_listing", args=(lid, wid), kwargs={"reextract": True},
                 options={"priority": REEXTRACT_PRIORITY, "dedupe_key": f"reextract:{lid}"})
         for lid, wid in rows
     ]
@@ -71,7 +71,7 @@ def reextract_now(broker, watch_id: int | None = None, incomplete: bool = False,
     counts = {"listings": len(rows), "deals": 0, "errors": 0}
     for done, (lid, wid) in enumerate(rows, 1):
         try:
-            counts["deals"] += bool(run_extraction(lid, wid).get("deal"))
+            counts["deals"] += bool(run_extraction(lid, wid, reextract=True).get("deal"))
         except Exception as exc:  # one listing's failure must not stop the rest: counted, logged
             counts["errors"] += 1
             log.warning("re-extraction of listing %s failed: %s: %s", lid, type(exc).__name__, exc)

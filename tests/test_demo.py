@@ -11,20 +11,28 @@ import psycopg
 from tests.conftest import cli
 
 
-def test_the_demo_shows_deals_notifications_and_forecasts_then_stops_everything(fresh_database):
+def test_the_demo_shows_deals_realerts_reextraction_notifications_and_forecasts_then_stops_everything(
+        fresh_database):
     result = cli("demo", "--for", "30s", "--json", url=fresh_database, timeout=180)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     events = [json.loads(line) for line in result.stdout.splitlines()]
     of = {kind: [e for e in events if e["event"] == kind] for kind in {e["event"] for e in events}}
-    deals = [e["alert_id"] for e in of["deal"]]
-    assert len(deals) >= 3 and len(set(deals)) == len(deals)
+    deals = [e["alert_id"] for e in of["deal"] + of.get("realert", [])]
+    assert len(of["deal"]) >= 3 and len(set(deals)) == len(deals)
+    # A flash deal gone for a poll and back alerts again; an operator's re-extraction
+    # (every listing, at priority 1) runs, and alerts nothing already notified.
+    assert of.get("realert"), [e for e in events if e["event"] in ("deal", "realert")]
+    assert {e["title"] for e in of["realert"]} <= {e["title"] for e in of["deal"]}
+    (enqueued,) = of["reextract"]
+    (reextracted,) = of["reextracted"]
+    assert enqueued["listings"] >= 24 and reextracted["listings"] == enqueued["listings"]
     notified = {e["alert_id"]: e["received"] for e in of["notified"]}
     # Each delivered once; a deal found in the last second may still be on its way when the demo stops.
     assert set(notified) <= set(deals) and len(notified) >= 3 and set(notified.values()) == {1}
     assert sorted(e["product_key"] for e in of["forecast"]) == ["gpu:rtx3080", "ram:ddr4:32gb:3200", "ssd:nvme:1tb"]
     (summary,) = of["summary"]
-    assert (summary["deals"], summary["delivered"], summary["forecasts"], summary["exactly_once"]) == (
-        len(deals), len(notified), 3, True)
+    assert (summary["deals"], summary["realerts"], summary["delivered"], summary["forecasts"],
+            summary["exactly_once"]) == (len(deals), len(of["realert"]), len(notified), 3, True)
     assert events[-1]["event"] == "stopped"
 
     (running,) = of["running"]

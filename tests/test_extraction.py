@@ -233,3 +233,16 @@ def test_llm_concurrency_and_rate_are_bounded(conn, setup, pipeline_config, thre
         t.join(30)
     assert len(seen["requests"]) == 6 and seen["peak"] == 2
     assert scalar(conn, "SELECT granted_total FROM rate_limiter_state WHERE key = 'llm:fake-2'") == 6
+
+
+def test_a_reextraction_never_alerts_a_listing_notified_before(conn, setup, pipeline_config):
+    from actors.extraction import run_extraction
+
+    source_id, watch_id = setup
+    seed_baseline(conn, "ram:ddr4:32gb:3200", 10_000)
+    cheap = listing(conn, source_id, "Corsair 32GB DDR4 3200", 7_000, "c")
+    fresh = listing(conn, source_id, "Kingston 32GB DDR4 3200", 7_000, "k")
+    assert run_extraction(cheap, watch_id)["alert_id"] is not None
+    conn.execute("UPDATE alerts SET notified = true, notified_at = now()")
+    assert run_extraction(cheap, watch_id, reextract=True)["alert_id"] is None  # read again: no news
+    assert run_extraction(fresh, watch_id, reextract=True)["alert_id"] is not None  # a deal found on re-reading

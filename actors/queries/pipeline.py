@@ -253,7 +253,8 @@ SELECT id, enabled, target_price_cents, deal_threshold, webhook_url FROM watches
 # all that blocks a second alert with re-alerts off, so a deal that disappears and
 # reappears alerts again once the first was notified. With re-alerts on (the watch's
 # own `re_alerts`, else %(re_alerts)s from the config), a listing notified within the
-# cooldown does not alert again.
+# cooldown does not alert again. A re-extraction (%(reextract)s) never alerts a listing
+# that was notified before: reading it again is no news.
 CREATE_ALERT = """
 INSERT INTO alerts (watch_id, listing_id, price_cents, baseline_cents, score, reason)
 SELECT w.id, %(listing_id)s, %(price_cents)s, %(baseline_cents)s, %(score)s, %(reason)s
@@ -264,6 +265,9 @@ SELECT w.id, %(listing_id)s, %(price_cents)s, %(baseline_cents)s, %(score)s, %(r
             SELECT 1 FROM alerts a
              WHERE a.watch_id = w.id AND a.listing_id = %(listing_id)s AND a.notified
                AND a.notified_at > now() - %(cooldown_s)s::float8 * interval '1 second'))
+   AND (NOT %(reextract)s::boolean
+        OR NOT EXISTS (SELECT 1 FROM alerts a WHERE a.watch_id = w.id AND a.listing_id = %(listing_id)s
+                                                 AND a.notified))
 ON CONFLICT (watch_id, listing_id) WHERE NOT notified DO NOTHING
 RETURNING id
 """
