@@ -80,6 +80,8 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
       fail_fast_default: ``join``'s default for ``fail_fast`` (see joining.Failures).
       keep_leases: a consuming broker renews and reaps leases itself (LeaseKeeper:
         the dramatiq CLI); a supervisor worker process does it in its upkeep thread.
+      queue_priorities: queue -> the priority of a message sent there without one
+        (the config's roles' ``priority``).
     """
 
     def __init__(
@@ -99,6 +101,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         owner: str | None = None,
         fail_fast_default: bool = False,
         keep_leases: bool = False,
+        queue_priorities: dict[str, int] | None = None,
     ) -> None:
         self.url = db.resolve_url(url)
         # A failed connection attempt tells the leases at once (see Leases.beat_expiry).
@@ -125,6 +128,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self.owner = owner or owner_id()
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
+        self.queue_priorities = queue_priorities or {}  # queue -> its role's default priority (config)
         self.queues: dict[str, None] = {}
         # Unbounded until a worker process sets it to what it can run at once.
         self.capacity = Capacity(limit=1 << 30)
@@ -175,7 +179,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
 
     def _row(self, message: Message, delay: int | None) -> dict[str, Any]:
         priority, max_attempts, dedupe_key, concurrency_key = bulk.job_fields(
-            message, self.actors.get(message.actor_name), self._retries())
+            message, self.actors.get(message.actor_name), self._retries(), self.queue_priorities)
         return {
             "id": message.message_id,
             "queue": message.queue_name,
@@ -230,7 +234,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
             return []
         retries = self._retries()
         return self._send(lambda c: bulk.enqueue_many(c, messages, actors=self.actors, retries=retries,
-                                                      delay=int(delay or 0)),
+                                                      delay=int(delay or 0), priorities=self.queue_priorities),
                           conn, f"enqueue {len(messages)} messages")
 
     def _send(self, write: Callable[[psycopg.Connection], T], conn: psycopg.Connection | None, what: str) -> T:

@@ -46,9 +46,11 @@ KEY = 9
 _FIELD_OPTIONS = frozenset({"priority", "max_attempts", "max_retries", "dedupe_key", "concurrency_key"})
 
 
-def job_fields(message: Message, actor: Actor | None, retries: Retries | None) -> tuple[int, int | None, Any, Any]:
+def job_fields(message: Message, actor: Actor | None, retries: Retries | None,
+               priorities: dict[str, int] | None = None) -> tuple[int, int | None, Any, Any]:
     """priority, max_attempts, dedupe_key and concurrency_key of a new row: the
-    message's option, else its actor's. max_attempts is else the Retries budget;
+    message's option, else its actor's; the priority is else its queue's role's
+    (``priorities``, from the config), else 0. max_attempts is else the Retries budget;
     NULL for an actor this process does not know (enqueued by name from elsewhere):
     the worker that claims it applies its actor's budget."""
     options = message.options
@@ -61,34 +63,39 @@ def job_fields(message: Message, actor: Actor | None, retries: Retries | None) -
     max_attempts = option("max_attempts")
     if max_attempts is None and actor is not None:
         max_attempts = 1 if retries is None else retries.max_attempts_for(message, actor)
-    return (int(options.get("priority") or 0), None if max_attempts is None else int(max_attempts),
+    priority = options.get("priority")
+    if priority is None:
+        priority = (priorities or {}).get(message.queue_name, 0)
+    return (int(priority), None if max_attempts is None else int(max_attempts),
             option("dedupe_key"), option("concurrency_key"))
 
 
-def rows(messages: Iterable[Message], actors: dict[str, Actor], retries: Retries | None) -> list[tuple[Any, ...]]:
+def rows(messages: Iterable[Message], actors: dict[str, Actor], retries: Retries | None,
+         priorities: dict[str, int] | None = None) -> list[tuple[Any, ...]]:
     """One tuple per message, in sql.BULK_COLUMNS order (``actors``: the broker's)."""
     readable = readable_body()
-    by_actor: dict[str, tuple[int, int | None, Any, Any]] = {}
+    by_actor: dict[tuple[str, str], tuple[int, int | None, Any, Any]] = {}
     out = []
     for m in messages:
         name = m.actor_name
         own = bool(m.options) and not _FIELD_OPTIONS.isdisjoint(m.options)  # else its actor's fields
-        fields = None if own else by_actor.get(name)
+        fields = None if own else by_actor.get((name, m.queue_name))
         if fields is None:
-            fields = job_fields(m, actors.get(name), retries)
+            fields = job_fields(m, actors.get(name), retries, priorities)
             if not own:
-                by_actor[name] = fields
+                by_actor[name, m.queue_name] = fields
         out.append((m.message_id, m.queue_name, name, *body_text(m, readable), *fields, m.message_timestamp))
     return out
 
 
 def enqueue_many(conn: psycopg.Connection, messages: list[Message], *, actors: dict[str, Actor],
-                 retries: Retries | None, delay: int = 0, copy: bool | None = None) -> list[Message]:
+                 retries: Retries | None, delay: int = 0, copy: bool | None = None,
+                 priorities: dict[str, int] | None = None) -> list[Message]:
     """Write ``messages`` as jobs due in ``delay`` ms; return them in order, a
     message whose dedupe key has a live job (or an earlier message of the batch)
     carrying that job's id. ``copy``: None picks by batch size; True or False
     forces COPY or INSERT_MANY (the benchmark compares them)."""
-    batch = rows(messages, actors, retries)
+    batch = rows(messages, actors, retries, priorities)
     first: dict[Any, int] = {}  # dedupe key -> index of the first row carrying it
     write = []
     for i, row in enumerate(batch):

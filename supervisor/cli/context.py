@@ -138,7 +138,9 @@ def producer(ctx: click.Context) -> Iterator[PostgresBroker]:
     """A short-lived broker for enqueueing from a command (one connection, closed after)."""
     from ..broker import PostgresBroker
 
-    broker = PostgresBroker(url(ctx), pool_size=1)
+    # A config given lends its roles' default priorities (a job sent without one gets its queue's).
+    priorities = load_config(ctx).queue_priorities() if config_given(ctx) else {}
+    broker = PostgresBroker(url(ctx), pool_size=1, queue_priorities=priorities)
     try:
         yield broker
     finally:

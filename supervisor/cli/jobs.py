@@ -25,7 +25,8 @@ MAX_DELAY_SECONDS = 10 * 365 * 86400.0  # ten years: further than any real sched
 @click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
 @click.option("--delay", type=Seconds(min=0, max=MAX_DELAY_SECONDS), default=0,
               help="Seconds before it may run.")
-@click.option("--priority", type=click.IntRange(INT4_MIN, INT4_MAX), default=0, help="Higher runs first.")
+@click.option("--priority", type=click.IntRange(INT4_MIN, INT4_MAX), default=None,
+              help="Higher runs first (default: the priority the config's role gives the queue, else 0).")
 @click.option("--dedupe-key", default=None)
 @click.option("--concurrency-key", default=None)
 @click.option("--max-retries", type=click.IntRange(min=0, max=1_000_000), default=None)
@@ -38,7 +39,7 @@ def enqueue(ctx, actor, queue, args_json, kwargs_json, delay, priority, dedupe_k
 
     args = _json_option("--args", args_json, list, "a JSON list")
     kwargs = _json_option("--kwargs", kwargs_json, dict, "a JSON object")
-    options: dict[str, Any] = {"priority": priority}
+    options: dict[str, Any] = {} if priority is None else {"priority": priority}
     if dedupe_key:
         options["dedupe_key"] = dedupe_key
     if concurrency_key:

@@ -64,8 +64,10 @@ def worker(ctx: click.Context, queues: str, actors: str, threads: int, prefetch:
         shutdown_timeout=shutdown_timeout,
         poll_interval=poll_interval,
         job_log=job_log,
-        # a config file given (-c or $SUPERVISOR_CONFIG) lends its retention: what the upkeep prunes
+        # a config file given (-c or $SUPERVISOR_CONFIG) lends its retention (what the upkeep
+        # prunes) and its roles' default priorities (of jobs this process sends)
         retention=load_config(ctx).retention if config_given(ctx) else Retention(),
+        queue_priorities=load_config(ctx).queue_priorities() if config_given(ctx) else {},
     )
     sys.exit(run(settings, chosen))
 

@@ -92,6 +92,10 @@ class RoleConfig:
     # Longest a consumer waits between claims when no wake-up (NOTIFY) comes: the
     # latency of work behind a pooled URL with no listen_url, or of a lost NOTIFY.
     poll_interval: float = defaults.POLL_INTERVAL
+    # The priority of a job sent to one of this role's queues without one (higher runs
+    # first), wherever the sender knows the config: the role's workers (chains, retries,
+    # pipelines), `supervisor enqueue`, POST /api/v1/jobs. None: 0.
+    priority: int | None = None
     limits: Limits = field(default_factory=Limits)
     line: int = field(default=0, compare=False)
 
@@ -146,6 +150,10 @@ class Config:
 
     def actor_modules(self) -> list[str]:
         return [m for r in self.roles for m in r.actors]
+
+    def queue_priorities(self) -> dict[str, int]:
+        """Queue -> the default priority its role gives (roles without one: absent)."""
+        return {q: r.priority for r in self.roles if r.priority is not None for q in r.queues}
 
     @property
     def roles_by_name(self) -> dict[str, RoleConfig]:

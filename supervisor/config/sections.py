@@ -80,7 +80,7 @@ _TOP = ("database", "supervisor", "roles", "schedules", "retention", "http", "ap
 _SUPERVISOR = ("control_socket", "state_dir", "shutdown_timeout", "watch_config", "tick", "log_level",
                "log_json", "job_log", "kill_grace", "start_timeout", "restart_backoff", "restart_backoff_max", "node_name")
 _ROLE = ("processes", "threads", "prefetch", "queues", "actors", "lease", "heartbeat", "max_retries", "min_backoff",
-         "max_backoff", "shutdown_timeout", "time_limit", "poll_interval", "limits")
+         "max_backoff", "shutdown_timeout", "time_limit", "poll_interval", "priority", "limits")
 _LIMITS = ("memory_percent", "cpu_percent", "max_rss", "max_jobs")
 _SCHEDULE = ("cron", "actor", "queue", "args", "kwargs", "lock_ttl")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -225,7 +225,26 @@ def _roles(reader: Reader, item: Item, sup: SupervisorConfig) -> tuple[RoleConfi
         if not NAME.match(name):
             raise reader.error(role_item, "role names may use letters, digits, '_', '-' and '.'")
         roles.append(_role(reader, name, role_item, sup))
+    # A queue served by two roles takes one default priority: two different ones is a mistake.
+    given: dict[str, tuple[str, int]] = {}
+    for role, role_item in zip(roles, item.value.values(), strict=True):
+        priority = role.priority
+        if priority is None:
+            continue
+        for queue in role.queues:
+            other = given.setdefault(queue, (role.name, priority))
+            if other[1] != priority:
+                raise reader.error(role_item.value.get("priority") or role_item,
+                                   f"queue {queue!r} has priority {other[1]} in role {other[0]}; one queue takes"
+                                   " one default priority", key=f"{role_item.key}.priority")
     return tuple(roles)
+
+
+def _priority(item: Item) -> int:
+    value = item.value
+    if isinstance(value, bool) or not isinstance(value, int) or not -1_000_000 <= value <= 1_000_000:
+        raise ValueError(f"expected an integer priority (higher runs first), got {value!r}")
+    return value
 
 
 def _role(reader: Reader, name: str, item: Item, sup: SupervisorConfig) -> RoleConfig:
@@ -272,6 +291,7 @@ def _role(reader: Reader, name: str, item: Item, sup: SupervisorConfig) -> RoleC
         shutdown_timeout=shutdown,
         time_limit=s.get("time_limit", duration(0, strict=True), None),
         poll_interval=s.get("poll_interval", duration(0, strict=True), defaults.poll_interval),
+        priority=s.get("priority", _priority, None),
         limits=_limits(reader, limits_item) if limits_item is not None and limits_item.value is not None else Limits(),
         line=item.line,
     )

@@ -74,7 +74,9 @@ class AppState:
         """A broker that only sends (the API's POST /jobs, an app's actions): made on
         first use, one connection, no LISTEN, no consumer."""
         if self._producer is None:
-            self._producer = PostgresBroker(self.url, pool_size=1, actor_pool_size=1, listen_url="")
+            priorities = self.config.queue_priorities() if self.config is not None else {}
+            self._producer = PostgresBroker(self.url, pool_size=1, actor_pool_size=1, listen_url="",
+                                            queue_priorities=priorities)
         return self._producer
 
     def close(self) -> None:

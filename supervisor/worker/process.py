@@ -97,6 +97,7 @@ class WorkerProcess:
             listen_url=self.database.listen_url,
             wakeup_fd=self.wakeup_fd,
             owner=self.owner,
+            queue_priorities=s.queue_priorities,
         )
         if s.time_limit_ms:
             for m in broker.middleware:
