@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 
 from .. import backoff
+from . import threads
 
 Done = Callable[[], None] | None
 
@@ -20,7 +21,8 @@ class AckBatcher(threading.Thread):
     While one batch is in flight the next accumulates, so under load the
     number of commits falls far below the number of jobs, and when idle an
     ack is written at once. A failed write keeps the batch and retries with
-    backoff: the rows stay 'running' under this process's lease meanwhile.
+    backoff: the rows stay 'running' under this process's lease meanwhile. Any other
+    error ends the process (see threads.py): acks it cannot write, it must not claim.
     """
 
     def __init__(self, write: Callable[[list[str], list[int]], None], *, max_batch: int = 2000) -> None:
@@ -51,6 +53,10 @@ class AckBatcher(threading.Thread):
         return flushed
 
     def run(self) -> None:
+        with threads.lifetime(self.name, lambda: self._halt):
+            self._run()
+
+    def _run(self) -> None:
         waits = backoff.delays(first=0.1, cap=10.0)
         while True:
             with self._cond:
@@ -62,9 +68,9 @@ class AckBatcher(threading.Thread):
                 self._busy = True
             try:
                 self._write([job_id for job_id, _, _ in batch], [attempt for _, attempt, _ in batch])
-            except Exception as exc:
+            except threads.EXPECTED as exc:
                 delay = next(waits)
-                log.warning("could not write %d acks (%s); retrying in %.1fs", len(batch), exc, delay)
+                threads.warn(log, f"writing {len(batch)} acks", exc, f"retrying in {delay:.1f}s")
                 with self._cond:
                     self._pending[:0] = batch
                     self._busy = False
