@@ -352,15 +352,17 @@ def test_a_paused_worker_runs_every_higher_priority_job_first(conn, broker):
     with mock.patch.object(dramatiq.worker, "QUEUE_PREFETCH", 20):
         w = dramatiq.Worker(broker, queues={queue}, worker_threads=1, worker_timeout=100)
     w.start()
-    try:
-        w.pause()
-        for _ in range(10):
-            lo.send()
-            hi.send()
-        w.resume()
-        broker.join(queue, timeout=10_000)
-    finally:
-        stop_worker(broker, w)
+    # A pausing consumer thread waits this long before it looks again (3 s by default).
+    with mock.patch.object(dramatiq.worker, "CONSUMER_RESTART_DELAY_SECS", 0.1):
+        try:
+            w.pause()
+            for _ in range(10):
+                lo.send()
+                hi.send()
+            w.resume()
+            broker.join(queue, timeout=10_000)
+        finally:
+            stop_worker(broker, w)
     assert calls == ["hi"] * 10 + ["lo"] * 10
 
 
