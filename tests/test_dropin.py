@@ -5,19 +5,23 @@ join(fail_fast=...). Real Dramatiq Workers in this process, real PostgreSQL."""
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import threading
+import weakref
 from collections.abc import Iterator
 from types import SimpleNamespace
+from unittest import mock
 
 import dramatiq
 import pytest
 from dramatiq.encoder import JSONEncoder, PickleEncoder
-from dramatiq.errors import QueueJoinTimeout
+from dramatiq.errors import ActorNotFound, QueueJoinTimeout
 from dramatiq.message import Message
-from dramatiq.middleware import CurrentMessage
+from dramatiq.middleware import AsyncIO, CurrentMessage
 
 from supervisor.broker import PostgresBroker
+from supervisor.broker.joining import RaisedInActor
 from supervisor.broker.timer import DueTimer
 from tests.conftest import cli, scalar, wait_for
 
@@ -270,3 +274,105 @@ def test_a_message_enqueued_by_name_keeps_its_timestamp(conn, broker):
         assert claimed.message_timestamp == 1_234_567_890_123 and claimed == message
     finally:
         broker.requeue([claimed])
+
+
+# --- the cases of Dramatiq's own suite (bench/dramatiq_suite.py) this broker failed ---
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_failed_attempt_s_exception_dies_with_its_attempt(conn, broker, caplog, kind):
+    """No reference to an actor's exception (its traceback, frames, their locals) outlives
+    its attempt, so no cycle waits for a collection: join still raises the actor's type."""
+    caplog.set_level(logging.CRITICAL)  # a captured record's exc_info would keep it alive
+    raised: list[weakref.ref] = []
+
+    class CustomError(Exception):
+        def __init__(self, *args) -> None:
+            super().__init__(*args)
+            raised.append(weakref.ref(self))
+
+    def failing():
+        payload = bytearray(1024)  # a local of the frame the traceback holds
+        raise CustomError("failed on purpose", len(payload))
+
+    async def failing_async():
+        failing()
+
+    fn = failing if kind == "sync" else failing_async
+    actor = dramatiq.actor(fn, broker=broker, queue_name=QUEUE, actor_name=f"leak_{kind}", max_retries=1,
+                           min_backoff=0)
+    broker.forget_failures()
+    middleware = list(broker.middleware)
+    if kind == "async":
+        broker.add_middleware(AsyncIO())
+    gc.disable()  # what a cycle holds stays alive: only freed-at-once objects die
+    try:
+        w = start_worker(broker, threads=1)
+        try:
+            actor.send()
+            broker.join(QUEUE, timeout=10_000, fail_fast=False)
+        finally:
+            stop_worker(broker, w)
+        assert len(raised) == 2  # the first attempt and its retry
+        assert [ref() for ref in raised] == [None, None]
+    finally:
+        gc.enable()
+        broker.middleware = middleware
+    with pytest.raises(CustomError, match="failed on purpose") as info:
+        broker.join(QUEUE, timeout=10_000)
+    assert len(raised) == 2 and info.value.args == ("failed on purpose", 1024)
+    assert isinstance(info.value.__cause__, RaisedInActor) and "in failing" in str(info.value.__cause__)
+
+
+def test_a_consumer_hands_over_what_it_holds_by_actor_priority(conn, broker):
+    """Dramatiq's actor priority (lower first) orders a claimed batch; claim order within one."""
+    queue = "dropin_priority"
+    hi = dramatiq.actor(lambda n: None, broker=broker, queue_name=queue, actor_name="prio_hi", priority=0)
+    lo = dramatiq.actor(lambda n: None, broker=broker, queue_name=queue, actor_name="prio_lo", priority=10)
+    for n in range(10):
+        lo.send(n)
+        hi.send(n)
+    consumer = broker.consume(queue, prefetch=20, timeout=1000)
+    held = [next(consumer) for _ in range(20)]
+    try:
+        assert [(m.actor_name, m.args[0]) for m in held] == \
+            [("prio_hi", n) for n in range(10)] + [("prio_lo", n) for n in range(10)]
+    finally:
+        consumer.requeue(held)
+
+
+def test_a_paused_worker_runs_every_higher_priority_job_first(conn, broker):
+    """Dramatiq's test_actors_can_prioritize_work: prefetch 20, one thread, sent while paused."""
+    calls: list[str] = []
+    queue = "dropin_paused"
+    hi = dramatiq.actor(lambda: calls.append("hi"), broker=broker, queue_name=queue, actor_name="paused_hi",
+                        priority=0)
+    lo = dramatiq.actor(lambda: calls.append("lo"), broker=broker, queue_name=queue, actor_name="paused_lo",
+                        priority=10)
+    with mock.patch.object(dramatiq.worker, "QUEUE_PREFETCH", 20):
+        w = dramatiq.Worker(broker, queues={queue}, worker_threads=1, worker_timeout=100)
+    w.start()
+    # A pausing consumer thread waits this long before it looks again (3 s by default).
+    with mock.patch.object(dramatiq.worker, "CONSUMER_RESTART_DELAY_SECS", 0.1):
+        try:
+            w.pause()
+            for _ in range(10):
+                lo.send()
+                hi.send()
+            w.resume()
+            broker.join(queue, timeout=10_000)
+        finally:
+            stop_worker(broker, w)
+    assert calls == ["hi"] * 10 + ["lo"] * 10
+
+
+def test_a_job_of_a_missing_actor_is_a_dead_letter_equal_to_the_message_sent(conn, broker, worker):
+    message = Message(queue_name=QUEUE, actor_name="nobody-here", args=(1, "two"), kwargs={"k": [3]},
+                      options={"custom": True})
+    broker.enqueue(message)
+    with pytest.raises(ActorNotFound, match=r"^nobody-here$"):
+        broker.join(QUEUE, timeout=10_000)
+    [dead] = broker.dead_letters
+    assert dead == message and dead.message_timestamp == message.message_timestamp
+    assert "no actor named nobody-here" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s",
+                                                   (message.message_id,))

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 
 from .. import backoff
+from . import threads
 
 Done = Callable[[], None] | None
 # ids, attempts, and when each attempt started and ended running (time.monotonic(), or None)
@@ -24,7 +25,8 @@ class AckBatcher(threading.Thread):
     While one batch is in flight the next accumulates, so under load the
     number of commits falls far below the number of jobs, and when idle an
     ack is written at once. A failed write keeps the batch and retries with
-    backoff: the rows stay 'running' under this process's lease meanwhile.
+    backoff: the rows stay 'running' under this process's lease meanwhile. Any other
+    error ends the process (see threads.py): acks it cannot write, it must not claim.
     """
 
     def __init__(self, write: Write, *, max_batch: int = 2000) -> None:
@@ -56,6 +58,10 @@ class AckBatcher(threading.Thread):
         return flushed
 
     def run(self) -> None:
+        with threads.lifetime(self.name, lambda: self._halt):
+            self._run()
+
+    def _run(self) -> None:
         waits = backoff.delays(first=0.1, cap=10.0)
         while True:
             with self._cond:
@@ -68,9 +74,9 @@ class AckBatcher(threading.Thread):
             try:
                 self._write([a[0] for a in batch], [a[1] for a in batch], [a[3] for a in batch],
                             [a[4] for a in batch])
-            except Exception as exc:
+            except threads.EXPECTED as exc:
                 delay = next(waits)
-                log.warning("could not write %d acks (%s); retrying in %.1fs", len(batch), exc, delay)
+                threads.warn(log, f"writing {len(batch)} acks", exc, f"retrying in {delay:.1f}s")
                 with self._cond:
                     self._pending[:0] = batch
                     self._busy = False

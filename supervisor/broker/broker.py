@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import dramatiq
 import psycopg
 from dramatiq.broker import Broker
-from dramatiq.errors import BrokerConnectionError, QueueNotFound
+from dramatiq.errors import ActorNotFound, BrokerConnectionError, QueueNotFound
 from dramatiq.message import Message
 from dramatiq.middleware import (
     AgeLimit,
@@ -315,7 +315,12 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
             claiming=self.claiming,
             poll_interval=self.poll_interval,
             outcomes=self,
+            priority=self._actor_priority,
         )
+
+    def _actor_priority(self, message: PgMessageProxy) -> int:
+        actor = self.actors.get(message.actor_name)
+        return 0 if actor is None else actor.priority
 
     def _budgets(self) -> dict[str, Any]:
         """Each known actor's exception and lease-loss budgets, for rows that carry none
@@ -348,6 +353,10 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
         if bad:
             self.leases.fail_unreadable(bad)
+            failed = {job_id for job_id, _, _ in bad}
+            for row in rows:  # join(fail_fast) raises what Dramatiq's worker would have met
+                if str(row[0]) in failed and row[2] not in self.actors:
+                    self.failures.record(str(row[0]), ActorNotFound(row[2]))
         return out
 
     def progress_buffer(self) -> ProgressBuffer:

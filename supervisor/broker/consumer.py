@@ -55,6 +55,7 @@ class PostgresConsumer(Consumer):
         claiming: threading.Event,
         poll_interval: float,
         outcomes: Outcomes,
+        priority: Callable[[PgMessageProxy], int] | None = None,
     ) -> None:
         self.queue_name = queue_name
         self.prefetch = max(1, prefetch)
@@ -65,6 +66,7 @@ class PostgresConsumer(Consumer):
         self.claiming = claiming
         self.poll_interval = poll_interval
         self.outcomes = outcomes
+        self.priority = priority
         self._claim = claim
         self._more = True  # claim at once on start: there may be a backlog
         self._next_poll = 0.0
@@ -118,6 +120,10 @@ class PostgresConsumer(Consumer):
             self._more = len(claimed) == n
             self._next_poll = time.monotonic() + self.poll_interval
             if claimed:
+                if self.priority is not None and len(claimed) > 1:
+                    # What it holds together goes to the worker by Dramatiq's actor
+                    # priority, lower first (a stable sort: claim order within one).
+                    claimed.sort(key=self.priority)
                 self.buffer.extend(claimed)
                 return self.buffer.popleft()
 

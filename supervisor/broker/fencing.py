@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dramatiq.middleware import Middleware
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 
+from . import threads
 from .leases import Hold, Leases
 from .message import PgMessageProxy
 
@@ -111,19 +112,22 @@ class Fence(Middleware):
             log.warning("interrupted job %s (attempt %d): %s", key[0], key[1], _REASONS[exc])
 
     def _watch(self) -> None:
+        # No database here: whatever fails is a bug, and a process whose fence is dead
+        # could run a job past its lease, so it ends (threads.py).
+        with threads.lifetime("lease-fence", lambda: False):
+            self._check_forever()
+
+    def _check_forever(self) -> None:
         while True:
             time.sleep(self.interval)
-            try:
-                overdue = self.leases.overdue(time.monotonic())
-                if overdue:
-                    log.warning("could not renew the lease of %d job(s) in time: stopping them", len(overdue))
-                    self.stop_jobs(overdue, LeaseLost)
-                on_running = self.on_running
-                with self._lock:
-                    for key in [k for k in self._doomed if not self.leases.holds(k)]:
-                        del self._doomed[key]
-                    started = [entry[2] for entry in self._running.values()] if on_running else []
-                if on_running is not None and started:
-                    on_running(time.monotonic() - min(started))
-            except Exception:  # never let the fence die
-                log.exception("lease fence check failed")
+            overdue = self.leases.overdue(time.monotonic())
+            if overdue:
+                log.warning("could not renew the lease of %d job(s) in time: stopping them", len(overdue))
+                self.stop_jobs(overdue, LeaseLost)
+            on_running = self.on_running
+            with self._lock:
+                for key in [k for k in self._doomed if not self.leases.holds(k)]:
+                    del self._doomed[key]
+                started = [entry[2] for entry in self._running.values()] if on_running else []
+            if on_running is not None and started:
+                on_running(time.monotonic() - min(started))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from datetime import UTC, datetime
 
@@ -24,14 +25,22 @@ class JobFailed(Exception):
     (another process); the message is the job, its actor and its last error line."""
 
 
+class RaisedInActor(Exception):
+    """The traceback of an actor's exception, as text: the cause ``join`` shows under
+    the copy it raises (see ``detached``)."""
+
+
 class Failures:
     """The failures a ``join(fail_fast=True)`` reports: jobs of the queue that ended
     ``failed`` since this broker was made or last flushed.
 
-    When ``keep`` is set, the exception objects of jobs that failed in this
-    process are kept (a few, most recent) so join re-raises the actor's own
-    exception, as Dramatiq's stub broker does. A worker process leaves it unset:
-    an exception holds its frames, and their locals, alive.
+    When ``keep`` is set, a detached copy of the exception of each job that
+    failed in this process is kept (a few, most recent) so join raises the actor's
+    own exception type, arguments and attributes, caused by the original traceback
+    (as text), as Dramatiq's stub broker does. Never the exception itself: it holds its
+    frames and their locals, and a frame that refers back to it makes a cycle that
+    lives until a collection; nothing references it past its attempt. A worker
+    process leaves ``keep`` unset.
     """
 
     KEEP = 32
@@ -45,8 +54,9 @@ class Failures:
     def record(self, job_id: str, exception: BaseException | None) -> None:
         if not self.keep or exception is None:
             return
+        copy = detached(exception)
         with self._lock:
-            self._exceptions[job_id] = exception
+            self._exceptions[job_id] = copy
             while len(self._exceptions) > self.KEEP:
                 self._exceptions.popitem(last=False)
 
@@ -61,7 +71,26 @@ class Failures:
         if kept is not None:
             return kept
         last_line = next((line for line in reversed((error or "").splitlines()) if line.strip()), "no error kept")
-        return JobFailed(f"job {job_id} ({actor}) failed: {last_line.strip()}")
+        failed = JobFailed(f"job {job_id} ({actor}) failed: {last_line.strip()}")
+        failed.__suppress_context__ = True
+        return failed
+
+
+def detached(exception: BaseException) -> BaseException:
+    """A copy of ``exception`` that holds no traceback, frame or chained exception: same
+    type, args and attributes (made without calling its ``__init__``), whose cause is
+    the original traceback as text (a cause, not a note: ``pytest.raises(match=...)``
+    reads the notes). A type that cannot be copied so becomes a JobFailed."""
+    cls = type(exception)
+    try:
+        copy = cls.__new__(cls, *exception.args)
+        copy.args = exception.args
+        copy.__dict__.update(vars(exception))
+    except Exception:
+        copy = JobFailed(f"{cls.__name__}: {exception}")
+    if exception.__traceback__ is not None:
+        copy.__cause__ = RaisedInActor("".join(traceback.format_exception(exception)).rstrip())
+    return copy
 
 
 class QueueHelpers:
@@ -126,7 +155,8 @@ def join(pool: ConnectionPool, queue: str, *, timeout_ms: int | None, fail_fast:
                 failed = c.execute(sql.FAILED_SINCE, {"queue": queue, "since": failures.since}).fetchone()
         if live == 0:
             if failed is not None:
-                raise failures.exception_for(str(failed[0]), failed[1], failed[2]) from None
+                # Not "from None": a kept exception's cause is its actor's traceback.
+                raise failures.exception_for(str(failed[0]), failed[1], failed[2])
             return
         if deadline is not None and time.monotonic() > deadline:
             raise QueueJoinTimeout(queue)

@@ -8,6 +8,7 @@ import threading
 import time
 
 from .. import defaults
+from . import threads
 from .leases import Leases
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,8 @@ class LeaseKeeper(threading.Thread):
 
     ``supervisor worker`` does both in its upkeep thread instead; this is for a
     plain ``dramatiq.Worker`` or the ``dramatiq`` CLI on a broker made by
-    ``setup_broker()``. Errors are logged and retried on the next beat.
+    ``setup_broker()``. Database errors are logged and retried on the next beat; any
+    other error ends the process (see threads.py).
     """
 
     def __init__(self, leases: Leases) -> None:
@@ -33,12 +35,13 @@ class LeaseKeeper(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        next_reap = time.monotonic() + random.uniform(0, self.reap_seconds)
-        while not self._halt.wait(self.beat_seconds):
-            try:
-                self.leases.heartbeat()
-                if time.monotonic() >= next_reap:
-                    next_reap = time.monotonic() + self.reap_seconds * random.uniform(0.8, 1.2)
-                    self.leases.reap_expired()
-            except Exception as exc:
-                log.warning("lease upkeep failed (%s); will retry", exc)
+        with threads.lifetime(self.name, self._halt.is_set):
+            next_reap = time.monotonic() + random.uniform(0, self.reap_seconds)
+            while not self._halt.wait(self.beat_seconds):
+                try:
+                    self.leases.heartbeat()
+                    if time.monotonic() >= next_reap:
+                        next_reap = time.monotonic() + self.reap_seconds * random.uniform(0.8, 1.2)
+                        self.leases.reap_expired()
+                except threads.EXPECTED as exc:
+                    threads.warn(log, "lease upkeep", exc)

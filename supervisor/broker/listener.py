@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 import psycopg
 
 from ..db import redact, session_kwargs
+from . import threads
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,13 @@ class Listener(Wakeups):
         self.url = url
 
     def run(self) -> None:
+        with threads.lifetime(self.name, self._halt.is_set):
+            self._listen()
+
+    def _listen(self) -> None:
+        # Any psycopg error ends only this connection, which is made again: the
+        # policy's one line (threads.py) for all of them, since a LISTEN connection
+        # holds nothing but its place. Anything else ends the process.
         failures = 0
         while not self._halt.is_set():
             try:
@@ -133,6 +141,10 @@ class PipeWakeups(Wakeups):
         self.fd = fd
 
     def run(self) -> None:
+        with threads.lifetime(self.name, self._halt.is_set):
+            self._relay()
+
+    def _relay(self) -> None:
         self.connected.set()
         buffer = b""
         try:

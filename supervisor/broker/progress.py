@@ -32,7 +32,7 @@ from psycopg.pq import Format
 from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import ConnectionPool
 
-from . import sql
+from . import sql, threads
 
 log = logging.getLogger(__name__)
 
@@ -226,16 +226,17 @@ class ProgressBuffer(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        while not self._halt.wait(self.interval):  # let reports gather: one write per interval
-            if not self.pending():
-                with self._write_lock:
-                    self._forget_finished()
-                continue
-            try:
-                with self.pool.connection(timeout=10) as conn:
-                    self.write(conn)
-            except Exception as exc:
-                log.warning("could not write progress reports (%s); will retry", exc)
+        with threads.lifetime(self.name, self._halt.is_set):
+            while not self._halt.wait(self.interval):  # let reports gather: one write per interval
+                if not self.pending():
+                    with self._write_lock:
+                        self._forget_finished()
+                    continue
+                try:
+                    with self.pool.connection(timeout=10) as conn:
+                        self.write(conn)
+                except threads.EXPECTED as exc:
+                    threads.warn(log, "writing progress reports", exc)
 
 
 # Per worker thread: (the current message, its job id, attempt, the buffer's

@@ -8,7 +8,7 @@ import time
 
 from psycopg_pool import ConnectionPool
 
-from . import sql
+from . import sql, threads
 from .listener import Wakeups
 
 log = logging.getLogger(__name__)
@@ -84,12 +84,16 @@ class DueTimer(threading.Thread):
         try:
             self._reload()
             return time.monotonic() + REFRESH_SECONDS
-        except Exception as exc:  # the consumers' own poll covers the gap
+        except threads.EXPECTED as exc:  # the consumers' own poll covers the gap
             if not self._halt:
-                log.warning("could not read the next due jobs (%s); retrying in 1s", exc)
+                threads.warn(log, "reading the next due jobs", exc, "retrying in 1s")
             return time.monotonic() + 1.0
 
     def run(self) -> None:
+        with threads.lifetime(self.name, lambda: self._halt):
+            self._run()
+
+    def _run(self) -> None:
         next_refresh = 0.0
         last_reload = -MIN_GAP_SECONDS
         while not self._halt:

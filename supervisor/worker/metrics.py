@@ -6,6 +6,10 @@ its own memory-mapped files in ``$PROMETHEUS_MULTIPROC_DIR`` (set by the master
 before it forks), and the HTTP child sums them at scrape time. Recording is a
 write into a mapped file: no lock shared with other processes, no round trip, and
 a scrape never waits on a worker. Installed only when that directory is set.
+
+The same files carry ``actor_supervisor_thread_errors_total{thread}``, written by
+the broker's background-thread policy (``broker/threads.py``: the broker never
+imports this package).
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
 from .. import cron, defaults
+from ..broker import threads
 from ..config import ScheduleConfig
 from . import scheduler_sql as sql
 
@@ -157,11 +158,15 @@ class Scheduler(threading.Thread):
     def _safely(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
-        except Exception as exc:  # the database may be away; try again next tick
-            log.warning("scheduler: %s failed: %s", what, exc)
+        except threads.EXPECTED as exc:  # the database may be away; try again next tick
+            threads.warn(log, f"scheduler: {what}", exc)
             return None
 
     def run(self) -> None:
+        with threads.lifetime(self.name, self._halt.is_set):
+            self._run_forever()
+
+    def _run_forever(self) -> None:
         recovered = self._safely("recovery", self.recover) is not None
         now = self.clock()
         due = {s.name: self.crons[s.name].next_after(now) for s in self.schedules}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from .. import db, defaults
-from ..broker import PostgresBroker
+from ..broker import PostgresBroker, threads
 from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
 from ..config import Retention
@@ -80,7 +80,7 @@ class Upkeep(threading.Thread):
     it checks whether jobs needs a vacuum and, if so, runs it on a thread of
     its own (a vacuum can take seconds; the beats must not wait for it).
     Database errors are logged and retried on the next beat; the thread never
-    dies of them.
+    dies of them. Any other error ends the process (see broker/threads.py).
     """
 
     def __init__(
@@ -130,10 +130,11 @@ class Upkeep(threading.Thread):
         log.info(what + " in %.1fs", rows, time.monotonic() - started, extra={key: rows})
 
     def _vacuum_task(self) -> None:
-        try:
-            self.vacuum()
-        except Exception as exc:
-            log.warning("upkeep vacuum failed (%s); will retry", exc)
+        with threads.lifetime("upkeep-vacuum", self._halt.is_set):
+            try:
+                self.vacuum()
+            except threads.EXPECTED as exc:
+                threads.warn(log, "upkeep vacuum", exc)
 
     def start_vacuum(self) -> None:
         """Check (and vacuum) on a thread of its own, one at a time per process."""
@@ -177,6 +178,10 @@ class Upkeep(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
+        with threads.lifetime(self.name, self._halt.is_set):
+            self._run()
+
+    def _run(self) -> None:
         s = self.settings
         now = time.monotonic()
         # Each task's next due time; the first reap and prune are spread at random
@@ -197,8 +202,8 @@ class Upkeep(threading.Thread):
                     continue
                 try:
                     task()
-                except Exception as exc:
-                    log.warning("upkeep %s failed (%s); will retry", name, exc)
+                except threads.EXPECTED as exc:
+                    threads.warn(log, f"upkeep {name}", exc)
                 # a prune that stopped at its cap left rows behind: it goes on after the next beat
                 backlog = name == "prune" and self._prune_backlog
                 jitter = 1.0 if name == "beat" else random.uniform(0.8, 1.2)
