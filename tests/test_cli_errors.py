@@ -57,3 +57,20 @@ def test_a_retried_error_without_text_is_named_by_its_type(caplog):
         assert backoff.retry(flaky, "preparing the database", first=0.01) == "ready"
     assert "preparing the database failed (TimeoutError)" in caplog.text
     assert backoff.describe(ValueError("  bad value ")) == "bad value"
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(conn, database_url):
+    """`supervisor jobs list | head -1`: the pipe closes early; no error line, exit 0."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    conn.execute("INSERT INTO jobs (queue, actor) SELECT 'q', 'a' FROM generate_series(1, 3000)")
+    cmd = f"{sys.executable} -m supervisor.cli jobs list --limit 3000 | head -1"
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)},
+                          timeout=60)
+    assert done.stderr == "" and done.returncode == 0, done.stderr
+    assert done.stdout.strip()  # the one line head wanted

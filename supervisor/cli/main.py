@@ -12,6 +12,7 @@ import contextlib
 import functools
 import importlib
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,11 @@ class OneLineErrors(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            # The reader went away (`supervisor jobs list | head`): stop quietly, as any
+            # Unix tool does; stdout to /dev/null so the interpreter's final flush is quiet too.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(exit_codes.OK)
         except Exception as exc:
             if os.environ.get("SUPERVISOR_DEBUG"):
                 raise
