@@ -44,6 +44,7 @@ class Browser:
                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
                     "--disable-dev-shm-usage", "--window-size=1280,900", f"--user-data-dir={self.profile}"):
             options.add_argument(arg)
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, for console_errors()
         self.driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
         self.driver.implicitly_wait(0)
 
@@ -86,6 +87,10 @@ class Browser:
             return t if check(t) else None
         return str(wait_for(ok, timeout, interval=0.1,
                             message=f"{what or selector}: now {self.text(selector)!r}"))
+
+    def console_errors(self) -> list[str]:
+        """The console's errors since the last call (each call drains the log)."""
+        return [str(e["message"]) for e in self.driver.get_log("browser") if e["level"] == "SEVERE"]
 
     def screenshot(self, name: str) -> None:
         """Kept under docs/screenshots/ when UPDATE_SCREENSHOTS=1 (the README shows them)."""

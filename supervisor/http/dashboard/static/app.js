@@ -14,6 +14,25 @@
     el.className = ok ? "ok" : "error";
   }
 
+  // What keyboard focus can land on inside the page's content, in tab order.
+  const FOCUSABLE = "a[href], button, input, select, textarea, summary, [tabindex]";
+
+  function focusables() {
+    return Array.from(document.getElementById("main").querySelectorAll(FOCUSABLE));
+  }
+
+  // A table or traceback wider than its box scrolls inside itself (narrow screens): it
+  // takes focus so that arrow keys can scroll it, as a mouse or a finger can.
+  function markScrollers() {
+    document.querySelectorAll("main table, main pre").forEach((el) => {
+      if (el.scrollWidth > el.clientWidth + 1 || el.scrollHeight > el.clientHeight + 1) {
+        el.tabIndex = 0;
+      } else {
+        el.removeAttribute("tabindex");
+      }
+    });
+  }
+
   function typing() {
     const f = document.activeElement;
     return f && f.closest("main") && f.matches("input:not([type=checkbox]), select, textarea");
@@ -27,9 +46,20 @@
     if (!resp.ok) return;
     const picked = new Set(Array.from(document.querySelectorAll(".pick:checked")).map((c) => c.value));
     const opened = Array.from(document.querySelectorAll("details[id][open]")).map((d) => d.id);
-    document.getElementById("main").innerHTML = await resp.text();
+    const html = await resp.text();
+    // The new content replaces the old elements: keep a keyboard user's place (the same
+    // element by id, else the same position in tab order) rather than dropping focus to the top.
+    const was = document.activeElement;
+    const inMain = was && was !== document.body && document.getElementById("main").contains(was);
+    const place = inMain ? { id: was.id, index: focusables().indexOf(was) } : null;
+    document.getElementById("main").innerHTML = html;
     document.querySelectorAll(".pick").forEach((c) => { c.checked = picked.has(c.value); });
     opened.forEach((id) => { const d = document.getElementById(id); if (d) d.open = true; });
+    markScrollers();
+    if (place) {
+      const again = (place.id && document.getElementById(place.id)) || focusables()[place.index];
+      if (again) again.focus({ preventScroll: true });
+    }
     document.body.dataset.refreshed = String(lastRefresh);
   }
 
@@ -115,5 +145,8 @@
     }
   });
 
+  window.addEventListener("resize", markScrollers);
+  document.addEventListener("toggle", markScrollers, true); // a traceback opened may be wider than its box
+  markScrollers();
   connect();
 })();
