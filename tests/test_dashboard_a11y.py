@@ -232,3 +232,23 @@ def test_an_action_by_keyboard_keeps_focus_through_the_refresh(dash: Dash, brows
              message="the run recorded")
     assert browser.driver.execute_script("return document.activeElement.matches(arguments[0])", button), \
         browser.driver.execute_script("return document.activeElement.outerHTML.slice(0, 200)")
+
+
+def test_a_line_charts_key_has_its_lines_colours(dash: Dash, browser: Browser) -> None:
+    """The queue depth chart's key: each name's square is the colour of its line, light and dark."""
+    for scheme in SCHEMES:
+        _emulate(browser, "wide", scheme)
+        browser.open(dash.base + "/")
+        pairs = browser.driver.execute_script("""
+          const svg = document.querySelectorAll('svg.chart')[1];
+          return Array.from(svg.querySelectorAll('rect[x][y="4"]')).map((key, i) => {
+            const line = document.createElementNS('http://www.w3.org/2000/svg', 'polyline');
+            line.setAttribute('class', 'l' + i);
+            svg.appendChild(line);
+            const pair = [key.nextElementSibling.textContent, getComputedStyle(key).fill, getComputedStyle(line).stroke];
+            line.remove();
+            return pair;
+          });""")
+        assert [p[0] for p in pairs] == ["waiting", "running", "scheduled"], pairs
+        assert all(fill == stroke for _, fill, stroke in pairs), (scheme, pairs)
+        assert len({fill for _, fill, _ in pairs}) == 3, pairs

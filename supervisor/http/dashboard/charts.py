@@ -71,7 +71,8 @@ def lines(title: str, t0: float, t1: float, series: Sequence[tuple[str, Sequence
         if pts:
             coords = " ".join(f"{_x(t, t0, t1):.1f},{_y(v, top):.1f}" for t, v in pts)
             paths.append(f'<polyline points="{coords}" class="l{i}"/>')
-    return _frame(title, top, t0, t1, "".join(paths), [(n, f"s{i}") for i, (n, _) in enumerate(series)])
+    # The key takes its line's colour (l0, l1, ...), not the bars' (s0, s1, ...).
+    return _frame(title, top, t0, t1, "".join(paths), [(n, f"l{i}") for i, (n, _) in enumerate(series)])
 
 
 def sparkline(points: Sequence[Point], t0: float, t1: float, label: str) -> Markup:
