@@ -107,6 +107,68 @@ def test_jobs_filters_and_cursor_paging(conn, api):
         assert r.status_code == 400 and r.json()["error"], (bad, r.text)
 
 
+def test_find_a_job_by_id_prefix_keys_and_a_value_inside_its_arguments(conn, api):
+    def job(**cols) -> str:
+        names = ", ".join(cols)
+        marks = ", ".join(["%s"] * len(cols))
+        return str(scalar(conn, f"INSERT INTO jobs (actor, {names}) VALUES ('a', {marks}) RETURNING id",
+                          tuple(json.dumps(v) if isinstance(v, list | dict) else v for v in cols.values())))
+
+    order = job(args=[42, "x"], kwargs={"user_id": 7, "order": {"lines": [{"sku": "A-1"}]}}, dedupe_key="order-9",
+                concurrency_key="user-7")
+    other = job(args=[7, 42], kwargs={"user_id": "7", "order": {"lines": [{"sku": "B-2"}]}}, dedupe_key="order-10")
+    third = job(kwargs={"user id": 8}, concurrency_key="user-7", status="succeeded")
+
+    def found(**params) -> list[str]:
+        r = api.client.get("/api/v1/jobs", params=params)
+        assert r.status_code == 200, (params, r.text)
+        return sorted(j["id"] for j in r.json()["jobs"])
+
+    # An id, the start of one (dashes or not, any case), and a prefix no job has.
+    assert found(id=order) == [order]
+    assert found(id=order[:8].upper()) == [order]
+    assert found(id=order[:13]) == [order] and found(id=order[:13].replace("-", "")) == [order]
+    assert found(id=next(p for p in ("0000", "ffff") if not order.startswith(p) and not other.startswith(p)
+                         and not third.startswith(p))) == []
+    assert found(dedupe_key="order-9") == [order]
+    assert found(concurrency_key="user-7") == sorted([order, third])
+    assert found(concurrency_key="user-7", status="succeeded") == [third]
+    # A value at a path: positions count in arrays, and JSON types in values (7 is not "7").
+    assert found(match="args[0] = 42") == [order]
+    assert found(match="args[1] = 42") == [other]
+    assert found(match="args[-1] = 42") == [other]
+    assert found(match="kwargs.user_id = 7") == [order]
+    assert found(match='kwargs.user_id = "7"') == [other]
+    assert found(match="kwargs.user_id == 7.0") == [order]
+    assert found(match='kwargs.order.lines[0].sku = "B-2"') == [other]
+    assert found(match="kwargs.order.lines[0].sku = A-1") == [order]  # a bare word is a string
+    assert found(match='kwargs["user id"] = 8') == [third]
+    assert found(match="kwargs.order.lines = [{\"sku\": \"A-1\"}]") == [order]
+    assert found(match="kwargs.missing = 1") == []
+    assert found(match="args[0] = 42", dedupe_key="order-10") == []
+    # A search no index serves says how far back it read; none that an index serves does.
+    searched = api.client.get("/api/v1/jobs", params={"match": "args[0] = 42"}).json()
+    assert searched["scan"] == {"rows": 100_000, "scanned_to": None} and searched["next_cursor"] is None
+    assert "scan" not in api.client.get("/api/v1/jobs", params={"id": order[:6]}).json()
+    # The same filters choose what a bulk action changes.
+    r = api.client.post("/api/v1/jobs/cancel", headers=AUTH, json={"match": "kwargs.user_id = 7"})
+    assert r.status_code == 200 and r.json()["ids"] == [order], r.text
+    # A bad expression or id: one 400 naming it, with an example.
+    for params, says in (({"match": "user_id = 7"}, "match: expected args or kwargs at the start"),
+                         ({"match": "kwargs.user_id"}, "match: expected '= value'"),
+                         ({"match": "kwargs.user_id = "}, "match: expected a value after '='"),
+                         ({"match": "args[x] = 1"}, "match: expected [integer]"),
+                         ({"match": "kwargs.a = hello world"}, "match: 'hello world' is neither JSON"),
+                         ({"match": "kwargs. = 1"}, "match: expected a key name after '.'"),
+                         ({"id": "not-hex"}, "id: 'not-hex' is not a job id or the start of one"),
+                         ({"id": "0" * 33}, "id: ")):
+        r = api.client.get("/api/v1/jobs", params=params)
+        assert r.status_code == 400, (params, r.text)
+        error = r.json()["error"]
+        assert error.startswith(says) and "example" in error, (params, error)
+    assert "kwargs.user_id = 7" in api.client.get("/api/v1/jobs", params={"match": "x"}).json()["error"]
+
+
 def test_job_detail_and_actions(conn, api):
     failed = _job(conn, status="failed", args=[1, "x"], finished_min=1, last_error="Traceback ...\nValueError: boom")
     conn.execute("UPDATE jobs SET attempts = 3, result = '{\"ok\": 1}', progress = '{\"pct\": 50}' WHERE id = %s",

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
-from .. import admin
+from .. import admin, jobsearch
 from . import data, new_job
 from .render import Json, error
 from .state import state_of
@@ -34,7 +34,7 @@ MAX_PAGE = 500
 DEFAULT_PAGE = 50
 MAX_BULK = 10_000
 FILTER_KEYS = ("status", "queue", "actor", "text", "created_after", "created_before", "finished_after",
-               "finished_before")
+               "finished_before", *jobsearch.NAMES)
 
 
 class BadRequest(ValueError):
@@ -63,9 +63,13 @@ def _filter(source: dict[str, Any]) -> admin.JobFilter:
     status = source.get("status") or None
     if status is not None and status not in data.JOB_STATUSES:
         raise BadRequest(f"status: expected one of {', '.join(data.JOB_STATUSES)}, got {status!r}")
+    try:
+        search = jobsearch.Search.parse(source)
+    except jobsearch.SearchError as exc:
+        raise BadRequest(str(exc)) from None
     return admin.JobFilter(
         status=status, queue=source.get("queue") or None, actor=source.get("actor") or None,
-        text=source.get("text") or None,
+        text=source.get("text") or None, search=search,
         **{k: _time(k, source.get(k)) for k in FILTER_KEYS if k.endswith(("_after", "_before"))},
     )
 
@@ -146,12 +150,19 @@ def queues(request: Request) -> Json:
 def jobs(request: Request) -> Json:
     """
     ---
-    summary: Jobs, newest first, filtered; page with next_cursor (keyset paging)
+    summary: "Jobs, newest first, filtered; page with next_cursor (keyset paging). A search by text, key or
+      match reads the newest 100,000 jobs per page: `scan` says where it stopped, and next_cursor goes on
+      from there"
     parameters:
       - {name: status, in: query, schema: {type: string}}
       - {name: queue, in: query, schema: {type: string}}
       - {name: actor, in: query, schema: {type: string}}
       - {name: text, in: query, description: substring of the JSON arguments, schema: {type: string}}
+      - {name: id, in: query, description: a job id or the start of one (hex digits), schema: {type: string}}
+      - {name: dedupe_key, in: query, schema: {type: string}}
+      - {name: concurrency_key, in: query, schema: {type: string}}
+      - {name: match, in: query, description: "a value inside the arguments: kwargs.user_id = 7, args[0] = 42",
+         schema: {type: string}}
       - {name: created_after, in: query, schema: {type: string, format: date-time}}
       - {name: created_before, in: query, schema: {type: string, format: date-time}}
       - {name: finished_after, in: query, schema: {type: string, format: date-time}}
