@@ -25,6 +25,7 @@ from starlette.schemas import SchemaGenerator
 
 from .. import admin, jobsearch
 from . import data, new_job
+from .auth import note
 from .render import Json, error
 from .state import state_of
 
@@ -238,6 +239,7 @@ def _one_job_action(change: Callable[[psycopg.Connection, str], bool], to: str, 
         job_id = _job_id(request)
         with state_of(request).connection() as conn:
             if change(conn, job_id):
+                note(request, job_ids=[job_id])
                 return Json({"id": job_id, "status": to})
             exists = admin.show_job(conn, job_id) is not None
         return error(409, f"job {job_id} is not {allowed}") if exists else error(404, f"no job {job_id}")
@@ -259,6 +261,7 @@ def _bulk_action(change: Callable[[psycopg.Connection, str], bool], to: str):
                 return admin.change_matching(conn, where, change, limit=limit)
 
         changed, matched = await run_in_threadpool(run)
+        note(request, job_ids=changed, filter={k: v for k, v in body.items() if k != "limit"})
         return Json({"status": to, "matched": matched, "changed": len(changed), "ids": changed})
     return action
 
@@ -311,6 +314,7 @@ async def pause_queue(request: Request) -> Json:
     queue = request.path_params["queue"]
     reason = body.get("reason")
     who = f"http {request.client.host if request.client else '?'}"
+    note(request, detail={"reason": reason} if reason else None)
     state = state_of(request)
 
     def run() -> dict[str, Any]:
@@ -355,6 +359,7 @@ async def create_job(request: Request) -> Json:
     except BrokerConnectionError as exc:
         return error(503, str(exc))
     hit = sent.message_id != job.message.message_id
+    note(request, job_ids=[] if hit else [sent.message_id], target=f"actor {job.message.actor_name}")
     return Json({"id": sent.message_id, "deduplicated": hit, "queue": job.message.queue_name,
                  "actor": job.message.actor_name}, status_code=200 if hit else 201)
 

@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from .. import apps
 from ..config import Config, HttpConfig
-from . import api, dashboard, health, metrics
+from . import access, api, dashboard, health, metrics
 from .auth import ActionGuard
 from .render import error
 from .state import AppState, state_of
@@ -81,7 +81,7 @@ def create_app(*, url: str, http: HttpConfig, config: Config | None = None,
             state.close()
 
     app = Starlette(
-        routes=[*health.routes, *metrics.routes, Mount("/api/v1", routes=[*api.routes, *app_routes()]),
+        routes=[*health.routes, *metrics.routes, Mount("/api/v1", routes=[*api.routes, *access.routes, *app_routes()]),
                 *extra_routes, *dashboard.routes],
         middleware=[Middleware(ActionGuard, http=http)],
         lifespan=lifespan,

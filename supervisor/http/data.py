@@ -165,7 +165,7 @@ def system_state(state: AppState) -> dict[str, Any]:
     """The master (when local), the database, job counts by status, the apps in use
     (their pages, alerts and gauges are shown), and this server."""
     out: dict[str, Any] = {"host": node_name(), "http": {"read_only": state.http.read_only,
-                                                      "token_required": bool(state.http.token)}}
+                                                      "token_required": state.http.auth_required}}
     out["master"] = master_status(state)
     try:
         with state.connection() as conn:
