@@ -39,9 +39,10 @@
   // the server's one table); with no token configured every action shows.
   function applyRole() {
     if (document.body.dataset.auth !== "on") return;
-    const role = sessionStorage.getItem(ROLE_KEY);
+    const role = sessionStorage.getItem(TOKEN_KEY) ? sessionStorage.getItem(ROLE_KEY) : null;
     const rank = role in RANK ? RANK[role] : -1;
     document.querySelectorAll("[data-needs]").forEach((el) => { el.hidden = rank < RANK[el.dataset.needs]; });
+    document.body.dataset.roles = "applied";
     const who = document.getElementById("who");
     if (who) who.textContent = role ? sessionStorage.getItem(NAME_KEY) + " · " + role : "no token: read only";
   }
@@ -74,6 +75,7 @@
     if (!token || document.body.dataset.auth !== "on") return;
     let me;
     try { me = await whoami(token); } catch (e) { return; }  // keep what we had
+    if (sessionStorage.getItem(TOKEN_KEY) !== token) return;  // changed meanwhile: the newer one stands
     if (me) {
       sessionStorage.setItem(ROLE_KEY, me.role);
       sessionStorage.setItem(NAME_KEY, me.name);
