@@ -153,3 +153,25 @@ def html_escape(text: str) -> str:
     import html
 
     return html.escape(text, quote=True)
+
+
+def test_a_search_past_its_window_says_at_least_and_links_to_older_jobs(conn, http_server):
+    # A window and a bit more: user 7 at the second newest job and at the oldest, past the window.
+    n = jobsearch.SCAN_ROWS + 20
+    ids = _jobs(conn, n, every=n - 1)
+    conn.execute("UPDATE jobs SET kwargs = '{\"user_id\": 7}' WHERE id = %s", (ids[0],))
+    conn.execute("ANALYZE jobs")
+    s = http_server()
+    page = s.client.get("/jobs", params={"match": "kwargs.user_id = 7"})
+    assert re.findall(r'<tr data-job="([^"]+)"', page.text) == [ids[n - 2]]
+    assert '<p id="count">at least 1 job(s) match</p>' in page.text, page.text
+    assert "older jobs are not counted" in page.text
+    older = re.search(r'<a href="(/jobs\?[^"]+)">search older jobs →</a>', page.text)
+    assert older, page.text
+    page = s.client.get(older.group(1).replace("&amp;", "&"))
+    assert re.findall(r'<tr data-job="([^"]+)"', page.text) == [ids[0]]
+    assert "search older jobs" not in page.text  # this window reached the oldest job
+    api = s.client.get("/api/v1/jobs", params={"match": "kwargs.user_id = 7"}).json()
+    assert [j["id"] for j in api["jobs"]] == [ids[n - 2]] and api["scan"]["scanned_to"] and api["next_cursor"]
+    rest = s.client.get("/api/v1/jobs", params={"match": "kwargs.user_id = 7", "cursor": api["next_cursor"]}).json()
+    assert [j["id"] for j in rest["jobs"]] == [ids[0]] and rest["next_cursor"] is None

@@ -298,7 +298,11 @@ def jobs(state: AppState, where: JobFilter, cursor: str | None) -> dict[str, Any
     with state.connection() as conn:
         found = admin.jobs_page(conn, where.operator(), limit=PAGE_SIZE, after=_after(cursor),
                                 columns=reads.PAGE_COLUMNS)
-        total, exact, counted_to = count_jobs(conn, where)
+        short = found.scan_rows is not None and (found.after is None or found.scanned_to is not None)
+        if short and cursor is None:  # the first page read the count's whole window: no second read
+            total, exact, counted_to = len(found.rows), found.scanned_to is None, found.scanned_to
+        else:
+            total, exact, counted_to = count_jobs(conn, where)
     return {"jobs": found.rows, "next": _cursor(found.after) if found.after else None, "total": total,
             "exact": exact, "counted_to": counted_to, "scan_rows": found.scan_rows, "scanned_to": found.scanned_to,
             "queues": [q["queue"] for q in queues(state)]}
