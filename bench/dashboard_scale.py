@@ -5,7 +5,8 @@
 Fills a fresh database with finished jobs spread over the last 2 days (10 % failed)
 plus 1 % live ones, and a day of the recorder's rollup rows for 4 queues, then prints the median and worst time of each statement the
 dashboard's pages run: the Jobs page (first page, the 100th page by cursor, a
-status filter, a text filter, the count with its threshold), the Queues page and the
+status filter, a text filter, the count with its threshold; finding a job by id, id prefix,
+a value inside its arguments or a dedupe key), the Queues page and the
 Overview's 24 h charts. Prints only; asserts nothing.
 """
 
@@ -23,6 +24,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bench_database, code_state, say, server_url  # noqa: E402
+from supervisor import admin, jobsearch  # noqa: E402
 from supervisor.broker import reads  # noqa: E402
 from supervisor.http.dashboard import gather, recorder  # noqa: E402
 
@@ -77,15 +79,18 @@ def main() -> None:
         conn.execute("VACUUM ANALYZE queue_samples")
         say(f"{args.rows:,} jobs in {time.perf_counter() - t0:.1f}s")
 
-        def page(where: gather.JobFilter, after: tuple[Any, Any] = (None, None)) -> list[Any]:
-            return conn.execute(reads.JOBS_PAGE, {**where.params(), "after_at": after[0], "after_id": after[1],
-                                                "limit": gather.PAGE_SIZE + 1}).fetchall()
+        def page(where: gather.JobFilter, after: tuple[Any, Any] | None = None) -> admin.JobsPage:
+            return admin.jobs_page(conn, where.operator(), limit=gather.PAGE_SIZE, after=after,
+                                   columns=reads.PAGE_COLUMNS)
 
-        cursor: tuple[Any, Any] = (None, None)
+        cursor: tuple[Any, Any] | None = None
         for _ in range(99):  # walk to the 100th page once; then time that page
-            rows = page(gather.JobFilter(), cursor)
-            cursor = (rows[gather.PAGE_SIZE - 1][6], rows[gather.PAGE_SIZE - 1][0])
+            cursor = page(gather.JobFilter(), cursor).after
         deep = cursor
+        some_id = str(conn.execute("SELECT id FROM jobs WHERE created_at < now() - interval '1 day' LIMIT 1").fetchone()[0])
+
+        def search(**fields: str) -> gather.JobFilter:
+            return gather.JobFilter(search=jobsearch.Search.parse(fields))
         cases: list[tuple[str, Any]] = [
             ("jobs: first page", lambda c: page(gather.JobFilter())),
             ("jobs: 100th page (cursor)", lambda c: page(gather.JobFilter(), deep)),
@@ -93,6 +98,13 @@ def main() -> None:
             ("jobs: text filter page", lambda c: page(gather.JobFilter(text="item-4242"))),
             ("jobs: count, no filter", lambda c: gather.count_jobs(c, gather.JobFilter())),
             ("jobs: count, status=failed", lambda c: gather.count_jobs(c, gather.JobFilter(status="failed"))),
+            ("find: whole id", lambda c: page(search(id=some_id))),
+            ("find: id prefix (6 digits)", lambda c: page(search(id=some_id[:6]))),
+            ("find: id prefix, count", lambda c: gather.count_jobs(c, search(id=some_id[:6]))),
+            ("find: match, a day old (window)", lambda c: page(search(match="args[1] = item-42"))),
+            ("find: match, one recent hit", lambda c: page(search(match=f"args[0] = {args.rows - 7}"))),
+            ("find: match, count (window)", lambda c: gather.count_jobs(c, search(match="args[1] = item-42"))),
+            ("find: dedupe key (window)", lambda c: page(search(dedupe_key="order-1"))),
             ("queues: live rows", lambda c: c.execute(reads.LIVE_BY_QUEUE).fetchall()),
             ("queues: finished 1 h", lambda c: c.execute(reads.FINISHED_BY_QUEUE).fetchall()),
             ("queues: failed kept", lambda c: c.execute(reads.FAILED_BY_QUEUE).fetchall()),

@@ -12,14 +12,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from . import db, defaults
+from . import db, defaults, jobsearch
 from .broker import reads, sql
 from .identity import operator
 from .worker import registry, scheduler_sql
-
-
-def list_jobs(conn: psycopg.Connection, *, status: str | None, queue: str | None, limit: int) -> list[dict]:
-    return db.dicts(conn, reads.LIST, {"status": status, "queue": queue, "limit": limit})
 
 
 def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:
@@ -85,30 +81,92 @@ class JobFilter:
     created_before: datetime | None = None
     finished_after: datetime | None = None
     finished_before: datetime | None = None
+    # by id or id prefix, dedupe or concurrency key, a value inside the arguments
+    search: jobsearch.Search = jobsearch.Search()
 
     def params(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The bind parameters of ``reads.FILTERS`` (None: that filter is not given)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "search"}
+        return {**own, **self.search.params()}
+
+    def names(self) -> frozenset[str]:
+        """The filters given (``reads.FILTERS`` keys): the statement holds only theirs."""
+        return frozenset(k for k, v in self.params().items() if v is not None and k in reads.FILTERS)
 
     @property
     def empty(self) -> bool:
-        return all(v is None for v in self.params().values())
+        return not self.names()
+
+    @property
+    def scans(self) -> bool:
+        """No index serves it (text, a key, a value inside the arguments): a page reads a
+        window of the newest jobs only (jobsearch.SCAN_ROWS)."""
+        return self.text is not None or self.search.scans
 
 
-def list_jobs_page(conn: psycopg.Connection, where: JobFilter, *, limit: int,
-                   after: tuple[datetime, str] | None = None) -> list[dict]:
-    """Newest first, ``limit`` rows after the (created_at, id) cursor ``after``."""
+@dataclass(frozen=True)
+class JobsPage:
+    rows: list[dict]
+    # Where the next page starts (created_at, id), None when there is none. After a search
+    # whose window ended before the page filled: the window's last row (older ones unread).
+    after: tuple[datetime, str] | None
+    # A search only: the window's size, and when it was cut before the oldest job, the
+    # creation time of the last job it read (older jobs were not searched by this page).
+    scan_rows: int | None = None
+    scanned_to: datetime | None = None
+
+
+def jobs_page(conn: psycopg.Connection, where: JobFilter, *, limit: int, after: tuple[datetime, str] | None = None,
+              columns: str = reads.LIST_COLUMNS, scan_rows: int = jobsearch.SCAN_ROWS) -> JobsPage:
+    """Newest first, ``limit`` rows after the (created_at, id) cursor ``after``. A search no
+    index serves reads at most ``scan_rows`` jobs (see ``JobsPage``)."""
     after_at, after_id = after or (None, None)
-    return db.dicts(conn, reads.LIST_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
-                                        "limit": limit})
+    params = {**where.params(), "after_at": after_at, "after_id": after_id, "limit": limit + 1,
+              "scan_rows": scan_rows}
+    names, has_after = where.names(), after is not None
+    statement = reads.window_page if where.scans else reads.jobs_page
+    rows = db.dicts(conn, statement(columns, names, has_after), params)
+    if len(rows) > limit:
+        last = rows[limit - 1]
+        return JobsPage(rows[:limit], (last["created_at"], str(last["id"])), scan_rows if where.scans else None)
+    if not where.scans:
+        return JobsPage(rows, None)
+    edge = _window_cut(conn, names, has_after, params)
+    return JobsPage(rows, edge, scan_rows, edge[0] if edge else None)
+
+
+def _window_cut(conn: psycopg.Connection, names: frozenset[str], after: bool,
+                params: dict[str, Any]) -> tuple[datetime, str] | None:
+    """The window's last row when older rows were left unread, else None."""
+    edge = conn.execute(reads.window_edge(names, after), params).fetchall()
+    return (edge[0][0], edge[0][1]) if len(edge) == 2 else None
+
+
+def count_in_window(conn: psycopg.Connection, where: JobFilter, *, scan_rows: int = jobsearch.SCAN_ROWS
+                    ) -> tuple[int, datetime | None]:
+    """A search's matches among the newest ``scan_rows`` jobs, and the creation time of the
+    last job read when older ones were left unread (None: it read back to the oldest)."""
+    params = {**where.params(), "scan_rows": scan_rows, "after_at": None, "after_id": None}
+    row = conn.execute(reads.window_count(where.names()), params).fetchone()
+    edge = _window_cut(conn, where.names(), False, params)
+    return (int(row[0]) if row else 0), (edge[0] if edge else None)
 
 
 def change_matching(conn: psycopg.Connection, where: JobFilter, change: Callable[[psycopg.Connection, str], bool],
-                    *, limit: int) -> tuple[list[str], int]:
+                    *, limit: int, scan_rows: int = jobsearch.SCAN_ROWS) -> tuple[list[str], int]:
     """Apply ``change`` (retry_job, cancel_job) to up to ``limit`` jobs matching ``where``,
-    oldest first, one job at a time (each is its own fenced statement).
+    oldest first, one job at a time (each is its own fenced statement); a search covers
+    the jobs of its window (the newest ``scan_rows``), as its listing and count do.
     Returns the ids changed and how many matched."""
-    ids = [r[0] for r in conn.execute(reads.MATCHING_IDS, {**where.params(), "limit": limit}).fetchall()]
+    ids = matching_ids(conn, where, limit=limit, scan_rows=scan_rows)
     return [i for i in ids if change(conn, i)], len(ids)
+
+
+def matching_ids(conn: psycopg.Connection, where: JobFilter, *, limit: int,
+                 scan_rows: int = jobsearch.SCAN_ROWS) -> list[str]:
+    """Up to ``limit`` ids matching ``where``, oldest first (a search: within its window)."""
+    params = {**where.params(), "limit": limit, "scan_rows": scan_rows}
+    return [r[0] for r in conn.execute(reads.matching_ids(where.names(), where.scans), params).fetchall()]
 
 
 def counts_by_queue_and_status(conn: psycopg.Connection) -> list[tuple[str, str, int]]:

@@ -58,7 +58,7 @@ PRUNE_SECONDS = 300.0
 # Retention (the config's `retention:` section): how long each kind of row is kept.
 DAY = 24 * 3600.0
 RETENTION = {"succeeded": 7 * DAY, "failed": 30 * DAY, "cancelled": 7 * DAY, "events": 30 * DAY,
-             "runs": 30 * DAY, "results": 1 * DAY}
+             "runs": 30 * DAY, "results": 1 * DAY, "audit": 90 * DAY}
 # Rows one prune statement deletes at most: short statements, short locks.
 PRUNE_BATCH = 1000
 # A prune runs at least this often per shortest retention (a 60 s retention is pruned

@@ -365,6 +365,47 @@ def test_http_section():
     assert diff(load(text), load(text.replace("true", "false"))).lines()[-1] == "http: rolled (read_only)"
 
 
+def test_http_tokens_with_roles_and_secrets_from_the_environment():
+    text = MINIMAL + textwrap.dedent("""\
+        http:
+          token: "${SUPERVISOR_HTTP_TOKEN:-}"
+          tokens:
+            alice: {role: admin, secret_env: ALICE_TOKEN}
+            bob:
+              role: viewer
+              secret_env: BOB_TOKEN
+        """)
+    env = {"ALICE_TOKEN": "a-secret", "BOB_TOKEN": "b-secret"}
+    http = load(text, env).http
+    assert http is not None and [(t.name, t.role, t.secret) for t in http.principals()] == [
+        ("alice", "admin", "a-secret"), ("bob", "viewer", "b-secret")]
+    assert "a-secret" not in repr(http)  # secrets stay out of logs and reprs
+    # The single token keeps working: an admin named "token", beside the named ones.
+    http = load(text, {**env, "SUPERVISOR_HTTP_TOKEN": "t"}).http
+    assert [(t.name, t.role) for t in http.principals()][-1] == ("token", "admin") and http.auth_required
+    # Errors name the file, the line and the key.
+    e = error(text.replace("role: viewer", "role: superuser"), env)
+    assert (e.path, e.line, e.key) == ("conf.yaml", 11, "http.tokens.bob.role"), e
+    assert e.message == "unknown role 'superuser' (roles: viewer, operator, admin)"
+    e = error(text, {"ALICE_TOKEN": "a-secret"})
+    assert (e.line, e.key) == (12, "http.tokens.bob.secret_env") and "BOB_TOKEN is not set" in e.message
+    e = error(text, {"ALICE_TOKEN": "same", "BOB_TOKEN": "same"})
+    assert e.key == "http.tokens.bob.secret_env" and "same secret as token alice" in e.message
+    e = error(text, {**env, "SUPERVISOR_HTTP_TOKEN": "b-secret"})
+    assert e.key == "http.token" and "same secret as http.tokens.bob" in e.message
+    e = error(text.replace("bob:\n", "bob:\n      colour: red\n"), env)
+    assert e.key == "http.tokens.bob.colour" and "unknown key" in e.message
+    e = error(MINIMAL + "http: {tokens: {carol: {secret_env: C}}}\n", {"C": "x"})
+    assert e.key == "http.tokens.carol.role" and e.message == "is required"
+    e = error(MINIMAL + "http: {tokens: [alice]}\n")
+    assert e.key == "http.tokens" and "alice: {role: admin, secret_env: ALICE_TOKEN}" in e.message
+    e = error(MINIMAL + "http: {token: t, tokens: {token: {role: viewer, secret_env: T}}}\n", {"T": "x"})
+    assert e.key == "http.tokens.token" and "single http.token" in e.message
+    # A new secret or role rolls the HTTP child (without saying the secret).
+    changed = diff(load(text, env), load(text, {**env, "BOB_TOKEN": "new"}))
+    assert changed.lines()[-1] == "http: rolled (tokens)"
+
+
 def test_poll_interval_per_role_reaches_the_worker_settings():
     from supervisor.config import parse
     from supervisor.worker.settings import WorkerSettings

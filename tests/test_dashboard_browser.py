@@ -21,6 +21,8 @@ from tests.supervisor_helpers import Supervisor, enqueue, role, write_config
 pytestmark = pytest.mark.xdist_group("dashboard-browser")
 
 TOKEN = "dash-secret"
+# Named tokens beside the single one (an admin): a viewer and an operator.
+ROLE_TOKENS = {"vic": ("viewer", "DASH_VIC", "vic-secret"), "olga": ("operator", "DASH_OLGA", "olga-secret")}
 
 
 @dataclass
@@ -39,11 +41,12 @@ def dash(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         cfg = write_config(tmp / "sup.yaml", database_url,
                            {"w": role(processes=2, threads=2, queues=("tests", "other"))})
         data = yaml.safe_load(cfg.read_text())
-        data["http"] = {"listen": f"127.0.0.1:{port}", "token": TOKEN}
+        data["http"] = {"listen": f"127.0.0.1:{port}", "token": TOKEN,
+                        "tokens": {n: {"role": r, "secret_env": e} for n, (r, e, _) in ROLE_TOKENS.items()}}
         data["apps"] = ["actors"]  # the bundled tracker in use: its page, breakers and alerts show
         data["schedules"] = {"nightly": {"cron": "0 3 * * *", "actor": "noop", "queue": "tests"}}
         cfg.write_text(yaml.safe_dump(data))
-        sup = Supervisor(cfg)
+        sup = Supervisor(cfg, env={e: secret for _, e, secret in ROLE_TOKENS.values()})
         try:
             sup.wait_state({"w": 2, "http": 1}, timeout=60)
             base = f"http://127.0.0.1:{port}"
@@ -129,16 +132,12 @@ def test_jobs_retry_and_cancel_from_the_page_need_the_token(dash: Dash, browser:
     assert len(browser.css("#jobs tr[data-job]")) == failed
     first = browser.css("#jobs tr[data-job]")[0].get_attribute("data-job")
 
-    # Without the token the action is refused and nothing changes.
-    browser.click(f'tr[data-job="{first}"] input.pick')
-    _click(browser, 'button.bulk-act[data-action="retry"]')
-    browser.wait_text("#flash", lambda t: "needs the token" in t)
-    assert scalar(db, "SELECT status FROM jobs WHERE id = %s", (first,)) == "failed"
-    browser.screenshot("jobs")
+    # Without a token no action shows (and one sent without it is refused: tests/test_http_api.py).
+    _wait_shown(browser, "button.bulk-act, input.pick", 0)
 
     _use_token(browser, TOKEN)
-    if not browser.css(f'tr[data-job="{first}"] input.pick:checked'):
-        browser.click(f'tr[data-job="{first}"] input.pick')
+    browser.click(f'tr[data-job="{first}"] input.pick')
+    browser.screenshot("jobs")
     _click(browser, 'button.bulk-act[data-action="retry"]')
     browser.wait_text("#flash", lambda t: "1 job(s) retried" in t)
     assert scalar(db, "SELECT count(*) FROM job_events WHERE job_id = %s AND reason = 'retried by operator'",
@@ -257,6 +256,101 @@ def test_schedules_limits_and_the_tracker_page(dash: Dash, browser: Browser) -> 
     assert "gpu" in browser.text('table[data-title="Watches"]')
     assert "watches enabled\t1" in browser.text('table[data-title="State"]')
     browser.screenshot("tracker")
+
+
+def _shown(b: Browser, selector: str) -> int:
+    """How many elements match and are displayed (a hidden one has no offsetParent)."""
+    return int(b.driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]))"
+        ".filter(e => e.offsetParent !== null && getComputedStyle(e).visibility !== 'hidden').length",
+        selector))
+
+
+def _wait_shown(b: Browser, selector: str, n: int) -> None:
+    """Wait until ``n`` matches are displayed: the page's script shows or hides each action
+    by the token's role as it loads."""
+    wait_for(lambda: _shown(b, selector) == n, 10, message=f"{n} of {selector} displayed")
+
+
+def _forget_token(b: Browser, base: str) -> None:
+    b.open(base + "/queues")
+    b.driver.execute_script("sessionStorage.clear()")
+    b.open(base + "/queues")
+
+
+def test_a_tokens_role_decides_which_actions_show_and_the_audit_page_lists_them(dash: Dash, browser: Browser) -> None:
+    db = dash.db
+    db.execute("INSERT INTO jobs (queue, actor, status, finished_at) VALUES ('other', 'noop', 'succeeded', now())")
+    _forget_token(browser, dash.base)
+    pause = 'tr[data-queue="other"] button.act'
+    _wait_shown(browser, pause, 0)
+    assert browser.text("#who") == "no token: read only"
+    browser.css("#token")[0].send_keys("not-a-token")
+    browser.click("#token-form button")
+    browser.wait_text("#flash", lambda t: "unknown token" in t)
+    assert _shown(browser, pause) == 0
+    # A viewer reads, and sees no action.
+    browser.css("#token")[0].send_keys(ROLE_TOKENS["vic"][2])
+    browser.click("#token-form button")
+    browser.wait_text("#flash", lambda t: t == "token kept for this tab: vic (viewer)")
+    _wait_shown(browser, pause, 0)
+    assert browser.text("#who") == "vic · viewer"
+    # An operator pauses and resumes; scaling and running a schedule need an admin: hidden.
+    browser.css("#token")[0].send_keys(ROLE_TOKENS["olga"][2])
+    browser.click("#token-form button")
+    browser.wait_text("#flash", lambda t: "olga (operator)" in t)
+    _wait_shown(browser, pause, 1)
+    _click(browser, pause, confirm=True)
+    browser.wait_text("#flash", lambda t: "queue other paused" in t)
+    browser.wait_text(pause, lambda t: t == "Resume")  # the page refreshed after the action
+    _click(browser, pause)
+    browser.wait_text("#flash", lambda t: "queue other resumed" in t)
+    browser.open(dash.base + "/workers")
+    assert browser.css("form.scale")
+    _wait_shown(browser, "form.scale", 0)
+    browser.open(dash.base + "/schedules")
+    assert browser.css("button.act")
+    _wait_shown(browser, "button.act", 0)
+    browser.open(dash.base + "/jobs")
+    _wait_shown(browser, "button.bulk-act", 2)  # retry and cancel: an operator's
+    # The Audit page: the same rows as SQL, newest first.
+    browser.open(dash.base + "/audit?token=olga")
+    rows = browser.texts("#audit tr[data-audit] td.action")
+    expected = [r[0] for r in db.execute("SELECT action FROM audit_log WHERE token_name = 'olga' ORDER BY id DESC")]
+    assert rows == expected == ["queues.resume", "queues.pause"]
+    assert browser.texts("#audit tr[data-audit] td.target") == ["queue other", "queue other"]
+    assert browser.texts("#audit tr[data-audit] td.outcome") == ["queue other resumed", "queue other paused"]
+    browser.screenshot("audit")
+    _use_token(browser, TOKEN)  # an admin again, for the tests after this one
+
+
+def test_find_a_job_by_a_value_inside_its_arguments_and_share_the_link(dash: Dash, browser: Browser) -> None:
+    db = dash.db
+    wanted = scalar(db, "INSERT INTO jobs (queue, actor, kwargs, run_at, dedupe_key) VALUES ('tests', 'record',"
+                        " '{\"user_id\": 4711, \"n\": 1}', now() + interval '1 hour', 'find-me') RETURNING id::text")
+    db.execute("INSERT INTO jobs (queue, actor, kwargs, run_at) VALUES ('tests', 'record', '{\"user_id\": \"4711\"}',"
+               " now() + interval '1 hour')")
+    browser.open(dash.base + "/jobs")
+    box = browser.css('#filter input[name="match"]')[0]
+    box.send_keys("kwargs.user_id = 4711")
+    browser.click("#filter button")
+    wait_for(lambda: "match=" in browser.driver.current_url, 10, message="the search in the URL")
+    link = browser.driver.current_url
+    assert browser.texts("#jobs tr[data-job] td a") == [wanted[:8]]
+    matching = scalar(db, "SELECT count(*) FROM jobs WHERE kwargs->'user_id' = '4711'")
+    assert browser.text("#count") == f"{matching} job(s) match" and matching == 1
+    assert "reads the newest 100,000 jobs" in browser.text("#scan-note")
+    # A colleague opening the link sees the same page, the search filled in.
+    browser.open(dash.base + "/")
+    browser.open(link)
+    assert browser.texts("#jobs tr[data-job] td a") == [wanted[:8]]
+    assert browser.css('#filter input[name="match"]')[0].get_attribute("value") == "kwargs.user_id = 4711"
+    browser.screenshot("jobs-search")
+    # By the start of its id, and by its dedupe key.
+    browser.open(dash.base + "/jobs?id=" + wanted[:8])
+    assert browser.texts("#jobs tr[data-job] td a") == [wanted[:8]] and not browser.css("#scan-note")
+    browser.open(dash.base + "/jobs?dedupe_key=find-me")
+    assert browser.texts("#jobs tr[data-job] td a") == [wanted[:8]]
 
 
 def test_read_only_hides_every_action(dash: Dash, browser: Browser, tmp_path) -> None:

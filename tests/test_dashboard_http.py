@@ -30,7 +30,7 @@ def test_actions_take_json_with_the_token(http_server, conn):
     s = http_server("--token", "t0ken")
     body = {"ids": [job]}
     assert s.client.post("/ui/jobs/retry", json=body).status_code == 401
-    assert s.client.post("/ui/jobs/retry", json=body, headers={"X-Supervisor-Token": "nope"}).status_code == 403
+    assert s.client.post("/ui/jobs/retry", json=body, headers={"X-Supervisor-Token": "nope"}).status_code == 401
     form = s.client.post("/ui/jobs/retry", content=f'{{"ids": ["{job}"]}}',
                          headers={"X-Supervisor-Token": "t0ken", "Content-Type": "text/plain"})
     assert form.status_code == 415

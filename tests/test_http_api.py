@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -60,7 +61,7 @@ def test_reads_health_and_the_guard(conn, api, matrix):
     # Actions need the token: none, a wrong one, the right one by header (as a browser sends it).
     r = api.client.post("/api/v1/queues/q1/pause")
     assert r.status_code == 401 and "token" in r.json()["error"]
-    assert api.client.post("/api/v1/queues/q1/pause", headers={"Authorization": "Bearer nope"}).status_code == 403
+    assert api.client.post("/api/v1/queues/q1/pause", headers={"Authorization": "Bearer nope"}).status_code == 401
     assert scalar(conn, "SELECT count(*) FROM queue_pauses") == 0
     r = api.client.post("/api/v1/queues/q1/pause", headers={"X-Supervisor-Token": TOKEN}, json={"reason": "deploy"})
     assert r.status_code == 200 and r.json()["paused"]["reason"] == "deploy"
@@ -105,6 +106,68 @@ def test_jobs_filters_and_cursor_paging(conn, api):
                 {"colour": "red"}, {"created_after": "2026-01-01T00:00:00"}):
         r = api.client.get("/api/v1/jobs", params=bad)
         assert r.status_code == 400 and r.json()["error"], (bad, r.text)
+
+
+def test_find_a_job_by_id_prefix_keys_and_a_value_inside_its_arguments(conn, api):
+    def job(**cols) -> str:
+        names = ", ".join(cols)
+        marks = ", ".join(["%s"] * len(cols))
+        return str(scalar(conn, f"INSERT INTO jobs (actor, {names}) VALUES ('a', {marks}) RETURNING id",
+                          tuple(json.dumps(v) if isinstance(v, list | dict) else v for v in cols.values())))
+
+    order = job(args=[42, "x"], kwargs={"user_id": 7, "order": {"lines": [{"sku": "A-1"}]}}, dedupe_key="order-9",
+                concurrency_key="user-7")
+    other = job(args=[7, 42], kwargs={"user_id": "7", "order": {"lines": [{"sku": "B-2"}]}}, dedupe_key="order-10")
+    third = job(kwargs={"user id": 8}, concurrency_key="user-7", status="succeeded")
+
+    def found(**params) -> list[str]:
+        r = api.client.get("/api/v1/jobs", params=params)
+        assert r.status_code == 200, (params, r.text)
+        return sorted(j["id"] for j in r.json()["jobs"])
+
+    # An id, the start of one (dashes or not, any case), and a prefix no job has.
+    assert found(id=order) == [order]
+    assert found(id=order[:8].upper()) == [order]
+    assert found(id=order[:13]) == [order] and found(id=order[:13].replace("-", "")) == [order]
+    assert found(id=next(p for p in ("0000", "ffff") if not order.startswith(p) and not other.startswith(p)
+                         and not third.startswith(p))) == []
+    assert found(dedupe_key="order-9") == [order]
+    assert found(concurrency_key="user-7") == sorted([order, third])
+    assert found(concurrency_key="user-7", status="succeeded") == [third]
+    # A value at a path: positions count in arrays, and JSON types in values (7 is not "7").
+    assert found(match="args[0] = 42") == [order]
+    assert found(match="args[1] = 42") == [other]
+    assert found(match="args[-1] = 42") == [other]
+    assert found(match="kwargs.user_id = 7") == [order]
+    assert found(match='kwargs.user_id = "7"') == [other]
+    assert found(match="kwargs.user_id == 7.0") == [order]
+    assert found(match='kwargs.order.lines[0].sku = "B-2"') == [other]
+    assert found(match="kwargs.order.lines[0].sku = A-1") == [order]  # a bare word is a string
+    assert found(match='kwargs["user id"] = 8') == [third]
+    assert found(match="kwargs.order.lines = [{\"sku\": \"A-1\"}]") == [order]
+    assert found(match="kwargs.missing = 1") == []
+    assert found(match="args[0] = 42", dedupe_key="order-10") == []
+    # A search no index serves says how far back it read; none that an index serves does.
+    searched = api.client.get("/api/v1/jobs", params={"match": "args[0] = 42"}).json()
+    assert searched["scan"] == {"rows": 100_000, "scanned_to": None} and searched["next_cursor"] is None
+    assert "scan" not in api.client.get("/api/v1/jobs", params={"id": order[:6]}).json()
+    # The same filters choose what a bulk action changes.
+    r = api.client.post("/api/v1/jobs/cancel", headers=AUTH, json={"match": "kwargs.user_id = 7"})
+    assert r.status_code == 200 and r.json()["ids"] == [order], r.text
+    # A bad expression or id: one 400 naming it, with an example.
+    for params, says in (({"match": "user_id = 7"}, "match: expected args or kwargs at the start"),
+                         ({"match": "kwargs.user_id"}, "match: expected '= value'"),
+                         ({"match": "kwargs.user_id = "}, "match: expected a value after '='"),
+                         ({"match": "args[x] = 1"}, "match: expected [integer]"),
+                         ({"match": "kwargs.a = hello world"}, "match: 'hello world' is neither JSON"),
+                         ({"match": "kwargs. = 1"}, "match: expected a key name after '.'"),
+                         ({"id": "not-hex"}, "id: 'not-hex' is not a job id or the start of one"),
+                         ({"id": "0" * 33}, "id: ")):
+        r = api.client.get("/api/v1/jobs", params=params)
+        assert r.status_code == 400, (params, r.text)
+        error = r.json()["error"]
+        assert error.startswith(says) and "example" in error, (params, error)
+    assert "kwargs.user_id = 7" in api.client.get("/api/v1/jobs", params={"match": "x"}).json()["error"]
 
 
 def test_job_detail_and_actions(conn, api):
@@ -165,6 +228,104 @@ def test_pause_resume_workers_schedules_and_state(conn, api, matrix):
     # The config names the schedule with its cron: next fire is computed, runs come from the DB.
     assert schedules[matrix.schedule]["cron"] and schedules[matrix.schedule]["next_fire"]
     assert [r["status"] for r in schedules[matrix.schedule]["recent_runs"]] == ["succeeded"]
+
+
+ROLE_TOKENS = {"vic": ("viewer", "VIC_TOKEN", "v-secret"), "olga": ("operator", "OLGA_TOKEN", "o-secret"),
+               "ada": ("admin", "ADA_TOKEN", "a-secret")}
+
+
+def _with_tokens(matrix: Matrix, tmp_path) -> tuple[str, ...]:
+    """The matrix's config with `http.tokens` (one token per role, secrets from the environment)."""
+    import yaml
+
+    from tests.conftest import ROOT
+
+    source = matrix.args[1] if matrix.args else ROOT / "config" / "supervisor.yaml"
+    data = yaml.safe_load(Path(source).read_text())
+    data["http"] = {"tokens": {name: {"role": role, "secret_env": env} for name, (role, env, _) in ROLE_TOKENS.items()}}
+    path = tmp_path / "with-tokens.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return ("-c", str(path))
+
+
+def test_roles_refuse_what_a_token_may_not_do_and_the_audit_log_keeps_every_action(conn, http_server, matrix,
+                                                                                   tmp_path):
+    env = {e: secret for _, e, secret in ROLE_TOKENS.values()}
+    s = http_server(*_with_tokens(matrix, tmp_path), url=matrix.url, env={**env, "SUPERVISOR_HTTP_TOKEN": TOKEN})
+    as_ = {name: {"Authorization": f"Bearer {secret}"} for name, (_, _, secret) in ROLE_TOKENS.items()}
+    failed = [_job(conn, status="failed", finished_min=i) for i in range(3)]
+
+    # Which token is this? Each one's name and role, what it may do; an unknown one is a 401.
+    me = s.client.get("/api/v1/whoami", headers=as_["olga"]).json()
+    assert (me["name"], me["role"], me["auth_required"]) == ("olga", "operator", True)
+    assert me["actions"]["jobs.retry"] == {"needs": "operator", "allowed": True}
+    assert me["actions"]["roles.scale"] == {"needs": "admin", "allowed": False}
+    assert s.client.get("/api/v1/whoami", headers=AUTH).json()["role"] == "admin"  # the single token: an admin
+    assert s.client.get("/api/v1/whoami", headers=AUTH).json()["name"] == "token"
+    assert s.client.get("/api/v1/whoami").json()["role"] is None
+    assert s.client.get("/api/v1/whoami", headers={"X-Supervisor-Token": "nope"}).status_code == 401
+
+    # No token, or one no one has: 401 naming the role the action needs.
+    retry = f"/api/v1/jobs/{failed[0]}/retry"
+    for headers, why in (({}, "no token was sent"), ({"Authorization": "Bearer nope"}, "not one of the configured")):
+        r = s.client.post(retry, headers=headers)
+        assert r.status_code == 401 and r.json()["needs"] == "operator" and r.json()["action"] == "jobs.retry"
+        assert "jobs.retry needs a token of role operator or admin" in r.json()["error"] and why in r.json()["error"]
+        assert r.headers["www-authenticate"] == "Bearer"
+    # A role below the action's: 403, naming the token, its role and the role needed.
+    r = s.client.post(retry, headers=as_["vic"])
+    assert r.status_code == 403 and r.json()["error"] == "token vic is a viewer: jobs.retry needs role operator or admin"
+    assert (r.json()["needs"], r.json()["role"], r.json()["token"]) == ("operator", "viewer", "vic")
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (failed[0],)) == "failed"
+    # An operator retries, cancels and pauses; scaling, schedules and sending jobs need an admin.
+    assert s.client.post(retry, headers=as_["olga"]).status_code == 200
+    r = s.client.post("/api/v1/jobs/retry", headers=as_["olga"], json={"status": "failed", "queue": "q1"})
+    assert r.status_code == 200 and sorted(r.json()["ids"]) == sorted(failed[1:])
+    assert s.client.post("/api/v1/queues/q9/pause", headers=as_["olga"], json={"reason": "deploy"}).status_code == 200
+    for path, body in (("/ui/roles/w/scale", {"processes": 2}), ("/ui/schedules/nightly/run", {}),
+                       ("/api/v1/jobs", {"actor": "noop"})):
+        r = s.client.post(path, headers=as_["olga"], json=body)
+        assert r.status_code == 403 and r.json()["needs"] == "admin", (path, r.text)
+    r = s.client.post("/api/v1/jobs", headers=as_["ada"], json={"actor": "noop", "queue": "q1"})
+    assert r.status_code == 201
+    sent = r.json()["id"]
+    r = s.client.post("/ui/roles/w/scale", headers=as_["ada"], json={"processes": 2})
+    assert r.status_code == 409 and "no local master" in r.json()["message"]  # past the guard, no master here
+
+    # The audit log: every action, done or refused, newest first, as SQL holds it.
+    entries = s.client.get("/api/v1/audit").json()["entries"]
+    seen = [(e["token_name"], e["action"], e["status"]) for e in entries]
+    assert seen == [
+        ("ada", "roles.scale", 409), ("ada", "jobs.send", 201), ("olga", "jobs.send", 403),
+        ("olga", "schedules.run", 403), ("olga", "roles.scale", 403), ("olga", "queues.pause", 200),
+        ("olga", "jobs.retry", 200), ("olga", "jobs.retry", 200), ("vic", "jobs.retry", 403),
+        (None, "jobs.retry", 401), (None, "jobs.retry", 401)], seen
+    assert seen == [tuple(r) for r in conn.execute("SELECT token_name, action, status FROM audit_log ORDER BY id DESC")]
+    by = {(e["token_name"], e["action"], e["status"]): e for e in reversed(entries)}  # the newest of each
+    bulk = by[("olga", "jobs.retry", 200)]  # the bulk one
+    assert bulk["filter"] == {"status": "failed", "queue": "q1"} and bulk["affected"] == 2
+    assert sorted(bulk["job_ids"]) == sorted(failed[1:]) and bulk["role"] == "operator"
+    one = entries[7]
+    assert (one["target"], one["affected"], one["job_ids"], one["filter"]) == (f"job {failed[0]}", 1, [failed[0]], None)
+    assert by[("olga", "queues.pause", 200)]["target"] == "queue q9"
+    assert by[("olga", "queues.pause", 200)]["detail"] == {"reason": "deploy"}
+    assert by[("ada", "jobs.send", 201)]["job_ids"] == [sent]
+    assert by[("ada", "roles.scale", 409)]["detail"] == {"processes": 2}
+    assert "needs role admin" in by[("olga", "roles.scale", 403)]["outcome"]
+    assert by[("vic", "jobs.retry", 403)]["client"] == "127.0.0.1"
+    # Filtered by token and by action, and paged.
+    assert {e["token_name"] for e in s.client.get("/api/v1/audit", params={"token": "ada"}).json()["entries"]} == {"ada"}
+    assert len(s.client.get("/api/v1/audit", params={"action": "jobs.retry"}).json()["entries"]) == 5
+    page = s.client.get("/api/v1/audit", params={"limit": 4}).json()
+    rest = s.client.get("/api/v1/audit", params={"limit": 20, "cursor": page["next_cursor"]}).json()
+    assert [e["id"] for e in page["entries"] + rest["entries"]] == [e["id"] for e in entries]
+    assert rest["next_cursor"] is None
+    assert s.client.get("/api/v1/audit", params={"limit": 0}).status_code == 400
+    # The Audit page shows the same rows.
+    html = s.client.get("/audit", params={"token": "olga"}).text
+    assert html.count("<tr data-audit=") == 6 and '<td class="token">olga</td>' in html
+    paths = s.client.get("/api/v1/openapi.json").json()["paths"]
+    assert {"/api/v1/whoami", "/api/v1/audit"} <= set(paths)
 
 
 def test_read_only_refuses_every_action(conn, http_server, matrix):

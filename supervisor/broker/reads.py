@@ -5,6 +5,8 @@ what workers run); these statements only read, for the CLI, the HTTP API and
 the dashboard.
 """
 
+import functools
+
 GET = "SELECT * FROM jobs WHERE id = %(id)s"
 
 STATUS = "SELECT status FROM jobs WHERE id = %(id)s"
@@ -21,42 +23,113 @@ _ERROR_LINE = r"""left(coalesce(nullif(btrim(regexp_replace(
        last_error), {width}) AS last_error"""
 ERROR_LINE = _ERROR_LINE  # for the other modules of reads (actor_reads)
 
-LIST = f"""
-SELECT id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at,
-       finished_at, lease_owner, {_ERROR_LINE.format(width=200)}
-  FROM jobs
- WHERE (%(status)s::text IS NULL OR status = %(status)s)
-   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
- ORDER BY created_at DESC
- LIMIT %(limit)s
-"""
-
-
 # --- the operator's view: filtered listing with keyset (cursor) paging, capacity ---
 
-# Every filter is optional (NULL: not applied). ``text`` is a substring of the
-# job's arguments (args and kwargs as JSON text).
-_JOB_FILTER = """
-       (%(status)s::text IS NULL OR status = %(status)s)
-   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-   AND (%(actor)s::text IS NULL OR actor = %(actor)s)
-   AND (%(text)s::text IS NULL OR strpos(args::text || ' ' || kwargs::text, %(text)s) > 0)
-   AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
-   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
-   AND (%(finished_after)s::timestamptz IS NULL OR finished_at >= %(finished_after)s)
-   AND (%(finished_before)s::timestamptz IS NULL OR finished_at < %(finished_before)s)
-"""
+# Each filter of a listing, by the bind parameter that gives it: a statement holds only
+# the fragments of the filters given (``where``), so the planner sees each condition as
+# it is (an id range becomes a range scan of the primary key) instead of a generic
+# ``%(x)s IS NULL OR ...`` that a cached plan would have to walk past. No fragment takes
+# text from a request: values are bind parameters.
+FILTERS = {
+    "status": "status = %(status)s",
+    "queue": "queue = %(queue)s",
+    "actor": "actor = %(actor)s",
+    # a substring of the job's arguments (args and kwargs as JSON text)
+    "text": "strpos(args::text || ' ' || kwargs::text, %(text)s) > 0",
+    "created_after": "created_at >= %(created_after)s",
+    "created_before": "created_at < %(created_before)s",
+    "finished_after": "finished_at >= %(finished_after)s",
+    "finished_before": "finished_at < %(finished_before)s",
+    # an id or the start of one: every uuid from prefix000... to prefixfff... (jobsearch.id_range)
+    "id_lo": "id BETWEEN %(id_lo)s::uuid AND %(id_hi)s::uuid",
+    "dedupe_key": "dedupe_key = %(dedupe_key)s",
+    "concurrency_key": "concurrency_key = %(concurrency_key)s",
+    # a value at a path inside the arguments (jobsearch.Match): a text[] path for #>
+    "match_args": "args #> %(match_args)s::text[] = %(match_value)s::jsonb",
+    "match_kwargs": "kwargs #> %(match_kwargs)s::text[] = %(match_value)s::jsonb",
+}
+# Filters an index serves (jobs_created_id, the primary key): a search's window of the
+# newest rows is read through them; every other filter is checked on the window's rows.
+WINDOW_FILTERS = frozenset({"created_after", "created_before", "id_lo"})
+AFTER = "(created_at, id) < (%(after_at)s, %(after_id)s::uuid)"
 
-# Newest first; the next page starts after the (created_at, id) of the last row seen.
-LIST_PAGE = f"""
-SELECT id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at, started_at,
-       finished_at, lease_owner, progress, {_ERROR_LINE.format(width=200)}
+LIST_COLUMNS = f"""id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at, started_at,
+       finished_at, lease_owner, progress, dedupe_key, concurrency_key, {_ERROR_LINE.format(width=200)}"""
+PAGE_COLUMNS = f"""id, queue, actor, status, attempts, max_attempts, created_at, started_at, finished_at,
+       {_ERROR_LINE.format(width=120)}, progress, dedupe_key, concurrency_key"""
+
+
+def where(names: frozenset[str], *, after: bool = False) -> str:
+    """The conjunction of the named filters' fragments (and the cursor's), or TRUE."""
+    parts = [FILTERS[n] for n in FILTERS if n in names] + ([AFTER] if after else [])
+    return "\n   AND ".join(parts) or "TRUE"
+
+
+@functools.cache
+def jobs_page(columns: str, names: frozenset[str], after: bool) -> str:
+    """Newest first; the next page starts after the (created_at, id) of the last row seen."""
+    return f"""
+SELECT {columns}
   FROM jobs
- WHERE {_JOB_FILTER}
-   AND (%(after_at)s::timestamptz IS NULL OR (created_at, id) < (%(after_at)s, %(after_id)s::uuid))
+ WHERE {where(names, after=after)}
  ORDER BY created_at DESC, id DESC
- LIMIT %(limit)s
-"""
+ LIMIT %(limit)s"""
+
+
+def _window(names: frozenset[str], after: bool) -> str:
+    """The newest %(scan_rows)s jobs (after the cursor) within the index-served filters."""
+    return f"""(SELECT * FROM jobs
+         WHERE {where(names & WINDOW_FILTERS, after=after)}
+         ORDER BY created_at DESC, id DESC
+         LIMIT %(scan_rows)s) AS w"""
+
+
+@functools.cache
+def window_page(columns: str, names: frozenset[str], after: bool) -> str:
+    """A search no index serves: its matches among a window of the newest jobs only, so a
+    page reads at most %(scan_rows)s rows however rare the match (read lazily: it stops at
+    %(limit)s matches)."""
+    return f"""
+SELECT {columns}
+  FROM {_window(names, after)}
+ WHERE {where(names - WINDOW_FILTERS)}
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s"""
+
+
+@functools.cache
+def window_edge(names: frozenset[str], after: bool) -> str:
+    """The last row of the window and the first after it: with both, older rows were left unread."""
+    return f"""
+SELECT created_at, id::text FROM jobs
+ WHERE {where(names & WINDOW_FILTERS, after=after)}
+ ORDER BY created_at DESC, id DESC
+ OFFSET %(scan_rows)s - 1 LIMIT 2"""
+
+
+@functools.cache
+def window_count(names: frozenset[str]) -> str:
+    return f"SELECT count(*) FROM {_window(names, False)} WHERE {where(names - WINDOW_FILTERS)}"
+
+
+@functools.cache
+def matching_ids(names: frozenset[str], window: bool) -> str:
+    """Ids of the jobs a bulk action covers, oldest first (a search: within its window)."""
+    source = _window(names, False) if window else "jobs"
+    rest = names - WINDOW_FILTERS if window else names
+    return f"SELECT id::text FROM {source} WHERE {where(rest)} ORDER BY created_at, id LIMIT %(limit)s"
+
+
+# An exact count stops at the threshold; past it the planner's estimate stands in.
+@functools.cache
+def count_upto(names: frozenset[str]) -> str:
+    return f"SELECT count(*) FROM (SELECT 1 FROM jobs WHERE {where(names)} LIMIT %(upto)s) AS m"
+
+
+@functools.cache
+def count_plan(names: frozenset[str]) -> str:
+    return f"EXPLAIN (FORMAT JSON) SELECT 1 FROM jobs WHERE {where(names)}"
+
 
 # --- the dashboard's reads: only indexed slices (live rows, rows finished lately) ---
 
@@ -128,25 +201,6 @@ SELECT queue,
 """
 
 
-# Newest first, keyset paging on (created_at, id): a page costs the same at any depth.
-JOBS_PAGE = f"""
-SELECT id, queue, actor, status, attempts, max_attempts, created_at, started_at, finished_at,
-       {_ERROR_LINE.format(width=120)}, progress
-  FROM jobs
- WHERE {_JOB_FILTER}
-   AND (%(after_at)s::timestamptz IS NULL OR (created_at, id) < (%(after_at)s, %(after_id)s::uuid))
- ORDER BY created_at DESC, id DESC
- LIMIT %(limit)s
-"""
-
-MATCHING_IDS = f"""
-SELECT id::text FROM jobs WHERE {_JOB_FILTER} ORDER BY created_at, id LIMIT %(limit)s
-"""
-
 COUNT_BY_QUEUE_AND_STATUS = "SELECT queue, status, count(*) FROM jobs GROUP BY queue, status"
 
 CAPACITY = "SELECT * FROM v_queue_capacity ORDER BY queue"
-
-# An exact count stops at the threshold; past it the planner's estimate stands in.
-JOBS_COUNT_UPTO = f"SELECT count(*) FROM (SELECT 1 FROM jobs WHERE {_JOB_FILTER} LIMIT %(upto)s) AS m"
-JOBS_COUNT_PLAN = f"EXPLAIN (FORMAT JSON) SELECT 1 FROM jobs WHERE {_JOB_FILTER}"

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .. import admin, exit_codes
+from .. import admin, exit_codes, jobsearch
 from .context import Seconds, config_option, connect, die, json_option, producer
 from .output import fmt, print_json, rows
 
@@ -77,14 +77,33 @@ def jobs() -> None:
 @config_option
 @click.option("--status", type=click.Choice(["pending", "running", "retryable", "succeeded", "failed", "cancelled"]))
 @click.option("--queue", "-q", default=None)
+@click.option("--actor", default=None)
+@click.option("--id", "job_id", default=None, metavar="ID", help="A job id or the start of one (hex digits).")
+@click.option("--dedupe-key", default=None)
+@click.option("--concurrency-key", default=None)
+@click.option("--match", default=None, metavar="EXPR",
+              help="A value inside the arguments: 'kwargs.user_id = 7', 'args[0] = 42'.")
+@click.option("--text", default=None, help="A substring of the arguments' JSON.")
+@click.option("--scan-rows", default=jobsearch.SCAN_ROWS, show_default=True, type=click.IntRange(min=1),
+              help="Jobs a search by key, --match or --text reads at most, newest first (no index serves it).")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1, max=100_000))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def jobs_list(ctx, status, queue, limit, as_json) -> None:
-    """Most recent jobs first."""
+def jobs_list(ctx, status, queue, actor, job_id, dedupe_key, concurrency_key, match, text, scan_rows, limit,
+              as_json) -> None:
+    """Most recent jobs first; find one by id prefix, key, or a value inside its arguments."""
+    try:
+        search = jobsearch.Search.parse({"id": job_id, "dedupe_key": dedupe_key, "concurrency_key": concurrency_key,
+                                         "match": match})
+    except jobsearch.SearchError as exc:
+        die(f"--{exc}", exit_codes.USAGE)
+    where = admin.JobFilter(status=status, queue=queue, actor=actor, text=text, search=search)
     with connect(ctx) as conn:
-        found = admin.list_jobs(conn, status=status, queue=queue, limit=limit)
-    rows(found, as_json, ["id", "queue", "actor", "status", "attempts", "run_at", "last_error"])
+        page = admin.jobs_page(conn, where, limit=limit, scan_rows=scan_rows)
+    rows(page.rows, as_json, ["id", "queue", "actor", "status", "attempts", "run_at", "last_error"])
+    if page.scanned_to is not None:
+        click.echo(f"searched the newest {scan_rows:,} jobs (created since {fmt(page.scanned_to)}); older ones were "
+                   "not searched: give --scan-rows to read further", err=True)
 
 
 @jobs.command("show")

@@ -6,7 +6,7 @@ reading it is editing that file (often through `supervisor reload`).
 
 from typing import TYPE_CHECKING, Any
 
-from .http import HttpConfig
+from .http import ROLES, HttpConfig, HttpToken
 from .model import (
     Config,
     ConfigError,
@@ -39,7 +39,9 @@ __all__ = [
     "Config",
     "ConfigError",
     "DatabaseConfig",
+    "ROLES",
     "HttpConfig",
+    "HttpToken",
     "Limits",
     "Retention",
     "RoleConfig",

@@ -113,7 +113,7 @@ class RoleConfig:
 @dataclass(frozen=True)
 class Retention:
     """How long finished jobs (per final status), events and progress, schedule
-    runs and stored results are kept, in seconds."""
+    runs, stored results and the audit log of actions are kept, in seconds."""
 
     succeeded: float = defaults.RETENTION["succeeded"]
     failed: float = defaults.RETENTION["failed"]
@@ -121,6 +121,7 @@ class Retention:
     events: float = defaults.RETENTION["events"]
     runs: float = defaults.RETENTION["runs"]
     results: float = defaults.RETENTION["results"]
+    audit: float = defaults.RETENTION["audit"]
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from .. import apps, defaults
 from ..cron import parse as cron_parse
 from ..units import parse_size
 from . import model
-from .http import HttpConfig
+from .http import ROLES, SINGLE_TOKEN_NAME, HttpConfig, HttpToken
 from .model import (
     Config,
     ConfigError,
@@ -198,7 +199,7 @@ def _node_name(item: Item) -> str:
 
 
 def _http(reader: Reader, item: Item) -> HttpConfig:
-    s = Section(reader, item, ("listen", "token", "read_only"))
+    s = Section(reader, item, ("listen", "token", "read_only", "tokens"))
 
     def listen(i: Item) -> tuple[str, int]:
         host, sep, port = string(i).rpartition(":")
@@ -212,7 +213,46 @@ def _http(reader: Reader, item: Item) -> HttpConfig:
     text = token.value if token is not None else None
     if text is not None and not isinstance(text, str):
         raise reader.error(token, f"expected a string, got {kind(text)}")
-    return HttpConfig(host=host, port=port, token=text or None, read_only=s.get("read_only", boolean, False))
+    tokens = s.get("tokens", lambda i: _http_tokens(reader, i, single=bool(text)), ())
+    if text and any(t.secret == text for t in tokens):
+        twin = next(t for t in tokens if t.secret == text)
+        raise reader.error(token, f"has the same secret as http.tokens.{twin.name}: each token needs its own")
+    return HttpConfig(host=host, port=port, token=text or None, read_only=s.get("read_only", boolean, False),
+                      tokens=tokens)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _http_tokens(reader: Reader, item: Item, *, single: bool) -> tuple[HttpToken, ...]:
+    """`http.tokens`: NAME: {role: viewer|operator|admin, secret_env: VARIABLE}, the secret
+    read from the environment (never written in the file)."""
+    if not isinstance(item.value, dict):
+        raise reader.error(item, "must map token names to {role, secret_env}, like "
+                                 "alice: {role: admin, secret_env: ALICE_TOKEN}")
+    out: list[HttpToken] = []
+    for name, entry in item.value.items():
+        if not NAME.match(name):
+            raise reader.error(entry, "token names may use letters, digits, '_', '-' and '.'")
+        if name == SINGLE_TOKEN_NAME and single:
+            raise reader.error(entry, f"the name {SINGLE_TOKEN_NAME!r} is the single http.token's; rename this one")
+        t = Section(reader, entry, ("role", "secret_env"))
+        role = t.get("role", string, required=True)
+        if role not in ROLES:
+            raise reader.error(t.map["role"], f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+        variable = t.get("secret_env", string, required=True)
+        if not _ENV_NAME.match(variable):
+            raise reader.error(t.map["secret_env"], f"expected the name of an environment variable, got {variable!r}")
+        secret = reader.env.get(variable, "")
+        if not secret.strip():
+            raise reader.error(t.map["secret_env"], f"environment variable {variable} is not set (or empty): "
+                                                    f"it holds token {name}'s secret")
+        twin = next((o for o in out if o.secret == secret), None)
+        if twin is not None:
+            raise reader.error(t.map["secret_env"], f"{variable} holds the same secret as token {twin.name}: "
+                                                    "each token needs its own")
+        out.append(HttpToken(name=name, role=role, secret=secret, line=entry.line))
+    return tuple(out)
 
 
 def _roles(reader: Reader, item: Item, sup: SupervisorConfig) -> tuple[RoleConfig, ...]:

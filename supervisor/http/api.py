@@ -23,8 +23,9 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
-from .. import admin
+from .. import admin, jobsearch
 from . import data, new_job
+from .auth import note
 from .render import Json, error
 from .state import state_of
 
@@ -34,7 +35,7 @@ MAX_PAGE = 500
 DEFAULT_PAGE = 50
 MAX_BULK = 10_000
 FILTER_KEYS = ("status", "queue", "actor", "text", "created_after", "created_before", "finished_after",
-               "finished_before")
+               "finished_before", *jobsearch.NAMES)
 
 
 class BadRequest(ValueError):
@@ -63,9 +64,13 @@ def _filter(source: dict[str, Any]) -> admin.JobFilter:
     status = source.get("status") or None
     if status is not None and status not in data.JOB_STATUSES:
         raise BadRequest(f"status: expected one of {', '.join(data.JOB_STATUSES)}, got {status!r}")
+    try:
+        search = jobsearch.Search.parse(source)
+    except jobsearch.SearchError as exc:
+        raise BadRequest(str(exc)) from None
     return admin.JobFilter(
         status=status, queue=source.get("queue") or None, actor=source.get("actor") or None,
-        text=source.get("text") or None,
+        text=source.get("text") or None, search=search,
         **{k: _time(k, source.get(k)) for k in FILTER_KEYS if k.endswith(("_after", "_before"))},
     )
 
@@ -150,12 +155,19 @@ def queues(request: Request) -> Json:
 def jobs(request: Request) -> Json:
     """
     ---
-    summary: Jobs, newest first, filtered; page with next_cursor (keyset paging)
+    summary: "Jobs, newest first, filtered; page with next_cursor (keyset paging). A search by text, key or
+      match reads the newest 100,000 jobs per page: `scan` says where it stopped, and next_cursor goes on
+      from there"
     parameters:
       - {name: status, in: query, schema: {type: string}}
       - {name: queue, in: query, schema: {type: string}}
       - {name: actor, in: query, schema: {type: string}}
       - {name: text, in: query, description: substring of the JSON arguments, schema: {type: string}}
+      - {name: id, in: query, description: a job id or the start of one (hex digits), schema: {type: string}}
+      - {name: dedupe_key, in: query, schema: {type: string}}
+      - {name: concurrency_key, in: query, schema: {type: string}}
+      - {name: match, in: query, description: "a value inside the arguments: kwargs.user_id = 7, args[0] = 42",
+         schema: {type: string}}
       - {name: created_after, in: query, schema: {type: string, format: date-time}}
       - {name: created_before, in: query, schema: {type: string, format: date-time}}
       - {name: finished_after, in: query, schema: {type: string, format: date-time}}
@@ -231,6 +243,7 @@ def _one_job_action(change: Callable[[psycopg.Connection, str], bool], to: str, 
         job_id = _job_id(request)
         with state_of(request).connection() as conn:
             if change(conn, job_id):
+                note(request, job_ids=[job_id])
                 return Json({"id": job_id, "status": to})
             exists = admin.show_job(conn, job_id) is not None
         return error(409, f"job {job_id} is not {allowed}") if exists else error(404, f"no job {job_id}")
@@ -252,6 +265,7 @@ def _bulk_action(change: Callable[[psycopg.Connection, str], bool], to: str):
                 return admin.change_matching(conn, where, change, limit=limit)
 
         changed, matched = await run_in_threadpool(run)
+        note(request, job_ids=changed, filter={k: v for k, v in body.items() if k != "limit"})
         return Json({"status": to, "matched": matched, "changed": len(changed), "ids": changed})
     return action
 
@@ -304,6 +318,7 @@ async def pause_queue(request: Request) -> Json:
     queue = request.path_params["queue"]
     reason = body.get("reason")
     who = f"http {request.client.host if request.client else '?'}"
+    note(request, detail={"reason": reason} if reason else None)
     state = state_of(request)
 
     def run() -> dict[str, Any]:
@@ -348,6 +363,7 @@ async def create_job(request: Request) -> Json:
     except BrokerConnectionError as exc:
         return error(503, str(exc))
     hit = sent.message_id != job.message.message_id
+    note(request, job_ids=[] if hit else [sent.message_id], target=f"actor {job.message.actor_name}")
     return Json({"id": sent.message_id, "deduplicated": hit, "queue": job.message.queue_name,
                  "actor": job.message.actor_name}, status_code=200 if hit else 201)
 

@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from .. import actor_stats, error_groups
 from .api import BadRequest, handles_errors, json_body, limit_param
+from .auth import note
 from .render import Json
 from .state import state_of
 
@@ -80,7 +81,9 @@ def _group_action(action: str):
             with state.connection() as conn:
                 return error_groups.change_group(conn, action, key, window_s=window_s)
 
-        return Json(await run_in_threadpool(run))
+        result = await run_in_threadpool(run)
+        note(request, job_ids=result["ids"], filter={k: v for k, v in body.items()})
+        return Json(result)
     return act
 
 

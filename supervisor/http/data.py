@@ -90,8 +90,8 @@ JOB_STATUSES = ("pending", "running", "retryable", "succeeded", "failed", "cance
 RECENT_RUNS = 10
 
 
-def encode_cursor(row: dict[str, Any]) -> str:
-    raw = f"{row['created_at'].isoformat()}|{row['id']}"
+def encode_cursor(created_at: datetime, job_id: str) -> str:
+    raw = f"{created_at.isoformat()}|{job_id}"
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -106,12 +106,16 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def jobs_page(state: AppState, where: admin.JobFilter, *, limit: int, cursor: str | None) -> dict[str, Any]:
+    """A page and the cursor of the next. A search no index serves adds ``scan``: the jobs
+    it reads at most per page, and (``scanned_to``) the creation time of the last one read
+    when older jobs were left for the next page."""
     after = decode_cursor(cursor) if cursor else None
     with state.connection() as conn:
-        rows = admin.list_jobs_page(conn, where, limit=limit + 1, after=after)
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return {"jobs": rows, "next_cursor": encode_cursor(rows[-1]) if more and rows else None}
+        page = admin.jobs_page(conn, where, limit=limit, after=after)
+    out: dict[str, Any] = {"jobs": page.rows, "next_cursor": encode_cursor(*page.after) if page.after else None}
+    if page.scan_rows is not None:
+        out["scan"] = {"rows": page.scan_rows, "scanned_to": page.scanned_to}
+    return out
 
 
 def job_detail(state: AppState, job_id: str) -> dict[str, Any] | None:
@@ -162,7 +166,7 @@ def system_state(state: AppState) -> dict[str, Any]:
     """The master (when local), the database, job counts by status, the apps in use
     (their pages, alerts and gauges are shown), and this server."""
     out: dict[str, Any] = {"host": node_name(), "http": {"read_only": state.http.read_only,
-                                                      "token_required": bool(state.http.token)}}
+                                                      "token_required": state.http.auth_required}}
     out["master"] = master_status(state)
     try:
         with state.connection() as conn:

@@ -72,7 +72,7 @@ def _http_change(old: Config, new: Config) -> str | None:
     http section, lists the schedules, and shows the pages of the apps in use), or nothing."""
     if old.http is None or new.http is None:
         return None if old.http == new.http else ("started" if old.http is None else "stopped")
-    changed = [f for f in ("host", "port", "token", "read_only") if getattr(old.http, f) != getattr(new.http, f)]
+    changed = [f for f in ("host", "port", "token", "read_only", "tokens") if getattr(old.http, f) != getattr(new.http, f)]
     if old.schedules != new.schedules:
         changed.append("schedules")
     if {a.name for a in apps.used_by(old)} != {a.name for a in apps.used_by(new)}:

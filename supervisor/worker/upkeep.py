@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from .. import db, defaults
+from .. import audit, db, defaults
 from ..broker import PostgresBroker, threads
 from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
@@ -169,6 +169,7 @@ class Upkeep(threading.Thread):
         counts["runs"] = self._batches(scheduler_sql.PRUNE_RUNS, older_than_s=r.runs)
         counts["results"] = (self._batches(results_sql.PRUNE)
                              + self._batches(results_sql.PRUNE_OLD, older_than_s=r.results))
+        counts["audit"] = self._batches(audit.PRUNE, older_than_s=r.audit)
         self.registration.prune(max(r.succeeded, 86400))
         if any(counts.values()):
             log.info("pruned %s", ", ".join(f"{n} {kind}" for kind, n in counts.items() if n), extra={"pruned": counts})

@@ -6,8 +6,10 @@ the history and change signal behind them (``recorder``), and what apps add
 
 from __future__ import annotations
 
+from . import audit_page, views
 from .recorder import Recorder
-from .views import routes
+
+routes = [*audit_page.routes, *views.routes]
 
 
 def start(url: str, *, listen: bool = True) -> Recorder:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import psutil
 import psycopg
 
-from ... import admin, cron, db, ratelimit
+from ... import admin, cron, db, jobsearch, ratelimit
 from ...broker import reads
 from ...worker import registry, scheduler_sql
 from .. import data
@@ -230,6 +230,8 @@ class JobFilter:
     text: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    # id or id prefix, dedupe or concurrency key, a value inside the arguments (same names as the API)
+    search: jobsearch.Search = jobsearch.Search()
 
     @classmethod
     def parse(cls, q: Any) -> JobFilter:
@@ -245,57 +247,69 @@ class JobFilter:
             v = get(name)
             t = datetime.fromisoformat(v) if v else None
             times[name] = t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
-        return cls(status=status, queue=get("queue"), actor=get("actor"), text=get("text"), **times)
+        return cls(status=status, queue=get("queue"), actor=get("actor"), text=get("text"),
+                   search=jobsearch.Search.parse(q), **times)
 
-    def params(self) -> dict[str, Any]:
-        """The parameters of the operator's filter (``reads._JOB_FILTER``)."""
-        return {"status": self.status, "queue": self.queue, "actor": self.actor, "text": self.text,
-                "created_after": self.since, "created_before": self.until,
-                "finished_after": None, "finished_before": None}
+    def operator(self) -> admin.JobFilter:
+        """As the operator's filter (what ``admin`` lists, counts and changes)."""
+        return admin.JobFilter(status=self.status, queue=self.queue, actor=self.actor, text=self.text,
+                               created_after=self.since, created_before=self.until, search=self.search)
 
     def query(self) -> dict[str, str]:
         """The filter as form fields (for links that keep it)."""
-        return {k: (v.isoformat(timespec="minutes") if isinstance(v, datetime) else v)
-                for k, v in self.params().items() if v is not None}
+        own = {"status": self.status, "queue": self.queue, "actor": self.actor, "text": self.text,
+               "since": self.since, "until": self.until}
+        return {**{k: (v.isoformat(timespec="minutes") if isinstance(v, datetime) else v)
+                   for k, v in own.items() if v is not None}, **self.search.query()}
 
 
-def _cursor(row: dict[str, Any]) -> str:
-    return f"{row['created_at'].isoformat()}_{row['id']}"
+def _cursor(after: tuple[datetime, str]) -> str:
+    return f"{after[0].isoformat()}_{after[1]}"
 
 
-def _after(cursor: str | None) -> tuple[datetime | None, str | None]:
+def _after(cursor: str | None) -> tuple[datetime, str] | None:
     if not cursor:
-        return None, None
+        return None
     at, _, job_id = cursor.rpartition("_")
     return datetime.fromisoformat(at), str(uuid.UUID(job_id))
 
 
-def count_jobs(conn: psycopg.Connection, where: JobFilter) -> tuple[int, bool]:
-    """(count, exact): exact up to COUNT_EXACT_UPTO, the planner's estimate past it."""
-    n = conn.execute(reads.JOBS_COUNT_UPTO, {**where.params(), "upto": COUNT_EXACT_UPTO + 1}).fetchone()
-    exact = int(n[0]) if n else 0
+def count_jobs(conn: psycopg.Connection, where: JobFilter) -> tuple[int, bool, datetime | None]:
+    """(count, exact, scanned_to): exact up to COUNT_EXACT_UPTO, the planner's estimate past
+    it. A search no index serves counts its matches among the newest jobs only
+    (jobsearch.SCAN_ROWS); ``scanned_to``: the creation time of the last job it read, when
+    older ones were left uncounted (the count is then a lower bound)."""
+    op = where.operator()
+    if op.scans:
+        n, scanned_to = admin.count_in_window(conn, op)
+        return n, scanned_to is None, scanned_to
+    names, params = op.names(), op.params()
+    row = conn.execute(reads.count_upto(names), {**params, "upto": COUNT_EXACT_UPTO + 1}).fetchone()
+    exact = int(row[0]) if row else 0
     if exact <= COUNT_EXACT_UPTO:
-        return exact, True
+        return exact, True, None
     with psycopg.ClientCursor(conn) as cur:  # EXPLAIN takes no bind parameters
-        plan = cur.execute(reads.JOBS_COUNT_PLAN, where.params()).fetchone()
+        plan = cur.execute(reads.count_plan(names), params).fetchone()
     estimate = int(plan[0][0]["Plan"]["Plan Rows"]) if plan else exact
-    return max(estimate, exact), False
+    return max(estimate, exact), False, None
 
 
 def jobs(state: AppState, where: JobFilter, cursor: str | None) -> dict[str, Any]:
-    after_at, after_id = _after(cursor)
     with state.connection() as conn:
-        rows = db.dicts(conn, reads.JOBS_PAGE, {**where.params(), "after_at": after_at, "after_id": after_id,
-                                           "limit": PAGE_SIZE + 1})
-        total, exact = count_jobs(conn, where)
-    more = len(rows) > PAGE_SIZE
-    rows = rows[:PAGE_SIZE]
-    return {"jobs": rows, "next": _cursor(rows[-1]) if more else None, "total": total, "exact": exact,
+        found = admin.jobs_page(conn, where.operator(), limit=PAGE_SIZE, after=_after(cursor),
+                                columns=reads.PAGE_COLUMNS)
+        short = found.scan_rows is not None and (found.after is None or found.scanned_to is not None)
+        if short and cursor is None:  # the first page read the count's whole window: no second read
+            total, exact, counted_to = len(found.rows), found.scanned_to is None, found.scanned_to
+        else:
+            total, exact, counted_to = count_jobs(conn, where)
+    return {"jobs": found.rows, "next": _cursor(found.after) if found.after else None, "total": total,
+            "exact": exact, "counted_to": counted_to, "scan_rows": found.scan_rows, "scanned_to": found.scanned_to,
             "queues": [q["queue"] for q in queues(state)]}
 
 
 def matching_ids(conn: psycopg.Connection, where: JobFilter) -> list[str]:
-    return [r[0] for r in conn.execute(reads.MATCHING_IDS, {**where.params(), "limit": BULK_LIMIT}).fetchall()]
+    return admin.matching_ids(conn, where.operator(), limit=BULK_LIMIT)
 
 
 def job(state: AppState, job_id: str) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from ... import units
+from .. import roles
 from ..state import state_of
 from . import charts
 from .gather import app_pages
@@ -63,6 +64,6 @@ def page(request: Request, template: str, **context: Any) -> HTMLResponse:
     http = state_of(request).http
     html = env.get_template(template).render(
         request=request, partial=request.headers.get(PARTIAL_HEADER) == "1",
-        actions=not http.read_only, token_needed=bool(http.token) and not http.read_only,
+        actions=not http.read_only, token_needed=http.auth_required and not http.read_only, needs=roles.NEEDS,
         app_pages=app_pages(state_of(request)), path=request.url.path, **context)
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})

@@ -19,6 +19,7 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..auth import note
 from ..render import Json, error
 from ..state import state_of
 from . import actions, errors_actors, gather
@@ -129,10 +130,12 @@ async def change_jobs(request: Request) -> Response:
         if where is None and not ids:
             return error(400, "select jobs, or all matching the filter")
         result = await _run(actions.change_jobs, state_of(request), action, ids, where)
+        note(request, job_ids=result["changed"], filter=where.query() if where else None, outcome=result["message"])
     except NotJson as exc:
         return error(415, str(exc))
     except ValueError as exc:
         return error(400, str(exc))
+    note(request, job_ids=result.get("changed") or [], filter=body, outcome=result.get("message"))
     _changed(request)
     return Json(result)
 
@@ -148,6 +151,7 @@ async def change_error_group(request: Request) -> Response:
         return error(415, str(exc))
     except ValueError as exc:
         return error(400, str(exc))
+    note(request, job_ids=result.get("changed") or [], filter=body, outcome=result.get("message"))
     _changed(request)
     return Json(result)
 
@@ -161,6 +165,7 @@ async def pause(request: Request) -> Response:
     except NotJson as exc:
         return error(415, str(exc))
     result = await _run(actions.set_paused, state_of(request), queue, verb == "pause")
+    note(request, outcome=result["message"])
     _changed(request)
     return Json(result)
 
@@ -171,6 +176,7 @@ async def run_schedule(request: Request) -> Response:
     except NotJson as exc:
         return error(415, str(exc))
     result = await _run(actions.run_schedule_now, state_of(request), request.path_params["name"])
+    note(request, job_ids=[result["job_id"]] if result.get("job_id") else [], outcome=result["message"])
     _changed(request)
     return Json(result, status_code=200 if result["ok"] else 409)
 
@@ -184,6 +190,7 @@ async def scale(request: Request) -> Response:
     if isinstance(processes, bool) or not isinstance(processes, int):
         return error(400, "processes must be a whole number")
     result = await _run(actions.scale, state_of(request), request.path_params["role"], processes)
+    note(request, detail={"processes": processes}, outcome=result["message"])
     _changed(request)
     return Json(result, status_code=200 if result["ok"] else 409)
 

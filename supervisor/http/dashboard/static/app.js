@@ -3,6 +3,9 @@
 "use strict";
 (function () {
   const TOKEN_KEY = "supervisor-token";
+  const ROLE_KEY = "supervisor-role";
+  const NAME_KEY = "supervisor-token-name";
+  const RANK = { viewer: 0, operator: 1, admin: 2 };
   const REFRESH_GAP_MS = 2000;
   let source = null;
   let lastRefresh = 0;
@@ -60,7 +63,59 @@
       const again = (place.id && document.getElementById(place.id)) || focusables()[place.index];
       if (again) again.focus({ preventScroll: true });
     }
+    applyRole();
     document.body.dataset.refreshed = String(lastRefresh);
+  }
+
+  // Actions above the token's role are hidden (data-needs: the role an action needs, from
+  // the server's one table); with no token configured every action shows.
+  function applyRole() {
+    if (document.body.dataset.auth !== "on") return;
+    const role = sessionStorage.getItem(TOKEN_KEY) ? sessionStorage.getItem(ROLE_KEY) : null;
+    const rank = role in RANK ? RANK[role] : -1;
+    document.querySelectorAll("[data-needs]").forEach((el) => { el.hidden = rank < RANK[el.dataset.needs]; });
+    document.body.dataset.roles = "applied";
+    const who = document.getElementById("who");
+    if (who) who.textContent = role ? sessionStorage.getItem(NAME_KEY) + " · " + role : "no token: read only";
+  }
+
+  // Which token this is (GET /api/v1/whoami): its name and role, or null for one no one has.
+  async function whoami(token) {
+    const resp = await fetch("/api/v1/whoami", { headers: { "X-Supervisor-Token": token } });
+    if (resp.status === 401) return null;
+    if (!resp.ok) throw new Error(resp.statusText);
+    return resp.json();
+  }
+
+  async function useToken(token) {
+    let me;
+    try { me = await whoami(token); } catch (e) { flash("could not check the token: " + e, false); return; }
+    if (!me) {
+      flash("unknown token: it is not one of the configured tokens", false);
+      return;
+    }
+    sessionStorage.setItem(TOKEN_KEY, token);
+    sessionStorage.setItem(ROLE_KEY, me.role);
+    sessionStorage.setItem(NAME_KEY, me.name);
+    flash("token kept for this tab: " + me.name + " (" + me.role + ")", true);
+    applyRole();
+  }
+
+  async function checkStoredToken() {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    applyRole();
+    if (!token || document.body.dataset.auth !== "on") return;
+    let me;
+    try { me = await whoami(token); } catch (e) { return; }  // keep what we had
+    if (sessionStorage.getItem(TOKEN_KEY) !== token) return;  // changed meanwhile: the newer one stands
+    if (me) {
+      sessionStorage.setItem(ROLE_KEY, me.role);
+      sessionStorage.setItem(NAME_KEY, me.name);
+    } else {  // the config changed: this token is gone
+      [TOKEN_KEY, ROLE_KEY, NAME_KEY].forEach((k) => sessionStorage.removeItem(k));
+      flash("the token kept for this tab is no longer valid", false);
+    }
+    applyRole();
   }
 
   function scheduleRefresh() {
@@ -134,9 +189,9 @@
     const form = ev.target;
     if (form.id === "token-form") {
       ev.preventDefault();
-      sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value);
+      const token = document.getElementById("token").value;
       document.getElementById("token").value = "";
-      flash("token kept for this tab", true);
+      useToken(token);
     } else if (form.classList.contains("scale")) {
       ev.preventDefault();
       const n = parseInt(form.elements.processes.value, 10);
@@ -149,4 +204,5 @@
   document.addEventListener("toggle", markScrollers, true); // a traceback opened may be wider than its box
   markScrollers();
   connect();
+  checkStoredToken();
 })();

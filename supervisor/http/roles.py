@@ -1,0 +1,118 @@
+"""Who may do what: the one table of actions and the role each needs, and who a token is.
+
+Every action (any request that is not GET, HEAD or OPTIONS) is matched here by method and
+path, before routing: the API's and the dashboard's own (``/ui/...``) alike. The guard
+(``auth.ActionGuard``) refuses what the token's role may not do, the audit log names the
+action, and the dashboard hides the buttons of actions above the token's role. An action
+with no rule (an app's route, one added without a rule) needs an admin.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from dataclasses import dataclass
+
+from starlette.routing import compile_path
+
+from ..config import ROLES, HttpConfig
+
+RANK = {role: rank for rank, role in enumerate(ROLES)}
+DEFAULT_ROLE = "admin"
+
+
+@dataclass(frozen=True)
+class Rule:
+    method: str
+    path: str  # a Starlette path template
+    action: str  # the name the audit log and the dashboard use
+    role: str  # the lowest role that may do it
+    target: str | None = None  # the path parameter naming what it acts on
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return _compiled(self.path)
+
+
+_PATTERNS: dict[str, re.Pattern[str]] = {}
+
+
+def _compiled(path: str) -> re.Pattern[str]:
+    if path not in _PATTERNS:
+        _PATTERNS[path] = compile_path(path)[0]
+    return _PATTERNS[path]
+
+
+RULES = (
+    Rule("POST", "/api/v1/jobs", "jobs.send", "admin"),
+    Rule("POST", "/api/v1/jobs/retry", "jobs.retry", "operator"),
+    Rule("POST", "/api/v1/jobs/cancel", "jobs.cancel", "operator"),
+    Rule("POST", "/api/v1/jobs/{job_id}/retry", "jobs.retry", "operator", "job_id"),
+    Rule("POST", "/api/v1/jobs/{job_id}/cancel", "jobs.cancel", "operator", "job_id"),
+    Rule("POST", "/api/v1/queues/{queue}/pause", "queues.pause", "operator", "queue"),
+    Rule("POST", "/api/v1/queues/{queue}/resume", "queues.resume", "operator", "queue"),
+    Rule("POST", "/api/v1/errors/retry", "errors.retry", "operator"),
+    Rule("POST", "/api/v1/errors/cancel", "errors.cancel", "operator"),
+    Rule("POST", "/ui/jobs/retry", "jobs.retry", "operator"),
+    Rule("POST", "/ui/errors/retry", "errors.retry", "operator"),
+    Rule("POST", "/ui/errors/cancel", "errors.cancel", "operator"),
+    Rule("POST", "/ui/jobs/cancel", "jobs.cancel", "operator"),
+    Rule("POST", "/ui/queues/{queue}/pause", "queues.pause", "operator", "queue"),
+    Rule("POST", "/ui/queues/{queue}/resume", "queues.resume", "operator", "queue"),
+    Rule("POST", "/ui/schedules/{name}/run", "schedules.run", "admin", "name"),
+    Rule("POST", "/ui/roles/{role}/scale", "roles.scale", "admin", "role"),
+)
+
+# The role each named action needs (one per action, whichever route asks for it).
+NEEDS: dict[str, str] = {}
+for _rule in RULES:
+    assert NEEDS.setdefault(_rule.action, _rule.role) == _rule.role, f"{_rule.action}: one role per action"
+    assert _rule.role in RANK, _rule
+
+
+@dataclass(frozen=True)
+class Matched:
+    """An action request: its rule (None: no rule, so an admin's) and what it acts on."""
+
+    action: str
+    role: str
+    target: str | None
+
+
+def match(method: str, path: str) -> Matched:
+    for rule in RULES:
+        if rule.method == method and (m := rule.pattern.match(path)) is not None:
+            target = f"{rule.target.removesuffix('_id')} {m.group(rule.target)}" if rule.target else None
+            return Matched(rule.action, rule.role, target)
+    return Matched(f"{method} {path}", DEFAULT_ROLE, None)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who sent a request: a token's name and role; name None for no token (role None then
+    means actions need one; with no token configured anyone may act, as an admin)."""
+
+    name: str | None
+    role: str | None
+
+    def may(self, role: str) -> bool:
+        return self.role is not None and RANK[self.role] >= RANK[role]
+
+
+def identify(http: HttpConfig, presented: str | None) -> Principal | None:
+    """The principal a presented token is (None: a token no one has)."""
+    if not http.auth_required:
+        return Principal(None, DEFAULT_ROLE)
+    if presented is None:
+        return Principal(None, None)
+    found = None
+    for token in http.principals():  # every one compared, in constant time each
+        if hmac.compare_digest(presented.encode(), token.secret.encode()):
+            found = token
+    return Principal(found.name, found.role) if found is not None else None
+
+
+def at_least(role: str) -> str:
+    """'operator or admin': the roles that may do what ``role`` may."""
+    above = ROLES[RANK[role]:]
+    return " or ".join(above) if len(above) < 3 else "any role"
