@@ -135,7 +135,6 @@ async def change_jobs(request: Request) -> Response:
         return error(415, str(exc))
     except ValueError as exc:
         return error(400, str(exc))
-    note(request, job_ids=result.get("changed") or [], filter=body, outcome=result.get("message"))
     _changed(request)
     return Json(result)
 
