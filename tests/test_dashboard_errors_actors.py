@@ -120,6 +120,8 @@ def test_errors_page_groups_failures_as_sql_counts_them_and_acts_on_a_group(dash
     browser.wait_text("#flash", lambda t: "4 job(s) retried" in t)
     assert scalar(db, "SELECT count(*) FROM job_events e JOIN jobs j ON j.id = e.job_id WHERE j.actor = 'refuse'"
                       " AND e.reason = 'retried by operator'") == 4
+    assert db.execute("SELECT affected, status, filter->>'actor' FROM audit_log WHERE action = 'errors.retry'"
+                      ).fetchall() == [(4, 200, "refuse")]
     # ...and they fail again: the page follows (server-sent events), counting their second attempts
     wait_for(lambda: scalar(db, "SELECT count(*) FROM job_events WHERE actor = 'refuse' AND error_type IS NOT NULL") == 8,
              30, message="the retried jobs failed again")
