@@ -54,6 +54,8 @@ class Fence(Middleware):
         self.on_finished: Callable[[float], None] | None = None
         # Every check: how long the longest-running job has run so far (Pace reads it).
         self.on_running: Callable[[float], None] | None = None
+        # When a job last ended (pace.GiveBack: rows wait while no thread frees).
+        self.finished_at = 0.0
         self._doomed: dict[Hold, type[Interrupt]] = {}
         self._lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
@@ -82,8 +84,13 @@ class Fence(Middleware):
         if isinstance(message, PgMessageProxy):
             with self._lock:
                 entry = self._running.pop((message.message_id, message.attempts), None)
+            now = self.finished_at = time.monotonic()
             if entry is not None and self.on_finished is not None:
-                self.on_finished(time.monotonic() - entry[2])
+                self.on_finished(now - entry[2])
+
+    def running_count(self) -> int:
+        """Jobs running in a thread now."""
+        return len(self._running)
 
     after_skip_message = after_process_message
 
