@@ -77,3 +77,12 @@ def latency_progress(sent: float) -> None:
     """``latency`` that then reports progress ten times (bench_progress.py)."""
     latency.fn(sent)
     _report_ten()
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def timed(sent: float, seconds: float) -> None:
+    """Records when it started next to when it was sent (``latency``), then runs until
+    ``seconds`` have passed since it started (bench_mixed.py)."""
+    started = time.monotonic()
+    latency.fn(sent)
+    time.sleep(max(0.0, seconds - (time.monotonic() - started)))

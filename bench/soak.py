@@ -1,7 +1,7 @@
-"""A soak: a steady stream of no-op jobs for a long time, retention on; a minute-by-minute timeline.
+"""A soak: a steady stream of no-op jobs for a long time, retention on; a timeline per 10 s.
 
     python bench/soak.py [--minutes 30] [--rate JOBS_PER_S] [--processes 2] [--threads 8]
-                         [--retention 60] [--warmup SECONDS] [--database-url URL]
+                         [--window 10] [--retention 60] [--warmup SECONDS] [--database-url URL]
 
 1. Without --rate, measures W1 first (bench_broker.w1: 20,000 no-op jobs, 2 x 8 threads)
    and streams at half its drain rate.
@@ -17,15 +17,25 @@
      every ack of that second has committed, long before retention prunes it);
    - enqueue-to-start: started_at - created_at of those jobs (created_at is the
      producer's INSERT, started_at the claim; both the database clock), kept as a
-     0.1 ms histogram so each minute's p99 is exact;
+     0.1 ms histogram so each window's p99 is exact;
+   - the backlog: runnable rows not yet claimed (read through the claim index);
    - claim p99: no pg_stat_statements here, so a probe: 5 CLAIMs of 16 rows a
      second on the live queue, each rolled back (it holds rows for about a
      millisecond; the workers skip them), timed by the client. It steps over the
      same dead index entries the workers' claims do;
-   - n_dead_tup of jobs, the table's and its indexes' size, vacuum counts.
-4. Prints the timeline and the first-5 vs last-5 minute comparison against the
-   target: last 5 within 10 % of the first 5 on throughput and both p99s, sizes flat.
-   (With under 10 minutes, the windows are minutes // 2 long.)
+   - n_dead_tup of jobs, the table's and its indexes' size, and what ran meanwhile:
+     vacuums of jobs, rows deleted (retention), checkpoints (pg_stat_bgwriter).
+4. Prints one line per --window seconds (a spike shows beside what ran in its window),
+   the windows whose p99 is over 3 x the median window's, and the first-5 vs last-5
+   minute comparison against the target: last 5 within 10 % of the first 5 on
+   throughput and both p99s, sizes flat. (With under 10 minutes, the halves.)
+5. The workers run as `python -m bench.soak_trace worker ...`: the worker CLI plus a tracer
+   that logs what could stall a claim, each with its wall-clock span: the upkeep's
+   tasks (beat, reap, prune, vacuum/analyze), Python's garbage collections over 5 ms,
+   the process's own stalls (a thread that sleeps 5 ms and wakes 20 ms late or more:
+   the GIL held, or no CPU), pace changes, and the broker pool's waits per second.
+   Each spike window is printed with the worst job's wait and the traced events that
+   overlap it.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import soak_trace  # noqa: E402
 from bench.bench_broker import w1  # noqa: E402
 from bench.common import WorkerPool, bench_database, code_state, reset, say, server_url  # noqa: E402
 from supervisor.broker import sql  # noqa: E402
@@ -80,21 +91,47 @@ SELECT round(extract(epoch FROM started_at - created_at) * 10000)::bigint, count
 
 HEALTH = """
 SELECT s.n_dead_tup, pg_table_size('jobs'), pg_indexes_size('jobs'), s.vacuum_count, s.autovacuum_count,
-       s.n_tup_del, now() - %(lag)s * interval '1 second'
+       s.n_tup_del, now() - %(lag)s * interval '1 second',
+       (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),
+       (SELECT count(*) FROM jobs WHERE queue = 'bench' AND status IN ('pending', 'retryable') AND run_at <= now()),
+       (SELECT coalesce(max(extract(epoch FROM now() - a.xact_start)), 0) * 1000 FROM pg_stat_activity a
+         WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() AND a.backend_xmin IS NOT NULL),
+       (SELECT left(a.query, 60) FROM pg_stat_activity a
+         WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() AND a.backend_xmin IS NOT NULL
+         ORDER BY a.xact_start LIMIT 1)
   FROM pg_stat_user_tables s WHERE s.relid = 'jobs'::regclass
 """
 
 
+# The job of the window that waited longest: when it was enqueued and claimed (epoch).
+WORST = """
+SELECT extract(epoch FROM created_at)::float8, extract(epoch FROM started_at)::float8
+  FROM jobs
+ WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at >= %(lo)s AND finished_at < %(hi)s
+ ORDER BY started_at - created_at DESC LIMIT 1
+"""
+
+TRACE = soak_trace.TRACE
+
+
 @dataclass
-class Minute:
+class Window:
+    seconds: int
+    worst: tuple[float, float] = (0.0, 0.0)  # the longest-waiting job: enqueued, claimed (epoch)
+    worst_wait: float = 0.0
     jobs: int = 0
     latency: collections.Counter = field(default_factory=collections.Counter)  # 0.1 ms bucket -> jobs
     probes: list[float] = field(default_factory=list)
     dead: list[int] = field(default_factory=list)
+    backlog: list[int] = field(default_factory=list)
     table: int = 0
     indexes: int = 0
-    vacuums: int = 0
+    vacuums: int = 0  # in this window
     deleted: int = 0
+    checkpoints: int = 0
+    oldest_xact: float = 0.0  # ms: the longest-open transaction seen in the bench database
+    oldest_query: str = ""
+    claim_buffers: int = 0  # pages one probe claim touched (EXPLAIN BUFFERS), at the window's end
 
 
 def hist_pct(hist: collections.Counter, p: float) -> float:
@@ -146,8 +183,18 @@ class Producer(threading.Thread):
 class Sampler:
     def __init__(self, conn: psycopg.Connection) -> None:
         self.conn = conn
-        self.mark = conn.execute(HEALTH, {"lag": LAG_S}).fetchone()[6]
-        self.base = conn.execute(HEALTH, {"lag": LAG_S}).fetchone()
+        self.last = conn.execute(HEALTH, {"lag": LAG_S}).fetchone()
+        self.mark = self.last[6]
+        # Each second's jobs (by when they finished, wall clock): (from, to, histogram).
+        self.seconds: list[tuple[float, float, collections.Counter]] = []
+
+    def buffers(self) -> int:
+        """Pages the probe claim touches (hit or read), from EXPLAIN (ANALYZE, BUFFERS)."""
+        with self.conn.transaction():
+            plan = self.conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.claim(PROBE["n"]),
+                                     PROBE).fetchone()[0][0]["Plan"]
+            raise psycopg.Rollback()
+        return int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
 
     def probe(self) -> float:
         with self.conn.transaction():
@@ -157,29 +204,124 @@ class Sampler:
             raise psycopg.Rollback()
         return took
 
-    def second(self, minute: Minute) -> None:
+    def second(self, window: Window) -> None:
         for _ in range(PROBES_PER_SECOND):
-            minute.probes.append(self.probe())
-        dead, table, indexes, vacs, autovacs, deleted, hi = self.conn.execute(HEALTH, {"lag": LAG_S}).fetchone()
+            window.probes.append(self.probe())
+        row = self.conn.execute(HEALTH, {"lag": LAG_S}).fetchone()
+        dead, table, indexes, vacs, autovacs, deleted, hi, checkpoints, backlog, oldest, query = row
+        if oldest > window.oldest_xact:
+            window.oldest_xact, window.oldest_query = oldest, query or ""
+        this: collections.Counter = collections.Counter()
         for bucket, n in self.conn.execute(FINISHED, {"lo": self.mark, "hi": hi}).fetchall():
-            minute.latency[bucket] += n
-            minute.jobs += n
+            window.latency[bucket] += n
+            window.jobs += n
+            this[bucket] += n
+        self.seconds.append((self.mark.timestamp(), hi.timestamp(), this))
+        worst = self.conn.execute(WORST, {"lo": self.mark, "hi": hi}).fetchone()
+        if worst is not None and worst[1] - worst[0] > window.worst_wait:
+            window.worst, window.worst_wait = (worst[0], worst[1]), worst[1] - worst[0]
         self.mark = hi
-        minute.dead.append(dead)
-        minute.table, minute.indexes = table, indexes
-        minute.vacuums = vacs + autovacs - self.base[3] - self.base[4]
-        minute.deleted = deleted - self.base[5]
+        window.dead.append(dead)
+        window.backlog.append(backlog)
+        window.table, window.indexes = table, indexes
+        window.vacuums += vacs + autovacs - self.last[3] - self.last[4]
+        window.deleted += deleted - self.last[5]
+        window.checkpoints += checkpoints - self.last[7]
+        self.last = row
 
 
-def summarise(minutes: list[Minute]) -> dict[str, float]:
+def summarise(windows: list[Window]) -> dict[str, float]:
     merged: collections.Counter = collections.Counter()
-    for m in minutes:
-        merged.update(m.latency)
-    return {"jobs/s": sum(m.jobs for m in minutes) / (60 * len(minutes)),
+    for w in windows:
+        merged.update(w.latency)
+    return {"jobs/s": sum(w.jobs for w in windows) / sum(w.seconds for w in windows),
             "enqueue->start p99 ms": hist_pct(merged, 99),
-            "claim probe p99 ms": pct([p for m in minutes for p in m.probes], 99),
-            "table + indexes MB": sum(m.table + m.indexes for m in minutes) / len(minutes) / 1e6,
-            "n_dead_tup (mean)": sum(sum(m.dead) / len(m.dead) for m in minutes) / len(minutes)}
+            "claim probe p99 ms": pct([p for w in windows for p in w.probes], 99),
+            "table + indexes MB": sum(w.table + w.indexes for w in windows) / len(windows) / 1e6,
+            "n_dead_tup (mean)": sum(sum(w.dead) / len(w.dead) for w in windows) / len(windows)}
+
+
+HEADER = (f"{'t s':>5} {'jobs/s':>7} {'e2s p50':>8} {'e2s p99':>8} {'e2s max':>8} {'backlog':>7} "
+          f"{'claim p99':>9} {'dead tup':>9} {'table MB':>8} {'index MB':>8} {'vac':>3} {'ckpt':>4} "
+          f"{'deleted':>8} {'old xact':>8} {'claim pg':>8} {'load':>5}")
+
+
+def line(at: int, w: Window) -> str:
+    return (f"{at:>5} {w.jobs / w.seconds:>7,.0f} {hist_pct(w.latency, 50):>8.1f} {hist_pct(w.latency, 99):>8.1f} "
+            f"{hist_pct(w.latency, 100):>8.1f} {max(w.backlog):>7,} {pct(w.probes, 99):>9.2f} {max(w.dead):>9,} "
+            f"{w.table / 1e6:>8.1f} {w.indexes / 1e6:>8.1f} {w.vacuums:>3} {w.checkpoints:>4} {w.deleted:>8,} "
+            f"{w.oldest_xact:>8,.0f} {w.claim_buffers:>8,} {os.getloadavg()[0]:>5.1f}")
+
+
+def traced(logs: list[Path]) -> list[tuple[float, float, str]]:
+    """The tracer's events of every worker: (start, end, what), wall clock."""
+    out = []
+    for path in logs:
+        for text in path.read_text(errors="replace").splitlines():
+            if TRACE in text:
+                _, rest = text.split(TRACE, 1)
+                start, end, what = rest.split(None, 2)
+                out.append((float(start), float(end), what))
+    return out
+
+
+def spikes(windows: list[Window], window_s: int, events: list[tuple[float, float, str]]) -> None:
+    """The windows whose p99 is over 3 x the median window's, with what ran in them."""
+    p99s = [hist_pct(w.latency, 99) for w in windows]
+    median = sorted(p99s)[len(p99s) // 2]
+    hits = [(i, w) for i, (w, p) in enumerate(zip(windows, p99s, strict=True)) if p > 3 * median]
+    say("")
+    say(f"spikes (window p99 > 3 x the median window's {median:.1f} ms): {len(hits)} of {len(windows)} windows")
+    for i, w in hits:
+        say(line((i + 1) * window_s, w))
+    worst = sorted(range(len(windows)), key=lambda i: -windows[i].worst_wait)[:max(3, len(hits))]
+    say(f"the {len(worst)} longest single waits, with what the tracer saw while each job waited:")
+    for i in sorted(worst):
+        w = windows[i]
+        lo, hi = w.worst
+        say(f"  window {(i + 1) * window_s}s: a job waited {w.worst_wait * 1000:.0f} ms; longest transaction"
+            f" {w.oldest_xact:,.0f} ms ({w.oldest_query!r}); meanwhile (from its enqueue):")
+        for start, end, what in events:
+            if start <= hi + 0.05 and end >= lo - 0.05 and not what.startswith("pool "):
+                say(f"    {start - lo:+7.3f}s {(end - start) * 1000:7.1f} ms  {what}")
+        for start, _, what in events:
+            if what.startswith("pool ") and lo - 0.5 <= start <= hi + 1:
+                say(f"    {start - lo:+7.3f}s  {what} (the second before)")
+    quiet = [w for w in windows if w not in [h[1] for h in hits]]
+    for name, pick in (("with a vacuum", lambda w: w.vacuums > 0), ("with a checkpoint", lambda w: w.checkpoints > 0)):
+        say(f"  windows {name}: {sum(pick(w) for _, w in hits)} of the {len(hits)} spikes, "
+            f"{sum(pick(w) for w in quiet)} of the {len(quiet)} others")
+
+
+def attribute(seconds: list[tuple[float, float, collections.Counter]],
+              events: list[tuple[float, float, str]]) -> None:
+    """Enqueue-to-start p99 of the seconds during which each traced kind of event ran,
+    against the seconds during which none of them did; and the broker pool's waits."""
+    kinds = ("prune", "maintain", "stall", "gc", "gave back", "pace limit")
+    spans = {k: [(a, b) for a, b, what in events if what.startswith(k)] for k in kinds}
+    say("")
+    say("enqueue-to-start by what ran in the same second (jobs finishing then; vacuum = maintain):")
+    quiet: collections.Counter = collections.Counter()
+    quiet_n = 0
+    for lo, hi, hist in seconds:
+        if not any(a <= hi and b >= lo - 1 for k in kinds for a, b in spans[k]):
+            quiet.update(hist)
+            quiet_n += 1
+    say(f"  {'nothing traced':<14} {quiet_n:>4} s  p99 {hist_pct(quiet, 99):8.1f} ms  max {hist_pct(quiet, 100):8.1f} ms")
+    for k in kinds:
+        merged: collections.Counter = collections.Counter()
+        n = 0
+        for lo, hi, hist in seconds:
+            if any(a <= hi and b >= lo - 1 for a, b in spans[k]):
+                merged.update(hist)
+                n += 1
+        if n:
+            say(f"  {k:<14} {n:>4} s  p99 {hist_pct(merged, 99):8.1f} ms  max {hist_pct(merged, 100):8.1f} ms"
+                f"  ({len(spans[k])} events, {sum(b - a for a, b in spans[k]):.1f} s in all)")
+    waits = [what for _, _, what in events if what.startswith("pool ")]
+    total = sum(int(w.split(" waited ")[1].split(" ms")[0]) for w in waits)
+    worst = max((int(w.split(" waited ")[1].split(" ms")[0]) for w in waits), default=0)
+    say(f"  broker pool: requests waited {total:,} ms in all over the run, {worst:,} ms in the worst second")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=None, help="jobs/s (default: half of a W1 measured first)")
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--window", type=int, default=10, help="seconds per timeline line")
     p.add_argument("--retention", type=int, default=60, help="seconds finished jobs (and events) are kept")
     p.add_argument("--warmup", type=float, default=None, help="seconds before the timeline (default retention x 1.5)")
     p.add_argument("--database-url", default=None)
@@ -212,37 +355,37 @@ def main(argv: list[str] | None = None) -> int:
         load(config)  # a bad config fails here, not in the workers
         say(f"stream {rate:,.0f} jobs/s for {warmup:.0f}s warm-up + {args.minutes} min, "
             f"{args.processes} x {args.threads} threads, retention {args.retention}s (load {os.getloadavg()[0]:.1f})")
-        with WorkerPool(url, count=args.processes, threads=args.threads, env={"SUPERVISOR_CONFIG": str(config)}):
+        with WorkerPool(url, count=args.processes, threads=args.threads, module="bench.soak_trace",
+                        env={"SUPERVISOR_CONFIG": str(config)}) as pool:
             producer = Producer(broker, actors.noop, rate)
             producer.start()
             time.sleep(warmup)  # the table fills to its retention's size
             sampler = Sampler(conn)
-            minutes: list[Minute] = []
-            header = (f"{'min':>3} {'jobs/s':>7} {'e2s p50':>8} {'e2s p99':>8} {'claim p50':>9} {'claim p99':>9} "
-                      f"{'dead tup':>9} {'max dead':>9} {'table MB':>8} {'index MB':>8} {'vacuums':>7} "
-                      f"{'deleted':>9} {'load':>5}")
-            say(header)
+            windows: list[Window] = []
+            say(HEADER)
             started = time.monotonic()
-            for i in range(args.minutes):
-                m = Minute()
-                for s in range(60):
-                    sampler.second(m)
-                    wait = started + i * 60 + s + 1 - time.monotonic()
+            for i in range(args.minutes * 60 // args.window):
+                w = Window(args.window)
+                for sec in range(args.window):
+                    sampler.second(w)
+                    wait = started + i * args.window + sec + 1 - time.monotonic()
                     if wait > 0:
                         time.sleep(wait)
-                minutes.append(m)
-                say(f"{i + 1:>3} {m.jobs / 60:>7,.0f} {hist_pct(m.latency, 50):>8.1f} {hist_pct(m.latency, 99):>8.1f} "
-                    f"{pct(m.probes, 50):>9.2f} {pct(m.probes, 99):>9.2f} {m.dead[-1]:>9,} {max(m.dead):>9,} "
-                    f"{m.table / 1e6:>8.1f} {m.indexes / 1e6:>8.1f} {m.vacuums:>7} {m.deleted:>9,} "
-                    f"{os.getloadavg()[0]:>5.1f}")
+                w.claim_buffers = sampler.buffers()
+                windows.append(w)
+                say(line((i + 1) * args.window, w))
             producer.halt.set()
             producer.join()
             say(f"producer: {producer.sent:,} jobs sent, {producer.late:,} of its ticks started late")
+            events = traced(pool.logs)
 
-    window = min(5, max(1, len(minutes) // 2))
-    first, last = summarise(minutes[:window]), summarise(minutes[-window:])
+    spikes(windows, args.window, events)
+    attribute(sampler.seconds, events)
+    per_minute = 60 // args.window
+    span = min(5 * per_minute, max(1, len(windows) // 2))
+    first, last = summarise(windows[:span]), summarise(windows[-span:])
     say("")
-    say(f"first {window} vs last {window} minutes (target: last within 10 % of first; sizes flat)")
+    say(f"first {span * args.window}s vs last {span * args.window}s (target: last within 10 % of first; sizes flat)")
     say(f"  {'figure':<24} {'first':>10} {'last':>10} {'change':>8}  met")
     for key in first:
         a, b = first[key], last[key]

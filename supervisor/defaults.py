@@ -42,6 +42,11 @@ THREADS = 8
 # overlapping the current batch; long ones are never hoarded while another process idles.
 PREFETCH_PER_THREAD = 4
 PREFETCH_WAIT_SECONDS = 0.01
+# Rows waiting for a thread while every thread has been busy this long, none ending, go
+# back to the queue for a process with a free thread (broker/pace.py GiveBack, which looks
+# every half of it): with the claim that follows elsewhere, no row waits ~50 ms in one
+# process while another has a thread free, at a switch to long jobs or on a slow host.
+GIVE_BACK_SECONDS = 0.02
 
 
 def capacity(threads: int, prefetch: int | None) -> int:

@@ -3,6 +3,8 @@ The pure rule with a real Capacity, then two worker processes and long jobs."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from supervisor import defaults
@@ -10,6 +12,12 @@ from supervisor.broker.capacity import Capacity
 from supervisor.broker.pace import Pace
 from tests.conftest import scalar, wait_for
 from tests.supervisor_helpers import enqueue, wait_all_succeeded
+
+
+def given_back(conn) -> int:
+    """Times a long (record) job went back to its queue for want of a free thread."""
+    return scalar(conn, "SELECT count(*) FROM job_events e JOIN jobs j ON j.id = e.job_id"
+                        " WHERE j.actor = 'record' AND e.reason LIKE 'given back unstarted%'")
 
 
 def run(pace: Pace, seconds: float, jobs: int = 200) -> int:
@@ -42,6 +50,25 @@ def test_follows_the_jobs_down_and_up_again():
     assert run(pace, 0.0001) == 16
 
 
+def test_a_give_back_holds_no_row_beyond_the_threads_until_jobs_are_short_again():
+    pace = Pace(Capacity(limit=1), threads=4, most=16)
+    assert run(pace, 0.0001) == 16
+    pace.gave_back(12)
+    assert pace.capacity.limit == 4
+    assert run(pace, 0.0001, jobs=5) == 4  # one short job does not undo it
+    assert run(pace, 0.0001) == 16
+
+
+def test_a_fixed_prefetch_drops_to_the_threads_only_until_a_job_ends():
+    pace = Pace(Capacity(limit=1), threads=4, most=16, follow=False)
+    assert pace.capacity.limit == 16
+    pace.running(5.0)  # a long job does not lower a fixed prefetch
+    assert pace.capacity.limit == 16
+    pace.gave_back(12)
+    assert pace.capacity.limit == 4
+    assert run(pace, 3.0, jobs=1) == 16
+
+
 def test_long_jobs_are_not_hoarded_by_one_process(conn, workers):
     """Two paced processes of 2 threads, 4 jobs of 1 s: each runs 2 at once, so the
     4 run together; a process that took all 4 would make 2 of them wait a second."""
@@ -62,3 +89,51 @@ def test_a_long_job_still_running_slows_the_claims_before_it_ends():
     for elapsed in (0.05, 0.1, 0.15, 0.2, 0.25):  # the fence's checks while one job runs on
         pace.running(elapsed)
     assert pace.capacity.limit == 4
+
+
+
+def test_a_switch_from_short_to_long_jobs_strands_nothing(conn, workers):
+    """A paced process of 1 thread, warmed up by 2,000 no-op jobs (it holds 4 rows then),
+    claims both of two 3 s jobs sent together: the other process, busy for a second
+    when they arrive, cannot take either. Once it is free, the row waiting behind the
+    first job must run there at once, not 3 s later behind the first."""
+    hoarder = workers(threads=1)
+    hoarder.wait_ready(conn)
+    enqueue(conn, 2000, actor="nap")
+    wait_all_succeeded(conn, 2000, timeout=60)
+    other = workers(threads=1, queues="tests,busy")
+    other.wait_ready(conn)
+    enqueue(conn, 1, sleep_s=1.0, queue="busy", actor="nap")
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'busy' AND status = 'running'"), 10)
+    enqueue(conn, 2, sleep_s=3.0)  # one statement: one claim of the idle process takes both
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results") == 2, 20)
+    (pid_a, start_a, end_a), (pid_b, start_b, _) = conn.execute(
+        "SELECT pid, started, at FROM test_results ORDER BY started").fetchall()
+    assert pid_a == hoarder.pid and pid_b == other.pid, "both ran on one process, one after the other"
+    # The second started when the other process freed its thread (~1 s), not 3 s later.
+    assert (start_b - start_a).total_seconds() < 2.0 and start_b < end_a
+    wait_all_succeeded(conn, 2003)
+    assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == 2  # each ran once
+    assert given_back(conn) >= 1
+
+
+@pytest.mark.parametrize("prefetch", [None, 4])
+def test_a_row_given_back_comes_back_once_without_churn(conn, workers, prefetch):
+    """One process of 1 thread holding up to 4 rows (paced and warmed up, or a fixed
+    prefetch of 4) claims two 1 s jobs: the second goes back once, and while the first
+    runs it is not claimed and given back again and again; each runs exactly once."""
+    argv = None
+    if prefetch is not None:
+        argv = [sys.executable, "-m", "supervisor.cli", "worker", "--queues", "tests", "--actors",
+                "tests.sample_actors", "--threads", "1", "--prefetch", str(prefetch), "--no-migrate",
+                "--log-level", "WARNING"]
+    proc = workers(threads=1, argv=argv)
+    proc.wait_ready(conn)
+    if prefetch is None:
+        enqueue(conn, 2000, actor="nap")
+        wait_all_succeeded(conn, 2000, timeout=60)
+    enqueue(conn, 2, sleep_s=1.0)
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results") == 2, 20)
+    wait_all_succeeded(conn, 2 if prefetch else 2002)
+    assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == 2
+    assert 1 <= given_back(conn) <= 2, given_back(conn)

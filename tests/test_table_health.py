@@ -372,3 +372,25 @@ def test_a_claim_size_keeps_one_generic_plan(conn):
     assert jobs_sql.claim(3) == jobs_sql.CLAIM and "LIMIT 4" not in jobs_sql.CLAIM
     with pytest.raises(ValueError, match="positive number of rows"):
         jobs_sql.claim(0)
+
+
+def test_a_prune_takes_no_connection_of_the_brokers_pool(conn, database_url):
+    """A prune of a busy table is tens of batches back to back (seconds): on the broker's
+    two connections, claims and acks queued behind it (issue 23, bench/README.md). With
+    both of them in use, a prune still runs, on a connection of its own."""
+    broker = PostgresBroker(database_url, pool_size=2)
+    side = db.make_pool(database_url, max_size=1, name="test")
+    held = []
+    try:
+        conn.execute("INSERT INTO jobs (actor, status, finished_at) SELECT 'x', 'succeeded', now() - interval '8 days'"
+                     " FROM generate_series(1, 250)")
+        registration = Registration(side, broker.owner, role="t", queues=["tests"])
+        upkeep = Upkeep(broker, registration, settings=UpkeepSettings(prune_batch=100), state=lambda: "running")
+        held = [broker.pool.getconn(timeout=10) for _ in range(2)]  # a claim and an ack batch in flight
+        assert upkeep.prune()["succeeded"] == 250
+    finally:
+        for c in held:
+            broker.pool.putconn(c)
+        side.close()
+        broker.close()
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 0

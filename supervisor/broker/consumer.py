@@ -31,7 +31,7 @@ class Outcomes(Protocol):
 
     def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None: ...
     def nack(self, message: PgMessageProxy) -> None: ...
-    def requeue(self, messages: Iterable[PgMessageProxy]) -> int: ...
+    def requeue(self, messages: Iterable[PgMessageProxy], reason: str = ...) -> int: ...
 
 
 class PostgresConsumer(Consumer):
@@ -154,6 +154,18 @@ class PostgresConsumer(Consumer):
             self.capacity.release(len(messages))
         if count:
             log.info("requeued %d unstarted jobs of %s", count, self.queue_name)
+
+    def give_back(self, messages: list[PgMessageProxy], waited: float) -> int:
+        """Rows handed to the worker that no thread took for ``waited`` seconds, every
+        thread busy with jobs that did not end (pace.GiveBack): back to the queue, for
+        a process with a free thread. Returns how many; raises if they could not be
+        written (they are still this process's then)."""
+        count = self.outcomes.requeue(messages, reason=f"given back unstarted: no thread free for"
+                                                         f" {waited * 1000:.0f} ms")
+        self.capacity.release(len(messages))
+        log.debug("gave back %d jobs of %s: no thread free for %.0f ms", len(messages), self.queue_name,
+                  waited * 1000)
+        return count
 
     def close(self) -> None:
         if self.buffer:

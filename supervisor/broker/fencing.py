@@ -55,6 +55,8 @@ class Fence(Middleware):
         self.on_finished: Callable[[float], None] | None = None
         # Every check: how long the longest-running job has run so far (Pace reads it).
         self.on_running: Callable[[float], None] | None = None
+        # When a job last ended (pace.GiveBack: rows wait while no thread frees).
+        self.finished_at = 0.0
         self._doomed: dict[Hold, type[Interrupt]] = {}
         self._lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
@@ -85,8 +87,13 @@ class Fence(Middleware):
             message.ended = ended = time.monotonic()  # first of the after hooks: the actor just returned
             with self._lock:
                 entry = self._running.pop((message.message_id, message.attempts), None)
+            self.finished_at = ended
             if entry is not None and self.on_finished is not None:
                 self.on_finished(ended - entry[2])
+
+    def running_count(self) -> int:
+        """Jobs running in a thread now."""
+        return len(self._running)
 
     after_skip_message = after_process_message
 

@@ -162,7 +162,9 @@ class Outcomes:
         self.emit_after("enqueue", message, delay)
         return message
 
-    def requeue(self, messages: Iterable[PgMessageProxy]) -> int:
+    def requeue(self, messages: Iterable[PgMessageProxy], reason: str = "requeued unstarted on drain") -> int:
+        """Give claimed rows that never started back to their queue (pending, the claim
+        not counted as an attempt); ``reason`` goes to their history."""
         messages = list(messages)
         if not messages:
             return 0
@@ -170,11 +172,12 @@ class Outcomes:
             "ids": [m.message_id for m in messages],
             "attempts": [m.attempts for m in messages],
             "owner": self.owner,
+            "reason": reason,
         }
-        try:
-            with self._conn() as c:
-                count = db.one(c.execute(sql.REQUEUE, params))
-        finally:
-            self.leases.let_go(*(m.message_id for m in messages))
+        with self._conn() as c:
+            count = db.one(c.execute(sql.REQUEUE, params))
+        # Only once written: rows it could not give back are still this process's
+        # (renewed, and released with the rest of its jobs when it stops).
+        self.leases.let_go(*(m.message_id for m in messages))
         return int(count)
 

@@ -1,19 +1,41 @@
-"""Prefetch that follows the length of the jobs (a role with no `prefetch` set).
+"""Prefetch that follows the length of the jobs, and rows that never wait long for a thread.
 
 Holding more rows than threads pays for jobs shorter than a claim's round trip:
 the next batch is claimed while the current one runs (W1, no-op jobs, 2 processes
 x 8 threads: 6,400 jobs/s with 8 rows held, 11,600 with 16, 15,000 with 32). For
 long jobs it hoards: a prefetched row waits whole jobs for its thread while
-another process may sit idle. So a process holds as many rows beyond its threads
-as keep that wait under ``defaults.PREFETCH_WAIT_SECONDS`` at the recent mean run
-time: none for jobs of 10 ms or more, up to ``defaults.PREFETCH_PER_THREAD`` x
-threads in all for jobs of a few milliseconds or less.
+another process may sit idle. So a paced process (a role with no `prefetch` set)
+holds as many rows beyond its threads as keep that wait under
+``defaults.PREFETCH_WAIT_SECONDS`` at the recent mean run time: none for jobs of
+10 ms or more, up to ``defaults.PREFETCH_PER_THREAD`` x threads in all for jobs of
+a few milliseconds or less.
+
+A mean follows the jobs that ended; the ones that come next may be longer (a switch
+from short to long jobs, a host that stalls), and rows claimed at the short jobs'
+pace then wait behind them. ``GiveBack`` bounds that wait on any host: once every
+thread has been busy for ``defaults.GIVE_BACK_SECONDS`` with none ending while rows
+wait, those rows go back to the queue, where a process with a free thread claims
+them (this one holds no row beyond its threads until its jobs are short again).
 """
 
 from __future__ import annotations
 
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from .. import defaults
+from . import threads
 from .capacity import Capacity
+from .consumer import PostgresConsumer
+from .fencing import Fence
+from .message import PgMessageProxy
+
+log = logging.getLogger(__name__)
 
 # Weight of the newest job in the running mean: about the last 20 jobs count.
 _WEIGHT = 0.05
@@ -24,17 +46,20 @@ class Pace:
 
     Starts at ``threads``: jobs must show they are short before any row waits for a
     thread. Called from every worker thread without a lock: a lost update of the
-    mean only delays a change of the limit by a job or two.
+    mean only delays a change of the limit by a job or two. With ``follow`` off (a
+    fixed prefetch) the limit stays at ``most``, except from a give-back to the next
+    job's end.
     """
 
     def __init__(self, capacity: Capacity, threads: int, most: int, *,
-                 wait_seconds: float = defaults.PREFETCH_WAIT_SECONDS) -> None:
+                 wait_seconds: float = defaults.PREFETCH_WAIT_SECONDS, follow: bool = True) -> None:
         self.capacity = capacity
         self.threads = threads
         self.most = max(most, threads)
         self.wait_seconds = wait_seconds
+        self.follow = follow
         self.mean = 2 * wait_seconds  # as if long: no row beyond the threads yet
-        capacity.set_limit(threads)
+        capacity.set_limit(threads if follow else self.most)
 
     def running(self, seconds: float) -> None:
         """The longest-running job has run ``seconds`` so far: once that is longer than the
@@ -43,11 +68,120 @@ class Pace:
         if seconds > self.mean:
             self.finished(seconds)
 
+    def gave_back(self, rows: int = 0) -> None:
+        """Claimed rows found no thread in time and went back to the queue: the jobs
+        ahead of them are long, whatever the mean says. No row beyond the threads until
+        short jobs bring the mean down again (or, at a fixed prefetch, a job ends)."""
+        self.mean = max(self.mean, 2 * self.wait_seconds)
+        if self.capacity.limit != self.threads:
+            self.capacity.set_limit(self.threads)
+
     def finished(self, seconds: float) -> None:
         """A job ran for ``seconds`` (whatever its outcome)."""
+        if not self.follow:
+            if self.capacity.limit != self.most:
+                self.capacity.set_limit(self.most)
+            return
         mean = self.mean = self.mean + (seconds - self.mean) * _WEIGHT
         # The rows queued behind each thread wait one mean run time each.
         behind = self.wait_seconds / mean if mean > 0 else float(self.most)
         limit = min(self.most, self.threads * (1 + int(behind)))
         if limit != self.capacity.limit:
             self.capacity.set_limit(limit)
+
+
+class GiveBack(threading.Thread):
+    """Gives back the rows that wait in the worker's queue while every thread is busy
+    and none has ended a job for ``after`` seconds.
+
+    Looks every ``after`` / 2 seconds: the queue's length, how many jobs run (the
+    Fence) and when one last ended; a row waits a stuck spell of ``after`` to
+    1.5 x ``after``. It takes the waiting rows out of the worker's queue as
+    Dramatiq's own worker does when it stops, and hands them to their queue's
+    consumer, which writes them back to pending (``PostgresConsumer.give_back``).
+    Nothing on a job's own path: a saturated process of short jobs costs one look
+    per interval. A look that comes late (the process got no CPU: its jobs could not
+    end either) starts the spell afresh.
+    """
+
+    def __init__(self, work_queue: queue.Queue[Any], consumers: Mapping[str, Any], fence: Fence, threads: int, *,
+                 after: float = defaults.GIVE_BACK_SECONDS,
+                 on_give_back: Callable[[int], None] | None = None) -> None:
+        super().__init__(name="give-back", daemon=True)
+        self.work_queue = work_queue
+        self.consumers = consumers  # Dramatiq's Worker.consumers: queue name -> its consumer thread
+        self.fence = fence
+        self.threads = threads
+        self.after = after
+        self.on_give_back = on_give_back
+        self._since: float | None = None  # start of the current stuck spell, as first seen
+        self._halt = threading.Event()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        # threads.py's policy: a database error is one line and the next check tries
+        # again; a bug ends the process (rows would otherwise wait for ever, unseen).
+        with threads.lifetime(self.name, self._halt.is_set):
+            interval = self.after / 2
+            due = time.monotonic() + interval
+            while not self._halt.wait(max(0.0, due - time.monotonic())):
+                now = time.monotonic()
+                if now - due > interval:
+                    self._since = None  # stalled: nothing could end meanwhile; look again
+                else:
+                    try:
+                        self.check(now)
+                    except threads.EXPECTED as exc:
+                        threads.warn(log, "giving rows back", exc)
+                due = now + interval
+
+    def check(self, now: float) -> int:
+        """Give back the waiting rows if the threads have been stuck for ``after``;
+        returns how many went back."""
+        stuck = self.work_queue.qsize() > 0 and self.fence.running_count() >= self.threads
+        if not stuck:
+            self._since = None
+            return 0
+        if self._since is None or self.fence.finished_at >= self._since:
+            self._since = now  # a spell starts (or a job ended: it starts again)
+            return 0
+        if now - self._since < self.after:
+            return 0
+        waited = now - self._since
+        self._since = None
+        return self._give_back(waited)
+
+    def _give_back(self, waited: float) -> int:
+        items: list[Any] = []
+        while True:
+            try:
+                items.append(self.work_queue.get_nowait())
+            except queue.Empty:
+                break
+            self.work_queue.task_done()  # taken, not run: Worker.join() must not wait for it
+        by_queue: dict[str, list[Any]] = defaultdict(list)
+        for item in items:
+            by_queue[item.message.queue_name].append(item)
+        given = 0
+        for name, queued in by_queue.items():
+            thread = self.consumers.get(name)
+            consumer = getattr(thread, "consumer", None)
+            messages = [item.message for item in queued]
+            if not isinstance(consumer, PostgresConsumer) or not all(
+                    isinstance(m, PgMessageProxy) for m in messages):
+                self._put_back(queued)
+                continue
+            try:
+                given += consumer.give_back(messages, waited)
+            except Exception as exc:  # the database is away: they wait for a thread here instead
+                log.warning("could not give back %d jobs of %s (%s)", len(messages), name, exc)
+                self._put_back(queued)
+        if given and self.on_give_back is not None:
+            self.on_give_back(given)
+        return given
+
+    def _put_back(self, items: list[Any]) -> None:
+        for item in items:
+            self.work_queue.put(item)

@@ -19,7 +19,7 @@ from dramatiq import Worker
 from .. import apps, backoff, defaults, exit_codes, runtime
 from ..broker import PostgresBroker
 from ..broker.fencing import LeaseLost
-from ..broker.pace import Pace
+from ..broker.pace import GiveBack, Pace
 from ..db import Database
 from . import liveness, metrics
 from .joblog import JobLog
@@ -75,6 +75,7 @@ class WorkerProcess:
         self.worker: Worker | None = None
         self.upkeep: Upkeep | None = None
         self.scheduler: Scheduler | None = None
+        self.give_back: GiveBack | None = None
         self.state = "starting"
         # Why this process does not claim, set by the master's resource guard (its beat shows it).
         self.paused_reason: str | None = None
@@ -119,9 +120,10 @@ class WorkerProcess:
         for queue in s.queues:
             broker.declare_queue(queue)
         broker.set_capacity(s.capacity)
+        pace = Pace(broker.capacity, s.threads, s.capacity, follow=s.prefetch is None)
+        broker.fence.on_finished = pace.finished
         if s.prefetch is None:
-            pace = Pace(broker.capacity, s.threads, s.capacity)
-            broker.fence.on_finished, broker.fence.on_running = pace.finished, pace.running
+            broker.fence.on_running = pace.running
         broker.emit_after("process_boot")
 
         # Found dead by its beat when it has a session of its own to prove it alive (liveness.py).
@@ -154,6 +156,10 @@ class WorkerProcess:
         worker.queue_prefetch = s.capacity * 4
         worker.start()
         self.worker = worker
+        if s.capacity > s.threads:  # rows may wait for a thread: never long (see broker/pace.py)
+            self.give_back = GiveBack(worker.work_queue, worker.consumers, broker.fence, s.threads,
+                                      on_give_back=pace.gave_back)
+            self.give_back.start()
         if s.schedules:
             self.scheduler = Scheduler(broker, s.schedules, holder=broker.owner)
             self.scheduler.start()
@@ -174,6 +180,8 @@ class WorkerProcess:
         started = time.monotonic()
         log.info("draining: finishing running jobs (up to %.0fs)", s.shutdown_timeout)
         broker.pause_claiming()
+        if self.give_back is not None:
+            self.give_back.stop()
         if self.scheduler is not None:
             self.scheduler.stop()
         if self.worker is not None:

@@ -54,9 +54,6 @@ class UpkeepSettings:
     retention: Retention = field(default_factory=Retention)
     prune_seconds: float = defaults.PRUNE_SECONDS
     prune_batch: int = defaults.PRUNE_BATCH
-    # Batches one prune runs per kind at most; the rest waits for the next prune,
-    # which then comes after the next beat instead of a whole prune_seconds later.
-    prune_max_batches: int = 50
     vacuum_dead_rows: int = defaults.VACUUM_DEAD_ROWS  # 0: leave jobs to autovacuum
     vacuum_check_seconds: float = defaults.VACUUM_CHECK_SECONDS
     vacuum_min_seconds: float = defaults.VACUUM_MIN_SECONDS
@@ -78,7 +75,8 @@ class Upkeep(threading.Thread):
     jitter, so a fleet does not reap in lockstep) it returns expired leases
     of dead hosts to pending and prunes old finished jobs. Every few seconds
     it checks whether jobs needs a vacuum and, if so, runs it on a thread of
-    its own (a vacuum can take seconds; the beats must not wait for it).
+    its own (a vacuum can take seconds; the beats must not wait for it); so
+    does the prune, on a connection of its own.
     Database errors are logged and retried on the next beat; the thread never
     dies of them. Any other error ends the process (see broker/threads.py).
     """
@@ -100,7 +98,7 @@ class Upkeep(threading.Thread):
         self.paused = paused  # why the process does not claim (its beat carries it to the registry)
         self._halt = threading.Event()
         self._vacuum: threading.Thread | None = None
-        self._prune_backlog = False
+        self._prune: threading.Thread | None = None
 
     def beat(self) -> None:
         self.broker.leases.heartbeat()
@@ -143,37 +141,55 @@ class Upkeep(threading.Thread):
         self._vacuum = threading.Thread(target=self._vacuum_task, name="upkeep-vacuum", daemon=True)
         self._vacuum.start()
 
-    def _batches(self, statement: str, **params: object) -> int:
+    def _batches(self, conn: psycopg.Connection, statement: str, **params: object) -> int:
         """Run a bounded DELETE until it comes back short: each batch commits on
-        its own, so no lock is held longer than one batch takes."""
-        s = self.settings
+        its own, so no lock is held longer than one batch takes. After each batch it
+        waits as long as the batch took: a prune of a busy table (tens of batches) takes
+        at most half of one database session's time, and none of its snapshots is
+        open between batches (claims and acks of the moment went 0.5-4 s late behind
+        back-to-back batches, bench/README.md)."""
+        size = self.settings.prune_batch
         total = 0
-        for _ in range(s.prune_max_batches):
-            with self.broker.pool.connection(timeout=10) as c:
-                n = c.execute(statement, {**params, "limit": s.prune_batch}).rowcount
+        while True:
+            started = time.monotonic()
+            n = conn.execute(statement, {**params, "limit": size}).rowcount
             total += n
-            if n < s.prune_batch:
-                break
-        else:
-            self._prune_backlog = True
-        return total
+            if n < size or self._halt.wait(time.monotonic() - started):
+                return total
 
     def prune(self) -> dict[str, int]:
         """Delete what the retention settings no longer keep; returns counts by kind."""
         r = self.settings.retention
-        self._prune_backlog = False
-        counts = {status: self._batches(jobs_sql.PRUNE, status=status, older_than_s=getattr(r, status))
-                  for status in ("succeeded", "failed", "cancelled")}
-        counts["events"] = self._batches(jobs_sql.PRUNE_EVENTS, older_than_s=r.events)
-        counts["progress"] = self._batches(jobs_sql.PRUNE_PROGRESS, older_than_s=r.events)
-        counts["runs"] = self._batches(scheduler_sql.PRUNE_RUNS, older_than_s=r.runs)
-        counts["results"] = (self._batches(results_sql.PRUNE)
-                             + self._batches(results_sql.PRUNE_OLD, older_than_s=r.results))
-        counts["audit"] = self._batches(audit.PRUNE, older_than_s=r.audit)
+        # A connection of its own for the seconds a prune of a busy table takes: on the
+        # broker's two, claims and acks queued behind it.
+        with db.connect(self.broker.url) as c:
+            counts = {status: self._batches(c, jobs_sql.PRUNE, status=status, older_than_s=getattr(r, status))
+                      for status in ("succeeded", "failed", "cancelled")}
+            counts["events"] = self._batches(c, jobs_sql.PRUNE_EVENTS, older_than_s=r.events)
+            counts["progress"] = self._batches(c, jobs_sql.PRUNE_PROGRESS, older_than_s=r.events)
+            counts["runs"] = self._batches(c, scheduler_sql.PRUNE_RUNS, older_than_s=r.runs)
+            counts["results"] = (self._batches(c, results_sql.PRUNE)
+                                 + self._batches(c, results_sql.PRUNE_OLD, older_than_s=r.results))
+            counts["audit"] = self._batches(c, audit.PRUNE, older_than_s=r.audit)
         self.registration.prune(max(r.succeeded, 86400))
         if any(counts.values()):
             log.info("pruned %s", ", ".join(f"{n} {kind}" for kind, n in counts.items() if n), extra={"pruned": counts})
         return counts
+
+    def _prune_task(self) -> None:
+        with threads.lifetime("upkeep-prune", self._halt.is_set):
+            try:
+                self.prune()
+            except threads.EXPECTED as exc:
+                threads.warn(log, "upkeep prune", exc)
+
+    def start_prune(self) -> None:
+        """Prune on a thread of its own, one at a time per process: a prune of a busy
+        table takes seconds, and the beats must not wait for it."""
+        if self._prune is not None and self._prune.is_alive():
+            return
+        self._prune = threading.Thread(target=self._prune_task, name="upkeep-prune", daemon=True)
+        self._prune.start()
 
     def stop(self) -> None:
         self._halt.set()
@@ -191,9 +207,9 @@ class Upkeep(threading.Thread):
                "prune": now + random.uniform(s.prune_every / 10, s.prune_every),
                "vacuum": now + random.uniform(0, s.vacuum_check_seconds),
                "dead": now + random.uniform(0, s.heartbeat_seconds / 4)}
-        tasks: dict[str, Callable[[], object]] = {"beat": self.beat, "reap": self.broker.leases.reap_expired, "prune": self.prune,
-                 "vacuum": self.start_vacuum,
-                 "dead": lambda: liveness.release_dead(self.broker.leases, self.registration)}
+        tasks: dict[str, Callable[[], object]] = {
+            "beat": self.beat, "reap": self.broker.leases.reap_expired, "prune": self.start_prune,
+            "vacuum": self.start_vacuum, "dead": lambda: liveness.release_dead(self.broker.leases, self.registration)}
         every = {"beat": s.heartbeat_seconds, "reap": s.reap_seconds, "prune": s.prune_every,
                  "vacuum": s.vacuum_check_seconds, "dead": s.heartbeat_seconds / 4}
         while not self._halt.wait(max(0.0, min(due.values()) - time.monotonic())):
@@ -205,7 +221,5 @@ class Upkeep(threading.Thread):
                     task()
                 except threads.EXPECTED as exc:
                     threads.warn(log, f"upkeep {name}", exc)
-                # a prune that stopped at its cap left rows behind: it goes on after the next beat
-                backlog = name == "prune" and self._prune_backlog
                 jitter = 1.0 if name == "beat" else random.uniform(0.8, 1.2)
-                due[name] = now + (s.heartbeat_seconds if backlog else every[name] * jitter)
+                due[name] = now + every[name] * jitter

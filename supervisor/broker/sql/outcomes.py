@@ -72,8 +72,9 @@ WITH done AS (
 SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || queue END) FROM done
 """
 
-# Prefetched but never started (drain): back to pending, and the claim is not
-# counted as an attempt because nothing ran.
+# Prefetched but never started (drain, or given back for want of a thread, see
+# consumer.py): back to pending in its place in line (run_at kept), and the claim is
+# not counted as an attempt because nothing ran.
 REQUEUE = """
 WITH locked AS (
     SELECT j.id
@@ -84,13 +85,13 @@ WITH locked AS (
 ), done AS (
     UPDATE jobs j
        SET status = 'pending', attempts = j.attempts - 1, lease_owner = NULL,
-           lease_expires_at = NULL, run_at = now()
+           lease_expires_at = NULL
       FROM locked
      WHERE j.id = locked.id
  RETURNING j.id, j.queue
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(owner)s, 'running', 'pending', 'requeued unstarted on drain' FROM done
+    SELECT id, %(owner)s, 'running', 'pending', %(reason)s FROM done
 )
 SELECT count(*)
   FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', done.queue)) AS wake
