@@ -127,6 +127,6 @@ def test_a_reload_that_changes_the_apps_in_use_rolls_the_http_child(tmp_path: Pa
     own = config("")
     named = config("apps: [actors]\n")
     tracker = config("  s: {queues: [scraping], actors: [actors.scraping]}\n")
-    assert diff(own, named).http == "rolled (apps)"
-    assert diff(own, tracker).http == "rolled (apps)"
-    assert diff(named, tracker).http is None  # the same apps in use either way
+    assert diff(own, named).rolled["http"] == ["apps"]
+    assert diff(own, tracker).rolled["http"] == ["apps"]
+    assert "http" not in diff(named, tracker).rolled  # the same apps in use either way

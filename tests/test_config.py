@@ -360,8 +360,8 @@ def test_http_section():
     e = error(MINIMAL.replace("  a:", "  http:") + "http: {}\n")
     assert e.key == "roles.http" and "taken by the HTTP child" in e.message
     # A reload that changes it says what happens to the child.
-    assert diff(load(MINIMAL), load(text)).http == "started"
-    assert diff(load(text), load(MINIMAL)).http == "stopped"
+    assert diff(load(MINIMAL), load(text)).added == ["http"]
+    assert diff(load(text), load(MINIMAL)).removed == ["http"]
     assert diff(load(text), load(text.replace("true", "false"))).lines()[-1] == "http: rolled (read_only)"
 
 

@@ -7,19 +7,21 @@ import os
 import signal
 
 from supervisor.config import Limits, RoleConfig
-from supervisor.master.children import Child, RoleState, describe_exit, plan
+from supervisor.master.children import RoleState, describe_exit, plan
+from supervisor.master.lifecycle import Child
+from supervisor.master.worker_child import WorkerKind
 from supervisor.worker.guard import Guard, Reading
-from supervisor.worker.settings import WorkerSettings
 
 
 def role_state(processes: int = 2) -> RoleState:
-    cfg = RoleConfig(name="r", queues=("q",), actors=("m",), processes=processes)
-    return RoleState(cfg, WorkerSettings(queues=("q",), actors=("m",)))
+    return RoleState(RoleConfig(name="r", queues=("q",), actors=("m",), processes=processes), WorkerKind())
 
 
 def add(role: RoleState, pid: int, *, ready: bool = True, generation: int | None = None, at: float = 0.0) -> Child:
     c = Child(pid=pid, role="r", slot=pid, generation=generation or role.generation, owner=f"o{pid}", fd=-1,
-              forked_at=at, ready_at=at if ready else None)
+              forked_at=at)
+    if ready:
+        c.said_ready(at)
     role.children[pid] = c
     return c
 
@@ -42,10 +44,10 @@ def test_roll_is_one_by_one_with_one_extra_process():
     assert plan(role, 5.0) == (1, [])  # one new process first; nobody drained yet
     new = add(role, 3, ready=False)
     assert plan(role, 5.0) == (0, [])  # wait for it to be ready
-    new.ready_at = 6.0
+    new.said_ready(6.0)
     start, drains = plan(role, 6.0)
     assert [c.pid for c, _ in drains] == [a.pid] and drains[0][1] == "rolled"
-    a.term_at = 6.0  # the arbiter stops it
+    a.terminate("rolled", 5.0, 6.0)  # the arbiter stops it
     assert plan(role, 6.0) == (1, [])  # and the next new one starts
     add(role, 4, at=7.0)
     start, drains = plan(role, 7.0)
@@ -64,7 +66,7 @@ def test_crash_backoff_grows_is_capped_and_probes_with_one():
     assert plan(role, 11.0) == (1, [])  # then one probe, not three
     probe = add(role, 200, ready=False, at=11.0)
     assert plan(role, 11.5) == (0, [])
-    probe.ready_at = 11.5
+    probe.said_ready(11.5)
     assert not role.crash_looping
     assert plan(role, 11.5) == (2, [])  # it started: the rest follow at once
     role.settle_streak(11.5 + 5.0)
@@ -74,16 +76,14 @@ def test_crash_backoff_grows_is_capped_and_probes_with_one():
 def test_a_ready_child_killed_is_replaced_at_once_however_young():
     role = role_state(3)
     for n in range(1, 6):  # a kill storm: one young, ready child killed every second
-        c = add(role, n, at=float(n))
-        c.ready_at = n + 0.2
+        c = add(role, n, at=n + 0.2)
         del role.children[c.pid]
         role.record_exit(c, "killed by SIGKILL", expected=False, now=n + 1.5, backoff=0.5, backoff_max=4.0)
         assert role.streak == 0 and role.next_start <= n + 1.5
         assert plan(role, n + 1.5) == (3, [])  # no backoff: start the replacement now
     assert role.restarts == 5 and not role.crash_looping
     # dying right after ready is a failed start: backoff, as for one that never got ready
-    c = add(role, 9, at=10.0)
-    c.ready_at = 10.2
+    c = add(role, 9, at=10.2)
     del role.children[9]
     role.record_exit(c, "killed by SIGKILL", expected=False, now=10.5, backoff=0.5, backoff_max=4.0)
     assert role.streak == 1 and role.next_start == 11.0 and plan(role, 10.6) == (0, [])
@@ -102,15 +102,6 @@ def test_describe_exit():
     assert describe_exit(0) == "exited 0"
     assert describe_exit(signal.SIGKILL) == "killed by SIGKILL"
     assert describe_exit(70 << 8) == "exit 70"
-
-
-def test_child_feed_parses_whole_lines_only():
-    c = Child(pid=1, role="r", slot=1, generation=1, owner="o", fd=-1, forked_at=0.0)
-    assert c.feed(b'{"e":"ready","owner":"o"}\n{"e":"beat","state":"run', 1.0)[0]["e"] == "ready"
-    assert c.ready and c.last_beat == 1.0
-    events = c.feed(b'ning","rss":100,"cpu":1.5,"in_flight":2,"done":9,"paused":null}\ngarbage\n', 2.0)
-    assert [e["e"] for e in events] == ["beat"]
-    assert (c.state, c.rss, c.in_flight, c.done) == ("running", 100, 2, 9)
 
 
 class FakeBroker:

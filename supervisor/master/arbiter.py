@@ -14,24 +14,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
 import selectors
 import signal
 import time
-from typing import Any
 
 import psutil
 
 from .. import db, defaults, exit_codes
 from ..config import Config
 from ..control import AlreadyRunning, ControlServer
-from ..identity import node_name, owner_id
-from ..worker.settings import WorkerSettings
-from .bootstrap import ChildBootstrap, ChildSpec
-from .children import Child, RoleState, describe_exit, plan, silent_limits, spawn
-from .handlers import Handlers, Waiter
-from .http_child import HttpBootstrap, http_role_state
+from ..identity import new_token, node_name, owner_id
+from .beats import Ready, Recycle
+from .bootstrap import ChildSpec
+from .children import RoleState, describe_exit, plan, silent_limits, spawn
+from .handlers import Handlers
 from .janitor import Janitor
+from .kinds import wanted
+from .lifecycle import SERVING, Child, Phase
 from .metrics_dir import MetricsDir
 from .proctitle import MASTER_TITLE, set_title
 from .systemd import Notifier
@@ -40,10 +39,8 @@ from .watcher import CONFIG_CHANGED, WAKE, ConfigWatcher, poke
 
 log = logging.getLogger(__name__)
 
-RECYCLE_JITTER = 2.0  # seconds; spreads recycles of processes that hit a limit together
 
-
-class Arbiter(Handlers):
+class Arbiter:
     def __init__(self, cfg: Config, database: db.Database) -> None:
         self.config = cfg
         self.database = database
@@ -57,14 +54,10 @@ class Arbiter(Handlers):
         self.janitor: Janitor | None = None
         self.relay: Relay | None = None
         self.watcher: ConfigWatcher | None = None
-        self.waiters: list[Waiter] = []
         self.stopping = False
         self.stop_deadline: float | None = None
-        self.ready_sent = False
         self.started = time.monotonic()
-        self.reloads = 0
-        self.last_reload: dict[str, Any] | None = None
-        self.config_text = self._read_text()
+        self.handlers = Handlers(self)  # the control commands; reload and scale
         self._wake_r = self._wake_w = -1
         self._signals: list[int] = []
         self._next_master_beat = 0.0
@@ -72,12 +65,6 @@ class Arbiter(Handlers):
         self.metrics_dir = MetricsDir()
 
     # --- setup and teardown --------------------------------------------------------
-
-    def _read_text(self) -> str | None:
-        try:
-            return self.config.path.read_text()
-        except OSError:
-            return None
 
     def _setup(self) -> None:
         set_title(MASTER_TITLE)
@@ -87,7 +74,7 @@ class Arbiter(Handlers):
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.selector.register(self._wake_r, selectors.EVENT_READ, self._on_wake)
-        self.selector.register(self.control.fileno(), selectors.EVENT_READ, self._on_accept)
+        self.selector.register(self.control.fileno(), selectors.EVENT_READ, self.handlers.on_accept)
         # The handler only notes the signal (it runs in this thread, between bytecodes);
         # the wakeup fd makes select() return so the loop acts on it at once.
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
@@ -105,23 +92,17 @@ class Arbiter(Handlers):
         if self.database.listen_url and self.config.roles:
             self.relay = Relay(self.database.listen_url)
             self.relay.start()
-        for role_cfg in self.config.roles:
-            self.roles[role_cfg.name] = RoleState(role_cfg, WorkerSettings.from_role(self.config, role_cfg.name))
-        http_role = http_role_state(self.config)
-        if http_role is not None:
-            self.roles[http_role.name] = http_role
-        self._set_watch(self.config.supervisor.watch_config)
+        for name, (kind, role_cfg) in wanted(self.config).items():
+            self.roles[name] = RoleState(role_cfg, kind)
+        self.set_watch(self.config.supervisor.watch_config)
         self.notifier.status("starting")
         log.info("master %d up: node %s, %d role(s), control socket %s, database %s%s", self.pid, node_name(),
                  len(self.roles), self.config.supervisor.control_socket, db.redact(self.url),
                  " (pooled)" if self.database.pooled else "")
 
     def _teardown(self) -> None:
-        self._set_watch(False)
-        for w in self.waiters:
-            if w.conn:
-                w.conn.reply({"ok": False, "error": "the supervisor stopped before the new state was reached"})
-        self.waiters.clear()
+        self.set_watch(False)
+        self.handlers.fail_waiters("the supervisor stopped before the new state was reached")
         if self.relay is not None:
             self.relay.stop()
             self.relay.close_all()
@@ -138,7 +119,7 @@ class Arbiter(Handlers):
         self.notifier.close()
         self.metrics_dir.close()
 
-    def _set_watch(self, on: bool) -> None:
+    def set_watch(self, on: bool) -> None:
         if on and self.watcher is None:
             self.watcher = ConfigWatcher(self.config.path, self._wake_w)
             self.watcher.start()
@@ -149,7 +130,7 @@ class Arbiter(Handlers):
     def _wake_loop(self) -> None:
         poke(self._wake_w, WAKE)
 
-    def _rss(self) -> int:
+    def rss(self) -> int:
         return int(self._proc.memory_info().rss)
 
     # --- the loop -------------------------------------------------------------------------
@@ -171,7 +152,7 @@ class Arbiter(Handlers):
                 self._watch_children(now)
                 if not self.stopping:
                     self._reconcile(now)
-                self._settle(now)
+                self.handlers.settle(now)
                 self._housekeeping(now)
                 if self.stopping and not any(r.children for r in self.roles.values()):
                     break
@@ -186,8 +167,8 @@ class Arbiter(Handlers):
             if role.next_start > now and len(role.live()) < role.wanted:
                 timeout = min(timeout, role.next_start - now)
             for c in role.children.values():
-                if c.kill_at is not None and not c.killed:
-                    timeout = min(timeout, c.kill_at - now)
+                if c.phase is Phase.STOPPING and c.stop_order is not None:
+                    timeout = min(timeout, c.stop_order.kill_at - now)
         return max(timeout, 0.005)
 
     def _on_wake(self, key) -> None:
@@ -199,8 +180,8 @@ class Arbiter(Handlers):
         # a full pipe dropped the byte.
         # A change noted just before watching was turned off is not applied: only a
         # watcher still running speaks for the file.
-        if CONFIG_CHANGED in data and self.watcher is not None and self._read_text() != self.config_text:
-            self.reload(None, source="config file change")
+        if CONFIG_CHANGED in data and self.watcher is not None:
+            self.handlers.reload_if_changed("config file change")
 
     def _handle_signals(self) -> None:
         while self._signals:
@@ -208,7 +189,7 @@ class Arbiter(Handlers):
             if sig in (signal.SIGTERM, signal.SIGINT):
                 self.begin_stop(signal.Signals(sig).name, hard=self.stopping and sig == signal.SIGINT)
             elif sig == signal.SIGHUP:
-                self.reload(None, source="SIGHUP")
+                self.handlers.reload(None, source="SIGHUP")
 
     # --- children -------------------------------------------------------------------------
 
@@ -218,8 +199,7 @@ class Arbiter(Handlers):
             fds.append(self.selector.fileno())
         for key in list(self.selector.get_map().values()):
             fds.append(key.fd)
-        # Clients waiting for a reload: the reply must be the end of their connection.
-        fds += [w.conn.fileno() for w in self.waiters if w.conn is not None and not w.conn.closed]
+        fds += self.handlers.waiter_fds()
         fds += self.notifier.fds()
         if self.relay is not None:
             fds += self.relay.fds()  # or a sibling would keep another child's pipe open
@@ -227,18 +207,16 @@ class Arbiter(Handlers):
 
     def _spawn(self, role: RoleState, now: float) -> Child:
         sup = self.config.supervisor
-        spec = ChildSpec(role=role.name, slot=role.free_slot(), settings=role.settings, limits=role.config.limits,
-                         database=self.database, token=ChildBootstrap.new_token(), master_pid=self.pid,
-                         beat_interval=min(1.0, sup.tick, role.config.heartbeat),
+        spec = ChildSpec(role=role.name, slot=role.free_slot(), database=self.database, token=new_token(),
+                         master_pid=self.pid, beat_interval=min(1.0, sup.tick, role.config.heartbeat),
                          log_level=sup.log_level, log_json=sup.log_json)
-        bootstrap = (ChildBootstrap(spec, self._fds_to_close()) if role.http is None else
-                     HttpBootstrap(spec, self._fds_to_close(), http=role.http, config=self.config))
-        child = spawn(role, bootstrap, now, wakeups=self.relay is not None and role.http is None)
+        bootstrap = role.kind.bootstrap(spec, self._fds_to_close(), self.config)
+        child = spawn(role, bootstrap, now, wakeups=self.relay is not None and role.kind.relayed_wakeups)
         if self.relay is not None and child.wake_fd >= 0:
             self.relay.add(child.pid, child.wake_fd)
         role.children[child.pid] = child
         self.selector.register(child.fd, selectors.EVENT_READ, lambda key, c=child: self._on_beat(c))
-        log.info("started %s[%d] pid %d (generation %d)", role.name, child.slot, child.pid, child.generation)
+        log.info("started %s (generation %d)", child.name, child.generation)
         return child
 
     def _on_beat(self, child: Child) -> None:
@@ -252,15 +230,11 @@ class Arbiter(Handlers):
         if not data:
             self._forget_fd(child)
             return
-        for event in child.feed(data, now):
-            kind = event.get("e")
-            if kind == "ready":
-                log.info("%s[%d] pid %d ready in %.2fs", child.role, child.slot, child.pid, now - child.forked_at)
-            elif kind == "recycle" and child.recycle_why is None:
-                child.recycle_why = str(event.get("why"))
-                child.recycle_at = now + random.uniform(0, RECYCLE_JITTER)
-                log.info("%s[%d] pid %d asks to be recycled (%s)", child.role, child.slot, child.pid,
-                         child.recycle_why)
+        for message in child.feed(data, now):
+            if isinstance(message, Ready):
+                log.info("%s ready in %.2fs", child.name, now - child.forked_at)
+            elif isinstance(message, Recycle):
+                log.info("%s asks to be recycled (%s)", child.name, message.why)
 
     def _forget_fd(self, child: Child) -> None:
         if child.fd >= 0:
@@ -291,18 +265,21 @@ class Arbiter(Handlers):
             if child.fd >= 0:  # read what it said last (a final beat or a recycle request)
                 self._on_beat(child)
                 self._forget_fd(child)
+            killed = child.phase is Phase.KILLED
+            child.reaped()
             del role.children[pid]
             if self.relay is not None:
                 self.relay.remove(pid)
             self.metrics_dir.mark_dead(pid)
             how = describe_exit(status)
-            expected = child.stop_reason is not None and not child.stop_reason.startswith("hung")
-            reason = f"{child.stop_reason}; {how}" if child.stop_reason else how
+            order = child.stop_order
+            expected = order is not None and order.expected
+            reason = f"{order.reason}; {how}" if order else how
             clean = expected and how == "exited 0"
             assert self.janitor is not None
             self.janitor.release(child.owner, f"{role.name} process {pid} {how}", lease_seconds=role.config.lease)
             if not clean:
-                self.janitor.mark_stopped(child.owner, "killed" if child.killed else "crashed")
+                self.janitor.mark_stopped(child.owner, "killed" if killed else "crashed")
             role.record_exit(child, reason, expected, now, self.config.supervisor.restart_backoff,
                              self.config.supervisor.restart_backoff_max)
             (log.info if expected else log.warning)(
@@ -310,20 +287,15 @@ class Arbiter(Handlers):
             if role.removed and not role.children:
                 del self.roles[role.name]
 
-    def _terminate(self, child: Child, reason: str, grace: float, now: float) -> None:
-        child.stop_reason = reason
-        child.term_at = now
-        child.kill_at = now + grace
-        child.state = "draining"
-        log.info("stopping %s[%d] pid %d: %s", child.role, child.slot, child.pid, reason)
+    def _terminate(self, child: Child, reason: str, grace: float, now: float, *, hung: bool = False) -> None:
+        child.terminate(reason, grace, now, hung=hung)
+        log.info("stopping %s: %s", child.name, reason)
         with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, signal.SIGTERM)
 
     def _kill(self, child: Child, why: str) -> None:
-        if child.killed:
-            return
-        child.killed = True
-        log.warning("killing %s[%d] pid %d: %s", child.role, child.slot, child.pid, why)
+        child.kill()
+        log.warning("killing %s: %s", child.name, why)
         with contextlib.suppress(ProcessLookupError):
             os.kill(child.pid, signal.SIGKILL)
 
@@ -336,18 +308,18 @@ class Arbiter(Handlers):
                                                    min(1.0, sup.tick, role.config.heartbeat), sup.kill_grace)
             recycling = any(c.recycling for c in role.live())
             for c in list(role.children.values()):
-                if c.stopping:
-                    if c.kill_at is not None and now >= c.kill_at:
-                        self._kill(c, f"still running {now - (c.term_at or now):.1f}s after SIGTERM ({c.stop_reason})")
-                    continue
-                if not c.ready and now - c.forked_at > sup.start_timeout:
-                    self._terminate(c, f"hung: not ready {sup.start_timeout:g}s after start", sup.kill_grace, now)
-                elif c.ready and now - c.last_beat > hang_after:
-                    self._terminate(c, f"hung: no beat for {now - c.last_beat:.1f}s", hang_grace, now)
-                elif (c.recycle_at is not None and not c.recycling and not recycling and now >= c.recycle_at
-                      and not self.stopping and all(role.is_current(o) for o in role.live())):
+                order = c.stop_order
+                if c.phase is Phase.STOPPING and order is not None and now >= order.kill_at:
+                    self._kill(c, f"still running {now - order.term_at:.1f}s after SIGTERM ({order.reason})")
+                elif c.phase is Phase.STARTING and now - c.forked_at > sup.start_timeout:
+                    self._terminate(c, f"hung: not ready {sup.start_timeout:g}s after start", sup.kill_grace, now,
+                                    hung=True)
+                elif c.phase in SERVING and now - c.last_beat > hang_after:
+                    self._terminate(c, f"hung: no beat for {now - c.last_beat:.1f}s", hang_grace, now, hung=True)
+                elif (c.phase is Phase.RECYCLE_ASKED and c.recycle is not None and now >= c.recycle.at
+                      and not recycling and not self.stopping and all(role.is_current(o) for o in role.live())):
                     # One recycle per role at a time, and not during a roll.
-                    c.recycling = True
+                    c.give_recycle_turn()
                     recycling = True
 
     def _reconcile(self, now: float) -> None:
@@ -368,7 +340,8 @@ class Arbiter(Handlers):
             if hard:
                 for role in self.roles.values():
                     for c in role.children.values():
-                        self._kill(c, "second interrupt")
+                        if c.phase is Phase.STOPPING:
+                            self._kill(c, "second interrupt")
             return
         sup = self.config.supervisor
         self.stopping = True
@@ -376,23 +349,20 @@ class Arbiter(Handlers):
         log.info("stopping (%s): draining every role, up to %gs", why, sup.shutdown_timeout)
         self.notifier.stopping()
         self.notifier.status(f"stopping ({why})")
-        self._set_watch(False)
+        self.set_watch(False)
         for role in self.roles.values():
             for c in role.children.values():
                 if not c.stopping:
                     self._terminate(c, "shutdown", sup.shutdown_timeout, now)
-                elif c.kill_at is None or c.kill_at > self.stop_deadline:
-                    c.kill_at = self.stop_deadline
-        for w in self.waiters:
-            if w.conn:
-                w.conn.reply({"ok": False, "error": "the supervisor is stopping"})
-        self.waiters.clear()
+                elif c.phase is Phase.STOPPING:
+                    c.hasten(self.stop_deadline)
+        self.handlers.fail_waiters("the supervisor is stopping")
 
     def _housekeeping(self, now: float) -> None:
         self.notifier.flush()
         self.notifier.watchdog(now)
-        if self.ready_sent and not self.stopping:
-            self.notifier.status(self.status_line())
+        if self.handlers.ready_sent and not self.stopping:
+            self.notifier.status(self.handlers.status_line())
         if now >= self._next_master_beat and self.janitor is not None and self.janitor.idle.is_set():
             self._next_master_beat = now + defaults.MASTER_BEAT_SECONDS
             self.janitor.beat_master("stopping" if self.stopping else "running")

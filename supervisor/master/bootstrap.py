@@ -1,8 +1,9 @@
-"""What a forked child does between ``os.fork()`` and ``os._exit()``.
+"""What every forked child does between ``os.fork()`` and ``os._exit()``,
+whatever its kind (a kind's ``serve`` is the rest: worker_child.py, http_child.py).
 
-The child never parses YAML: it gets the role's WorkerSettings, limits and the
-already-resolved database URL from the master's memory. It talks to the master
-over one pipe of JSON lines (ready, beats, recycle requests, draining), and it
+The child never parses YAML: it gets what it runs with and the already-resolved
+database URL from the master's memory. It talks to the master over one pipe of
+typed messages (beats.py: ready, beats, recycle requests, draining), and it
 exits when the master goes away (PR_SET_PDEATHSIG, plus a getppid() check for
 the race where the master died before prctl ran, and a broken pipe).
 """
@@ -11,23 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
-import json
 import logging
 import os
 import signal
 import sys
 import traceback
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from .. import exit_codes
-from ..config import Limits
 from ..db import Database
-from ..identity import new_token, owner_id
+from ..identity import owner_id
 from ..logs import configure_logging
-from ..worker.guard import Guard
-from ..worker.process import Hooks, WorkerProcess, run
-from ..worker.settings import WorkerSettings
+from .beats import Beacon
 from .proctitle import child_title, set_title
 
 log = logging.getLogger(__name__)
@@ -37,10 +34,10 @@ PR_SET_PDEATHSIG = 1
 
 @dataclass(frozen=True)
 class ChildSpec:
+    """What every child is told, whatever its kind."""
+
     role: str
     slot: int
-    settings: WorkerSettings
-    limits: Limits
     database: Database
     # With the child's pid, the lease owner id (host:pid:token): the master computes it
     # right after fork, so it can release this child's leases if it dies.
@@ -49,28 +46,6 @@ class ChildSpec:
     beat_interval: float
     log_level: str = "INFO"
     log_json: bool = False
-
-
-class Beacon:
-    """The child's end of the beat pipe. Writes never block: a full pipe (the
-    master is busy) drops a beat; a broken pipe means the master is gone."""
-
-    def __init__(self, fd: int, on_master_gone) -> None:
-        self.fd = fd
-        self.on_master_gone = on_master_gone
-        os.set_blocking(fd, False)
-
-    def send(self, event: str, **fields) -> None:
-        line = json.dumps({"e": event, **fields}, separators=(",", ":")).encode() + b"\n"
-        try:
-            os.write(self.fd, line)  # under PIPE_BUF, so the master never sees half a line
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            if exc.errno == errno.EPIPE:
-                self.on_master_gone("beat pipe closed")
-            else:
-                raise
 
 
 def _set_parent_death_signal(sig: int) -> None:
@@ -90,7 +65,7 @@ def _reset_signals() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
-class Bootstrap:
+class Bootstrap(ABC):
     """What every forked child does first (signals, fds, parent death, title, logging,
     the beat pipe) and how it exits; ``serve`` is what the child is for. Built by
     the master before the fork, so nothing the master holds is captured after it;
@@ -102,8 +77,6 @@ class Bootstrap:
         self.tick_interval = spec.beat_interval
         self.beacon: Beacon | None = None
         self.wake_fd = -1
-
-    new_token = staticmethod(new_token)
 
     def owner_for(self, pid: int) -> str:
         return owner_id(pid, self.spec.token)
@@ -142,62 +115,10 @@ class Bootstrap:
         self.beacon = Beacon(beat_fd, self.master_gone)
         return self.serve()
 
+    @abstractmethod
     def serve(self) -> int:
         """The child's work, until told to stop; returns the exit code."""
-        raise NotImplementedError
 
+    @abstractmethod
     def master_gone(self, why: str) -> None:
         """The master went away: stop (the child must not outlive it)."""
-        raise NotImplementedError
-
-
-class ChildBootstrap(Bootstrap, Hooks):
-    """A worker child: runs a WorkerProcess with the master's hooks."""
-
-    def __init__(self, spec: ChildSpec, close_fds: list[int]) -> None:
-        super().__init__(spec, close_fds)
-        self.guard: Guard | None = None
-        self.proc: WorkerProcess | None = None
-
-    def serve(self) -> int:
-        spec = self.spec
-        self.guard = Guard(spec.limits, self.ask_recycle)
-        return run(spec.settings, spec.database, owner=self.owner_for(os.getpid()), hooks=self,
-                   wakeup_fd=self.wake_fd if self.wake_fd >= 0 else None)
-
-    def master_gone(self, why: str) -> None:
-        if self.proc is not None and not self.proc.stopping.is_set():
-            log.warning("master is gone (%s); draining", why)
-            self.proc.stopping.set()
-
-    def ask_recycle(self, why: str) -> None:
-        if self.beacon is not None:
-            self.beacon.send("recycle", why=why)
-
-    # --- the worker's hooks ------------------------------------------------------------
-
-    def on_ready(self, proc: WorkerProcess) -> None:
-        assert self.beacon is not None and proc.broker is not None
-        self.proc = proc
-        self.beacon.send("ready", owner=proc.broker.owner)
-
-    def on_tick(self, proc: WorkerProcess) -> None:
-        assert self.beacon is not None and self.guard is not None and proc.broker is not None
-        if os.getppid() != self.spec.master_pid:
-            self.master_gone("parent changed")
-            return
-        broker = proc.broker
-        r = self.guard.check(broker, broker.jobs_done)
-        if self.guard.paused_for and proc.state == "running":
-            proc.state = "paused"
-        elif not self.guard.paused_for and proc.state == "paused":
-            proc.state = "running"
-        proc.paused_reason = self.guard.paused_for
-        self.beacon.send(
-            "beat", state=proc.state, rss=r.rss, cpu=round(r.process_cpu, 1), in_flight=proc.in_flight(),
-            done=broker.jobs_done, paused=self.guard.paused_for,
-        )
-
-    def on_stop(self, proc: WorkerProcess) -> None:
-        assert self.beacon is not None
-        self.beacon.send("draining")

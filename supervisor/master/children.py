@@ -1,5 +1,6 @@
-"""The master's book of children: one Child per forked process, one RoleState
-per role, and `plan`, the pure decision of what to start and what to drain.
+"""The master's book of children: one RoleState per role (holding a Child per
+forked process, see lifecycle.py), `plan`, the pure decision of what to start
+and what to drain, and `spawn`, the fork.
 
 Keeping the decision pure (state in, actions out) keeps the arbiter's loop a
 plain executor and lets the rolling rules be read in one place:
@@ -17,7 +18,6 @@ plain executor and lets the rolling rules be read in one place:
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import signal
@@ -25,9 +25,10 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import exit_codes
-from ..config import HttpConfig, RoleConfig
-from ..worker.settings import WorkerSettings
+from ..config import RoleConfig
 from .bootstrap import Bootstrap
+from .kinds import ProcessKind
+from .lifecycle import Child
 
 log = logging.getLogger(__name__)
 
@@ -35,96 +36,11 @@ CRASH_LOOP_STREAK = 3  # consecutive failed starts before a role shows as crash-
 STABLE_AFTER = 5.0  # a child ready for this long has proved its role can start
 QUICK_DEATH = 1.0  # a child dying this soon after ready is a failed start (backoff), not a crash to replace now
 
-@dataclass
-class Child:
-    pid: int
-    role: str
-    slot: int
-    generation: int
-    owner: str
-    fd: int
-    forked_at: float
-    # The write end of its wake-up pipe (see master/wakeups.py); -1 when there is none.
-    wake_fd: int = -1
-    ready_at: float | None = None
-    last_beat: float = 0.0
-    state: str = "starting"
-    rss: int = 0
-    cpu: float = 0.0
-    in_flight: int = 0
-    done: int = 0
-    paused: str | None = None
-    buffer: bytes = b""
-    # Why the master asked it to stop (None: it was not asked).
-    stop_reason: str | None = None
-    term_at: float | None = None
-    kill_at: float | None = None
-    killed: bool = False
-    # The child asked to be recycled (max_rss/max_jobs); recycle_at is when the master may start.
-    recycle_why: str | None = None
-    recycle_at: float | None = None
-    recycling: bool = False
-
-    @property
-    def ready(self) -> bool:
-        return self.ready_at is not None
-
-    @property
-    def stopping(self) -> bool:
-        return self.term_at is not None
-
-    def feed(self, data: bytes, now: float) -> list[dict]:
-        """Beat-pipe bytes in, complete events out; updates what the beats say."""
-        self.buffer += data
-        *lines, self.buffer = self.buffer.split(b"\n")
-        events = []
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            self.last_beat = now
-            kind = event.get("e")
-            if kind == "ready":
-                self.ready_at = now
-                if self.state == "starting":
-                    self.state = "running"
-            elif kind == "beat":
-                if not self.stopping:
-                    self.state = event.get("state", self.state)
-                self.rss = int(event.get("rss") or 0)
-                self.cpu = float(event.get("cpu") or 0.0)
-                self.in_flight = int(event.get("in_flight") or 0)
-                self.done = int(event.get("done") or 0)
-                self.paused = event.get("paused")
-            elif kind == "draining":
-                self.state = "draining"
-            events.append(event)
-        return events
-
-    def snapshot(self, now: float, current_generation: int) -> dict:
-        return {
-            "pid": self.pid,
-            "slot": self.slot,
-            "state": self.state,
-            "uptime": round(now - self.forked_at, 1),
-            "ready": self.ready,
-            "rss": self.rss,
-            "cpu": self.cpu,
-            "in_flight": self.in_flight,
-            "done": self.done,
-            "paused": self.paused,
-            "owner": self.owner,
-            "current": self.generation == current_generation and not self.recycling,
-            "stop_reason": self.stop_reason,
-            "recycle": self.recycle_why,
-        }
-
 
 @dataclass
 class RoleState:
     config: RoleConfig
-    settings: WorkerSettings
+    kind: ProcessKind  # what its children are: how one is forked, what rolls it
     generation: int = 1
     override: int | None = None  # `supervisor scale`, until the next reload
     removed: bool = False
@@ -134,8 +50,6 @@ class RoleState:
     restarts: int = 0
     last_exit: str | None = None
     last_exit_at: float | None = None
-    # Set for the HTTP child's pseudo-role (see http_child): forked with its own bootstrap.
-    http: HttpConfig | None = None
 
     @property
     def name(self) -> str:
@@ -238,7 +152,8 @@ def plan(role: RoleState, now: float) -> tuple[int, list[tuple[Child, str]]]:
     if surplus > 0:  # an old process leaves only when a new one is ready to take its place
         leaving = sorted(old, key=lambda c: (c.ready, c.forked_at))[:surplus]
         for c in leaving:
-            why = "role removed" if role.removed else (f"recycled ({c.recycle_why})" if c.recycling else "rolled")
+            why = ("role removed" if role.removed else
+                   f"recycled ({c.recycle.why})" if c.recycling and c.recycle else "rolled")
             drains.append((c, why))
         old = [c for c in old if c not in leaving]
 
@@ -315,5 +230,4 @@ def spawn(role: RoleState, bootstrap: Bootstrap, now: float, *, wakeups: bool = 
         fd=read_fd,
         wake_fd=wake_w,
         forked_at=now,
-        last_beat=now,
     )

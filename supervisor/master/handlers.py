@@ -1,6 +1,7 @@
 """The master's control commands: one handler method per command (ping, status,
 reload, diff, scale, stop), plus what reload and scale need to reply once the new
-state is reached. Mixed into the Arbiter; runs on its loop thread only.
+state is reached. Held by the Arbiter, which it sees as a ``Master``; runs on its
+loop thread only.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import logging
 import selectors
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from .. import config as config_mod
 from .. import db
@@ -18,9 +20,8 @@ from ..config import Config, ConfigError
 from ..control import Connection, ControlServer
 from ..identity import node_name
 from ..logs import configure_logging
-from ..worker.settings import WorkerSettings
 from .children import RoleState
-from .http_child import apply_http
+from .kinds import wanted
 from .reload import Diff, diff
 from .systemd import Notifier
 from .wakeups import Relay
@@ -39,39 +40,49 @@ class Waiter:
     warnings: list[str] = field(default_factory=list)
 
 
-
-class Handlers:
-    """Control commands, one ``cmd_<name>`` method each. The Arbiter provides the
-    state below and ``begin_stop``; everything here runs on its loop thread."""
+class Master(Protocol):
+    """What the control commands read and change of the master (the Arbiter)."""
 
     config: Config
     roles: dict[str, RoleState]
-    waiters: list[Waiter]
-    stopping: bool
-    ready_sent: bool
-    pid: int
-    url: str
     database: db.Database
-    relay: Relay | None
+    pid: int
     started: float
-    reloads: int
-    last_reload: dict[str, Any] | None
-    config_text: str | None
+    stopping: bool
     notifier: Notifier
-
+    relay: Relay | None
     control: ControlServer
-    selector: selectors.DefaultSelector
 
-    def begin_stop(self, why: str, *, hard: bool = False) -> None:
-        raise NotImplementedError
+    @property
+    def selector(self) -> selectors.BaseSelector: ...
+
+    def begin_stop(self, why: str, *, hard: bool = False) -> None: ...
+
+    def set_watch(self, on: bool) -> None: ...
+
+    def rss(self) -> int: ...
+
+
+class Handlers:
+    """Control commands, one ``cmd_<name>`` method each, and the clients waiting
+    for the state a reload or a scale asked for."""
+
+    def __init__(self, master: Master) -> None:
+        self.master = master
+        self.waiters: list[Waiter] = []
+        self.ready_sent = False  # READY=1 went to systemd: every role settled once
+        self.reloads = 0
+        self.last_reload: dict[str, Any] | None = None
+        self.config_text = read_text(master.config.path)
 
     # --- control socket ---------------------------------------------------------------------------
 
-    def _on_accept(self, key: selectors.SelectorKey) -> None:
-        conn = self.control.accept()
+    def on_accept(self, key: selectors.SelectorKey) -> None:
+        conn = self.master.control.accept()
         if conn is not None:
             fd = conn.fileno()
-            self.selector.register(fd, selectors.EVENT_READ, lambda k, c=conn, fd=fd: self._on_request(c, fd))
+            self.master.selector.register(fd, selectors.EVENT_READ,
+                                          lambda k, c=conn, fd=fd: self._on_request(c, fd))
 
     def _on_request(self, conn: Connection, fd: int) -> None:
         req = conn.read()
@@ -80,19 +91,19 @@ class Handlers:
         # Unregistered by number: the socket may already be closed (and the fd is not reused
         # before this line: nothing is accepted in between).
         with contextlib.suppress(KeyError, ValueError):
-            self.selector.unregister(fd)
+            self.master.selector.unregister(fd)
         if req is not None:
             self.handle(conn, req)
 
+    def fail_waiters(self, error: str) -> None:
+        for w in self.waiters:
+            if w.conn:
+                w.conn.reply({"ok": False, "error": error})
+        self.waiters.clear()
 
-    def _read_text(self) -> str | None:
-        raise NotImplementedError
-
-    def _set_watch(self, on: bool) -> None:
-        raise NotImplementedError
-
-    def _rss(self) -> int:
-        raise NotImplementedError
+    def waiter_fds(self) -> list[int]:
+        """Clients waiting for a reload: a child must not hold them (the reply ends their connection)."""
+        return [w.conn.fileno() for w in self.waiters if w.conn is not None and not w.conn.closed]
 
     def handle(self, conn: Connection, req: dict[str, Any]) -> None:
         cmd = str(req.get("cmd"))
@@ -104,7 +115,7 @@ class Handlers:
         handler(conn, req)
 
     def cmd_ping(self, conn: Connection, req: dict[str, Any]) -> None:
-        conn.reply({"ok": True, "pid": self.pid})
+        conn.reply({"ok": True, "pid": self.master.pid})
 
     def cmd_status(self, conn: Connection, req: dict[str, Any]) -> None:
         conn.reply({"ok": True, **self.status()})
@@ -115,14 +126,15 @@ class Handlers:
     def cmd_diff(self, conn: Connection, req: dict[str, Any]) -> None:
         """What `reload` would change now (reload --dry-run); changes nothing."""
         try:
-            new = config_mod.load(self.config.path)
+            new = config_mod.load(self.master.config.path)
         except ConfigError as exc:
             conn.reply({"ok": False, "error": str(exc), "detail": exc.as_dict()})
             return
-        d = diff(self.config, new)
+        d = diff(self.master.config, new)
         actions = d.actions()
-        for name, role in self.roles.items():
-            target = new.roles_by_name.get(name)
+        targets = wanted(new)
+        for name, role in self.master.roles.items():
+            target = targets[name][1] if name in targets else None
             if role.override is not None and target is not None:  # `scale` holds it, not the config
                 kept = [a for a in actions.get(name, []) if not a.startswith("resize ")]
                 if role.override != target.processes:
@@ -137,77 +149,82 @@ class Handlers:
         self.scale(conn, str(req.get("role")), req.get("processes"))
 
     def cmd_stop(self, conn: Connection, req: dict[str, Any]) -> None:
-        conn.reply({"ok": True, "pid": self.pid, "stopping": True})
-        self.begin_stop("stop command")
+        conn.reply({"ok": True, "pid": self.master.pid, "stopping": True})
+        self.master.begin_stop("stop command")
 
     # --- reload and scale ---------------------------------------------------------------------
 
     def reload(self, conn: Connection | None, *, source: str) -> None:
         now = time.monotonic()
-        if self.stopping:
+        if self.master.stopping:
             if conn:
                 conn.reply({"ok": False, "error": "the supervisor is stopping"})
             return
-        text = self._read_text()
+        text = read_text(self.master.config.path)
         try:
-            new = config_mod.load(self.config.path)
+            new = config_mod.load(self.master.config.path)
         except ConfigError as exc:
             log.error("reload (%s) rejected, still running the previous config: %s", source, exc)
             if conn:
                 conn.reply({"ok": False, "error": str(exc), "detail": exc.as_dict()})
             return
         self.config_text = text
-        self.notifier.reloading()
-        d = diff(self.config, new)
+        self.master.notifier.reloading()
+        d = diff(self.master.config, new)
         changes = self._changes(new, d)
         log.info("reload (%s): %s", source, "; ".join(changes))
         self._apply(new, d)
         self.reloads += 1
         self.waiters.append(Waiter(conn, "reload", changes, now))
 
+    def reload_if_changed(self, source: str) -> None:
+        """Reload if the file's text is not what the last reload (or the start) read."""
+        if read_text(self.master.config.path) != self.config_text:
+            self.reload(None, source=source)
+
     def _changes(self, new: Config, d: Diff) -> list[str]:
         """What applying ``d`` does, one line each, including `scale` overrides it clears."""
         changes = [] if d.empty else d.lines()
-        for name, role in self.roles.items():
-            target = new.roles_by_name.get(name)
+        targets = wanted(new)
+        for name, role in self.master.roles.items():
+            target = targets[name][1] if name in targets else None
             if role.override is not None and target is not None and role.override != target.processes:
                 changes.append(f"{name}: scale {role.override} cleared, back to {target.processes} from the config")
         return changes or ["no changes"]
 
     def _apply(self, new: Config, d: Diff) -> None:
-        old_sup = self.config.supervisor
+        old_sup = self.master.config.supervisor
         # What only a restart can change stays as it is (and was reported).
         new = _replace_config(new, control_socket=old_sup.control_socket, state_dir=old_sup.state_dir,
-                              database=self.config.database)
+                              database=self.master.config.database)
         if (new.supervisor.log_level, new.supervisor.log_json) != (old_sup.log_level, old_sup.log_json):
             configure_logging(new.supervisor.log_level, new.supervisor.log_json)
-        self.config = new
-        self._set_watch(new.supervisor.watch_config)
-        apply_http(self.roles, new, d.http)
+        self.master.config = new
+        self.master.set_watch(new.supervisor.watch_config)
+        roles = self.master.roles
         for name in d.removed:
-            role = self.roles.get(name)
+            role = roles.get(name)
             if role is not None:
                 role.removed = True
                 role.override = None
-        for role_cfg in new.roles:
-            role = self.roles.get(role_cfg.name)
-            settings = WorkerSettings.from_role(new, role_cfg.name)
+        for name, (kind, role_cfg) in wanted(new).items():
+            role = roles.get(name)
             if role is None:
-                self.roles[role_cfg.name] = RoleState(role_cfg, settings)
+                roles[name] = RoleState(role_cfg, kind)
                 continue
-            if role.removed or role_cfg.name in d.rolled:
+            if role.removed or name in d.rolled:
                 role.generation += 1  # every live child is now old: the role is rolled
             role.removed = False
             role.override = None  # `scale` lasts until the next reload
             role.config = role_cfg
-            role.settings = settings
+            role.kind = kind
 
     def scale(self, conn: Connection | None, name: str, processes: Any) -> None:
-        role = self.roles.get(name)
-        if self.stopping:
+        role = self.master.roles.get(name)
+        if self.master.stopping:
             err = "the supervisor is stopping"
         elif role is None or role.removed:
-            err = f"no role {name!r} (roles: {', '.join(sorted(n for n, r in self.roles.items() if not r.removed))})"
+            err = f"no role {name!r} (roles: {', '.join(sorted(n for n, r in self.master.roles.items() if not r.removed))})"
         elif isinstance(processes, bool) or not isinstance(processes, int) or not 0 <= processes <= 1000:
             err = f"processes must be a whole number from 0 to 1000, got {processes!r}"
         else:
@@ -222,15 +239,15 @@ class Handlers:
         log.info("%s", change)
         self.waiters.append(Waiter(conn, "scale", [change], time.monotonic()))
 
-    def _settle(self, now: float) -> None:
-        settled = all(r.converged() or r.crash_looping for r in self.roles.values())
-        if not self.ready_sent and settled and not self.stopping:
+    def settle(self, now: float) -> None:
+        settled = all(r.converged() or r.crash_looping for r in self.master.roles.values())
+        if not self.ready_sent and settled and not self.master.stopping:
             self.ready_sent = True
-            self.notifier.ready(self.status_line())
+            self.master.notifier.ready(self.status_line())
             log.info("ready: %s", self.status_line())
         if not self.waiters or not settled:
             return
-        warnings = [f"{r.name} is crash-looping: {r.last_exit}" for r in self.roles.values() if r.crash_looping]
+        warnings = [f"{r.name} is crash-looping: {r.last_exit}" for r in self.master.roles.values() if r.crash_looping]
         reloaded = any(w.kind == "reload" for w in self.waiters)
         for w in self.waiters:
             result = {"ok": True, "kind": w.kind, "changes": w.changes, "warnings": warnings,
@@ -241,14 +258,14 @@ class Handlers:
                 w.conn.reply(result)
         self.waiters.clear()
         if reloaded and self.ready_sent:
-            self.notifier.ready(self.status_line())
+            self.master.notifier.ready(self.status_line())
 
     # --- status and systemd ------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
         roles = []
-        for role in self.roles.values():
+        for role in self.master.roles.values():
             roles.append({
                 "name": role.name,
                 "wanted": role.wanted,
@@ -264,20 +281,20 @@ class Handlers:
                 "processes": [c.snapshot(now, role.generation)
                               for c in sorted(role.children.values(), key=lambda c: (c.slot, c.forked_at))],
             })
-        state = "stopping" if self.stopping else ("reloading" if self.waiters else
+        state = "stopping" if self.master.stopping else ("reloading" if self.waiters else
                                                   ("running" if self.ready_sent else "starting"))
         return {
             "node": node_name(),
-            "pid": self.pid,
+            "pid": self.master.pid,
             "state": state,
-            "uptime": round(now - self.started, 1),
-            "rss": self._rss(),
-            "config": str(self.config.path),
-            "control_socket": str(self.config.supervisor.control_socket),
-            "database": db.redact(self.url),
-            "pooled": self.database.pooled,
+            "uptime": round(now - self.master.started, 1),
+            "rss": self.master.rss(),
+            "config": str(self.master.config.path),
+            "control_socket": str(self.master.config.supervisor.control_socket),
+            "database": db.redact(self.master.database.url),
+            "pooled": self.master.database.pooled,
             # One LISTEN connection for the host, relayed to the children; else they poll.
-            "wakeups": "relayed" if self.relay is not None else "polling",
+            "wakeups": "relayed" if self.master.relay is not None else "polling",
             "reloads": self.reloads,
             "last_reload": self.last_reload,
             "roles": roles,
@@ -285,7 +302,7 @@ class Handlers:
 
     def status_line(self) -> str:
         parts = []
-        for role in self.roles.values():
+        for role in self.master.roles.values():
             part = f"{role.name} {len(role.ready_current())}/{role.wanted}"
             if role.crash_looping:
                 part += " crash-looping"
@@ -293,9 +310,14 @@ class Handlers:
         return ", ".join(parts) or "no roles"
 
 
+def read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
 
 def _replace_config(cfg: Config, *, control_socket, state_dir, database) -> Config:
-
     return replace(cfg, database=database,
                    supervisor=replace(cfg.supervisor, control_socket=control_socket, state_dir=state_dir))
 

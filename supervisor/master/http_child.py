@@ -1,11 +1,12 @@
-"""The HTTP child: one more supervised child, run like a role of one process.
+"""The HTTP kind of child: the role ``http``, one process, when the config has an
+``http:`` section.
 
-The master keeps it in its book as the pseudo-role ``http`` (so `status` shows it,
-a crash is restarted with the role's backoff, and a reload that changes ``http:``
-rolls it), but forks it with ``HttpBootstrap`` instead of a worker. The master
-never imports the HTTP package: the child imports the server factory by its
-dotted path (``SERVER_FACTORY``), after the fork, so the master process never
-loads Starlette or uvicorn and never serves or waits on HTTP.
+The master supervises it as it does a worker role (`status` shows it, a crash is
+restarted with the role's backoff, a reload that changes what it reads rolls it:
+the new child listens beside the old one, SO_REUSEPORT, until that one has
+drained). The master never imports the HTTP package: the child imports the server
+factory by its dotted path (``SERVER_FACTORY``), after the fork, so the master
+process never loads Starlette or uvicorn and never serves or waits on HTTP.
 """
 
 from __future__ import annotations
@@ -17,44 +18,41 @@ from typing import Any
 
 import psutil
 
-from .. import exit_codes
+from .. import apps, exit_codes
 from ..config import Config, HttpConfig, RoleConfig
-from ..worker.settings import WorkerSettings
+from .beats import Activity, Beat, Ready
 from .bootstrap import Bootstrap, ChildSpec
-from .children import RoleState
 
 HTTP_ROLE = "http"
 SERVER_FACTORY = "supervisor.http.server:build"
 SHUTDOWN_TIMEOUT = 5.0  # seconds for open requests to finish before the child is killed
+HTTP_FIELDS = ("host", "port", "token", "read_only", "tokens")  # of HttpConfig; a change rolls the child
 
 
-def http_role_state(cfg: Config) -> RoleState | None:
-    """The pseudo-role for the config's `http:` section (None when it has none)."""
-    if cfg.http is None:
-        return None
-    role = RoleConfig(name=HTTP_ROLE, queues=(), actors=(), processes=1, threads=1,
-                      shutdown_timeout=SHUTDOWN_TIMEOUT)
-    return RoleState(role, WorkerSettings(queues=(), actors=(), role=HTTP_ROLE, threads=1), http=cfg.http)
+class HttpKind:
+    """The HTTP server. Its dashboard LISTENs for itself: no relayed NOTIFY pipe."""
 
+    name = "http"
+    relayed_wakeups = False
 
-def apply_http(roles: dict[str, RoleState], new: Config, change: str | None) -> None:
-    """A reload's ``Diff.http``: start, roll (a new child listens beside the old one
-    until it has drained), or drain the HTTP child."""
-    role = roles.get(HTTP_ROLE)
-    if change is None:
-        return
-    if new.http is None:
-        if role is not None:
-            role.removed = True
-        return
-    if role is None:
-        fresh = http_role_state(new)
-        assert fresh is not None
-        roles[HTTP_ROLE] = fresh
-        return
-    role.generation += 1
-    role.removed = False
-    role.http = new.http
+    def roles(self, cfg: Config) -> dict[str, RoleConfig]:
+        if cfg.http is None:
+            return {}
+        return {HTTP_ROLE: RoleConfig(name=HTTP_ROLE, queues=(), actors=(), processes=1, threads=1,
+                                      shutdown_timeout=SHUTDOWN_TIMEOUT)}
+
+    def changed(self, old: Config, new: Config) -> list[str]:
+        """It reads the http section, lists the schedules, and shows the pages of the apps in use."""
+        out = [f for f in HTTP_FIELDS if getattr(old.http, f, None) != getattr(new.http, f, None)]
+        if old.schedules != new.schedules:
+            out.append("schedules")
+        if {a.name for a in apps.used_by(old)} != {a.name for a in apps.used_by(new)}:
+            out.append("apps")
+        return out
+
+    def bootstrap(self, spec: ChildSpec, close_fds: list[int], cfg: Config) -> Bootstrap:
+        assert cfg.http is not None, "an http child without an http section"
+        return HttpBootstrap(spec, close_fds, http=cfg.http, config=cfg)
 
 
 class HttpBootstrap(Bootstrap):
@@ -97,6 +95,6 @@ class HttpBootstrap(Bootstrap):
                 if not self.server.started:
                     continue
                 ready = True
-                self.beacon.send("ready", owner=self.owner_for(os.getpid()))
-            self.beacon.send("beat", state="running", rss=proc.memory_info().rss,
-                             cpu=round(proc.cpu_percent(None), 1), in_flight=0, done=0, paused=None)
+                self.beacon.send(Ready(owner=self.owner_for(os.getpid())))
+            self.beacon.send(Beat(state=Activity.RUNNING, rss=proc.memory_info().rss,
+                                  cpu=round(proc.cpu_percent(None), 1), in_flight=0, done=0, paused=None))

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import apps
 from ..config import Config
+from .kinds import KINDS, wanted
 
 # Supervisor settings the master picks up on reload; the rest need a restart.
 LIVE_SUPERVISOR_KEYS = ("shutdown_timeout", "watch_config", "tick", "log_level", "log_json", "kill_grace",
@@ -25,13 +25,12 @@ class Diff:
     resized: dict[str, tuple[int, int]] = field(default_factory=dict)
     rolled: dict[str, list[str]] = field(default_factory=dict)  # role -> what changed
     supervisor: list[str] = field(default_factory=list)
-    http: str | None = None  # what a reload does to the HTTP child
     needs_restart: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
         return not (self.added or self.removed or self.resized or self.rolled or self.supervisor
-                    or self.http or self.needs_restart)
+                    or self.needs_restart)
 
     def lines(self) -> list[str]:
         out = [f"{name}: added" for name in self.added]
@@ -41,11 +40,8 @@ class Diff:
         for name, (a, b) in self.resized.items():
             out.append(f"{name}: resized {a} -> {b}")
         out += self.supervisor
-        if self.http:
-            out.append(f"http: {self.http}")
         out += [f"{what}: changed, but only a restart applies it" for what in self.needs_restart]
         return out or ["no changes"]
-
 
     def actions(self) -> dict[str, list[str]]:
         """Per role, what a reload does to it: start, drain, roll (with why), resize."""
@@ -67,42 +63,24 @@ def _show(value) -> str:
     return str(value)
 
 
-def _http_change(old: Config, new: Config) -> str | None:
-    """What a reload does to the HTTP child: started, stopped, rolled (it reads the
-    http section, lists the schedules, and shows the pages of the apps in use), or nothing."""
-    if old.http is None or new.http is None:
-        return None if old.http == new.http else ("started" if old.http is None else "stopped")
-    changed = [f for f in ("host", "port", "token", "read_only", "tokens") if getattr(old.http, f) != getattr(new.http, f)]
-    if old.schedules != new.schedules:
-        changed.append("schedules")
-    if {a.name for a in apps.used_by(old)} != {a.name for a in apps.used_by(new)}:
-        changed.append("apps")
-    return f"rolled ({', '.join(changed)})" if changed else None
-
-
 def diff(old: Config, new: Config) -> Diff:
     d = Diff()
-    old_roles, new_roles = old.roles_by_name, new.roles_by_name
-    everywhere = []
-    if old.schedules != new.schedules:
-        everywhere.append("schedules")
-    if old.retention != new.retention:
-        everywhere.append("retention")
-    for name in sorted(set(old.app_settings) | set(new.app_settings)):
-        if old.app_settings.get(name) != new.app_settings.get(name):
-            everywhere.append(name)  # apps read their sections at boot
-    for name, role in new_roles.items():
-        before = old_roles.get(name)
-        if before is None:
+    old_roles, new_roles = wanted(old), wanted(new)
+    changed = {kind.name: kind.changed(old, new) for kind in KINDS}
+    for name, (kind, role) in new_roles.items():
+        if name not in old_roles:
             d.added.append(name)
             continue
-        changed = [f for f in before.differences(role) if f != "processes"]
-        what = [f"{f} {_show(getattr(before, f))} -> {_show(getattr(role, f))}" for f in changed if f != "limits"]
-        if "limits" in changed:
-            what.append("limits")
-        what += everywhere
-        if what:
-            d.rolled[name] = what
+        was, before = old_roles[name]
+        if was is not kind:
+            d.rolled[name] = [f"kind {was.name} -> {kind.name}"]
+        else:
+            fields = [f for f in before.differences(role) if f != "processes"]
+            what = [f"{f} {_show(getattr(before, f))} -> {_show(getattr(role, f))}" for f in fields if f != "limits"]
+            if "limits" in fields:
+                what.append("limits")
+            if what + changed[kind.name]:
+                d.rolled[name] = what + changed[kind.name]
         if before.processes != role.processes:
             d.resized[name] = (before.processes, role.processes)
     d.removed = [name for name in old_roles if name not in new_roles]
@@ -113,7 +91,6 @@ def diff(old: Config, new: Config) -> Diff:
     for key in RESTART_SUPERVISOR_KEYS:
         if getattr(old.supervisor, key) != getattr(new.supervisor, key):
             d.needs_restart.append(f"supervisor.{key}")
-    d.http = _http_change(old, new)
     for key in ("url", "listen_url", "pooled"):
         if getattr(old.database, key) != getattr(new.database, key):
             d.needs_restart.append(f"database.{key}")
