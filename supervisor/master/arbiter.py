@@ -190,7 +190,7 @@ class Arbiter(Handlers):
                     timeout = min(timeout, c.kill_at - now)
         return max(timeout, 0.005)
 
-    def _on_wake(self, key) -> None:
+    def _on_wake(self, key: selectors.SelectorKey) -> None:
         try:
             data = os.read(self._wake_r, 65536)
         except BlockingIOError:

@@ -18,7 +18,9 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from .. import exit_codes
 from ..config import Limits
@@ -55,12 +57,12 @@ class Beacon:
     """The child's end of the beat pipe. Writes never block: a full pipe (the
     master is busy) drops a beat; a broken pipe means the master is gone."""
 
-    def __init__(self, fd: int, on_master_gone) -> None:
+    def __init__(self, fd: int, on_master_gone: Callable[[str], None]) -> None:
         self.fd = fd
         self.on_master_gone = on_master_gone
         os.set_blocking(fd, False)
 
-    def send(self, event: str, **fields) -> None:
+    def send(self, event: str, **fields: Any) -> None:
         line = json.dumps({"e": event, **fields}, separators=(",", ":")).encode() + b"\n"
         try:
             os.write(self.fd, line)  # under PIPE_BUF, so the master never sees half a line

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import exit_codes
 from ..config import HttpConfig, RoleConfig
@@ -73,7 +74,7 @@ class Child:
     def stopping(self) -> bool:
         return self.term_at is not None
 
-    def feed(self, data: bytes, now: float) -> list[dict]:
+    def feed(self, data: bytes, now: float) -> list[dict[str, Any]]:
         """Beat-pipe bytes in, complete events out; updates what the beats say."""
         self.buffer += data
         *lines, self.buffer = self.buffer.split(b"\n")
@@ -102,7 +103,7 @@ class Child:
             events.append(event)
         return events
 
-    def snapshot(self, now: float, current_generation: int) -> dict:
+    def snapshot(self, now: float, current_generation: int) -> dict[str, Any]:
         return {
             "pid": self.pid,
             "slot": self.slot,

@@ -10,11 +10,12 @@ import logging
 import selectors
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from .. import config as config_mod
 from .. import db
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, DatabaseConfig
 from ..control import Connection, ControlServer
 from ..identity import node_name
 from ..logs import configure_logging
@@ -294,7 +295,8 @@ class Handlers:
 
 
 
-def _replace_config(cfg: Config, *, control_socket, state_dir, database) -> Config:
+def _replace_config(cfg: Config, *, control_socket: Path, state_dir: Path | None,
+                    database: DatabaseConfig) -> Config:
 
     return replace(cfg, database=database,
                    supervisor=replace(cfg.supervisor, control_socket=control_socket, state_dir=state_dir))
