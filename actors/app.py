@@ -6,13 +6,24 @@ only when a worker imports an actor module or the CLI asks for the commands.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from supervisor.apps import App
+from supervisor.apps import App, Gauge, Page
 from supervisor.migrate import sql_dir
 
+if TYPE_CHECKING:
+    import click
+    import psycopg
+    from psycopg_pool import ConnectionPool
+    from starlette.routing import Route
 
-def _parse_pipeline(reader: Any, item: Any) -> Any:
+    from supervisor.config.reader import Item, Reader
+
+# Each hook imports its module when called (the hooks are documented in supervisor.apps).
+
+
+def _parse_pipeline(reader: Reader, item: Item) -> Mapping[str, Any]:
     # The config schema pulls in the YAML reader and the catalog: only a process
     # that reads a config needs them, not every worker that looks up its apps.
     from .config import parse_pipeline
@@ -20,37 +31,37 @@ def _parse_pipeline(reader: Any, item: Any) -> Any:
     return parse_pipeline(reader, item)
 
 
-def _commands() -> list[Any]:
+def _commands() -> list[click.Command]:
     from .cli import commands
 
     return commands()
 
 
-def _on_worker_start(pool: Any) -> None:
+def _on_worker_start(pool: ConnectionPool) -> None:
     from .boot import on_worker_start
 
     on_worker_start(pool)
 
 
-def _gauges(conn: Any) -> Any:
+def _gauges(conn: psycopg.Connection) -> Iterable[Gauge]:
     from .metrics import gauges
 
     return gauges(conn)
 
 
-def _state(conn: Any) -> Any:
+def _state(conn: psycopg.Connection) -> Mapping[str, Any]:
     from .tracker import system_state
 
     return system_state(conn)
 
 
-def _routes() -> list[Any]:
+def _routes() -> list[Route]:
     from .api import routes
 
     return routes()
 
 
-def _pages() -> list[Any]:
+def _pages() -> list[Page]:
     from .dashboard import pages
 
     return pages()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from supervisor import runtime
+from psycopg_pool import ConnectionPool
+
+from supervisor import db, runtime
 
 from . import catalog
 from .queries import state as sql
@@ -19,7 +21,7 @@ EMPTY_HINT = ("no watches yet: add one with `supervisor sources add NAME --searc
               "or try `supervisor demo`")
 
 
-def on_worker_start(pool) -> None:
+def on_worker_start(pool: ConnectionPool) -> None:
     with pool.connection() as conn:
         report = catalog.sync(conn, runtime.section(SECTION))
         for error in report.errors:
@@ -27,6 +29,6 @@ def on_worker_start(pool) -> None:
         if report.created or report.updated:
             log.info("config sync: %s", report.line())
         # One line for the whole fleet (every worker starts at once), at most every 10 minutes.
-        if conn.execute(sql.WATCH_COUNT).fetchone()[0] == 0 and conn.execute(
+        if db.one(conn.execute(sql.WATCH_COUNT)) == 0 and conn.execute(
                 sql.TAKE_NOTICE, {"name": "no-watches", "every_s": 600}).fetchone():
             log.warning(EMPTY_HINT)

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from supervisor import db
-from supervisor.http.dashboard.extension import Page, Table
+from supervisor.apps import Page, Table
 
 from . import settings
 from .queries import notifications, pipeline, sources

@@ -112,7 +112,7 @@ class WorkerPool:
     module: str = "supervisor.cli"
     prefetch: int | None = None  # rows a process may hold claimed (default: paced)
     # The per-job log line (on by default in production) is off here: the bench measures
-    # the broker; BENCH_JOB_LOG=1 measures with it (it costs ~40 % of no-op throughput).
+    # the broker; BENCH_JOB_LOG=1 measures with it (its cost: README.md, "The per-job log line").
     job_log: bool = os.environ.get("BENCH_JOB_LOG") == "1"
     env: dict[str, str] = field(default_factory=dict)
     procs: list[subprocess.Popen] = field(default_factory=list)

@@ -58,7 +58,7 @@ def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
 WAITS = ("wait_p50_s", "wait_p95_s", "wait_p99_s")
 
 
-def queue_capacity(conn: psycopg.Connection, *, waits: bool = True) -> list[dict]:
+def queue_capacity(conn: psycopg.Connection, *, waits: bool = True) -> list[dict[str, Any]]:
     """v_queue_capacity: per queue counts, throughput and workers needed to drain; with
     ``waits``, also the start waits of the last hour's jobs, p50 / p95 / p99 (WAITS, None
     for a queue that finished none). /metrics leaves them out: they sort an hour of rows."""
@@ -106,7 +106,7 @@ class JobFilter:
 
 @dataclass(frozen=True)
 class JobsPage:
-    rows: list[dict]
+    rows: list[dict[str, Any]]
     # Where the next page starts (created_at, id), None when there is none. After a search
     # whose window ended before the page filled: the window's last row (older ones unread).
     after: tuple[datetime, str] | None
@@ -173,16 +173,16 @@ def counts_by_queue_and_status(conn: psycopg.Connection) -> list[tuple[str, str,
     return [(q, s, n) for q, s, n in conn.execute(reads.COUNT_BY_QUEUE_AND_STATUS).fetchall()]
 
 
-def workers(conn: psycopg.Connection) -> list[dict]:
+def workers(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """The `workers` registry: live processes and those stopped in the last hour."""
     return db.dicts(conn, registry.LIST)
 
 
-def schedule_state(conn: psycopg.Connection, *, runs: int) -> tuple[dict[str, dict], dict[str, list[dict]]]:
+def schedule_state(conn: psycopg.Connection, *, runs: int) -> tuple[dict[str, dict[str, Any]], dict[str, list[dict[str, Any]]]]:
     """Per schedule: its lock row (last fire) and its ``runs`` most recent runs."""
     with conn.cursor(row_factory=dict_row) as cur:
         locks = {r["job_name"]: r for r in cur.execute(scheduler_sql.LOCKS).fetchall()}
-        recent: dict[str, list[dict]] = {}
+        recent: dict[str, list[dict[str, Any]]] = {}
         for r in cur.execute(scheduler_sql.RECENT_RUNS, {"per_schedule": runs}).fetchall():
             recent.setdefault(r["job_name"], []).append(r)
     return locks, recent
@@ -199,21 +199,21 @@ def resume_queue(conn: psycopg.Connection, queue: str) -> bool:
     return conn.execute(sql.RESUME_QUEUE, {"queue": queue}).fetchone() is not None
 
 
-def paused_queues(conn: psycopg.Connection) -> list[dict]:
+def paused_queues(conn: psycopg.Connection) -> list[dict[str, Any]]:
     return db.dicts(conn, sql.PAUSED_QUEUES)
 
 
-def schedule_history(conn: psycopg.Connection, name: str, limit: int = 20) -> list[dict]:
+def schedule_history(conn: psycopg.Connection, name: str, limit: int = 20) -> list[dict[str, Any]]:
     """The most recent runs of one schedule, newest first."""
     return db.dicts(conn, scheduler_sql.HISTORY, {"name": name, "limit": limit})
 
 
-def latest_runs(conn: psycopg.Connection) -> list[dict]:
+def latest_runs(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """The latest run of every schedule."""
     return db.dicts(conn, scheduler_sql.LATEST_RUNS)
 
 
-def masters(conn: psycopg.Connection) -> list[dict]:
+def masters(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """Every master's registry row, freshest first, with ``beat_age`` in seconds."""
     return db.dicts(conn, registry.MASTERS)
 

@@ -62,7 +62,8 @@ def request(path: str | Path, message: dict[str, Any], *, timeout: float = 10.0)
     if not data.strip():
         raise ControlError("the supervisor closed the connection without an answer")
     try:
-        return json.loads(data)
+        answer: dict[str, Any] = json.loads(data)
+        return answer
     except json.JSONDecodeError as exc:
         raise ControlError(f"bad answer from the supervisor: {data[:200]!r}") from exc
 

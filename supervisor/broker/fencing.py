@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import ClassVar
 
 from dramatiq.middleware import Middleware
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
@@ -22,6 +23,7 @@ from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 from . import threads
 from .leases import Hold, Leases
 from .message import PgMessageProxy
+from .order import Last, Placement
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +43,14 @@ _REASONS: dict[type[Interrupt], str] = {LeaseLost: "lease lost", JobCancelled: "
 class Fence(Middleware):
     """Maps running jobs to their threads and interrupts the ones to stop.
 
-    Put it last in the middleware list: its ``after_process_message`` then runs
-    first, so once the actor has returned no interrupt can land in the outcome
-    writes. A job stopped before it started (prefetched) is stopped in
-    ``before_process_message`` instead, and never runs.
+    Last in the middleware list (``placement``, checked at worker start). A job stopped
+    before it started (prefetched) is stopped in ``before_process_message`` instead, and
+    never runs.
     """
+
+    placement: ClassVar[Placement] = Last(
+        "its after_process_message runs first: once the actor has returned, no interrupt can land "
+        "in another middleware's after hooks, where the outcome is written")
 
     def __init__(self, leases: Leases, *, interval: float = 0.05) -> None:
         self.leases = leases

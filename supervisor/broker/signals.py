@@ -18,7 +18,7 @@ from typing import Any
 from dramatiq.middleware import Middleware, MiddlewareError
 
 
-def _handles(middleware: Middleware, name: str) -> bool:
+def handles(middleware: Middleware, name: str) -> bool:
     """False only for Middleware's own empty hook, neither overridden nor set on the instance."""
     if name in vars(middleware):
         return True
@@ -74,7 +74,7 @@ class Signals:
         hooks = middleware.hooks.get(name)
         if hooks is None:
             ordered = reversed(middleware) if reverse else middleware
-            hooks = middleware.hooks[name] = [m for m in ordered if _handles(m, name)]
+            hooks = middleware.hooks[name] = [m for m in ordered if handles(m, name)]
         return hooks
 
     def emit_before(self, signal: str, *args: Any, **kwargs: Any) -> None:

@@ -32,8 +32,9 @@ MAX_DELAY_SECONDS = 10 * 365 * 86400.0  # ten years: further than any real sched
 @click.option("--max-retries", type=click.IntRange(min=0, max=1_000_000), default=None)
 @json_option
 @click.pass_context
-def enqueue(ctx, actor, queue, args_json, kwargs_json, delay, priority, dedupe_key, concurrency_key,
-            max_retries, as_json) -> None:
+def enqueue(ctx: click.Context, actor: str, queue: str, args_json: str, kwargs_json: str, delay: float,
+            priority: int | None, dedupe_key: str | None, concurrency_key: str | None, max_retries: int | None,
+            as_json: bool) -> None:
     """Enqueue one job for ACTOR (its module need not be importable here)."""
     from dramatiq.message import Message
 
@@ -89,8 +90,9 @@ def jobs() -> None:
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1, max=100_000))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def jobs_list(ctx, status, queue, actor, job_id, dedupe_key, concurrency_key, match, text, scan_rows, limit,
-              as_json) -> None:
+def jobs_list(ctx: click.Context, status: str | None, queue: str | None, actor: str | None, job_id: str | None,
+              dedupe_key: str | None, concurrency_key: str | None, match: str | None, text: str | None,
+              scan_rows: int, limit: int, as_json: bool) -> None:
     """Most recent jobs first; find one by id prefix, key, or a value inside its arguments."""
     try:
         search = jobsearch.Search.parse({"id": job_id, "dedupe_key": dedupe_key, "concurrency_key": concurrency_key,
@@ -111,7 +113,7 @@ def jobs_list(ctx, status, queue, actor, job_id, dedupe_key, concurrency_key, ma
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def jobs_show(ctx, job_id, as_json) -> None:
+def jobs_show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """One job with its history of state changes and progress reports."""
     job_id = _job_id(job_id)
     with connect(ctx) as conn:

@@ -42,7 +42,7 @@ class OneLineErrors(click.Group):
     """Whatever a command did not turn into a one-line error becomes one here,
     with a meaningful exit code: never a traceback (SUPERVISOR_DEBUG=1 shows it)."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):

@@ -130,8 +130,8 @@ class ScheduleConfig:
     cron: str
     actor: str
     queue: str = "default"
-    args: tuple = field(default=(), hash=False)
-    kwargs: dict = field(default_factory=dict, hash=False)
+    args: tuple[Any, ...] = field(default=(), hash=False)
+    kwargs: dict[str, Any] = field(default_factory=dict, hash=False)
     lock_ttl_seconds: float = defaults.SCHEDULE_LOCK_TTL
 
 

@@ -53,7 +53,7 @@ class Reader:
         )
 
     def interpolate(self, text: str, line: int, key: str) -> str:
-        def sub(m: re.Match) -> str:
+        def sub(m: re.Match[str]) -> str:
             whole = m.group(0)
             if whole == "$$":
                 return "$"
@@ -63,7 +63,8 @@ class Reader:
             value = self.env.get(name)
             op = m.group(2)
             if op == ":-" and not value or op == "-" and value is None:
-                return m.group(3)
+                default: str = m.group(3)
+                return default
             if value is None:
                 raise ConfigError(
                     self.path, line, key,
@@ -218,7 +219,7 @@ class BadItem(ValueError):
         self.item = item
 
 
-def names(pattern: re.Pattern, what: str) -> Callable[[Item], tuple[str, ...]]:
+def names(pattern: re.Pattern[str], what: str) -> Callable[[Item], tuple[str, ...]]:
     def check(item: Item) -> tuple[str, ...]:
         v = item.value
         items = [item] if isinstance(v, str) else v  # a single name is a one-element list

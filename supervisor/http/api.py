@@ -237,7 +237,8 @@ def system_state(request: Request) -> Json:
 # --- actions ------------------------------------------------------------------------------------
 
 
-def _one_job_action(change: Callable[[psycopg.Connection, str], bool], to: str, allowed: str):
+def _one_job_action(change: Callable[[psycopg.Connection, str], bool], to: str,
+                    allowed: str) -> Callable[[Request], Any]:
     @_handles_errors
     def action(request: Request) -> Json:
         job_id = _job_id(request)
@@ -250,7 +251,7 @@ def _one_job_action(change: Callable[[psycopg.Connection, str], bool], to: str, 
     return action
 
 
-def _bulk_action(change: Callable[[psycopg.Connection, str], bool], to: str):
+def _bulk_action(change: Callable[[psycopg.Connection, str], bool], to: str) -> Callable[[Request], Any]:
     @_handles_errors
     async def action(request: Request) -> Json:
         body = await _body(request)

@@ -7,6 +7,7 @@ when the database is away); the POSTs pass the action guard like every action.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -61,7 +62,7 @@ def errors(request: Request) -> Json:
     return Json(found)
 
 
-def _group_action(action: str):
+def _group_action(action: str) -> Callable[[Request], Any]:
     @handles_errors
     async def act(request: Request) -> Json:
         body = await json_body(request)

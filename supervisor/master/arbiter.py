@@ -171,7 +171,7 @@ class Arbiter:
                     timeout = min(timeout, c.stop_order.kill_at - now)
         return max(timeout, 0.005)
 
-    def _on_wake(self, key) -> None:
+    def _on_wake(self, key: selectors.SelectorKey) -> None:
         try:
             data = os.read(self._wake_r, 65536)
         except BlockingIOError:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from .. import config as config_mod
 from .. import db
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, DatabaseConfig
 from ..control import Connection, ControlServer
 from ..identity import node_name
 from ..logs import configure_logging
@@ -317,7 +317,8 @@ def read_text(path: Path) -> str | None:
         return None
 
 
-def _replace_config(cfg: Config, *, control_socket, state_dir, database) -> Config:
+def _replace_config(cfg: Config, *, control_socket: Path, state_dir: Path | None,
+                    database: DatabaseConfig) -> Config:
     return replace(cfg, database=database,
                    supervisor=replace(cfg.supervisor, control_socket=control_socket, state_dir=state_dir))
 

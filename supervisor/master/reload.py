@@ -55,7 +55,7 @@ class Diff:
         return out
 
 
-def _show(value) -> str:
+def _show(value: object) -> str:
     if isinstance(value, tuple):
         return "[" + ", ".join(map(str, value)) + "]"
     if isinstance(value, float):

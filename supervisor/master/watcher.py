@@ -32,7 +32,7 @@ class ConfigWatcher(threading.Thread):
     def run(self) -> None:
         import watchfiles
 
-        def ours(change, changed: str) -> bool:
+        def ours(change: watchfiles.Change, changed: str) -> bool:
             return Path(changed).name == self.path.name
 
         try:

@@ -18,10 +18,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psutil
 
 from ..config import Limits
+
+if TYPE_CHECKING:
+    from ..broker import PostgresBroker
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +69,7 @@ class Guard:
             return f"host CPU {r.cpu_percent:.0f}% >= {lim.cpu_percent:g}%"
         return None
 
-    def check(self, broker, jobs_done: int) -> Reading:
+    def check(self, broker: PostgresBroker, jobs_done: int) -> Reading:
         """Pause or resume claiming, and ask for a recycle once. Returns the reading."""
         r = self.read()
         if self.paused_for is None:

@@ -12,16 +12,22 @@ import logging
 import os
 import threading
 import time
+from typing import Any, ClassVar
 
-from dramatiq.middleware import Middleware
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.middleware import Middleware, Retries
 
 from ..broker import jobfields
+from ..broker.order import Before, Placement
 
 log = logging.getLogger("supervisor.jobs")
 
 
 class JobLog(Middleware):
-    """Added first: its after_* hooks run last, once Retries has chosen the outcome."""
+    """One line per finished job, with the outcome Retries chose."""
+
+    placement: ClassVar[Placement] = Before(
+        Retries, "its after hooks must run after Retries', which chooses the outcome it logs")
 
     def __init__(self, role: str) -> None:
         self.role = role
@@ -29,17 +35,18 @@ class JobLog(Middleware):
         self._started = threading.local()  # a message is processed on one worker thread
         jobfields.collecting = True  # supervisor.log_fields() keeps what actors add from now on
 
-    def before_process_message(self, broker, message) -> None:
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._started.at = time.monotonic()
 
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
         outcome = "succeeded" if exception is None else "failed" if message.failed else "retried"
         self._line(message, outcome, exception)
 
-    def after_skip_message(self, broker, message) -> None:
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self._line(message, "failed" if message.failed else "skipped", None)
 
-    def _line(self, message, outcome: str, exception: BaseException | None) -> None:
+    def _line(self, message: MessageProxy, outcome: str, exception: BaseException | None) -> None:
         started = getattr(self._started, "at", None)
         duration_ms = round((time.monotonic() - started) * 1000, 1) if started is not None else None
         self._started.at = None

@@ -15,10 +15,11 @@ import time
 
 import dramatiq
 from dramatiq import Worker
+from psycopg_pool import ConnectionPool
 
 from .. import apps, backoff, defaults, exit_codes, runtime
-from ..broker import PostgresBroker
-from ..broker.fencing import LeaseLost
+from ..broker import PostgresBroker, order
+from ..broker.fencing import Fence, LeaseLost
 from ..broker.pace import GiveBack, Pace
 from ..db import Database
 from . import liveness, metrics
@@ -50,7 +51,7 @@ def import_actors(modules: tuple[str, ...]) -> None:
             ) from exc
 
 
-def start_apps(actor_modules: tuple[str, ...], pool) -> None:
+def start_apps(actor_modules: tuple[str, ...], pool: ConnectionPool) -> None:
     """Each app's on_worker_start hook (see supervisor.apps.App); a failing hook is logged."""
     for app in apps.in_use(actor_modules):
         if app.on_worker_start is not None:
@@ -104,19 +105,19 @@ class WorkerProcess:
             for m in broker.middleware:
                 if isinstance(m, dramatiq.middleware.TimeLimit):
                     m.time_limit = s.time_limit_ms
-        broker.add_middleware(RunResults())
-        # First in the list: Dramatiq runs after_* hooks in reverse, so it logs the
-        # outcome the Retries middleware settled on (and times the whole run).
-        if s.job_log:
+        # Ahead of the Fence, which stays last (broker/order.py, checked below).
+        broker.add_middleware(RunResults(), before=Fence)
+        if s.job_log:  # first, so it times the whole run (its placement: before Retries)
             broker.add_middleware(JobLog(s.role), before=type(broker.middleware[0]))
         if metrics.enabled():
-            broker.add_middleware(metrics.JobMetrics())
+            broker.add_middleware(metrics.JobMetrics(), before=Fence)
         self.broker = broker
         # Actor modules use @dramatiq.actor, which binds to the global broker at
         # import time: it must be ours before the first import.
         dramatiq.set_broker(broker)
         runtime.configure(app_settings=s.app_settings, worker_id=broker.owner)
         import_actors(s.actors)
+        order.check(broker.middleware)  # after the actor modules, which may add middleware
         for queue in s.queues:
             broker.declare_queue(queue)
         broker.set_capacity(s.capacity)
@@ -266,7 +267,7 @@ def run(settings: WorkerSettings, database: Database, *, owner: str | None = Non
     install_stop_signals(proc.stopping)
     try:
         proc.start()
-    except ActorImportError as exc:
+    except (ActorImportError, order.MiddlewareOrderError) as exc:
         log.error("%s", exc)
         return exit_codes.BAD_ACTORS
     except Exception:

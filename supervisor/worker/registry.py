@@ -112,7 +112,8 @@ class Beat:
 class SelfUsage:
     """This process's RSS and CPU % since the last sample, as psutil.Process gives
     them, read from /proc/self/statm and os.times() where there is /proc: psutil
-    costs a worker ~1 MB of RSS for two numbers a beat (elsewhere it is used)."""
+    costs a worker RSS for two numbers a beat (bench/README.md, "Figures the code's
+    comments cite"); elsewhere it is used."""
 
     _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -202,6 +203,6 @@ class Registration:
         with self.pool.connection(timeout=10) as c:
             c.execute(PRUNE, {"older_than_s": older_than_s})
 
-    def list(self) -> list[tuple]:
+    def list(self) -> list[tuple[Any, ...]]:
         with self.pool.connection(timeout=10) as c:
             return c.execute(LIST).fetchall()

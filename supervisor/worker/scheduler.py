@@ -23,13 +23,15 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
+import psycopg
+from dramatiq.broker import Broker, MessageProxy
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
 from .. import cron, defaults
-from ..broker import threads
+from ..broker import PostgresBroker, threads
 from ..config import ScheduleConfig
 from . import scheduler_sql as sql
 
@@ -48,13 +50,14 @@ def rows_affected(result: Any) -> int | None:
 class RunResults(Middleware):
     """Records what a scheduled job reports (``rows_affected``) on its ``job_runs`` row."""
 
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
         schedule, fire_at = message.options.get("schedule"), message.options.get("scheduled_for")
         rows = rows_affected(result) if exception is None else None
         if not schedule or not fire_at or rows is None:
             return
         try:
-            with broker.pool.connection() as conn:
+            with cast(PostgresBroker, broker).pool.connection() as conn:
                 conn.execute(sql.SET_ROWS_AFFECTED, {"rows": rows, "name": schedule, "fire_at": fire_at})
         except Exception as exc:  # bookkeeping only: the job itself succeeded
             log.warning("schedule %s: could not record rows_affected: %s", schedule, exc)
@@ -63,7 +66,7 @@ class RunResults(Middleware):
 class Scheduler(threading.Thread):
     def __init__(
         self,
-        broker,
+        broker: PostgresBroker,
         schedules: Iterable[ScheduleConfig],
         *,
         holder: str,
@@ -97,7 +100,7 @@ class Scheduler(threading.Thread):
             finally:
                 conn.execute(sql.RELEASE, key)
 
-    def _run(self, conn, schedule: ScheduleConfig, fire_at: datetime) -> str:
+    def _run(self, conn: psycopg.Connection, schedule: ScheduleConfig, fire_at: datetime) -> str:
         row = conn.execute(sql.START_RUN, {"name": schedule.name, "fire_at": fire_at,
                                            "holder": self.holder}).fetchone()
         if row is None:

@@ -36,8 +36,8 @@ class WorkerSettings:
     # Queue -> default priority of a job sent there without one (every role's, from the config).
     queue_priorities: dict[str, int] = field(default_factory=dict, compare=False, hash=False)
 
-    # One log line per finished job (supervisor.jobs logger). It costs a log record per job:
-    # about 40 % of the throughput of no-op jobs, nothing measurable for real work.
+    # One log line per finished job (supervisor.jobs logger). It costs a log record per job,
+    # which shows only on jobs that do nothing (bench/README.md, "The per-job log line").
     job_log: bool = True
 
     @property

@@ -62,7 +62,7 @@ class UpkeepSettings:
     def prune_every(self) -> float:
         """Seconds between prunes: often enough that the shortest retention is
         overshot by a fraction of itself (the table stays flat), at most prune_seconds."""
-        shortest = min(vars(self.retention).values())
+        shortest: float = min(vars(self.retention).values())
         return max(defaults.PRUNE_MIN_SECONDS, min(self.prune_seconds, shortest / defaults.PRUNE_PER_RETENTION))
 
 
@@ -146,8 +146,8 @@ class Upkeep(threading.Thread):
         its own, so no lock is held longer than one batch takes. After each batch it
         waits as long as the batch took: a prune of a busy table (tens of batches) takes
         at most half of one database session's time, and none of its snapshots is
-        open between batches (claims and acks of the moment went 0.5-4 s late behind
-        back-to-back batches, bench/README.md)."""
+        open between batches (back-to-back batches on the broker's connections made claims
+        and acks seconds late: bench/README.md, "Retention off the claim path")."""
         size = self.settings.prune_batch
         total = 0
         while True:
