@@ -51,6 +51,9 @@ class App:
     # Top-level config sections the app owns: name -> parser(reader, item) -> value.
     # The parser validates with the runtime's Section and checkers (file, line, key).
     sections: Mapping[str, Callable[[Any, Any], Any]] = field(default_factory=dict)
+    # Returns, per section, the dataclass whose fields declare its keys
+    # (supervisor.config.keys), for `supervisor config keys` and docs/config-keys.md.
+    section_keys: Callable[[], Mapping[str, type]] | None = None
     # Returns the app's click commands, added to `supervisor ...` (imported only when needed).
     commands: Callable[[], Iterable[Any]] | None = None
     # Called in every worker process that runs the app's actors, once the database

@@ -14,7 +14,7 @@ from supervisor.worker.settings import WorkerSettings
 
 def role_state(processes: int = 2) -> RoleState:
     cfg = RoleConfig(name="r", queues=("q",), actors=("m",), processes=processes)
-    return RoleState(cfg, WorkerSettings(queues=("q",), actors=("m",)))
+    return RoleState(cfg, WorkerSettings(role=cfg))
 
 
 def add(role: RoleState, pid: int, *, ready: bool = True, generation: int | None = None, at: float = 0.0) -> Child:

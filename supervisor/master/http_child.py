@@ -34,7 +34,7 @@ def http_role_state(cfg: Config) -> RoleState | None:
         return None
     role = RoleConfig(name=HTTP_ROLE, queues=(), actors=(), processes=1, threads=1,
                       shutdown_timeout=SHUTDOWN_TIMEOUT)
-    return RoleState(role, WorkerSettings(queues=(), actors=(), role=HTTP_ROLE, threads=1), http=cfg.http)
+    return RoleState(role, WorkerSettings(role=role), http=cfg.http)
 
 
 def apply_http(roles: dict[str, RoleState], new: Config, change: str | None) -> None:

@@ -7,15 +7,18 @@ are reported as needing a restart instead of being half-applied.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from .. import apps
-from ..config import Config
+from ..config import Config, DatabaseConfig, HttpConfig, SupervisorConfig
+from ..config.keys import declared
 
-# Supervisor settings the master picks up on reload; the rest need a restart.
-LIVE_SUPERVISOR_KEYS = ("shutdown_timeout", "watch_config", "tick", "log_level", "log_json", "kill_grace",
-                        "start_timeout", "restart_backoff", "restart_backoff_max")
-RESTART_SUPERVISOR_KEYS = ("control_socket", "state_dir", "node_name")
+# Supervisor settings the master picks up on reload, and those only a restart applies:
+# as each key declares (its `reload`).
+LIVE_SUPERVISOR_KEYS = tuple(k.field for k in declared(SupervisorConfig) if k.reload == "live")
+RESTART_SUPERVISOR_KEYS = tuple(k.field for k in declared(SupervisorConfig) if k.reload == "restart")
+RESTART_DATABASE_KEYS = tuple(k.field for k in declared(DatabaseConfig) if k.reload == "restart")
 
 
 @dataclass
@@ -72,7 +75,7 @@ def _http_change(old: Config, new: Config) -> str | None:
     http section, lists the schedules, and shows the pages of the apps in use), or nothing."""
     if old.http is None or new.http is None:
         return None if old.http == new.http else ("started" if old.http is None else "stopped")
-    changed = [f for f in ("host", "port", "token", "read_only", "tokens") if getattr(old.http, f) != getattr(new.http, f)]
+    changed = [f.name for f in dataclasses.fields(HttpConfig) if getattr(old.http, f.name) != getattr(new.http, f.name)]
     if old.schedules != new.schedules:
         changed.append("schedules")
     if {a.name for a in apps.used_by(old)} != {a.name for a in apps.used_by(new)}:
@@ -114,7 +117,7 @@ def diff(old: Config, new: Config) -> Diff:
         if getattr(old.supervisor, key) != getattr(new.supervisor, key):
             d.needs_restart.append(f"supervisor.{key}")
     d.http = _http_change(old, new)
-    for key in ("url", "listen_url", "pooled"):
+    for key in RESTART_DATABASE_KEYS:
         if getattr(old.database, key) != getattr(new.database, key):
             d.needs_restart.append(f"database.{key}")
     return d
