@@ -31,6 +31,12 @@ def _parse_pipeline(reader: Reader, item: Item) -> Mapping[str, Any]:
     return parse_pipeline(reader, item)
 
 
+def _section_keys() -> dict[str, type]:
+    from .config import Pipeline
+
+    return {"pipeline": Pipeline}
+
+
 def _commands() -> list[click.Command]:
     from .cli import commands
 
@@ -72,6 +78,7 @@ APP = App(
     packages=("actors",),
     migrations=sql_dir("actors"),
     sections={"pipeline": _parse_pipeline},
+    section_keys=_section_keys,
     commands=_commands,
     on_worker_start=_on_worker_start,
     pages=_pages,

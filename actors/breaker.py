@@ -10,10 +10,13 @@ half-open the pause is over but the streak is still at the threshold: one caller
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
+
+from supervisor.config import checks as check
+from supervisor.config.keys import key
 
 from .queries import sources as sql
 
@@ -22,10 +25,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BreakerSettings:
-    threshold: int = 5
-    # Durations: the config gives them in its grammar (see settings.duration).
-    cooldown_seconds: float = field(default=300.0, metadata={"duration": True})
-    probe_seconds: float = field(default=60.0, metadata={"duration": True})
+    threshold: int = key(check.integer(1), "Failures in a row that open a source's breaker.", 5)
+    cooldown_seconds: float = key(check.duration(0), "How long an open breaker defers requests to its source.", 300.0,
+                                  name="cooldown")
+    probe_seconds: float = key(check.duration(0), "Once the cooldown is over, one caller probes the source and "
+                               "the pause moves on by this (the others wait).", 60.0, name="probe")
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,15 @@ or updated, others are left alone unless ``prune`` is asked for.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urlsplit
 
+from supervisor.config import checks as check
+from supervisor.config.checks import Check, Item
+from supervisor.config.keys import key, to_fields
 from supervisor.units import parse_duration
 
 from .queries import pipeline as watch_sql
@@ -120,31 +123,65 @@ def checked(option: str, key: str, value: Any) -> Any:
         raise CatalogError(f"{option} {exc}") from None
 
 
+# The same checks as the config's keys (`pipeline.sources.<source>`, `pipeline.watches.<watch>`).
+
+
+def _text(what: str, fn: Callable[[str], Any]) -> Check[Any]:
+    return Check(what, lambda item: fn(check.string(item)), text=str)
+
+
+def _format(value: str) -> str:
+    if value not in FORMATS:
+        raise ValueError(f"must be one of {', '.join(FORMATS)}, got {value!r}")
+    return value
+
+
+def _threshold(item: Item) -> float:
+    return check_threshold(check.number(0, 1)(item))
+
+
+def _every(item: Item) -> int:
+    return round(check.duration(1)(item))
+
+
+def _price(item: Item) -> int:
+    return price_cents(item.value)
+
+
 # --- rows ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class SourceSpec:
     name: str
-    search_url: str
-    format: str = "auto"
-    rate_limit_per_minute: float = 60.0
-    burst: int = 1
-    daily_quota: int | None = None
-    enabled: bool = True
+    search_url: str = key(_text("URL with {query}", check_search_url), "The search page's URL, {query} standing for "
+                          "the watch's query.", required=True)
+    format: str = key(_text(" | ".join(FORMATS), _format), "How its pages are read (auto: by content type, else sniffed).", "auto")
+    rate_limit_per_minute: float = key(check.number(0.001), "Requests to it per minute, across every host.", 60.0,
+                                       name="rate_per_minute")
+    burst: int = key(check.integer(1), "Requests it may take at once (the token bucket's size).", 1)
+    daily_quota: int | None = key(check.integer(0), "Requests to it per day, across every host.", None, shown="none")
+    enabled: bool = key(check.boolean, "Poll it (false: its watches wait).", True)
 
 
 @dataclass(frozen=True)
 class WatchSpec:
-    query: str
-    source: str
+    query: str = key(check.string, "What to search for.", required=True)
+    source: str = key(check.string, "The source to search (a name under pipeline.sources, or added with "
+                      "`supervisor sources add`).", required=True)
     name: str | None = None
-    target_price_cents: int | None = None
-    deal_threshold: float | None = None
-    webhook_url: str | None = None
-    poll_interval_seconds: int = 3600
-    enabled: bool = True
-    re_alerts: bool | None = None  # None: the config's alerts.re_alerts_enabled
+    target_price_cents: int | None = key(Check("price", _price), "A listing at or under this price is a deal "
+                                         "(excludes deal_threshold).", None, name="target_price")
+    deal_threshold: float | None = key(Check("number 0-1", _threshold), "A listing this fraction under its "
+                                       "baseline is a deal (excludes target_price).", None,
+                                       shown="scoring.deal_threshold")
+    webhook_url: str | None = key(_text("http(s) URL", check_webhook), "Where its alerts are posted (Discord or "
+                                  "JSON).", None, name="webhook", shown="none")
+    poll_interval_seconds: int = key(Check("duration >= 1s", _every, shows=check.duration(1).shows, text=str),
+                                     "How often it is polled.", 3600, name="every")
+    enabled: bool = key(check.boolean, "Poll it.", True)
+    re_alerts: bool | None = key(check.boolean, "A listing may alert again.", None,
+                                 shown="alerts.re_alerts_enabled")
 
     def __post_init__(self) -> None:
         if not self.query.strip():
@@ -263,26 +300,19 @@ def remove_watch(conn, ref: str) -> int:
 # --- the config's declared entries -----------------------------------------------------
 
 
-# Config key -> spec field; a key not given leaves the spec's default.
-SOURCE_KEYS = {"search_url": "search_url", "format": "format", "rate_per_minute": "rate_limit_per_minute",
-               "burst": "burst", "daily_quota": "daily_quota", "enabled": "enabled"}
-WATCH_KEYS = {"source": "source", "query": "query", "target_price": "target_price_cents",
-              "deal_threshold": "deal_threshold", "webhook": "webhook_url", "every": "poll_interval_seconds",
-              "enabled": "enabled", "re_alerts": "re_alerts"}
-
-
 def given(**values: Any) -> dict[str, Any]:
     """Only the values that were given (None: use the spec's default)."""
     return {k: v for k, v in values.items() if v is not None}
 
 
 def declared_sources(section: Mapping[str, Any]) -> list[SourceSpec]:
-    return [SourceSpec(name=name, **{SOURCE_KEYS[k]: v for k, v in entry.items()})
+    # Entries as the config read them (checked): a key not given leaves the spec's default.
+    return [SourceSpec(name=name, **to_fields(SourceSpec, entry))
             for name, entry in (section.get("sources") or {}).items()]
 
 
 def declared_watches(section: Mapping[str, Any]) -> list[WatchSpec]:
-    return [WatchSpec(name=name, **{WATCH_KEYS[k]: round(v) if k == "every" else v for k, v in entry.items()})
+    return [WatchSpec(name=name, **to_fields(WatchSpec, entry))
             for name, entry in (section.get("watches") or {}).items()]
 
 

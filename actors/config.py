@@ -1,80 +1,65 @@
-"""The schema of the config's `pipeline:` section, validated when the config loads
-(file, line and key on every error), with the runtime's checkers and duration grammar.
+"""The config's `pipeline:` section, validated when the config loads (file, line and
+key on every error).
 
-``sources`` and ``watches`` are mappings of name -> entry, checked with the same
-checks as the CLI's (actors/catalog.py) and synced into the database by name at
-every worker's start (so at `supervisor run` and on every reload)."""
+Each key is declared once, on the field that holds it: the settings the actors read
+(actors/settings.py, breaker.py) and the sources and watches the catalog writes
+(actors/catalog.py). ``Pipeline`` only gathers them into the section's shape. What the
+file gives is kept as given (checked and parsed); defaults apply where it is read.
+``sources`` and ``watches`` are mappings of name -> entry, synced into the database by
+name at every worker's start (so at `supervisor run` and on every reload)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from supervisor.config.reader import (
-    Item,
-    Reader,
-    Schema,
-    boolean,
-    duration,
-    integer,
-    mapping,
-    number,
-    string,
-)
+from supervisor.config.keys import declared, section
+from supervisor.config.reader import Item, Reader, read_given
 
 from . import catalog
-
-SCHEMA: Schema = {
-    "http": {"user_agent": string, "timeout": duration(0, strict=True)},
-    "scraping": {"max_inline_wait": duration(0), "min_match_strength": number(0, 1)},
-    "breaker": {"threshold": integer(1), "cooldown": duration(0), "probe": duration(0)},
-    "extraction": {
-        "llm": {
-            "base_url": string,
-            "model": string,
-            "api_key_env": string,
-            "concurrency": integer(1),
-            "rate_per_minute": number(0),
-            "timeout": duration(0, strict=True),
-        },
-    },
-    "scoring": {"deal_threshold": number(0, 1), "min_samples": integer(1), "window_days": integer(1)},
-    "alerts": {"re_alerts_enabled": boolean, "re_alerts_cooldown": duration(0)},
-    "notification": {"timeout": duration(0, strict=True), "resend_unknown": boolean, "username": string},
-    "forecasting": {"horizon_days": integer(1), "min_days": integer(1), "history_days": integer(1),
-                    "level": number(0, 1), "max_range_days": integer(1)},
-    "cache": {"enabled": boolean, "ttl": duration(0)},
-}
+from .breaker import BreakerSettings
+from .catalog import SourceSpec, WatchSpec
+from .settings import (
+    AlertSettings,
+    CacheSettings,
+    ForecastSettings,
+    HttpSettings,
+    LlmSettings,
+    NotificationSettings,
+    ScoringSettings,
+    ScrapingSettings,
+)
 
 
-def _text(check: Callable[[str], Any]) -> Callable[[Item], Any]:
-    return lambda item: check(string(item))
+@dataclass(frozen=True)
+class Extraction:
+    llm: LlmSettings | None = section(LlmSettings, "The model that extracts a listing's attributes (else the "
+                                                   "rules alone).", None)
 
 
-def _format(item: Item) -> str:
-    value = string(item)
-    if value not in catalog.FORMATS:
-        raise ValueError(f"must be one of {', '.join(catalog.FORMATS)}, got {value!r}")
-    return value
+@dataclass(frozen=True)
+class Pipeline:
+    """The shape of `pipeline:` (its keys are the fields of these classes)."""
+
+    http: HttpSettings = section(HttpSettings, "The tracker's HTTP client.", factory=HttpSettings)
+    scraping: ScrapingSettings = section(ScrapingSettings, "Scraping a watch's search.", factory=ScrapingSettings)
+    breaker: BreakerSettings = section(BreakerSettings, "Each source's circuit breaker.", factory=BreakerSettings)
+    extraction: Extraction = section(Extraction, "Reading a listing's attributes.", factory=Extraction)
+    scoring: ScoringSettings = section(ScoringSettings, "Judging a listing against its baseline.",
+                                       factory=ScoringSettings)
+    alerts: AlertSettings = section(AlertSettings, "Alerting again on a listing.", factory=AlertSettings)
+    notification: NotificationSettings = section(NotificationSettings, "Posting alerts to webhooks.",
+                                                 factory=NotificationSettings)
+    forecasting: ForecastSettings = section(ForecastSettings, "Price forecasts.", factory=ForecastSettings)
+    cache: CacheSettings = section(CacheSettings, "The page cache.", factory=CacheSettings)
+    sources: tuple[SourceSpec, ...] = section(SourceSpec, "Sources declared by name (synced at every worker's "
+                                                          "start).", (), named="<source>")
+    watches: tuple[WatchSpec, ...] = section(WatchSpec, "Watches declared by name (synced at every worker's "
+                                                        "start).", (), named="<watch>")
 
 
-SOURCE: Schema = {
-    "search_url": _text(catalog.check_search_url), "format": _format, "rate_per_minute": number(0.001),
-    "burst": integer(1), "daily_quota": integer(0), "enabled": boolean,
-}
-WATCH: Schema = {
-    "source": string, "query": string, "target_price": lambda item: catalog.price_cents(item.value),
-    "deal_threshold": lambda item: catalog.check_threshold(number(0, 1)(item)),
-    "webhook": _text(catalog.check_webhook), "every": duration(1), "enabled": boolean,
-    "re_alerts": boolean,
-}
-NAMED: dict[str, tuple[Schema, tuple[str, ...]]] = {
-    "sources": (SOURCE, ("search_url",)),
-    "watches": (WATCH, ("source", "query")),
-}
-
-
-def _named(reader: Reader, item: Item, schema: Schema, required: tuple[str, ...]) -> dict[str, Any]:
+def _named(reader: Reader, item: Item, cls: type) -> dict[str, Any]:
     if not isinstance(item.value, dict):
         raise reader.error(item, "must be a mapping of name: {...}")
     out: dict[str, Any] = {}
@@ -83,10 +68,7 @@ def _named(reader: Reader, item: Item, schema: Schema, required: tuple[str, ...]
             catalog.check_name(name)
         except ValueError as exc:
             raise reader.error(child, str(exc)) from None
-        entry = mapping(reader, child, schema)
-        for key in required:
-            if key not in entry:
-                raise reader.error(child, "is required", key=f"{child.key}.{key}")
+        entry = read_given(reader, child, cls)
         if "target_price" in entry and "deal_threshold" in entry:
             raise reader.error(child, "target_price and deal_threshold exclude each other: give one")
         out[name] = entry
@@ -94,11 +76,8 @@ def _named(reader: Reader, item: Item, schema: Schema, required: tuple[str, ...]
 
 
 def parse_pipeline(reader: Reader, item: Item) -> dict[str, Any]:
-    value = item.value if isinstance(item.value, dict) else None
-    rest = item if value is None else Item({k: v for k, v in value.items() if k not in NAMED}, item.line, item.key)
-    out = mapping(reader, rest, {**SCHEMA})
-    for key, (schema, required) in NAMED.items():
-        child = value.get(key) if value else None
-        if child is not None and child.value is not None:
-            out[key] = _named(reader, child, schema, required)
-    return out
+    def entries(cls: type) -> Callable[[Item], dict[str, Any]]:
+        return lambda i: _named(reader, i, cls)
+
+    return read_given(reader, item, Pipeline,
+                      {k.name: entries(k.section) for k in declared(Pipeline) if k.named and k.section})

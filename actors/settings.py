@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from supervisor import runtime
-from supervisor.units import parse_duration
+from supervisor.config import checks as check
+from supervisor.config.checks import Item
+from supervisor.config.keys import declared, key
 
 from .breaker import BreakerSettings
 
@@ -21,51 +23,38 @@ DEFAULT_USER_AGENT = "actor-supervisor/0.1 (price tracker; +https://github.com/a
 SECTION = "pipeline"
 
 
-def seconds(value: Any, what: str) -> float:
-    """A duration in the config's grammar (the config validated it already; tests may set raw values)."""
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise ValueError(f"{SECTION}.{what}: {exc}") from None
-
-
 def section(*path: str) -> Mapping[str, Any]:
     node: Any = runtime.section(SECTION)
-    for key in path:
-        node = node.get(key) if isinstance(node, Mapping) else None
+    for name in path:
+        node = node.get(name) if isinstance(node, Mapping) else None
     return node if isinstance(node, Mapping) else {}
 
 
-def duration(default: float) -> Any:
-    """A dataclass field holding seconds, given in the config's duration grammar."""
-    return field(default=default, metadata={"duration": True})
-
-
 T = TypeVar("T")
-_TYPES: dict[str, Any] = {"float": float, "int": int, "bool": bool, "str": str}
 
 
-def _read(cls: type[T], *path: str, keys: Mapping[str, str] | None = None, **fixed: Any) -> T:
-    """Build ``cls`` from the section at ``path``: each field from its key (``keys``
-    renames), else the field's own default, so every default is written once."""
+def _read(cls: type[T], *path: str, **fixed: Any) -> T:
+    """Build ``cls`` from the section at ``path``: each key declared on its fields, checked
+    by its declaration, else the field's own default, so every default is written once.
+    The config checked the values already; the check runs again for values set in code
+    (tests), so every check here takes its own output back unchanged."""
     s = section(*path)
     values: dict[str, Any] = dict(fixed)
-    for f in fields(cls):  # type: ignore[arg-type]
-        key = (keys or {}).get(f.name, f.name)
-        if f.name in fixed or s.get(key) is None:
+    for k in declared(cls):
+        if k.field in fixed or s.get(k.name) is None or k.check is None:
             continue
-        raw = s[key]
-        if f.metadata.get("duration"):
-            values[f.name] = seconds(raw, ".".join((*path, key)))
-        else:
-            values[f.name] = _TYPES.get(str(f.type).split(" ")[0], lambda v: v)(raw)
+        where = ".".join((SECTION, *path, k.name))
+        try:
+            values[k.field] = k.check(Item(s[k.name], 0, where))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     return cls(**values)
 
 
 @dataclass(frozen=True)
 class HttpSettings:
-    user_agent: str = DEFAULT_USER_AGENT
-    timeout: float = duration(15.0)
+    user_agent: str = key(check.string, "The User-Agent of every request.", DEFAULT_USER_AGENT)
+    timeout: float = key(check.duration(0, strict=True), "Longest a request may take.", 15.0)
 
 
 def http() -> HttpSettings:
@@ -74,8 +63,10 @@ def http() -> HttpSettings:
 
 @dataclass(frozen=True)
 class ScrapingSettings:
-    max_inline_wait: float = duration(5.0)  # sleep through rate-limit waits up to this; defer longer ones
-    min_match_strength: float = 0.0
+    max_inline_wait: float = key(check.duration(0), "A scrape sleeps through a source's rate-limit wait up to this; "
+                                 "a longer one defers the job.", 5.0)
+    min_match_strength: float = key(check.number(0, 1), "A listing whose title matches the watch's query less "
+                                    "than this (0-1) is not stored.", 0.0)
 
 
 def scraping() -> ScrapingSettings:
@@ -83,17 +74,19 @@ def scraping() -> ScrapingSettings:
 
 
 def breaker() -> BreakerSettings:
-    return _read(BreakerSettings, "breaker", keys={"cooldown_seconds": "cooldown", "probe_seconds": "probe"})
+    return _read(BreakerSettings, "breaker")
 
 
 @dataclass(frozen=True)
 class LlmSettings:
-    base_url: str
-    model: str
-    api_key: str | None
-    concurrency: int = 2
-    rate_per_minute: float = 60.0
-    timeout: float = duration(30.0)
+    api_key: str | None  # read from the variable api_key_env names, never from the file
+    base_url: str = key(check.string, "An OpenAI-compatible API's base URL; with model, listings are extracted by "
+                        "the model (else by the rules only).", shown="unset: rules only")
+    model: str = key(check.string, "The model's name.", shown="unset: rules only")
+    api_key_env: str | None = key(check.string, "The environment variable holding the API key.", None)
+    concurrency: int = key(check.integer(1), "Requests to the model at once, across every host.", 2)
+    rate_per_minute: float = key(check.number(0), "Requests to the model per minute, across every host.", 60.0)
+    timeout: float = key(check.duration(0, strict=True), "Longest a request to the model may take.", 30.0)
 
 
 def llm() -> LlmSettings | None:
@@ -108,9 +101,10 @@ def llm() -> LlmSettings | None:
 
 @dataclass(frozen=True)
 class ScoringSettings:
-    deal_threshold: float = 0.15  # a deal is this fraction under the baseline median
-    min_samples: int = 5  # a baseline with fewer listings is too cold to judge by
-    window_days: int = 30
+    deal_threshold: float = key(check.number(0, 1), "A listing is a deal this fraction under its baseline's "
+                                "median price (a watch's own target_price or deal_threshold wins).", 0.15)
+    min_samples: int = key(check.integer(1), "A baseline with fewer listings is too cold to judge by.", 5)
+    window_days: int = key(check.integer(1), "Days of prices a baseline is made of.", 30)
 
 
 def scoring() -> ScoringSettings:
@@ -119,8 +113,9 @@ def scoring() -> ScoringSettings:
 
 @dataclass(frozen=True)
 class AlertSettings:
-    re_alerts_enabled: bool = False
-    re_alerts_cooldown: float = duration(24 * 3600.0)
+    re_alerts_enabled: bool = key(check.boolean, "A listing may alert again (a watch's re_alerts wins).", False)
+    re_alerts_cooldown: float = key(check.duration(0), "A listing notified this recently does not alert again.",
+                                    24 * 3600.0)
 
 
 def alerts() -> AlertSettings:
@@ -129,15 +124,16 @@ def alerts() -> AlertSettings:
 
 @dataclass(frozen=True)
 class NotificationSettings:
-    timeout: float = duration(10.0)
+    timeout: float = key(check.duration(0, strict=True), "Longest a webhook request may take.", 10.0)
     # After a worker died mid-request or a response timed out, the webhook may or
     # may not have the message. True (default, decision 6 of the refactor plan: a
     # rare duplicate after a timeout beats a lost alert): retry with backoff, every
     # attempt in the ledger, each carrying the same Idempotency-Key. False (strict):
     # never resend; the alert stays unnotified with an 'unknown' attempt until an
     # operator runs `supervisor alerts resend`.
-    resend_unknown: bool = True
-    username: str = "Price tracker"
+    resend_unknown: bool = key(check.boolean, "Send again, with backoff and the same Idempotency-Key, an alert "
+                               "whose delivery outcome is unknown (false: `supervisor alerts resend` does it).", True)
+    username: str = key(check.string, "The name a Discord webhook posts alerts under.", "Price tracker")
 
 
 def notification() -> NotificationSettings:
@@ -146,11 +142,12 @@ def notification() -> NotificationSettings:
 
 @dataclass(frozen=True)
 class ForecastSettings:
-    horizon_days: int = 14
-    min_days: int = 10
-    history_days: int = 180
-    level: float = 0.95
-    max_range_days: int = 90  # a requested range may end at most this long after the last observed day
+    horizon_days: int = key(check.integer(1), "Days a forecast looks ahead.", 14)
+    min_days: int = key(check.integer(1), "Days of prices a product needs before it is forecast.", 10)
+    history_days: int = key(check.integer(1), "Days of prices a forecast is fitted to.", 180)
+    level: float = key(check.number(0, 1), "The forecast interval's confidence level.", 0.95)
+    max_range_days: int = key(check.integer(1), "A requested range may end at most this long after the last "
+                              "observed day.", 90)
 
 
 def forecasting() -> ForecastSettings:
@@ -159,8 +156,9 @@ def forecasting() -> ForecastSettings:
 
 @dataclass(frozen=True)
 class CacheSettings:
-    enabled: bool = True
-    ttl: float = duration(3600.0)  # a fetched search page is served from the cache this long
+    enabled: bool = key(check.boolean, "Cache fetched search pages in the database, shared by every "
+                        "process (a hit costs the source no request).", True)
+    ttl: float = key(check.duration(0), "How long a fetched page is served from the cache.", 3600.0)
 
 
 def cache() -> CacheSettings:

@@ -185,6 +185,9 @@ class App:
     migrations: Path | None = None
     # The top-level config sections the app owns, by name.
     sections: Mapping[str, SectionParser] = field(default_factory=dict)
+    # Per section, the dataclass whose fields declare its keys (supervisor.config.keys),
+    # for `supervisor config keys` and docs/config-keys.md.
+    section_keys: Callable[[], Mapping[str, type]] | None = None
     commands: Commands | None = None
     on_worker_start: WorkerStart | None = None
     pages: Pages | None = None

@@ -41,6 +41,21 @@ def parse_duration(value: Any) -> float:
     raise ValueError(f"expected a duration like 30s, 5m, 1h, 500ms or a number of seconds, got {value!r}")
 
 
+def format_duration(seconds: float) -> str:
+    """The shortest way the grammar above writes ``seconds``: 500ms, 30s, 5m, 24h, 7d, 1m30s."""
+    if 0 < seconds < 1 and seconds * 1000 == round(seconds * 1000):
+        return f"{seconds * 1000:g}ms"
+    parts, left = [], seconds
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if left >= size:
+            whole = int(left // size)
+            parts.append(f"{whole}{unit}")
+            left -= whole * size
+    if left or not parts:
+        parts.append(f"{left:g}s")
+    return "".join(parts)
+
+
 def parse_size(value: Any) -> int:
     """Bytes from 536870912, '512MB', '1.5GiB', '800M' (units are binary: MB = MiB)."""
     if isinstance(value, bool):

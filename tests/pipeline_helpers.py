@@ -153,19 +153,18 @@ class PipelineWorker(WorkerProc):
 
 
 def _main() -> int:
-    from supervisor.config import ScheduleConfig
+    from supervisor.config import RoleConfig, ScheduleConfig
     from supervisor.logs import configure_logging
     from supervisor.worker.process import run
     from supervisor.worker.settings import WorkerSettings
 
     spec = json.loads(os.environ["PIPELINE_WORKER"])
     configure_logging(os.environ.get("PIPELINE_LOG_LEVEL", "WARNING"))
-    settings = WorkerSettings(
-        queues=tuple(spec["queues"]), actors=tuple(spec["actors"]), role="pipeline-test",
-        threads=spec["threads"], lease_seconds=spec["lease"], heartbeat_seconds=spec["heartbeat"],
-        shutdown_timeout=10.0, poll_interval=0.2, app_settings={"pipeline": spec["pipeline"]},
-        schedules=tuple(ScheduleConfig(**s) for s in spec["schedules"]),
-    )
+    role = RoleConfig(name="pipeline-test", queues=tuple(spec["queues"]), actors=tuple(spec["actors"]),
+                      threads=spec["threads"], lease=spec["lease"], heartbeat=spec["heartbeat"],
+                      shutdown_timeout=10.0, poll_interval=0.2)
+    settings = WorkerSettings(role=role, app_settings={"pipeline": spec["pipeline"]},
+                              schedules=tuple(ScheduleConfig(**s) for s in spec["schedules"]))
     return run(settings, db.resolve(os.environ["DATABASE_URL"], pooled=False))
 
 

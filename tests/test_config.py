@@ -95,11 +95,12 @@ def test_every_role_setting_reaches_worker_settings():
     """)
     s = WorkerSettings.from_role(cfg, "scraping")
     assert isinstance(s, WorkerSettings)
-    assert s == WorkerSettings(
-        queues=("scraping", "slow"), actors=("actors.scraping",), role="scraping", threads=5,
-        prefetch=10, lease_seconds=60.0, heartbeat_seconds=20.0, shutdown_timeout=10.0, max_retries=4,
-        min_backoff_ms=500, max_backoff_ms=3_600_000, time_limit_ms=120_000, schedules=cfg.schedules,
-    )
+    assert s == WorkerSettings(role=config.RoleConfig(
+        name="scraping", queues=("scraping", "slow"), actors=("actors.scraping",), processes=3, threads=5,
+        prefetch=10, lease=60.0, heartbeat=20.0, shutdown_timeout=10.0, max_retries=4,
+        min_backoff=0.5, max_backoff=3600.0, time_limit=120.0,
+        limits=config.Limits(memory_percent=90.0, cpu_percent=95.0, max_rss=512 << 20, max_jobs=1000),
+    ), schedules=cfg.schedules)
     assert s.app_settings == {"pipeline": {"http": {"timeout": 15.0}}}  # validated and parsed at load
     role = cfg.role("scraping")
     assert role.limits == config.Limits(memory_percent=90.0, cpu_percent=95.0, max_rss=512 << 20, max_jobs=1000)
@@ -411,8 +412,8 @@ def test_poll_interval_per_role_reaches_the_worker_settings():
     from supervisor.worker.settings import WorkerSettings
 
     cfg = parse("roles:\n  fast: {queues: [q], actors: [m], poll_interval: 250ms}\n  plain: {queues: [q], actors: [m]}\n")
-    assert WorkerSettings.from_role(cfg, "fast").poll_interval == 0.25
-    assert WorkerSettings.from_role(cfg, "plain").poll_interval == 1.0
+    assert WorkerSettings.from_role(cfg, "fast").role.poll_interval == 0.25
+    assert WorkerSettings.from_role(cfg, "plain").role.poll_interval == 1.0
     with pytest.raises(Exception, match="roles.fast.poll_interval"):
         parse("roles:\n  fast: {queues: [q], actors: [m], poll_interval: 0s}\n")
 

@@ -103,14 +103,16 @@ def test_scheduler_threads_on_two_hosts_fire_each_minute_once(conn, pipeline_bro
 
 
 def test_the_worker_process_runs_the_scheduler_only_with_schedules(database_url, conn, pipeline_broker):
+    from supervisor.config import RoleConfig
     from supervisor.worker.process import WorkerProcess
     from supervisor.worker.settings import WorkerSettings
 
     previous = dramatiq.broker.global_broker
     try:
         for schedules, expected in (((), False), ((POLL,), True)):
-            proc = WorkerProcess(WorkerSettings(queues=("scraping",), actors=("actors.scraping",), threads=1,
-                                                shutdown_timeout=2, schedules=schedules),
+            role = RoleConfig(name="worker", queues=("scraping",), actors=("actors.scraping",), threads=1,
+                              shutdown_timeout=2)
+            proc = WorkerProcess(WorkerSettings(role=role, schedules=schedules),
                                 db.resolve(database_url, pooled=False))
             proc.start()
             try:

@@ -34,7 +34,7 @@ RUNTIME_COMMANDS = {
     "worker": ("worker_cmd", "worker"), "http": ("http_cmd", "http"),
     "enqueue": ("jobs", "enqueue"), "jobs": ("jobs", "jobs"), "runs": ("jobs", "runs"),
     "history": ("jobs", "history"), "queues": ("queues", "queues"), "nodes": ("nodes", "nodes"),
-    "errors": ("errors_cmd", "errors"),
+    "errors": ("errors_cmd", "errors"), "config": ("config_cmd", "config"),
 }
 
 

@@ -1,74 +1,111 @@
-"""`supervisor worker`: one worker process in the foreground."""
+"""`supervisor worker`: one worker process in the foreground.
+
+Its flags are the config's own keys: each role or supervisor key declared with a
+``flag`` (config/model.py) becomes an option here, with the key's docs line as its
+help, checked by the key's own check, and a flag not given takes the key's one default.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
-from .. import apps, db, defaults, exit_codes
-from ..config import Retention
+from .. import apps, db, exit_codes
+from ..config import Retention, RoleConfig, SupervisorConfig
+from ..config import checks as check
+from ..config.keys import Key, declared
 from ..logs import configure_logging
 from ..migrate import migrate
-from .context import Seconds, config_given, config_option, database, die, load_config
+from .context import config_given, config_option, database, die, load_config
+
+F = TypeVar("F", bound=Callable[..., Any])
+# The sections whose keys may have a flag here.
+FLAGGED = (RoleConfig, SupervisorConfig)
+
+
+class KeyValue(click.ParamType):
+    """A flag's word, read as the YAML file would give it and checked by its key's check."""
+
+    def __init__(self, key: Key) -> None:
+        self.key = key
+        self.name = key.kind
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        key_check = self.key.check
+        assert key_check is not None
+        raw = key_check.text(value) if isinstance(key_check, check.Check) and isinstance(value, str) else value
+        try:
+            return key_check(check.Item(raw, 0, self.key.name))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _metavar(k: Key) -> str:
+    if "|" in k.kind:
+        return "[" + k.kind.replace(" ", "") + "]"
+    return "NAME,..." if k.kind.startswith("list of") else k.kind.split()[0].upper()
+
+
+def key_options(f: F) -> F:
+    """An option for every flagged key of FLAGGED, in declaration order. Its default is
+    None, so a flag not given leaves the key's declared default."""
+    for cls in reversed(FLAGGED):
+        for k in reversed(declared(cls)):
+            if not k.flag:
+                continue
+            flag = k.check is check.boolean
+            shown = "" if k.required or flag and not k.default else f"  [default: {k.default_text}]"
+            f = click.option(*k.flag, k.field, type=None if flag else KeyValue(k), is_flag=flag, default=None,
+                             metavar=None if flag else _metavar(k), required=k.required, help=k.doc + shown)(f)
+    return f
+
+
+def given(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The flags of ``cls``'s keys that were given, by field."""
+    return {k.field: values[k.field] for k in declared(cls) if k.flag and values.get(k.field) is not None}
+
+
+def role_of(name: str, flags: dict[str, Any]) -> RoleConfig:
+    """The role the flags describe, the config's defaults for the rest."""
+    role = RoleConfig(name=name, **given(RoleConfig, flags))
+    if role.prefetch is not None and role.prefetch < role.threads:
+        # Here a --prefetch under --threads is rounded up (the config refuses it).
+        role = dataclasses.replace(role, prefetch=role.threads)
+    return role
 
 
 @click.command()
 @config_option
-@click.option("--queues", "-q", required=True, help="Comma-separated queue names to consume.")
-@click.option("--actors", "-a", required=True, help="Comma-separated actor modules to import.")
-@click.option("--threads", "-t", default=defaults.THREADS, show_default=True, type=click.IntRange(min=1))
-@click.option("--prefetch", default=None, type=click.IntRange(min=1),
-              help=f"Rows held claimed at most (default: paced: --threads rows, plus as many as"
-                   f" would wait under {defaults.PREFETCH_WAIT_SECONDS * 1000:g} ms for a thread,"
-                   f" up to {defaults.PREFETCH_PER_THREAD}x threads).")
-@click.option("--role", default="worker", show_default=True, help="Role name recorded in the workers table.")
-@click.option("--shutdown-timeout", default=defaults.SHUTDOWN_TIMEOUT, show_default=True, type=Seconds(min=0),
-              help="Seconds to let running jobs finish on SIGTERM.")
-@click.option("--lease", default=defaults.LEASE_SECONDS, show_default=True, type=Seconds(min=1),
-              help="Lease seconds; renewed by the heartbeat.")
-@click.option("--heartbeat", default=defaults.HEARTBEAT_SECONDS, show_default=True, type=Seconds(min=0.1),
-              help="Heartbeat interval seconds (keep well under --lease).")
-@click.option("--poll-interval", default=defaults.POLL_INTERVAL, show_default=True, type=Seconds(min=0.01),
-              help="Longest wait between claims when no wake-up (NOTIFY) comes.")
+@key_options
+@click.option("--role", "role_name", default="worker", show_default=True, help="Role name recorded in the workers table.")
 @click.option("--no-migrate", is_flag=True, help="Do not apply pending migrations at start.")
-@click.option("--log-level", default="INFO", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Log JSON lines (one object per event, as log_json does).")
-@click.option("--job-log/--no-job-log", default=True, show_default=True,
-              help="One log line per finished job (a log record each: it shows only on jobs that do nothing).")
 @click.pass_context
-def worker(ctx: click.Context, queues: str, actors: str, threads: int, prefetch: int | None, role: str, shutdown_timeout: float,
-           lease: float, heartbeat: float, poll_interval: float, no_migrate: bool, log_level: str, as_json: bool, job_log: bool) -> None:
+def worker(ctx: click.Context, role_name: str, no_migrate: bool, **flags: Any) -> None:
     """Run one worker process until SIGTERM, then drain and exit 0."""
     from ..worker.process import run
     from ..worker.settings import WorkerSettings
 
-    if heartbeat >= lease:
-        die(f"--heartbeat ({heartbeat}s) must be shorter than --lease ({lease}s)", exit_codes.USAGE)
-    configure_logging(log_level.upper(), as_json)
+    role = role_of(role_name, flags)
+    for problem in role.problems():
+        die(f"--{problem.key.replace('_', '-')}: {problem.message}", exit_codes.USAGE)
+    sup = {k.field: k.default for k in declared(SupervisorConfig) if k.flag} | given(SupervisorConfig, flags)
+    configure_logging(sup["log_level"], sup["log_json"])
     chosen = database(ctx)
-    modules = tuple(a.strip() for a in actors.split(",") if a.strip())
     if not no_migrate:
         try:
-            migrate(chosen.url, apps.in_use(modules))
+            migrate(chosen.url, apps.in_use(role.actors))
         except db.DatabaseError as exc:
             die(str(exc), exit_codes.DATABASE)
     settings = WorkerSettings(
-        queues=tuple(q.strip() for q in queues.split(",") if q.strip()),
-        actors=modules,
         role=role,
-        threads=threads,
-        prefetch=max(prefetch, threads) if prefetch else None,
-        lease_seconds=lease,
-        heartbeat_seconds=heartbeat,
-        shutdown_timeout=shutdown_timeout,
-        poll_interval=poll_interval,
-        job_log=job_log,
+        job_log=sup["job_log"],
         # a config file given (-c or $SUPERVISOR_CONFIG) lends its retention (what the upkeep
         # prunes) and its roles' default priorities (of jobs this process sends)
         retention=load_config(ctx).retention if config_given(ctx) else Retention(),
         queue_priorities=load_config(ctx).queue_priorities() if config_given(ctx) else {},
     )
     sys.exit(run(settings, chosen))
-
-

@@ -1,4 +1,5 @@
-"""The YAML config: located reading, section parsers, frozen dataclasses.
+"""The YAML config: frozen dataclasses whose fields declare each key once (keys.py),
+located reading, section parsers.
 
 Every error names the file, the line and the dotted key, because the person
 reading it is editing that file (often through `supervisor reload`).

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import defaults
+from . import checks as check
+from .keys import key, section
 
 # Who may do what, lowest first: each role may do everything the ones before it may.
 # viewer: read; operator: retry, cancel, pause and resume; admin: also scale, schedules, send jobs.
@@ -18,8 +20,10 @@ class HttpToken:
     """One named token (`http.tokens.NAME`): its role and its secret (from the environment)."""
 
     name: str
-    role: str
-    secret: str = field(repr=False)
+    role: str = key(check.one_of(ROLES, "role"), "What it may do: viewer (read), operator (retry, cancel, "
+                    "pause, resume), admin (also scale, schedules, send jobs).", required=True)
+    secret: str = key(None, "The environment variable that holds its secret (never the file).", name="secret_env",
+                      what="environment variable name", required=True, repr=False)
     line: int = field(default=0, compare=False)
 
 
@@ -27,14 +31,13 @@ class HttpToken:
 class HttpConfig:
     """The HTTP child (off unless the config has an `http:` section)."""
 
-    host: str = defaults.HTTP_HOST
+    host: str = key(check.listen, "The address it serves on.", defaults.HTTP_HOST, name="listen",
+                    into=("host", "port"), shown=f"{defaults.HTTP_HOST}:{defaults.HTTP_PORT}")
     port: int = defaults.HTTP_PORT
-    # Actions (every non-GET request) need this token when it is set: an admin named "token".
-    token: str | None = field(default=None, repr=False)
-    # Refuse every action, whatever the token.
-    read_only: bool = False
-    # Named tokens, each with a role (`http.tokens`).
-    tokens: tuple[HttpToken, ...] = ()
+    token: str | None = key(check.secret, "A token every action (every non-GET request) needs: an admin named "
+                            f"{SINGLE_TOKEN_NAME!r}; empty: none.", None, repr=False)
+    read_only: bool = key(check.boolean, "Refuse every action, whatever the token.", False)
+    tokens: tuple[HttpToken, ...] = section(HttpToken, "Named tokens, each with a role.", (), named="<token>")
 
     @property
     def listen(self) -> str:

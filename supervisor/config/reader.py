@@ -1,8 +1,9 @@
-"""The line-keeping YAML reader and the checkers every section parser uses.
+"""The line-keeping YAML reader, and the reading of a mapping by its declared keys.
 
 The node tree from ``yaml.compose`` keeps line numbers that plain ``safe_load``
 throws away, so every error names the file, the line and the dotted key. Apps
-validate their own config sections with the same ``Section`` and checkers.
+validate their own config sections the same way: declare the keys on a dataclass
+(``keys.key``), read them with ``read_fields`` or ``read_given``.
 """
 
 from __future__ import annotations
@@ -10,29 +11,32 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ..units import parse_duration
+from .checks import (
+    MODULE,
+    NAME,
+    BadItem,
+    Check,
+    Item,
+    boolean,
+    duration,
+    integer,
+    kind,
+    names,
+    number,
+    percent,
+    string,
+)
+from .keys import declared, names_of
 from .model import ConfigError
 
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-# --- the located tree -----------------------------------------------------------------
-
-
-@dataclass
-class Item:
-    """A YAML value with where it came from."""
-
-    value: Any  # scalar, dict[str, Item] or list[Item]
-    line: int
-    key: str
-
+# The checkers, re-exported: apps import them from here.
+__all__ = ["MODULE", "NAME", "BadItem", "Check", "Item", "Reader", "Section", "boolean", "duration", "integer",
+           "kind", "names", "number", "percent", "read_fields", "read_given", "string"]
 
 _INTERP = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}|\$\{")
 _STR_TAG = "tag:yaml.org,2002:str"
@@ -149,142 +153,47 @@ class Section:
             raise self.r.error(child, str(exc)) from exc
 
 
-def kind(value: Any) -> str:
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, int | float):
-        return f"a number ({value})"
-    return f"{type(value).__name__} {value!r}"
+Checks = Mapping[str, Callable[[Item], Any]]
+_UNSET = object()
 
 
-def string(item: Item) -> str:
-    if not isinstance(item.value, str) or not item.value.strip():
-        raise ValueError(f"expected a non-empty string, got {kind(item.value)}")
-    return item.value
-
-
-def boolean(item: Item) -> bool:
-    if not isinstance(item.value, bool):
-        raise ValueError(f"expected true or false, got {kind(item.value)}")
-    return item.value
-
-
-def integer(minimum: int) -> Callable[[Item], int]:
-    def check(item: Item) -> int:
-        v = item.value
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"expected a whole number, got {kind(v)}")
-        if v < minimum:
-            raise ValueError(f"must be at least {minimum}, got {v}")
-        return v
-
-    return check
-
-
-def duration(minimum: float = 0.0, *, strict: bool = False) -> Callable[[Item], float]:
-    def check(item: Item) -> float:
-        seconds = parse_duration(item.value)
-        if seconds < minimum or strict and seconds <= minimum:
-            bound = f"more than {minimum:g}s" if strict else f"at least {minimum:g}s"
-            raise ValueError(f"must be {bound}, got {item.value!r}")
-        return seconds
-
-    return check
-
-
-def percent(item: Item) -> float:
-    v = item.value
-    if isinstance(v, str) and v.strip().endswith("%"):
-        v = v.strip()[:-1]
-        try:
-            v = float(v)
-        except ValueError:
-            raise ValueError(f"expected a percentage like 85 or 85%, got {item.value!r}") from None
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ValueError(f"expected a percentage like 85, got {kind(v)}")
-    if not 0 < v <= 100:
-        raise ValueError(f"must be between 0 and 100 (exclusive of 0), got {v}")
-    return float(v)
-
-
-class BadItem(ValueError):
-    """A bad element inside a list: the error points at the element's own line."""
-
-    def __init__(self, item: Item, message: str) -> None:
-        super().__init__(message)
-        self.item = item
-
-
-def names(pattern: re.Pattern[str], what: str) -> Callable[[Item], tuple[str, ...]]:
-    def check(item: Item) -> tuple[str, ...]:
-        v = item.value
-        items = [item] if isinstance(v, str) else v  # a single name is a one-element list
-        if not isinstance(items, list):
-            raise ValueError(f"expected a list of {what}s, got {kind(v)}")
-        if not items:
-            raise ValueError(f"must list at least one {what}")
-        out: list[str] = []
-        for child in items:
-            if not isinstance(child.value, str) or not pattern.match(child.value):
-                raise BadItem(child, f"{kind(child.value)} is not a valid {what}")
-            if child.value in out:
-                raise BadItem(child, f"{child.value!r} is listed twice")
-            out.append(child.value)
-        return tuple(out)
-
-    return check
-
-
-
-
-def plain(reader: Reader, item: Item, *, mapping: bool = False, sequence: bool = False) -> Any:
-    """The located tree back to plain Python values."""
-    v = item.value
-    if mapping and not isinstance(v, dict):
-        raise ValueError(f"expected a mapping, got {kind(v)}")
-    if sequence and not isinstance(v, list):
-        raise ValueError(f"expected a list, got {kind(v)}")
-    if isinstance(v, dict):
-        return {k: plain(reader, c) for k, c in v.items()}
-    if isinstance(v, list):
-        return [plain(reader, c) for c in v]
-    return v
-
-
-def number(minimum: float | None = None, maximum: float | None = None) -> Callable[[Item], float]:
-    def check(item: Item) -> float:
-        v = item.value
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ValueError(f"expected a number, got {kind(v)}")
-        if minimum is not None and v < minimum:
-            raise ValueError(f"must be at least {minimum:g}, got {v}")
-        if maximum is not None and v > maximum:
-            raise ValueError(f"must be at most {maximum:g}, got {v}")
-        return float(v)
-
-    return check
-
-
-# A nested schema: each key maps to a checker or to the schema of a sub-mapping.
-Schema = Mapping[str, Any]
-
-
-def mapping(reader: Reader, item: Item, schema: Schema) -> dict[str, Any]:
-    """Validate a mapping against ``schema``: unknown keys, bad values and wrong
-    kinds are errors naming file, line and key; returns only the keys given."""
-    section = Section(reader, item, tuple(schema))
+def _read(reader: Reader, item: Item, cls: type, checks: Checks | None, *, by_field: bool) -> dict[str, Any]:
+    section = Section(reader, item, names_of(cls))
+    checks = checks or {}
     out: dict[str, Any] = {}
-    for name, check in schema.items():
-        if isinstance(check, Mapping):
-            child = section.map.get(name)
-            if child is not None and child.value is not None:
-                out[name] = mapping(reader, child, check)
+    for k in declared(cls):
+        given = section.map.get(k.name)
+        if k.section is not None and k.name not in checks:
+            assert not k.named, f"{cls.__name__}.{k.field}: its section's parser reads the named entries"
+            if given is not None and given.value is not None:
+                inner = _read(reader, given, k.section, None, by_field=by_field)
+                out[k.field if by_field else k.name] = k.section(**inner) if by_field else inner
+            elif k.required:
+                raise reader.error(item, "is required", key=section.key(k.name))
             continue
-        value = section.get(name, check)
-        if value is not None:
-            out[name] = value
+        check = checks.get(k.name) or k.check
+        assert check is not None, f"{cls.__name__}.{k.field}: its section's parser gives the check"
+        value = section.get(k.name, check, _UNSET, required=k.required)
+        if value is _UNSET:
+            continue
+        if not by_field:
+            out[k.name] = value
+        elif k.into:
+            out.update(zip(k.into, value, strict=True))
+        else:
+            out[k.field] = value
     return out
+
+
+def read_fields(reader: Reader, item: Item, cls: type, checks: Checks | None = None) -> dict[str, Any]:
+    """The keys of dataclass ``cls`` given in mapping ``item``, checked, by field name:
+    ``cls(**read_fields(...))`` takes its own defaults for the rest. Unknown keys and
+    missing required ones are errors. ``checks`` gives (by YAML key) the check of a key
+    that needs the file's context, or reads a named section (a mapping of names) itself."""
+    return _read(reader, item, cls, checks, by_field=True)
+
+
+def read_given(reader: Reader, item: Item, cls: type, checks: Checks | None = None) -> dict[str, Any]:
+    """The same, by YAML key, nested sections as dicts: only what the file gives (an app's
+    section kept as written, its defaults applied where it is read)."""
+    return _read(reader, item, cls, checks, by_field=False)

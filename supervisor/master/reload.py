@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import Config
+from ..config import Config, DatabaseConfig, SupervisorConfig
+from ..config.keys import declared
 from .kinds import KINDS, wanted
 
-# Supervisor settings the master picks up on reload; the rest need a restart.
-LIVE_SUPERVISOR_KEYS = ("shutdown_timeout", "watch_config", "tick", "log_level", "log_json", "kill_grace",
-                        "start_timeout", "restart_backoff", "restart_backoff_max")
-RESTART_SUPERVISOR_KEYS = ("control_socket", "state_dir", "node_name")
+# Supervisor settings the master picks up on reload, and those only a restart applies:
+# as each key declares (its `reload`).
+LIVE_SUPERVISOR_KEYS = tuple(k.field for k in declared(SupervisorConfig) if k.reload == "live")
+RESTART_SUPERVISOR_KEYS = tuple(k.field for k in declared(SupervisorConfig) if k.reload == "restart")
+RESTART_DATABASE_KEYS = tuple(k.field for k in declared(DatabaseConfig) if k.reload == "restart")
 
 
 @dataclass
@@ -91,7 +93,7 @@ def diff(old: Config, new: Config) -> Diff:
     for key in RESTART_SUPERVISOR_KEYS:
         if getattr(old.supervisor, key) != getattr(new.supervisor, key):
             d.needs_restart.append(f"supervisor.{key}")
-    for key in ("url", "listen_url", "pooled"):
+    for key in RESTART_DATABASE_KEYS:
         if getattr(old.database, key) != getattr(new.database, key):
             d.needs_restart.append(f"database.{key}")
     return d

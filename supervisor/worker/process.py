@@ -85,30 +85,31 @@ class WorkerProcess:
         return self.broker.leases.count() if self.broker else 0
 
     def start(self) -> None:
-        s = self.settings
+        s, r = self.settings, self.settings.role
         broker = PostgresBroker(
             self.database.url,
-            lease_seconds=s.lease_seconds,
-            poll_interval=s.poll_interval,
-            max_retries=s.max_retries,
-            min_backoff=s.min_backoff_ms,
-            max_backoff=s.max_backoff_ms,
+            lease_seconds=r.lease,
+            poll_interval=r.poll_interval,
+            max_retries=r.max_retries,
+            # Dramatiq's options are in milliseconds.
+            min_backoff=int(r.min_backoff * 1000),
+            max_backoff=int(r.max_backoff * 1000),
             # The broker's own work shares a few connections; actor code gets its own pool.
             pool_size=defaults.WORKER_CONNECTIONS,
-            actor_pool_size=s.threads,
+            actor_pool_size=r.threads,
             listen_url=self.database.listen_url,
             wakeup_fd=self.wakeup_fd,
             owner=self.owner,
             queue_priorities=s.queue_priorities,
         )
-        if s.time_limit_ms:
+        if r.time_limit:
             for m in broker.middleware:
                 if isinstance(m, dramatiq.middleware.TimeLimit):
-                    m.time_limit = s.time_limit_ms
+                    m.time_limit = int(r.time_limit * 1000)
         # Ahead of the Fence, which stays last (broker/order.py, checked below).
         broker.add_middleware(RunResults(), before=Fence)
         if s.job_log:  # first, so it times the whole run (its placement: before Retries)
-            broker.add_middleware(JobLog(s.role), before=type(broker.middleware[0]))
+            broker.add_middleware(JobLog(r.name), before=type(broker.middleware[0]))
         if metrics.enabled():
             broker.add_middleware(metrics.JobMetrics(), before=Fence)
         self.broker = broker
@@ -116,29 +117,29 @@ class WorkerProcess:
         # import time: it must be ours before the first import.
         dramatiq.set_broker(broker)
         runtime.configure(app_settings=s.app_settings, worker_id=broker.owner)
-        import_actors(s.actors)
+        import_actors(r.actors)
         order.check(broker.middleware)  # after the actor modules, which may add middleware
-        for queue in s.queues:
+        for queue in r.queues:
             broker.declare_queue(queue)
         broker.set_capacity(s.capacity)
-        pace = Pace(broker.capacity, s.threads, s.capacity, follow=s.prefetch is None)
+        pace = Pace(broker.capacity, r.threads, s.capacity, follow=r.prefetch is None)
         broker.fence.on_finished = pace.finished
-        if s.prefetch is None:
+        if r.prefetch is None:
             broker.fence.on_running = pace.running
         broker.emit_after("process_boot")
 
         # Found dead by its beat when it has a session of its own to prove it alive (liveness.py).
         session = liveness.session_name(self.database, listens=self.wakeup_fd is None)
-        broker.leases.beat_expiry = liveness.beat_expiry(s.heartbeat_seconds) if session else None
-        registration = Registration(broker.pool, broker.owner, role=s.role, queues=list(s.queues),
-                                    capacity=s.capacity, beat_seconds=s.heartbeat_seconds if session else None,
+        broker.leases.beat_expiry = liveness.beat_expiry(r.heartbeat) if session else None
+        registration = Registration(broker.pool, broker.owner, role=r.name, queues=list(r.queues),
+                                    capacity=s.capacity, beat_seconds=r.heartbeat if session else None,
                                     session_name=session)
         self.upkeep = Upkeep(
             broker,
             registration,
             settings=UpkeepSettings(
-                heartbeat_seconds=s.heartbeat_seconds,
-                reap_seconds=max(s.lease_seconds / 2, 1.0),
+                heartbeat_seconds=r.heartbeat,
+                reap_seconds=max(r.lease / 2, 1.0),
                 retention=s.retention,
             ),
             state=lambda: self.state,
@@ -147,18 +148,18 @@ class WorkerProcess:
         # The database may still be starting (a reboot): wait for it, unless told to stop.
         backoff.retry(registration.register, "registering with the database", cap=30.0, stop=self.stopping,
                       logger=log)
-        start_apps(s.actors, broker.pool)
+        start_apps(r.actors, broker.pool)
         self.upkeep.start()
 
-        worker = Worker(broker, queues=set(s.queues), worker_threads=s.threads,
+        worker = Worker(broker, queues=set(r.queues), worker_threads=r.threads,
                         worker_timeout=WORKER_TIMEOUT_MS)
         # The broker's capacity caps the process as a whole. A queue's prefetch bound
         # also counts acks not yet committed; the slack keeps it from binding here.
         worker.queue_prefetch = s.capacity * 4
         worker.start()
         self.worker = worker
-        if s.capacity > s.threads:  # rows may wait for a thread: never long (see broker/pace.py)
-            self.give_back = GiveBack(worker.work_queue, worker.consumers, broker.fence, s.threads,
+        if s.capacity > r.threads:  # rows may wait for a thread: never long (see broker/pace.py)
+            self.give_back = GiveBack(worker.work_queue, worker.consumers, broker.fence, r.threads,
                                       on_give_back=pace.gave_back)
             self.give_back.start()
         if s.schedules:
@@ -168,26 +169,26 @@ class WorkerProcess:
         self.ready.set()
         log.info(
             "worker %s ready: role=%s queues=%s threads=%d actors=%s",
-            broker.owner, s.role, ",".join(s.queues), s.threads, ",".join(s.actors),
+            broker.owner, r.name, ",".join(r.queues), r.threads, ",".join(r.actors),
         )
 
     def drain(self) -> None:
         """Stop claiming, finish running jobs (up to shutdown_timeout), requeue
         what was prefetched, release any lease still held, and close."""
-        s = self.settings
+        r = self.settings.role
         broker = self.broker
         assert broker is not None, "drain() before start()"
         self.state = "draining"
         started = time.monotonic()
-        log.info("draining: finishing running jobs (up to %.0fs)", s.shutdown_timeout)
+        log.info("draining: finishing running jobs (up to %.0fs)", r.shutdown_timeout)
         broker.pause_claiming()
         if self.give_back is not None:
             self.give_back.stop()
         if self.scheduler is not None:
             self.scheduler.stop()
         if self.worker is not None:
-            self.worker.stop(timeout=int(s.shutdown_timeout * 1000))
-        broker.flush_acks(timeout=max(1.0, s.shutdown_timeout - (time.monotonic() - started)))
+            self.worker.stop(timeout=int(r.shutdown_timeout * 1000))
+        broker.flush_acks(timeout=max(1.0, r.shutdown_timeout - (time.monotonic() - started)))
         # Jobs still running past the timeout are stopped in their threads before
         # their rows are given back: another process may claim them at once.
         broker.fence.stop_jobs(broker.leases.held(), LeaseLost)
@@ -196,7 +197,7 @@ class WorkerProcess:
             if left:
                 log.warning("released %d jobs still running at the shutdown timeout", len(left))
         except Exception as exc:
-            log.warning("could not release leases (%s); they expire in %.0fs", exc, s.lease_seconds)
+            log.warning("could not release leases (%s); they expire in %.0fs", exc, r.lease)
         if self.upkeep is not None:
             self.upkeep.stop()
             try:
