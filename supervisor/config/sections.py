@@ -152,11 +152,7 @@ def _supervisor(reader: Reader, item: Item | None, path: Path) -> SupervisorConf
         item = Item({}, 1, "supervisor")
     s = Section(reader, item, _SUPERVISOR)
     state_dir = s.get("state_dir", _path(base))
-    control = s.get("control_socket", _path(base))
-    if control is None:
-        from ..db import state_dir as default_state_dir
-
-        control = (state_dir or default_state_dir()) / "supervisor.sock"
+    control = s.get("control_socket", _path(base)) or default_control_socket(state_dir)
     if len(str(control).encode()) > 107:
         line_item = s.map.get("control_socket") or item
         raise reader.error(line_item, f"path is too long for a unix socket ({len(str(control))} > 107 bytes): {control}",
@@ -423,9 +419,12 @@ def control_socket_of(path: str | Path, env: Mapping[str, str] | None = None) ->
         p = Path(reader.interpolate(raw, 0, f"supervisor.{key}")).expanduser()
         return p if p.is_absolute() else base / p
 
-    control = value("control_socket")
-    if control is None:
-        from ..db import state_dir as default_state_dir
+    return value("control_socket") or default_control_socket(value("state_dir"))
 
-        control = (value("state_dir") or default_state_dir()) / "supervisor.sock"
-    return control
+
+def default_control_socket(state_dir: Path | None) -> Path:
+    """Where the control socket is when the config does not say: in the state directory
+    (the config's, else the runtime's default)."""
+    from ..db import state_dir as default_state_dir
+
+    return (state_dir or default_state_dir()) / "supervisor.sock"
