@@ -10,8 +10,6 @@ from typing import Any
 import psycopg
 from dramatiq.message import Message
 
-from supervisor import db
-
 from .queries import pipeline as pipeline_sql
 from .queries import state as sql
 
@@ -26,12 +24,6 @@ def system_state(conn: psycopg.Connection) -> dict[str, Any]:
     row = cursor.fetchone()
     assert cursor.description is not None and row is not None
     return {c.name: int(v) for c, v in zip(cursor.description, row, strict=True)}
-
-
-def read_system_state(url: str | None = None) -> dict[str, Any]:
-    """The same from a database URL (default: DATABASE_URL, else embedded)."""
-    with db.connect(db.resolve_url(url)) as conn:
-        return system_state(conn)
 
 
 def to_reextract(broker, watch_id: int | None = None, incomplete: bool = False) -> list[tuple[int, int | None]]:

@@ -48,8 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import WorkerPool, bench_database, code_state, percentile, say, server_url  # noqa: E402
 from supervisor import defaults  # noqa: E402
-from supervisor.broker import sql  # noqa: E402
-from supervisor.worker import upkeep  # noqa: E402
+from supervisor.broker import PostgresBroker, sql  # noqa: E402
+from supervisor.worker.registry import Registration  # noqa: E402
+from supervisor.worker.upkeep import Upkeep, UpkeepSettings  # noqa: E402
 
 CHUNK = 250_000
 
@@ -209,6 +210,15 @@ class Db:
         return f"jobs_claim: {leaf:,} leaf pages ({density:.0f} % full), {empty} empty, {deleted} deleted"
 
 
+def upkeep_of(url: str, stack: contextlib.ExitStack) -> Upkeep:
+    """A worker's upkeep on ``url`` (not started): its vacuum is the "new" variant's, with
+    no minimum time since the last."""
+    broker = PostgresBroker(url, pool_size=1, listen_url="")
+    stack.callback(broker.close)
+    registration = Registration(broker.pool, broker.owner, role="bench", queues=[])
+    return Upkeep(broker, registration, settings=UpkeepSettings(vacuum_min_seconds=0), state=lambda: "running")
+
+
 def open_db(url: str, variant: str, role: str) -> Db:
     conn = psycopg.connect(url, autocommit=True)
     if variant == "old":
@@ -305,10 +315,11 @@ def main(argv: list[str] | None = None) -> int:
             churn(db.conn, args.churn, args.churn_batch)
         measure(dbs, f"after a churn of {args.churn:,}, no vacuum yet", args, results)
 
+        upkeeps = {db.label: upkeep_of(db.url, stack) for db in mains if db.variant == "new"}
         for db in mains:
             started = time.monotonic()
             if db.variant == "new":
-                dead = upkeep.vacuum_jobs(db.conn, min_seconds=0)
+                dead = upkeeps[db.label].vacuum()
                 what = "upkeep vacuum " + (f"of {dead:,} dead tuples" if dead is not None
                                            else "did not run (below the threshold, or locked)")
             else:
@@ -323,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.slices):
                 churn(db.conn, args.slice, args.churn_batch, quiet=True)
                 if db.variant == "new":
-                    upkeep.vacuum_jobs(db.conn, min_seconds=0)
+                    upkeeps[db.label].vacuum()
                 else:
                     vacuum(db.conn, "ANALYZE")
             say(f"  {db.label}: {args.slices} x ({args.slice:,} jobs churned, then vacuumed)")

@@ -79,25 +79,25 @@ def main() -> None:
         conn.execute("VACUUM ANALYZE queue_samples")
         say(f"{args.rows:,} jobs in {time.perf_counter() - t0:.1f}s")
 
-        def page(where: gather.JobFilter, after: tuple[Any, Any] | None = None) -> admin.JobsPage:
-            return admin.jobs_page(conn, where.operator(), limit=gather.PAGE_SIZE, after=after,
+        def page(where: admin.JobFilter, after: tuple[Any, Any] | None = None) -> admin.JobsPage:
+            return admin.jobs_page(conn, where, limit=gather.PAGE_SIZE, after=after,
                                    columns=reads.PAGE_COLUMNS)
 
         cursor: tuple[Any, Any] | None = None
         for _ in range(99):  # walk to the 100th page once; then time that page
-            cursor = page(gather.JobFilter(), cursor).after
+            cursor = page(admin.JobFilter(), cursor).after
         deep = cursor
         some_id = str(conn.execute("SELECT id FROM jobs WHERE created_at < now() - interval '1 day' LIMIT 1").fetchone()[0])
 
-        def search(**fields: str) -> gather.JobFilter:
-            return gather.JobFilter(search=jobsearch.Search.parse(fields))
+        def search(**fields: str) -> admin.JobFilter:
+            return admin.JobFilter(search=jobsearch.Search.parse(fields))
         cases: list[tuple[str, Any]] = [
-            ("jobs: first page", lambda c: page(gather.JobFilter())),
-            ("jobs: 100th page (cursor)", lambda c: page(gather.JobFilter(), deep)),
-            ("jobs: status=failed page", lambda c: page(gather.JobFilter(status="failed"))),
-            ("jobs: text filter page", lambda c: page(gather.JobFilter(text="item-4242"))),
-            ("jobs: count, no filter", lambda c: gather.count_jobs(c, gather.JobFilter())),
-            ("jobs: count, status=failed", lambda c: gather.count_jobs(c, gather.JobFilter(status="failed"))),
+            ("jobs: first page", lambda c: page(admin.JobFilter())),
+            ("jobs: 100th page (cursor)", lambda c: page(admin.JobFilter(), deep)),
+            ("jobs: status=failed page", lambda c: page(admin.JobFilter(status="failed"))),
+            ("jobs: text filter page", lambda c: page(admin.JobFilter(text="item-4242"))),
+            ("jobs: count, no filter", lambda c: gather.count_jobs(c, admin.JobFilter())),
+            ("jobs: count, status=failed", lambda c: gather.count_jobs(c, admin.JobFilter(status="failed"))),
             ("find: whole id", lambda c: page(search(id=some_id))),
             ("find: id prefix (6 digits)", lambda c: page(search(id=some_id[:6]))),
             ("find: id prefix, count", lambda c: gather.count_jobs(c, search(id=some_id[:6]))),

@@ -69,9 +69,24 @@ def queue_capacity(conn: psycopg.Connection, *, waits: bool = True) -> list[dict
     return [{**q, **{k: finished.get(q["queue"], {}).get(k) for k in WAITS}} for q in found]
 
 
+# Every status a job row can have (the jobs table's check constraint), in a job's order.
+JOB_STATUSES = ("pending", "running", "retryable", "succeeded", "failed", "cancelled")
+
+
+def job_status(value: object) -> str | None:
+    """A status filter as given in a field (blank: none); ValueError when it is no job status."""
+    status = value.strip() if isinstance(value, str) else value
+    if status in (None, ""):
+        return None
+    if status not in JOB_STATUSES:
+        raise ValueError(f"expected one of {', '.join(JOB_STATUSES)}, got {status!r}")
+    return str(status)
+
+
 @dataclass(frozen=True)
 class JobFilter:
-    """Which jobs a listing or a bulk action covers; None leaves a criterion out."""
+    """Which jobs a listing or a bulk action covers; None leaves a criterion out. The CLI,
+    the API and the dashboard's form each build one (their fields differ), nothing else."""
 
     status: str | None = None
     queue: str | None = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import dramatiq
 import psycopg
@@ -44,17 +44,25 @@ def empty_tables(conn: psycopg.Connection) -> None:
 
 
 class ThrowawayDatabase:
-    """A database created and migrated on a server, dropped by ``drop``."""
+    """A database created on a server (migrated, or empty), dropped by ``drop``.
+    The project's own tests make theirs with it too."""
 
-    def __init__(self, server_url: str) -> None:
+    def __init__(self, server_url: str, prefix: str = "supervisor_test") -> None:
         self.server_url = server_url
-        self.name = f"supervisor_test_{os.getpid()}_{secrets.token_hex(3)}"
+        self.name = f"{prefix}_{os.getpid()}_{secrets.token_hex(3)}"
         self.url = make_conninfo(server_url, dbname=self.name)
 
-    def create(self) -> str:
+    def create(self, owners: Iterable[apps.App] | None = None) -> str:
+        """Create it with the runtime's tables and those of ``owners`` (default: every
+        installed app); returns its URL."""
+        self.create_empty()
+        migrate(self.url, apps.installed() if owners is None else owners)
+        return self.url
+
+    def create_empty(self) -> str:
+        """Create it with no table at all; returns its URL."""
         with psycopg.connect(self.server_url, autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{self.name}"'.encode())
-        migrate(self.url, apps.installed())
         return self.url
 
     def drop(self) -> None:

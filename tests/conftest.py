@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-import secrets
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterator
+import traceback
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import dramatiq
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from supervisor import apps, db
-from supervisor.migrate import migrate
+from supervisor.broker import PostgresBroker
+from supervisor.testing import ThrowawayDatabase, empty_tables
+from supervisor.testsignals import Recorded
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,54 +59,38 @@ def _server_url() -> str:
     return db.embedded_url(Path(os.environ["SUPERVISOR_STATE_DIR"]))
 
 
-def _with_dbname(url: str, name: str) -> str:
-    params = conninfo_to_dict(url)
-    params["dbname"] = name
-    return make_conninfo(**params)
+@contextlib.contextmanager
+def _throwaway(prefix: str, owners: tuple[apps.App, ...] | None = None) -> Iterator[str]:
+    """A database of the tests' own (the runtime's tables, those of ``owners``, default
+    every installed app's, and TEST_TABLES), dropped after."""
+    database = ThrowawayDatabase(_server_url(), prefix)
+    url = database.create(owners)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(TEST_TABLES)
+    yield url
+    database.drop()
 
 
 @pytest.fixture(scope="session")
 def database_url(worker_id: str) -> Iterator[str]:
-    server = _server_url()
-    name = f"as_test_{worker_id}_{os.getpid()}_{secrets.token_hex(2)}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = _with_dbname(server, name)
-    migrate(url, apps.installed())
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(TEST_TABLES)
-    os.environ["DATABASE_URL"] = url
-    yield url
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _throwaway(f"as_test_{worker_id}") as url:
+        os.environ["DATABASE_URL"] = url
+        yield url
 
 
 @pytest.fixture(scope="session")
 def runtime_database_url(worker_id: str) -> Iterator[str]:
     """A database with the runtime's tables only (no installed app's), as `supervisor run`
     leaves it for a config whose roles run only the user's own actors."""
-    server = _server_url()
-    name = f"as_runtime_{worker_id}_{os.getpid()}_{secrets.token_hex(2)}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = _with_dbname(server, name)
-    migrate(url)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(TEST_TABLES)
-    yield url
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with _throwaway(f"as_runtime_{worker_id}", owners=()) as url:
+        yield url
 
 
 @contextlib.contextmanager
 def emptied(url: str) -> Iterator[psycopg.Connection]:
     """A connection to ``url`` (autocommit) once every table is empty (the migrations' ledger kept)."""
     with psycopg.connect(url, autocommit=True) as c:
-        tables = [r[0] for r in c.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'schema_migrations'"
-        )]
-        if tables:
-            c.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE")
+        empty_tables(c)
         yield c
 
 
@@ -110,6 +98,16 @@ def emptied(url: str) -> Iterator[psycopg.Connection]:
 def conn(database_url: str) -> Iterator[psycopg.Connection]:
     with emptied(database_url) as c:
         yield c
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest, database_url: str) -> Iterator[PostgresBroker]:
+    """A PostgresBroker on the test database, closed after the test. Its options are the
+    keywords of the closest ``broker`` mark (a module's: ``pytestmark = pytest.mark.broker(...)``)."""
+    mark = request.node.get_closest_marker("broker")
+    b = PostgresBroker(database_url, **(mark.kwargs if mark else {}))
+    yield b
+    b.close()
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,
@@ -125,18 +123,69 @@ def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: f
         time.sleep(interval)
 
 
+_BOOTED: weakref.WeakSet[PostgresBroker] = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def in_process_worker(broker: PostgresBroker, queues: Iterable[str], *, threads: int = 4,
+                      prefetch: int | None = None) -> Iterator[dramatiq.Worker]:
+    """A Dramatiq worker in this process on the real broker, holding up to ``prefetch``
+    rows (default: one per thread) as a supervised process of that capacity would."""
+    broker.set_capacity(prefetch or threads)
+    broker.resume_claiming()
+    if broker not in _BOOTED:
+        # Once per broker: TimeLimit starts its timer thread on boot.
+        broker.emit_after("process_boot")
+        _BOOTED.add(broker)
+    worker = dramatiq.Worker(broker, queues=set(queues), worker_threads=threads, worker_timeout=100)
+    worker.queue_prefetch = prefetch or threads
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop(timeout=10_000)
+        broker.flush_acks(10)
+        # stop() gives up after its timeout and leaves a busy thread running: its actor
+        # would go on using the actor pool and the database during later tests.
+        stuck = [t for t in worker.workers if t.is_alive()]
+        if stuck:
+            pytest.fail(f"{len(stuck)} worker threads still running 10 s after stop:\n{stacks(stuck)}",
+                        pytrace=False)
+
+
+def stacks(threads: list[threading.Thread]) -> str:
+    """Where each of ``threads`` is now (for a failure that names threads left running)."""
+    frames = sys._current_frames()
+    return "\n".join(f"--- {t.name}\n" + "".join(traceback.format_stack(frames[t.ident]))
+                     for t in threads if t.ident in frames)
+
+
+def stop(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM (if it still runs), and SIGKILL if it has not exited ``timeout`` seconds later."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
 def scalar(conn: psycopg.Connection, query: str, params=None):
     return conn.execute(query, params).fetchone()[0]
 
 
 class WorkerProc:
-    """A worker subprocess (by default `supervisor worker`), logging to a file:
-    a chatty worker must never block on a full pipe."""
+    """A worker subprocess (by default `supervisor worker`), logging to a file (a chatty
+    worker must never block on a full pipe), its test signals to another (``signals``)."""
 
     def __init__(self, url: str, *, queues="tests", actors="tests.sample_actors", threads=4,
                  lease=30.0, heartbeat=10.0, shutdown_timeout=30.0, extra_env=None, argv=None,
                  log_level="WARNING"):
-        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT), **(extra_env or {})}
+        fd, signals = tempfile.mkstemp(prefix="signals-", suffix=".jsonl")
+        os.close(fd)
+        self.signals = Recorded(Path(signals))
+        env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT), **self.signals.env, **(extra_env or {})}
         argv = argv or [
             sys.executable, "-m", "supervisor.cli", "worker", "--queues", queues, "--actors", actors,
             "--threads", str(threads), "--lease", str(lease), "--heartbeat", str(heartbeat),
@@ -151,12 +200,6 @@ class WorkerProc:
         # in append mode): a seek back to 0 would make its next lines overwrite old ones.
         fd = self.log.fileno()
         return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
-
-    def claims(self, queue: str) -> list[int]:
-        """How many rows each of its claims from ``queue`` took, in order (logged at DEBUG:
-        start it with log_level="DEBUG")."""
-        line = rf"supervisor\.broker\.consumer: claimed (\d+) of \d+ from {re.escape(queue)}$"
-        return [int(n) for n in re.findall(line, self.stderr(), re.MULTILINE)]
 
     def owner(self, conn) -> str | None:
         row = conn.execute("SELECT id FROM workers WHERE pid = %s AND stopped_at IS NULL", (self.pid,)).fetchone()
@@ -180,6 +223,7 @@ class WorkerProc:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
+        self.signals.path.unlink(missing_ok=True)
 
 
 @pytest.fixture
@@ -199,13 +243,9 @@ def workers(database_url) -> Iterator[Callable[..., WorkerProc]]:
 @pytest.fixture
 def fresh_database() -> Iterator[str]:
     """An empty, unmigrated database, dropped afterwards."""
-    server = _server_url()
-    name = f"as_fresh_{os.getpid()}_{secrets.token_hex(3)}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield _with_dbname(server, name)
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    database = ThrowawayDatabase(_server_url(), "as_fresh")
+    yield database.create_empty()
+    database.drop()
 
 
 def cli(*args: str, config: Path | None = None, url: str | None = None, env: dict | None = None,

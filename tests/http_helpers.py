@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psycopg
 import pytest
 import yaml
 
-from tests.conftest import ROOT, wait_for
-from tests.supervisor_helpers import role, write_config
+from tests.conftest import ROOT, emptied, stop, wait_for
+from tests.supervisor_helpers import Supervisor, role, write_config
 
 
 def free_port() -> int:
@@ -59,6 +61,47 @@ def matrix_setup(request: pytest.FixtureRequest, tmp_path: Path) -> Matrix:
     return Matrix("runtime", url, ("-c", str(path)), "w", "nightly", [])
 
 
+def answers(base: str, path: str = "/") -> bool:
+    """``base + path`` answers 200 now (False while nothing listens)."""
+    try:
+        return httpx.get(base + path, timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@dataclass
+class Dash:
+    """A supervisor and its HTTP child: the dashboard at ``base``; ``db`` a connection to
+    the database at ``url``."""
+
+    base: str
+    sup: Supervisor
+    db: psycopg.Connection
+    url: str
+
+
+@contextlib.contextmanager
+def dashboard(database_url: str, directory: Path, roles: dict[str, dict], *, http: dict[str, Any],
+              env: dict[str, str] | None = None, **sections: Any) -> Iterator[Dash]:
+    """A supervisor running ``roles`` and its HTTP child (``http``: its section, less the
+    address), the config's other ``sections`` beside, on emptied tables: once every process
+    is ready and the dashboard answers. Stopped after."""
+    with emptied(database_url) as db:
+        port = free_port()
+        cfg = write_config(directory / "sup.yaml", database_url, roles)
+        data = yaml.safe_load(cfg.read_text())
+        data.update(sections, http={"listen": f"127.0.0.1:{port}", **http})
+        cfg.write_text(yaml.safe_dump(data))
+        sup = Supervisor(cfg, env=env)
+        try:
+            sup.wait_state({**{name: r["processes"] for name, r in roles.items()}, "http": 1}, timeout=60)
+            base = f"http://127.0.0.1:{port}"
+            wait_for(lambda: answers(base), 20, message="the dashboard to answer")
+            yield Dash(base, sup, db, database_url)
+        finally:
+            sup.cleanup()
+
+
 class HttpServer:
     """A `supervisor http` subprocess and an httpx client for it."""
 
@@ -87,13 +130,7 @@ class HttpServer:
 
     def stop(self) -> None:
         self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop(self.proc, 15)
         self._log.close()
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -17,6 +16,8 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tests.conftest import stop
 
 BINARY = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.path.exists("/usr/sbin/pgbouncer") else None)
 # PgBouncer refuses to run as root; as root we tell it to switch to this user.
@@ -112,11 +113,5 @@ pidfile = {self.dir / 'pgbouncer.pid'}
             return ""
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # immediate shutdown (SIGINT waits for clients)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, 10)  # SIGTERM: immediate shutdown (SIGINT waits for clients)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -12,8 +12,6 @@ import os
 import sys
 import threading
 import time
-import traceback
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from actors.queries import pipeline as pipeline_sql
 from actors.queries import sources as sources_sql
 from supervisor import db, runtime
 from supervisor.broker import PostgresBroker
-from tests.conftest import WorkerProc, wait_for
+from tests.conftest import WorkerProc, in_process_worker, stacks, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = ("scraping", "extraction", "notification", "forecasting")
@@ -71,12 +69,6 @@ def pipeline_config_fixture() -> Iterator[LivePipeline]:
     runtime.configure(app_settings={})
 
 
-def _stacks(threads: list[threading.Thread]) -> str:
-    frames = sys._current_frames()
-    return "\n".join(f"--- {t.name}\n" + "".join(traceback.format_stack(frames[t.ident]))
-                     for t in threads if t.ident in frames)
-
-
 @pytest.fixture(autouse=True)
 def _actor_pool_given_back(request: pytest.FixtureRequest) -> Iterator[None]:
     """Run a pipeline test on the pipeline broker, and fail it if it leaves
@@ -106,39 +98,17 @@ def _actor_pool_given_back(request: pytest.FixtureRequest) -> Iterator[None]:
         wait_for(lambda: checked_out() <= before, timeout=5, interval=0.05)
     except AssertionError:
         pytest.fail(f"{request.node.nodeid} left {checked_out() - before} actor-pool connections checked out"
-                    f" ({pool.get_stats()}); threads now:\n{_stacks(threading.enumerate())}", pytrace=False)
+                    f" ({pool.get_stats()}); threads now:\n{stacks(threading.enumerate())}", pytrace=False)
 
 
 def set_pipeline(config: dict) -> None:
     runtime.configure(app_settings={"pipeline": config})
 
 
-_BOOTED: weakref.WeakSet[PostgresBroker] = weakref.WeakSet()
-
-
-@contextlib.contextmanager
-def running_worker(broker: PostgresBroker, queues=QUEUES, threads: int = 4) -> Iterator[dramatiq.Worker]:
-    """An in-process Dramatiq worker on the real broker."""
-    broker.set_capacity(threads)
-    broker.resume_claiming()
-    if broker not in _BOOTED:
-        # Once per broker: TimeLimit starts its timer thread on boot.
-        broker.emit_after("process_boot")
-        _BOOTED.add(broker)
-    worker = dramatiq.Worker(broker, queues=set(queues), worker_threads=threads, worker_timeout=100)
-    worker.queue_prefetch = threads
-    worker.start()
-    try:
-        yield worker
-    finally:
-        worker.stop(timeout=10_000)
-        broker.flush_acks(10)
-        # stop() gives up after its timeout and leaves a busy thread running: its actor
-        # would go on using the actor pool and the database during later tests.
-        stuck = [t for t in worker.workers if t.is_alive()]
-        if stuck:
-            pytest.fail(f"{len(stuck)} worker threads still running 10 s after stop:\n{_stacks(stuck)}",
-                        pytrace=False)
+def running_worker(broker: PostgresBroker, queues=QUEUES, threads: int = 4
+                   ) -> contextlib.AbstractContextManager[dramatiq.Worker]:
+    """An in-process Dramatiq worker on the pipeline's queues."""
+    return in_process_worker(broker, queues, threads=threads)
 
 
 class PipelineWorker(WorkerProc):

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from supervisor import control
-from tests.conftest import ROOT, cli, scalar, wait_for
+from tests.conftest import ROOT, cli, scalar, stop, wait_for
 
 __all__ = ["cli"]  # the one CLI runner, re-exported for the supervisor tests
 
@@ -142,13 +142,7 @@ class Supervisor:
     def cleanup(self) -> None:
         # Whatever happened in the test, leave no process behind for the next one.
         kids = self.children()
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop(self.proc, 30)
         for pid in kids | self.seen:
             with contextlib.suppress(psutil.Error):
                 p = psutil.Process(pid)

@@ -13,11 +13,14 @@ from dramatiq.message import Message
 
 from supervisor.broker import PostgresBroker
 from supervisor.broker.middleware import Retries, backoff_ms
-from tests.conftest import scalar, wait_for
+from tests.conftest import in_process_worker, scalar, wait_for
 
 
 @pytest.fixture(scope="session")
 def broker(database_url: str) -> Iterator[PostgresBroker]:
+    """The broker tests.sample_actors bind to: Dramatiq's global broker when they are first
+    imported (once per process), so it lives as long as the session. Later tests may make
+    another broker the global one: these tests name this one."""
     b = PostgresBroker(database_url, lease_seconds=30, poll_interval=0.2, pool_size=12)
     dramatiq.set_broker(b)
     importlib.import_module("tests.sample_actors")  # its actors bind to the global broker at import
@@ -35,15 +38,8 @@ def actors(broker):
 
 @pytest.fixture
 def worker(broker, conn) -> Iterator[dramatiq.Worker]:
-    broker.set_capacity(4)
-    broker.resume_claiming()
-    broker.emit_after("process_boot")
-    w = dramatiq.Worker(broker, queues={"tests"}, worker_threads=4, worker_timeout=100)
-    w.queue_prefetch = 4
-    w.start()
-    yield w
-    w.stop(timeout=10_000)
-    broker.flush_acks(10)
+    with in_process_worker(broker, ["tests"]) as w:
+        yield w
 
 
 def status(conn, job_id) -> str:
@@ -99,18 +95,9 @@ def test_durations_are_each_attempts_run_time_and_the_wait_is_reported_apart(con
     from supervisor import admin
 
     sent = [actors.nap.send(i, 0.3) for i in range(4)]
-    broker.set_capacity(4)
-    broker.resume_claiming()
-    broker.emit_after("process_boot")
-    w = dramatiq.Worker(broker, queues={"tests"}, worker_threads=1, worker_timeout=100)
-    w.queue_prefetch = 4
-    w.start()
-    try:
+    with in_process_worker(broker, ["tests"], threads=1, prefetch=4):
         for m in sent:
             wait_status(conn, m.message_id, "succeeded")
-    finally:
-        w.stop(timeout=10_000)
-        broker.flush_acks(10)
     rows = conn.execute(
         "SELECT extract(epoch FROM finished_at - started_at)::float8,"
         "       extract(epoch FROM started_at - greatest(created_at, run_at))::float8,"
@@ -185,8 +172,7 @@ def test_time_limit_fails_the_job(conn, actors, worker):
     assert "TimeLimitExceeded" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (msg.message_id,))
 
 
-def test_age_limit_skips_an_old_message(conn, actors, worker):
-    broker = dramatiq.get_broker()
+def test_age_limit_skips_an_old_message(conn, actors, broker, worker):
     broker.pause_claiming()
     try:
         msg = actors.record.send_with_options(args=(1,), max_age=60_000)
@@ -273,13 +259,13 @@ def test_unknown_actor_name_can_be_enqueued_by_name(conn, broker):
                         (msg.message_id,)).fetchone() == ("elsewhere", "remote", None)  # the claiming worker's actor decides
 
 
-def test_conditional_ack_after_reclaim_changes_nothing(conn, actors, database_url):
+def test_conditional_ack_after_reclaim_changes_nothing(conn, actors, broker, database_url):
     a = PostgresBroker(database_url, lease_seconds=1, owner="host-a:1:aaaaaa", pool_size=2)
     b = PostgresBroker(database_url, lease_seconds=30, owner="host-b:2:bbbbbb", pool_size=2)
     try:
         for x in (a, b):
             x.declare_queue("tests")
-            x.actors.update(dramatiq.get_broker().actors)
+            x.actors.update(broker.actors)
         msg = actors.record.send(1)
         [mine] = a.claim("tests", 1)
         conn.execute("UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
@@ -327,7 +313,7 @@ def test_heartbeat_renews_only_own_leases(conn, actors, broker, database_url):
     other = PostgresBroker(database_url, lease_seconds=5, owner="other:1:cccccc", pool_size=1)
     try:
         other.declare_queue("tests")
-        other.actors.update(dramatiq.get_broker().actors)
+        other.actors.update(broker.actors)
         actors.record.send(1)
         actors.record.send(2)
         [mine] = broker.claim("tests", 1)

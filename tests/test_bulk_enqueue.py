@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import uuid
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import dramatiq
@@ -29,14 +28,7 @@ N = COPY_MIN_ROWS  # the smallest batch enqueue_many sends with COPY
 ROW = "SELECT to_jsonb(j) - 'id' FROM jobs j WHERE id = %s"
 
 
-@pytest.fixture(scope="module")
-def broker(database_url: str) -> Iterator[PostgresBroker]:
-    b = PostgresBroker(database_url)
-    yield b
-    b.close()
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def actors(broker: PostgresBroker) -> SimpleNamespace:
     def plain(*args, **kwargs):
         pass

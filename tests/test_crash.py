@@ -8,6 +8,7 @@ import signal
 import time
 from datetime import timedelta
 
+from supervisor.testsignals import Interrupted
 from tests.conftest import cli, scalar, wait_for
 from tests.supervisor_helpers import dead, role, write_config
 from tests.tcp_proxy import TcpProxy
@@ -147,7 +148,7 @@ def test_frozen_process_stops_its_job_on_waking_and_never_writes_an_outcome(conn
     row = conn.execute("SELECT attempts, lease_losses FROM jobs WHERE id = %s", (job,)).fetchone()
     assert row == (2, 1)  # the frozen run wrote no outcome; its lost lease was counted once
     assert procs[first].proc.poll() is None  # fenced, not dead
-    assert "lease lost" in procs[first].stderr()
+    assert procs[first].signals.of(Interrupted) == [Interrupted(str(job), 1, "lease lost")]
 
 
 def test_process_cut_off_from_the_database_stops_its_job_before_the_lease_expires(conn, workers, database_url):
@@ -162,7 +163,7 @@ def test_process_cut_off_from_the_database_stops_its_job_before_the_lease_expire
         proxy.go_down()
         expires = scalar(conn, "SELECT lease_expires_at FROM jobs WHERE id = %s", (job,))
         try:
-            wait_for(lambda: "interrupted job" in w.stderr(), 10, message="the worker to stop the job")
+            w.signals.wait(Interrupted, lambda s: s.job_id == str(job))
         except AssertionError as exc:
             raise AssertionError(f"{exc}; the worker's log ends:\n{w.stderr()[-2000:]}") from None
         assert scalar(conn, "SELECT clock_timestamp() < %s", (expires,))  # before the lease could expire

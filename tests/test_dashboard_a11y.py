@@ -11,16 +11,13 @@ to docs/screenshots/ (the README's Dashboard section shows them)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-import psycopg
 import pytest
-import yaml
 
 from tests.browser_helpers import Browser
-from tests.conftest import ROOT, emptied, scalar, wait_for
-from tests.http_helpers import free_port
-from tests.supervisor_helpers import Supervisor, enqueue, role, write_config
+from tests.conftest import ROOT, scalar, wait_for
+from tests.http_helpers import Dash, dashboard
+from tests.supervisor_helpers import enqueue, role
 
 pytestmark = pytest.mark.xdist_group("dashboard-browser")
 
@@ -39,61 +36,30 @@ function kbKey(e) {
 """
 
 
-@dataclass
-class Dash:
-    base: str
-    sup: Supervisor
-    db: psycopg.Connection
-    job: object  # a failed job with a traceback, for the Job page
-
-
 @pytest.fixture(scope="module")
 def dash(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
     """A supervisor running the tests' actors and the failing ones (for the Errors page),
     with the tracker in use, a schedule and a token: every page has something to show."""
-    tmp = tmp_path_factory.mktemp("a11y")
-    with emptied(database_url) as db:
-        port = free_port()
-        cfg = write_config(tmp / "sup.yaml", database_url, {
-            "w": role(processes=1, threads=2, queues=("tests",)),
-            "e": role(processes=1, threads=4, queues=("errors",), actors=("tests.error_actors",)),
-        })
-        data = yaml.safe_load(cfg.read_text())
-        data["http"] = {"listen": f"127.0.0.1:{port}", "token": TOKEN}
-        data["apps"] = ["actors"]
-        data["schedules"] = {"nightly": {"cron": "0 3 * * *", "actor": "noop", "queue": "tests"}}
-        cfg.write_text(yaml.safe_dump(data))
-        sup = Supervisor(cfg)
-        try:
-            sup.wait_state({"w": 1, "e": 1, "http": 1}, timeout=60)
-            enqueue(db, 12)
-            for actor, n in (("parse_feed", 2), ("refuse", 2), ("fine", 2)):
-                db.execute("INSERT INTO jobs (queue, actor, args) SELECT 'errors', %s, jsonb_build_array(g)"
-                           " FROM generate_series(1, %s) g", (actor, n))
-            db.execute("INSERT INTO jobs (queue, actor, run_at) SELECT 'tests', 'noop', now() + interval '1 hour' "
-                       "FROM generate_series(1, 3)")
-            db.execute("SELECT * FROM rate_limit_take('source:demo', 1, 5, 1, 100)")
-            src = scalar(db, "INSERT INTO sources (name, search_url, failure_streak, paused_until) VALUES "
-                             "('flaky-shop', 'http://127.0.0.1:9/s', 7, now() + interval '5 minutes') RETURNING id")
-            db.execute("INSERT INTO watches (name, query, source_id, last_polled_at) VALUES ('gpu', 'rtx', %s, now())",
-                       (src,))
-            wait_for(lambda: scalar(db, "SELECT count(*) FROM jobs WHERE status = 'succeeded' AND queue = 'tests'") == 12
-                     and scalar(db, "SELECT count(*) FROM jobs WHERE queue = 'errors' AND status = 'failed'") == 4,
-                     60, message="the workload settled")
-            job = scalar(db, "SELECT id FROM jobs WHERE status = 'failed' AND actor = 'parse_feed' LIMIT 1")
-            wait_for(lambda: _up(f"http://127.0.0.1:{port}"), 20, message="dashboard answers")
-            yield Dash(f"http://127.0.0.1:{port}", sup, db, job)
-        finally:
-            sup.cleanup()
-
-
-def _up(base: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(base + "/", timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False
+    roles = {"w": role(processes=1, threads=2, queues=("tests",)),
+             "e": role(processes=1, threads=4, queues=("errors",), actors=("tests.error_actors",))}
+    with dashboard(database_url, tmp_path_factory.mktemp("a11y"), roles, http={"token": TOKEN}, apps=["actors"],
+                   schedules={"nightly": {"cron": "0 3 * * *", "actor": "noop", "queue": "tests"}}) as found:
+        db = found.db
+        enqueue(db, 12)
+        for actor, n in (("parse_feed", 2), ("refuse", 2), ("fine", 2)):
+            db.execute("INSERT INTO jobs (queue, actor, args) SELECT 'errors', %s, jsonb_build_array(g)"
+                       " FROM generate_series(1, %s) g", (actor, n))
+        db.execute("INSERT INTO jobs (queue, actor, run_at) SELECT 'tests', 'noop', now() + interval '1 hour' "
+                   "FROM generate_series(1, 3)")
+        db.execute("SELECT * FROM rate_limit_take('source:demo', 1, 5, 1, 100)")
+        src = scalar(db, "INSERT INTO sources (name, search_url, failure_streak, paused_until) VALUES "
+                         "('flaky-shop', 'http://127.0.0.1:9/s', 7, now() + interval '5 minutes') RETURNING id")
+        db.execute("INSERT INTO watches (name, query, source_id, last_polled_at) VALUES ('gpu', 'rtx', %s, now())",
+                   (src,))
+        wait_for(lambda: scalar(db, "SELECT count(*) FROM jobs WHERE status = 'succeeded' AND queue = 'tests'") == 12
+                 and scalar(db, "SELECT count(*) FROM jobs WHERE queue = 'errors' AND status = 'failed'") == 4,
+                 60, message="the workload settled")
+        yield found
 
 
 def _pages(b: Browser, dash: Dash) -> dict[str, str]:
@@ -102,7 +68,9 @@ def _pages(b: Browser, dash: Dash) -> dict[str, str]:
     links = b.driver.execute_script(
         "return Array.from(document.querySelectorAll('header nav a')).map(a => a.getAttribute('href'));")
     pages = {("overview" if href == "/" else href.strip("/").split("/")[-1]): href for href in links}
-    pages["job"] = f"/jobs/{dash.job}"
+    # a failed job with a traceback, for the Job page
+    job = scalar(dash.db, "SELECT id FROM jobs WHERE status = 'failed' AND actor = 'parse_feed' LIMIT 1")
+    pages["job"] = f"/jobs/{job}"
     return pages
 
 

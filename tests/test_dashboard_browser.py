@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import psycopg
 import pytest
@@ -14,9 +13,9 @@ import yaml
 
 from supervisor import defaults
 from tests.browser_helpers import Browser
-from tests.conftest import cli, emptied, scalar, wait_for
-from tests.http_helpers import HttpServer, free_port, runtime_config
-from tests.supervisor_helpers import Supervisor, enqueue, role, write_config
+from tests.conftest import cli, scalar, wait_for
+from tests.http_helpers import Dash, HttpServer, answers, dashboard, free_port, runtime_config
+from tests.supervisor_helpers import Supervisor, enqueue, role
 
 pytestmark = pytest.mark.xdist_group("dashboard-browser")
 
@@ -25,44 +24,15 @@ TOKEN = "dash-secret"
 ROLE_TOKENS = {"vic": ("viewer", "DASH_VIC", "vic-secret"), "olga": ("operator", "DASH_OLGA", "olga-secret")}
 
 
-@dataclass
-class Dash:
-    base: str
-    sup: Supervisor
-    db: psycopg.Connection
-    url: str
-
-
 @pytest.fixture(scope="module")
 def dash(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
-    tmp = tmp_path_factory.mktemp("dash")
-    with emptied(database_url) as db:
-        port = free_port()
-        cfg = write_config(tmp / "sup.yaml", database_url,
-                           {"w": role(processes=2, threads=2, queues=("tests", "other"))})
-        data = yaml.safe_load(cfg.read_text())
-        data["http"] = {"listen": f"127.0.0.1:{port}", "token": TOKEN,
-                        "tokens": {n: {"role": r, "secret_env": e} for n, (r, e, _) in ROLE_TOKENS.items()}}
-        data["apps"] = ["actors"]  # the bundled tracker in use: its page, breakers and alerts show
-        data["schedules"] = {"nightly": {"cron": "0 3 * * *", "actor": "noop", "queue": "tests"}}
-        cfg.write_text(yaml.safe_dump(data))
-        sup = Supervisor(cfg, env={e: secret for _, e, secret in ROLE_TOKENS.values()})
-        try:
-            sup.wait_state({"w": 2, "http": 1}, timeout=60)
-            base = f"http://127.0.0.1:{port}"
-            wait_for(lambda: _up(base), 20, message="dashboard answers")
-            yield Dash(base, sup, db, database_url)
-        finally:
-            sup.cleanup()
-
-
-def _up(base: str, path: str = "/") -> bool:
-    import httpx
-
-    try:
-        return httpx.get(base + path, timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False
+    http = {"token": TOKEN, "tokens": {n: {"role": r, "secret_env": e} for n, (r, e, _) in ROLE_TOKENS.items()}}
+    with dashboard(database_url, tmp_path_factory.mktemp("dash"), {"w": role(processes=2, threads=2,
+                                                                              queues=("tests", "other"))},
+                   http=http, env={e: secret for _, e, secret in ROLE_TOKENS.values()},
+                   apps=["actors"],  # the bundled tracker in use: its page, breakers and alerts show
+                   schedules={"nightly": {"cron": "0 3 * * *", "actor": "noop", "queue": "tests"}}) as found:
+        yield found
 
 
 def _cell(b: Browser, row: str, cls: str) -> int:
@@ -424,7 +394,7 @@ def test_the_runtime_without_the_app(browser: Browser, fresh_database: str, tmp_
     base = f"http://127.0.0.1:{port}"
     try:
         sup.wait_state({"w": 1, "http": 1}, timeout=60)
-        wait_for(lambda: _up(base, "/api/v1/openapi.json"), 20, message="the HTTP child answers")
+        wait_for(lambda: answers(base, "/api/v1/openapi.json"), 20, message="the HTTP child answers")
         with psycopg.connect(fresh_database, autocommit=True) as db:
             assert scalar(db, "SELECT to_regclass('sources') IS NULL")  # no tracker table
             enqueue(db, 3, actor="nap")

@@ -6,28 +6,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import psycopg
 import pytest
-import yaml
 
 from tests.browser_helpers import Browser
-from tests.conftest import emptied, scalar, wait_for
-from tests.http_helpers import HttpServer, free_port
-from tests.supervisor_helpers import Supervisor, role, write_config
+from tests.conftest import scalar, wait_for
+from tests.http_helpers import Dash, HttpServer, dashboard
+from tests.supervisor_helpers import role
 
 pytestmark = pytest.mark.xdist_group("dashboard-browser")
 
 TOKEN = "errors-secret"
-
-
-@dataclass
-class Dash:
-    base: str
-    sup: Supervisor
-    db: psycopg.Connection
-    url: str
 
 
 @pytest.fixture(scope="module")
@@ -35,27 +25,15 @@ def dash(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """A supervisor running the failing actors, its HTTP child, and their workload settled:
     three parse_feed jobs (three failed attempts each), four refuse jobs (one), two
     call_later jobs (one failed attempt, the retry ten minutes away), two fine ones."""
-    tmp = tmp_path_factory.mktemp("errors-dash")
-    with emptied(database_url) as db:
-        port = free_port()
-        cfg = write_config(tmp / "sup.yaml", database_url,
-                           {"w": role(processes=1, threads=4, queues=("errors",), actors=("tests.error_actors",))})
-        data = yaml.safe_load(cfg.read_text())
-        data["http"] = {"listen": f"127.0.0.1:{port}", "token": TOKEN}
-        cfg.write_text(yaml.safe_dump(data))
-        sup = Supervisor(cfg)
-        try:
-            sup.wait_state({"w": 1, "http": 1}, timeout=60)
-            base = f"http://127.0.0.1:{port}"
-            for actor, n in (("parse_feed", 3), ("refuse", 4), ("call_later", 2), ("fine", 2)):
-                db.execute("INSERT INTO jobs (queue, actor, args) SELECT 'errors', %s, jsonb_build_array(g)"
-                           " FROM generate_series(1, %s) g", (actor, n))
-            wait_for(lambda: scalar(db, "SELECT count(*) FROM jobs WHERE status = 'failed'") == 7
-                     and scalar(db, "SELECT count(*) FROM jobs WHERE status IN ('retryable', 'succeeded')") == 4,
-                     60, message="the failing workload settled")
-            yield Dash(base, sup, db, database_url)
-        finally:
-            sup.cleanup()
+    roles = {"w": role(processes=1, threads=4, queues=("errors",), actors=("tests.error_actors",))}
+    with dashboard(database_url, tmp_path_factory.mktemp("errors-dash"), roles, http={"token": TOKEN}) as found:
+        for actor, n in (("parse_feed", 3), ("refuse", 4), ("call_later", 2), ("fine", 2)):
+            found.db.execute("INSERT INTO jobs (queue, actor, args) SELECT 'errors', %s, jsonb_build_array(g)"
+                             " FROM generate_series(1, %s) g", (actor, n))
+        wait_for(lambda: scalar(found.db, "SELECT count(*) FROM jobs WHERE status = 'failed'") == 7
+                 and scalar(found.db, "SELECT count(*) FROM jobs WHERE status IN ('retryable', 'succeeded')") == 4,
+                 60, message="the failing workload settled")
+        yield found
 
 
 def _use_token(b: Browser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+from urllib.parse import parse_qs, urlsplit
 
 from tests.conftest import scalar, upstream_failure, wait_for
 
@@ -113,3 +114,27 @@ def test_the_queues_page_and_api_show_the_start_wait_apart_from_the_run_time(htt
     assert "<td>1.0 s / 1.0 s</td>" in row.group(1)  # run avg / p95
     [q] = s.client.get("/api/v1/queues").json()["queues"]
     assert (q["avg_duration_s"], q["wait_p50_s"], q["wait_p95_s"], q["wait_p99_s"]) == (1.0, 2.0, 2.0, 2.0)
+
+
+def test_the_jobs_page_and_the_api_share_one_filter_and_one_cursor(http_server, conn):
+    """The page's "Older" link carries the API's next cursor and the form's fields; the
+    page it leads to holds the rest; a status that is none, or a cursor that is not one,
+    is a 400 on both."""
+    conn.execute("INSERT INTO jobs (queue, actor, created_at) SELECT 'paged', 'noop', now() - g * interval '1 minute'"
+                 " FROM generate_series(1, 60) AS g")
+    s = http_server()
+    since = "2000-01-01T00:00"
+    first = s.client.get("/jobs", params={"queue": "paged", "since": since})
+    api = s.client.get("/api/v1/jobs", params={"queue": "paged", "created_after": f"{since}:00+00:00",
+                                               "limit": 50}).json()
+    found = re.search(r'<a id="next" href="([^"]+)"', first.text)
+    assert first.status_code == 200 and found and api["next_cursor"]
+    older = html.unescape(found.group(1))
+    assert parse_qs(urlsplit(older).query) == {"queue": ["paged"], "since": [since], "cursor": [api["next_cursor"]]}
+    rest = s.client.get(older).text
+    shown = re.findall(r'<tr data-job="([^"]+)">', first.text) + re.findall(r'<tr data-job="([^"]+)">', rest)
+    assert len(shown) == len(set(shown)) == 60 and 'id="next"' not in rest
+    assert shown[:50] == [j["id"] for j in api["jobs"]]
+    for bad in ({"status": "nope"}, {"cursor": "xyz"}):
+        assert s.client.get("/jobs", params=bad).status_code == 400
+        assert s.client.get("/api/v1/jobs", params=bad).status_code == 400

@@ -26,17 +26,11 @@ from supervisor.broker.timer import DueTimer
 from tests.conftest import cli, scalar, wait_for
 
 QUEUE = "dropin"
+# The poll interval is long on purpose: retries and delays must not wait for it.
+pytestmark = pytest.mark.broker(poll_interval=5.0, fail_fast_default=True)
 
 
-@pytest.fixture(scope="module")
-def broker(database_url: str) -> Iterator[PostgresBroker]:
-    # The poll interval is long on purpose: retries and delays must not wait for it.
-    b = PostgresBroker(database_url, poll_interval=5.0, fail_fast_default=True)
-    yield b
-    b.close()
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def actors(broker: PostgresBroker) -> SimpleNamespace:
     seen: list = []  # (actor, message proxy, args) per run, in order
 

@@ -14,7 +14,6 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 
 import dramatiq
 import psycopg
@@ -26,6 +25,7 @@ from supervisor.broker.bulk import COPY_MIN_ROWS
 from tests.conftest import scalar
 
 QUEUE = "storm"
+pytestmark = pytest.mark.broker(pool_size=4)
 STORM_SECONDS = 3.0
 
 # Every session of the broker's pool (its application_name), none of the test's own.
@@ -34,13 +34,6 @@ SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
   FROM pg_stat_activity
  WHERE datname = current_database() AND application_name LIKE 'actor-supervisor %%' AND pid <> pg_backend_pid()
 """
-
-
-@pytest.fixture
-def broker(database_url: str) -> Iterator[PostgresBroker]:
-    b = PostgresBroker(database_url, pool_size=4)
-    yield b
-    b.close()
 
 
 @pytest.fixture

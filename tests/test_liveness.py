@@ -54,6 +54,26 @@ def rerun_after(conn, job: str, since) -> float:
                   (since, job))
 
 
+def running_and_one_more(conn, workers, database_url: str, seconds: float, victim_url: str | None = None):
+    """A worker (on ``victim_url``, default the database's own) under way with a job of
+    ``seconds``, and another one ready to take it over: (victim, other, job)."""
+    victim = worker(workers, database_url, url=victim_url)
+    victim.wait_ready(conn, timeout=90)
+    job = send(conn, seconds)
+    wait_for(lambda: started_by(conn, job) == [victim.pid], 15, message="the run to be under way")
+    other = worker(workers, database_url)
+    other.wait_ready(conn, timeout=90)
+    return victim, other, job
+
+
+def assert_taken_over(conn, job: str, since, first: int, second: int) -> None:
+    """Process ``second`` ran ``job`` again within three beats of ``since``, after ``first``, once."""
+    wait_for(lambda: started_by(conn, job) == [first, second], 4 * BEAT + 5,
+             message=f"process {second} to run the job of process {first}")
+    assert (after := rerun_after(conn, job, since)) < 3 * BEAT, after
+    assert_ran_again_once(conn, job, first, second)
+
+
 def assert_ran_again_once(conn, job: str, first: int, second: int) -> None:
     wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "succeeded", 15,
              message="the job to succeed")
@@ -63,19 +83,11 @@ def assert_ran_again_once(conn, job: str, first: int, second: int) -> None:
 
 
 def test_a_killed_standalone_worker_s_job_runs_elsewhere_within_three_beats(conn, workers, database_url):
-    victim = worker(workers, database_url)
-    victim.wait_ready(conn, timeout=90)
+    victim, other, job = running_and_one_more(conn, workers, database_url, 3)
     owner = victim.owner(conn)
-    job = send(conn, 3)
-    wait_for(lambda: started_by(conn, job) == [victim.pid], 15, message="the run to be under way")
-    other = worker(workers, database_url)
-    other.wait_ready(conn, timeout=90)
     killed_at = now(conn)
     victim.kill()
-    wait_for(lambda: started_by(conn, job) == [victim.pid, other.pid], 4 * BEAT + 5,
-             message="another worker to run the killed worker's job")
-    assert (after := rerun_after(conn, job, killed_at)) < 3 * BEAT, after
-    assert_ran_again_once(conn, job, victim.pid, other.pid)
+    assert_taken_over(conn, job, killed_at, victim.pid, other.pid)
     assert [(pid, tag) for pid, tag, *_ in ended(conn, job)] == [(other.pid, "done")]  # the killed run never ended
     reason = scalar(conn, "SELECT reason FROM job_events WHERE job_id = %s", (job,))
     assert "no session left" in reason and f"prior owner {owner}" in reason
@@ -103,11 +115,8 @@ def test_a_killed_node_s_jobs_run_on_the_other_node_within_three_beats(tmp_path,
     killed_at = now(conn)
     for pid in [east.pid, *east.children()]:  # the whole node at once, master first
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: all(started_by(conn, j) == [east_worker, west_worker] for j in jobs), 4 * BEAT + 5,
-             message="west to run east's jobs")
     for job in jobs:
-        assert (after := rerun_after(conn, job, killed_at)) < 3 * BEAT, after
-        assert_ran_again_once(conn, job, east_worker, west_worker)
+        assert_taken_over(conn, job, killed_at, east_worker, west_worker)
     assert scalar(conn, "SELECT count(*) FROM job_events WHERE reason LIKE '%%no session left%%'"
                         " AND reason LIKE '%%prior owner east:%%'") == 2
 
@@ -115,13 +124,8 @@ def test_a_killed_node_s_jobs_run_on_the_other_node_within_three_beats(tmp_path,
 def test_a_frozen_worker_keeps_its_job_by_its_lease(conn, workers, database_url):
     """SIGSTOP well past the beat's expiry (not the lease's): the frozen process keeps
     its sessions, so nobody releases its job; woken, it finishes the job, once."""
-    victim = worker(workers, database_url)
-    victim.wait_ready(conn, timeout=90)
+    victim, _, job = running_and_one_more(conn, workers, database_url, 2)
     owner = victim.owner(conn)
-    job = send(conn, 2)
-    wait_for(lambda: started_by(conn, job) == [victim.pid], 15, message="the run to be under way")
-    other = worker(workers, database_url)
-    other.wait_ready(conn, timeout=90)
     os.kill(victim.pid, signal.SIGSTOP)
     try:
         # stale by well over the beat's expiry, the other worker having looked again since
@@ -143,18 +147,10 @@ def test_a_worker_cut_off_from_the_server_stops_its_job_before_another_takes_it(
     """The server sees no session of the cut-off worker, as of a dead one; the worker,
     whose renewals fail, stops its job first: the two runs never overlap."""
     with TcpProxy(database_url) as proxy:
-        victim = worker(workers, database_url, url=proxy.url)
-        victim.wait_ready(conn, timeout=90)
-        job = send(conn, 4)
-        wait_for(lambda: started_by(conn, job) == [victim.pid], 15, message="the run to be under way")
-        other = worker(workers, database_url)
-        other.wait_ready(conn, timeout=90)
+        victim, other, job = running_and_one_more(conn, workers, database_url, 4, victim_url=proxy.url)
         cut_at = now(conn)
         proxy.go_down()
-        wait_for(lambda: started_by(conn, job) == [victim.pid, other.pid], 4 * BEAT + 5,
-                 message="another worker to run the cut-off worker's job")
-        assert (after := rerun_after(conn, job, cut_at)) < 3 * BEAT, after
-        assert_ran_again_once(conn, job, victim.pid, other.pid)
+        assert_taken_over(conn, job, cut_at, victim.pid, other.pid)
         (pid_a, tag_a, _, stopped), (pid_b, tag_b, started, _) = ended(conn, job)
         assert (pid_a, tag_a, pid_b, tag_b) == (victim.pid, "interrupted", other.pid, "done")
         assert stopped < started  # the cut-off run's last step came before the other run began

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
 from supervisor import db
-from supervisor.broker import Leases, PostgresBroker
+from supervisor.broker import Leases
 
 OWNER = "lockorder:1:abc"
+pytestmark = pytest.mark.broker(owner=OWNER, pool_size=2)
 ROWS = 32
 ROUNDS = 1000
 
@@ -47,13 +47,6 @@ def rows(conn) -> list[str]:
     conn.execute("ANALYZE jobs")
     yield ids
     conn.execute("ALTER DATABASE " + conn.info.dbname + " RESET deadlock_timeout")
-
-
-@pytest.fixture
-def broker(database_url: str) -> Iterator[PostgresBroker]:
-    b = PostgresBroker(database_url, owner=OWNER, pool_size=2)
-    yield b
-    b.close()
 
 
 def test_heartbeats_and_ack_batches_over_the_same_rows_never_deadlock(conn, database_url, rows, broker):

@@ -18,19 +18,20 @@ from dramatiq.results import ResultFailure, ResultMissing
 import supervisor
 from supervisor.broker import PostgresBroker
 from supervisor.results import PostgresBackend
+from supervisor.testsignals import Claimed
 from tests.conftest import cli, scalar, wait_for
 from tests.supervisor_helpers import JobStream, enqueue
 
+pytestmark = pytest.mark.broker(pool_size=4)
+
 
 @pytest.fixture
-def producer(database_url: str) -> Iterator[PostgresBroker]:
+def producer(broker: PostgresBroker) -> Iterator[PostgresBroker]:
     """The test process as a producer: Dramatiq's global broker, restored afterwards."""
     previous = dramatiq.broker.global_broker
-    b = PostgresBroker(database_url, pool_size=4)
-    dramatiq.set_broker(b)
-    yield b
+    dramatiq.set_broker(broker)
+    yield broker
     dramatiq.broker.global_broker = previous
-    b.close()
 
 
 def ops(actor: str, *args, **options) -> Message:
@@ -230,10 +231,14 @@ def claimed(conn, queue: str) -> int:
     return scalar(conn, "SELECT count(*) FROM jobs WHERE queue = %s AND attempts > 0", (queue,))
 
 
+def on_tests(claim: Claimed) -> bool:
+    return claim.queue == "tests"
+
+
 def test_a_paused_queue_gets_no_claims_from_any_process(conn, workers, database_url):
     from supervisor import admin
 
-    procs = [workers(queues="tests,other", threads=2, log_level="DEBUG") for _ in range(2)]
+    procs = [workers(queues="tests,other", threads=2) for _ in range(2)]
     for p in procs:
         p.wait_ready(conn)
     out = cli("queues", "pause", "tests", "--reason", "maintenance", url=database_url)
@@ -241,7 +246,7 @@ def test_a_paused_queue_gets_no_claims_from_any_process(conn, workers, database_
     # No waiting for the pause to spread: each claim reads queue_pauses in its own statement,
     # and the pause committed before these rows did, so a claim that sees them sees it too.
     enqueue(conn, 20, queue="tests")
-    before = [len(p.claims("tests")) for p in procs]
+    before = [len(p.signals.of(Claimed, on_tests)) for p in procs]
     enqueue(conn, 20, queue="other", sleep_s=0.05)
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'other' AND status = 'succeeded'") == 20,
              30, message="the other queue to run")
@@ -249,8 +254,8 @@ def test_a_paused_queue_gets_no_claims_from_any_process(conn, workers, database_
     # Each process has claimed from the paused queue twice since its rows committed (woken by
     # their NOTIFY, then at its poll). The second claim began after the first had returned, so
     # after the commit: it saw the rows, and took none.
-    wait_for(lambda: all(len(p.claims("tests")) >= n + 2 for p, n in zip(procs, before, strict=True)), 10,
-             message="both processes to claim from the paused queue")
+    for p, n in zip(procs, before, strict=True):
+        p.signals.wait(Claimed, on_tests, count=n + 2)
     assert claimed(conn, "tests") == 0
 
     listing = json.loads(cli("queues", "--json", url=database_url).stdout)
@@ -281,10 +286,10 @@ def test_pause_survives_a_restart_and_running_jobs_finish(conn, workers, databas
     # The two running jobs finish; nothing new is claimed.
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 2, 10)
     assert first.terminate() == 0
-    second = workers(queues="tests", threads=2, log_level="DEBUG")
+    second = workers(queues="tests", threads=2)
     second.wait_ready(conn)
     # Its first claim (at once on start, for a backlog) came after the pause and the rows.
-    wait_for(lambda: second.claims("tests"), 10, message="the new process to claim")
+    second.signals.wait(Claimed, on_tests)
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'pending'") == 3
     assert [p["reason"] for p in admin.paused_queues(conn)] == ["deploy"]
     assert admin.resume_queue(conn, "tests") and not admin.resume_queue(conn, "tests")

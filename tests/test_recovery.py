@@ -19,6 +19,7 @@ import pytest
 
 from supervisor import apps, db
 from supervisor.migrate import migrate
+from supervisor.testsignals import ClaimsBack, ClaimsFailing
 from tests.conftest import ROOT, TEST_TABLES, scalar, wait_for
 from tests.supervisor_helpers import role, write_config
 
@@ -66,11 +67,11 @@ def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server
         job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', '[1]') RETURNING id")
         wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "succeeded", 10)
     private_server.stop()
-    wait_for(lambda: all("cannot claim from tests" in p.stderr() for p in procs), 30, interval=0.1,
-             message="the workers to notice the outage")
+    for p in procs:
+        p.signals.wait(ClaimsFailing, timeout=30)  # the workers noticed the outage
     # The injected fault's duration, not a wait for an event: the database stays away 3 s,
     # by when a reconnect backoff of 1 s, 2 s, 4 s... would already wait past the 1 s bound
-    # below. (Workers log only the first failure, and the count once back: no event to await.)
+    # below. (A worker signals only the first failure, and once it claims again: no event to await.)
     time.sleep(3.0)
     private_server.start()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -81,8 +82,8 @@ def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server
     for p in procs:
         assert p.proc.poll() is None
     assert delay < 1.0, f"claimed {delay:.2f}s after PostgreSQL was back"
-    wait_for(lambda: all("claiming from tests again" in p.stderr() for p in procs), 2,
-             message="every worker to claim again")
+    for p in procs:
+        p.signals.wait(ClaimsBack, timeout=2)  # every worker claims again
     assert not any("Restarting consumer" in p.stderr() for p in procs)
 
 

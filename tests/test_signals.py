@@ -6,13 +6,11 @@ case."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import dramatiq
 import pytest
 from dramatiq.middleware import Middleware, SkipMessage
 
-from supervisor.broker import PostgresBroker
 from tests.conftest import scalar, wait_for
 
 QUEUE = "signals"
@@ -38,14 +36,6 @@ class Failing(Middleware):
 
     def before_enqueue(self, broker, message, delay) -> None:
         raise SkipMessage("a MiddlewareError goes through")
-
-
-@pytest.fixture
-def broker(database_url: str, conn) -> Iterator[PostgresBroker]:
-    conn.execute("DELETE FROM jobs WHERE queue = %s", (QUEUE,))
-    b = PostgresBroker(database_url, poll_interval=0.2)
-    yield b
-    b.close()
 
 
 def test_hooks_run_in_dramatiq_order_and_follow_the_middleware_list(broker):

@@ -3,11 +3,15 @@ batches and cadence, and the table settings of 025_jobs_bloat.sql. Real PostgreS
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg_pool import ConnectionPool
 
 from supervisor import db, error_groups
 from supervisor.broker import PostgresBroker, actor_reads, reads
@@ -15,19 +19,13 @@ from supervisor.broker import sql as jobs_sql
 from supervisor.config import Retention
 from supervisor.http.dashboard import recorder
 from supervisor.worker.registry import Registration
-from supervisor.worker.upkeep import Upkeep, UpkeepSettings, vacuum_jobs
+from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 from tests.conftest import scalar, wait_for
 
 CLAIM = {"queue": "health", "n": 5, "owner": "t", "lease_s": 30.0, "relaxed": False, "actors": [], "actor_max_attempts": [],
          "actor_max_losses": [], "default_max_attempts": 1, "default_max_losses": 1}
 STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
-
-
-@pytest.fixture
-def broker(database_url: str) -> Iterator[PostgresBroker]:
-    b = PostgresBroker(database_url, lease_seconds=30, poll_interval=0.2, pool_size=4)
-    yield b
-    b.close()
+pytestmark = pytest.mark.broker(lease_seconds=30, poll_interval=0.2, pool_size=4)
 
 
 @pytest.fixture
@@ -47,41 +45,67 @@ def make_dead(conn: psycopg.Connection, n: int) -> int:
     return conn.execute(STATS).fetchone()[1]
 
 
-def test_vacuum_runs_once_dead_tuples_pass_the_threshold(conn):
+def upkeep(broker: PostgresBroker, registry: ConnectionPool | None = None, **settings: Any) -> Upkeep:
+    """A worker's upkeep on ``broker`` (its registry row written on ``registry``, default the
+    broker's pool), not started: a test calls its tasks, or starts it with ``running``."""
+    registration = Registration(registry or broker.pool, broker.owner, role="t", queues=["tests"])
+    return Upkeep(broker, registration, settings=UpkeepSettings(**settings), state=lambda: "running")
+
+
+@contextlib.contextmanager
+def running(thread: Upkeep) -> Iterator[Upkeep]:
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+
+
+def vacuum(broker: PostgresBroker, *, dead_rows: int, min_seconds: float = 0.0) -> int | None:
+    """The upkeep's vacuum check (and vacuum), as every few seconds in a worker."""
+    return upkeep(broker, vacuum_dead_rows=dead_rows, vacuum_min_seconds=min_seconds).vacuum()
+
+
+def test_vacuum_runs_once_dead_tuples_pass_the_threshold(conn, broker):
     before = make_dead(conn, 500)
     # Statistics of earlier tests on this database may still arrive: a threshold far
     # above what is there, not one dead tuple above what this test made.
-    assert vacuum_jobs(conn, dead_rows=100_000, min_seconds=0) is None
+    assert vacuum(broker, dead_rows=100_000) is None
     assert conn.execute(STATS).fetchone()[1] == before  # below the threshold: nothing ran
 
-    assert vacuum_jobs(conn, dead_rows=500, min_seconds=0) >= 500
+    assert vacuum(broker, dead_rows=500) >= 500
     assert conn.execute(STATS).fetchone() == (0, before + 1)
 
 
-def test_vacuum_not_again_soon_after_the_last(conn):
+def test_vacuum_not_again_soon_after_the_last(conn, broker):
     before = make_dead(conn, 300)
-    assert vacuum_jobs(conn, dead_rows=100, min_seconds=0) is not None
+    assert vacuum(broker, dead_rows=100) is not None
     make_dead(conn, 300)
     # a vacuum ended moments ago: within min_seconds nobody runs another
-    assert vacuum_jobs(conn, dead_rows=100, min_seconds=3600) is None
+    assert vacuum(broker, dead_rows=100, min_seconds=3600) is None
     assert conn.execute(STATS).fetchone()[1] == before + 1
 
 
-def test_vacuum_one_process_at_a_time_never_waiting_never_blocking_a_claim(conn, other, database_url):
+def test_vacuum_one_process_at_a_time_never_waiting_never_blocking_a_claim(conn, other, database_url, broker):
     before = make_dead(conn, 300)
-    conn.execute("SET lock_timeout = '5s'")  # were it to wait, it would fail here instead of hanging
+    # Were the vacuum to wait for the lock, this test would fail after 10 s instead of
+    # hanging (the lock is released only once the test goes on).
+    checks = ThreadPoolExecutor(1)
     with other.transaction():
         # another process is vacuuming jobs (this is the lock a vacuum holds): this one
         # does not run a second vacuum, nor wait for the first
         other.execute("LOCK TABLE jobs IN SHARE UPDATE EXCLUSIVE MODE")
-        assert vacuum_jobs(conn, dead_rows=100, min_seconds=0) is not None
+        assert checks.submit(vacuum, broker, dead_rows=100).result(timeout=10) is not None
+        checks.shutdown()
         # ...and that lock never stands in a claim's way
         with psycopg.connect(database_url, autocommit=True, options="-c lock_timeout=5s") as claimer:
             claimer.execute("INSERT INTO jobs (queue, actor) VALUES ('health', 'x')")
             assert len(claimer.execute(jobs_sql.CLAIM, CLAIM).fetchall()) == 1
     assert conn.execute(STATS).fetchone()[1] == before  # skipped: no second vacuum ran
     assert conn.execute(STATS).fetchone()[0] >= 300
-    assert vacuum_jobs(conn, dead_rows=100, min_seconds=0) is not None  # free again: it runs
+    assert vacuum(broker, dead_rows=100) is not None  # free again: it runs
     assert conn.execute(STATS).fetchone()[1] == before + 1
     # no truncation (it would take ACCESS EXCLUSIVE and stall every claim), by the table's setting too
     options = scalar(conn, "SELECT reloptions FROM pg_class WHERE oid = 'jobs'::regclass")
@@ -91,17 +115,9 @@ def test_vacuum_one_process_at_a_time_never_waiting_never_blocking_a_claim(conn,
 
 def test_upkeep_thread_vacuums_jobs_when_dead_tuples_pile_up(conn, broker):
     before = make_dead(conn, 400)
-    registration = Registration(broker.pool, broker.owner, role="t", queues=["tests"])
-    settings = UpkeepSettings(heartbeat_seconds=3600, vacuum_dead_rows=400, vacuum_check_seconds=0.05,
-                              vacuum_min_seconds=0)
-    upkeep = Upkeep(broker, registration, settings=settings, state=lambda: "running")
-    upkeep.start()
-    try:
+    with running(upkeep(broker, heartbeat_seconds=3600, vacuum_dead_rows=400, vacuum_check_seconds=0.05,
+                        vacuum_min_seconds=0)):
         wait_for(lambda: conn.execute(STATS).fetchone()[1] > before, message="the upkeep's vacuum of jobs")
-    finally:
-        upkeep.stop()
-        upkeep.join(10)
-    assert not upkeep.is_alive()
     assert conn.execute(STATS).fetchone()[0] == 0
 
 
@@ -163,16 +179,9 @@ def test_claim_stays_a_tid_lookup_when_the_planner_thinks_jobs_is_empty(conn, ot
 
 def test_upkeep_analyzes_jobs_when_the_planner_counts_too_few_rows(conn, other, broker):
     empty_in_the_planner(conn, other, 5000)
-    registration = Registration(broker.pool, broker.owner, role="t", queues=["health"])
-    settings = UpkeepSettings(heartbeat_seconds=3600, vacuum_check_seconds=0.05)
-    upkeep = Upkeep(broker, registration, settings=settings, state=lambda: "running")
-    upkeep.start()
-    try:
+    with running(upkeep(broker, heartbeat_seconds=3600, vacuum_check_seconds=0.05)):
         wait_for(lambda: scalar(conn, "SELECT reltuples FROM pg_class WHERE relname = 'jobs'") >= 5000 / 4,
                  message="the upkeep's analyze of jobs")
-    finally:
-        upkeep.stop()
-        upkeep.join(10)
     assert scalar(conn, "SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass") >= 1
 
 
@@ -374,23 +383,20 @@ def test_a_claim_size_keeps_one_generic_plan(conn):
         jobs_sql.claim(0)
 
 
-def test_a_prune_takes_no_connection_of_the_brokers_pool(conn, database_url):
+@pytest.mark.broker(pool_size=2)
+def test_a_prune_takes_no_connection_of_the_brokers_pool(conn, database_url, broker):
     """A prune of a busy table is tens of batches back to back (seconds): on the broker's
     two connections, claims and acks queued behind it (issue 23, bench/README.md). With
     both of them in use, a prune still runs, on a connection of its own."""
-    broker = PostgresBroker(database_url, pool_size=2)
     side = db.make_pool(database_url, max_size=1, name="test")
     held = []
     try:
         conn.execute("INSERT INTO jobs (actor, status, finished_at) SELECT 'x', 'succeeded', now() - interval '8 days'"
                      " FROM generate_series(1, 250)")
-        registration = Registration(side, broker.owner, role="t", queues=["tests"])
-        upkeep = Upkeep(broker, registration, settings=UpkeepSettings(prune_batch=100), state=lambda: "running")
         held = [broker.pool.getconn(timeout=10) for _ in range(2)]  # a claim and an ack batch in flight
-        assert upkeep.prune()["succeeded"] == 250
+        assert upkeep(broker, side, prune_batch=100).prune()["succeeded"] == 250
     finally:
         for c in held:
             broker.pool.putconn(c)
         side.close()
-        broker.close()
     assert scalar(conn, "SELECT count(*) FROM jobs") == 0

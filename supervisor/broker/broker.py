@@ -371,10 +371,6 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 progress = self._progress
         return progress
 
-    def report_progress(self, job_id: str, attempt: int, percent: float | None, message: str | None) -> None:
-        """Buffer a progress report of a running job (see ``supervisor.progress``)."""
-        self.progress_buffer().record(job_id, attempt, percent, message)
-
     def flush_acks(self, timeout: float | None = None) -> bool:
         return self._acks.flush(timeout) if self._acks else True
 

@@ -12,6 +12,7 @@ from typing import Protocol
 from dramatiq.broker import Consumer
 from dramatiq.errors import BrokerConnectionError
 
+from .. import testsignals
 from .capacity import Capacity
 from .message import PgMessageProxy
 
@@ -103,6 +104,7 @@ class PostgresConsumer(Consumer):
                 if not self._outage:
                     log.warning("cannot claim from %s (%s); trying again every %.1fs",
                                 self.queue_name, exc, OUTAGE_RETRY_SECONDS)
+                    testsignals.emit(testsignals.ClaimsFailing(self.queue_name))
                 self._outage = self._more = True
                 self.wakeup.wait(min(OUTAGE_RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
                 continue
@@ -111,11 +113,12 @@ class PostgresConsumer(Consumer):
                 raise
             if self._outage:
                 log.warning("claiming from %s again", self.queue_name)
+                testsignals.emit(testsignals.ClaimsBack(self.queue_name))
                 self._outage = False
             # At DEBUG, each claim and what it found: an operator asking why a queue's
-            # jobs sit (paused, keys held, not due) sees that they are being asked for,
-            # and tests see that a claim ran rather than waiting a while for one.
+            # jobs sit (paused, keys held, not due) sees that they are being asked for.
             log.debug("claimed %d of %d from %s", len(claimed), n, self.queue_name)
+            testsignals.emit(testsignals.Claimed(self.queue_name, len(claimed), n))
             self.capacity.release(n - len(claimed))
             self._more = len(claimed) == n
             self._next_poll = time.monotonic() + self.poll_interval

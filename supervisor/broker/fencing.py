@@ -20,6 +20,7 @@ from typing import ClassVar
 from dramatiq.middleware import Middleware
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 
+from .. import testsignals
 from . import threads
 from .leases import Hold, Leases
 from .message import PgMessageProxy
@@ -122,6 +123,7 @@ class Fence(Middleware):
                 message.fenced = _REASONS[exc]
                 raise_thread_exception(thread_id, exc)
             log.warning("interrupted job %s (attempt %d): %s", key[0], key[1], _REASONS[exc])
+            testsignals.emit(testsignals.Interrupted(key[0], key[1], _REASONS[exc]))
 
     def _watch(self) -> None:
         # No database here: whatever fails is a bug, and a process whose fence is dead

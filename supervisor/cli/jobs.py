@@ -76,7 +76,7 @@ def jobs() -> None:
 
 @jobs.command("list")
 @config_option
-@click.option("--status", type=click.Choice(["pending", "running", "retryable", "succeeded", "failed", "cancelled"]))
+@click.option("--status", type=click.Choice(admin.JOB_STATUSES))
 @click.option("--queue", "-q", default=None)
 @click.option("--actor", default=None)
 @click.option("--id", "job_id", default=None, metavar="ID", help="A job id or the start of one (hex digits).")

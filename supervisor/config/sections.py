@@ -140,9 +140,7 @@ def _supervisor(reader: Reader, item: Item | None, path: Path) -> SupervisorConf
     relative = _path(path.resolve().parent)
     values = read_fields(reader, item, SupervisorConfig, {"control_socket": relative, "state_dir": relative})
     if "control_socket" not in values:
-        from ..db import state_dir as default_state_dir
-
-        values["control_socket"] = (values.get("state_dir") or default_state_dir()) / "supervisor.sock"
+        values["control_socket"] = default_control_socket(values.get("state_dir"))
     cfg = SupervisorConfig(**values)
     _raise_first(reader, item, cfg.problems())
     return cfg
@@ -267,9 +265,12 @@ def control_socket_of(path: str | Path, env: Mapping[str, str] | None = None) ->
         p = Path(reader.interpolate(raw, 0, f"supervisor.{key}")).expanduser()
         return p if p.is_absolute() else base / p
 
-    control = value("control_socket")
-    if control is None:
-        from ..db import state_dir as default_state_dir
+    return value("control_socket") or default_control_socket(value("state_dir"))
 
-        control = (value("state_dir") or default_state_dir()) / "supervisor.sock"
-    return control
+
+def default_control_socket(state_dir: Path | None) -> Path:
+    """Where the control socket is when the config does not say: in the state directory
+    (the config's, else the runtime's default)."""
+    from ..db import state_dir as default_state_dir
+
+    return (state_dir or default_state_dir()) / "supervisor.sock"

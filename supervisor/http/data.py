@@ -86,11 +86,11 @@ def readiness(state: AppState) -> dict[str, Any]:
 
 # --- the API's reads ----------------------------------------------------------------------
 
-JOB_STATUSES = ("pending", "running", "retryable", "succeeded", "failed", "cancelled")
 RECENT_RUNS = 10
 
 
 def encode_cursor(created_at: datetime, job_id: str) -> str:
+    """Where the next page of jobs starts (the API's and the dashboard's), opaque to clients."""
     raw = f"{created_at.isoformat()}|{job_id}"
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
@@ -171,7 +171,7 @@ def system_state(state: AppState) -> dict[str, Any]:
     try:
         with state.connection() as conn:
             out["database"] = {"reachable": True, "server_version": conn.info.server_version}
-            counts: dict[str, int] = dict.fromkeys(JOB_STATUSES, 0)
+            counts: dict[str, int] = dict.fromkeys(admin.JOB_STATUSES, 0)
             for _queue, status, n in admin.counts_by_queue_and_status(conn):
                 counts[status] = counts.get(status, 0) + n
             out["jobs"] = counts

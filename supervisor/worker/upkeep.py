@@ -22,6 +22,7 @@ from .registry import Beat, Registration
 
 log = logging.getLogger(__name__)
 
+
 def vacuum_due(conn: psycopg.Connection, *, dead_rows: int = defaults.VACUUM_DEAD_ROWS,
                min_seconds: float = defaults.VACUUM_MIN_SECONDS) -> int | None:
     """The dead tuples of jobs if a vacuum is due: at least ``dead_rows`` of them, no
@@ -32,19 +33,6 @@ def vacuum_due(conn: psycopg.Connection, *, dead_rows: int = defaults.VACUUM_DEA
     thousand dead entries by then, which every claim steps over."""
     row = conn.execute(jobs_sql.JOBS_VACUUM_DUE, {"dead_rows": dead_rows, "min_s": min_seconds}).fetchone()
     return None if row is None else int(row[0])
-
-
-def vacuum_jobs(conn: psycopg.Connection, *, dead_rows: int = defaults.VACUUM_DEAD_ROWS,
-                min_seconds: float = defaults.VACUUM_MIN_SECONDS) -> int | None:
-    """VACUUM jobs on ``conn`` (autocommit) if due; returns the dead tuples it found, or None.
-
-    One process at a time: a vacuum takes a lock that conflicts with itself, and
-    VACUUM_JOBS skips the table instead of waiting for it. Never blocks a claim: see
-    sql.VACUUM_JOBS."""
-    dead = vacuum_due(conn, dead_rows=dead_rows, min_seconds=min_seconds)
-    if dead is not None:
-        conn.execute(jobs_sql.VACUUM_JOBS, prepare=False)
-    return dead
 
 
 @dataclass(frozen=True)
@@ -107,7 +95,11 @@ class Upkeep(threading.Thread):
 
     def vacuum(self) -> int | None:
         """Analyze jobs if the planner's row count is stale, then vacuum it if due (see
-        vacuum_due); returns the dead tuples the vacuum found, or None."""
+        vacuum_due); returns the dead tuples the vacuum found, or None.
+
+        One process at a time: a vacuum takes a lock that conflicts with itself, and
+        VACUUM_JOBS skips the table instead of waiting for it. Never blocks a claim: see
+        sql.VACUUM_JOBS."""
         s = self.settings
         with self.broker.pool.connection(timeout=10) as c:
             stale = c.execute(jobs_sql.JOBS_STATS_STALE, {"min_rows": defaults.STATS_MIN_ROWS}).fetchone()
@@ -127,19 +119,28 @@ class Upkeep(threading.Thread):
             c.execute(statement, prepare=False)
         log.info(what + " in %.1fs", rows, time.monotonic() - started, extra={key: rows})
 
-    def _vacuum_task(self) -> None:
-        with threads.lifetime("upkeep-vacuum", self._halt.is_set):
-            try:
-                self.vacuum()
-            except threads.EXPECTED as exc:
-                threads.warn(log, "upkeep vacuum", exc)
-
     def start_vacuum(self) -> None:
         """Check (and vacuum) on a thread of its own, one at a time per process."""
-        if self.settings.vacuum_dead_rows <= 0 or self._vacuum is not None and self._vacuum.is_alive():
-            return
-        self._vacuum = threading.Thread(target=self._vacuum_task, name="upkeep-vacuum", daemon=True)
-        self._vacuum.start()
+        if self.settings.vacuum_dead_rows > 0:
+            self._vacuum = self._apart(self._vacuum, "vacuum", self.vacuum)
+
+    def _apart(self, last: threading.Thread | None, what: str, task: Callable[[], object]) -> threading.Thread:
+        """``task`` on a thread of its own (``upkeep-WHAT``), unless ``last``, the thread it
+        had last, is still at it: one at a time per process. A database error is one
+        warning line (the next round tries again); any other ends the process (threads.py)."""
+        if last is not None and last.is_alive():
+            return last
+
+        def run() -> None:
+            with threads.lifetime(f"upkeep-{what}", self._halt.is_set):
+                try:
+                    task()
+                except threads.EXPECTED as exc:
+                    threads.warn(log, f"upkeep {what}", exc)
+
+        thread = threading.Thread(target=run, name=f"upkeep-{what}", daemon=True)
+        thread.start()
+        return thread
 
     def _batches(self, conn: psycopg.Connection, statement: str, **params: object) -> int:
         """Run a bounded DELETE until it comes back short: each batch commits on
@@ -176,20 +177,10 @@ class Upkeep(threading.Thread):
             log.info("pruned %s", ", ".join(f"{n} {kind}" for kind, n in counts.items() if n), extra={"pruned": counts})
         return counts
 
-    def _prune_task(self) -> None:
-        with threads.lifetime("upkeep-prune", self._halt.is_set):
-            try:
-                self.prune()
-            except threads.EXPECTED as exc:
-                threads.warn(log, "upkeep prune", exc)
-
     def start_prune(self) -> None:
         """Prune on a thread of its own, one at a time per process: a prune of a busy
         table takes seconds, and the beats must not wait for it."""
-        if self._prune is not None and self._prune.is_alive():
-            return
-        self._prune = threading.Thread(target=self._prune_task, name="upkeep-prune", daemon=True)
-        self._prune.start()
+        self._prune = self._apart(self._prune, "prune", self.prune)
 
     def stop(self) -> None:
         self._halt.set()

@@ -26,7 +26,7 @@ CHANGES: dict[str, Callable[[psycopg.Connection, str], bool]] = {"retry": admin.
                                                                   "cancel": admin.cancel_job}
 
 
-def change_jobs(state: AppState, action: str, ids: list[str], where: gather.JobFilter | None) -> dict[str, Any]:
+def change_jobs(state: AppState, action: str, ids: list[str], where: admin.JobFilter | None) -> dict[str, Any]:
     """Apply ``action`` to ``ids``, or to every job matching ``where`` (bounded)."""
     change = CHANGES[action]
     with state.connection() as conn:

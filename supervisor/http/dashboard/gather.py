@@ -12,9 +12,7 @@ import json
 import logging
 import math
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -219,71 +217,45 @@ def queues(state: AppState) -> list[dict[str, Any]]:
 
 # --- jobs ---------------------------------------------------------------------------------
 
-STATUSES = ("pending", "running", "retryable", "succeeded", "failed", "cancelled")
+# The jobs page's form: its time fields (datetime-local: no time zone, read as UTC) and
+# the filter's fields they fill.
+FORM_TIMES = {"since": "created_after", "until": "created_before"}
 
 
-@dataclass(frozen=True)
-class JobFilter:
-    status: str | None = None
-    queue: str | None = None
-    actor: str | None = None
-    text: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    # id or id prefix, dedupe or concurrency key, a value inside the arguments (same names as the API)
-    search: jobsearch.Search = jobsearch.Search()
-
-    @classmethod
-    def parse(cls, q: Any) -> JobFilter:
-        """From query or form fields; blanks are absent; a bad value raises ValueError."""
-        def get(name: str) -> str | None:
-            v = (q.get(name) or "").strip()
-            return v or None
-        status = get("status")
-        if status is not None and status not in STATUSES:
-            raise ValueError(f"unknown status {status!r} (one of {', '.join(STATUSES)})")
-        times = {}
-        for name in ("since", "until"):
-            v = get(name)
-            t = datetime.fromisoformat(v) if v else None
-            times[name] = t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
-        return cls(status=status, queue=get("queue"), actor=get("actor"), text=get("text"),
-                   search=jobsearch.Search.parse(q), **times)
-
-    def operator(self) -> admin.JobFilter:
-        """As the operator's filter (what ``admin`` lists, counts and changes)."""
-        return admin.JobFilter(status=self.status, queue=self.queue, actor=self.actor, text=self.text,
-                               created_after=self.since, created_before=self.until, search=self.search)
-
-    def query(self) -> dict[str, str]:
-        """The filter as form fields (for links that keep it)."""
-        own = {"status": self.status, "queue": self.queue, "actor": self.actor, "text": self.text,
-               "since": self.since, "until": self.until}
-        return {**{k: (v.isoformat(timespec="minutes") if isinstance(v, datetime) else v)
-                   for k, v in own.items() if v is not None}, **self.search.query()}
+def form_filter(q: Any) -> admin.JobFilter:
+    """The jobs page's filter from its query or form fields (the search's have the API's
+    names); blanks are absent; a bad value raises ValueError."""
+    def get(name: str) -> str | None:
+        v = (q.get(name) or "").strip()
+        return v or None
+    times = {}
+    for name, field in FORM_TIMES.items():
+        v = get(name)
+        t = datetime.fromisoformat(v) if v else None
+        times[field] = t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
+    return admin.JobFilter(status=admin.job_status(get("status")), queue=get("queue"), actor=get("actor"),
+                           text=get("text"), search=jobsearch.Search.parse(q), **times)
 
 
-def _cursor(after: tuple[datetime, str]) -> str:
-    return f"{after[0].isoformat()}_{after[1]}"
+def form_fields(where: admin.JobFilter) -> dict[str, str]:
+    """The filter as the jobs page's form fields (for links that keep it, and the form's
+    own values: a time in UTC without its zone, which a datetime-local field refuses)."""
+    own: dict[str, Any] = {"status": where.status, "queue": where.queue, "actor": where.actor, "text": where.text,
+                           **{name: getattr(where, field) for name, field in FORM_TIMES.items()}}
+    return {**{k: (v.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="minutes")
+                   if isinstance(v, datetime) else v)
+               for k, v in own.items() if v is not None}, **where.search.query()}
 
 
-def _after(cursor: str | None) -> tuple[datetime, str] | None:
-    if not cursor:
-        return None
-    at, _, job_id = cursor.rpartition("_")
-    return datetime.fromisoformat(at), str(uuid.UUID(job_id))
-
-
-def count_jobs(conn: psycopg.Connection, where: JobFilter) -> tuple[int, bool, datetime | None]:
+def count_jobs(conn: psycopg.Connection, where: admin.JobFilter) -> tuple[int, bool, datetime | None]:
     """(count, exact, scanned_to): exact up to COUNT_EXACT_UPTO, the planner's estimate past
     it. A search no index serves counts its matches among the newest jobs only
     (jobsearch.SCAN_ROWS); ``scanned_to``: the creation time of the last job it read, when
     older ones were left uncounted (the count is then a lower bound)."""
-    op = where.operator()
-    if op.scans:
-        n, scanned_to = admin.count_in_window(conn, op)
+    if where.scans:
+        n, scanned_to = admin.count_in_window(conn, where)
         return n, scanned_to is None, scanned_to
-    names, params = op.names(), op.params()
+    names, params = where.names(), where.params()
     row = conn.execute(reads.count_upto(names), {**params, "upto": COUNT_EXACT_UPTO + 1}).fetchone()
     exact = int(row[0]) if row else 0
     if exact <= COUNT_EXACT_UPTO:
@@ -294,22 +266,22 @@ def count_jobs(conn: psycopg.Connection, where: JobFilter) -> tuple[int, bool, d
     return max(estimate, exact), False, None
 
 
-def jobs(state: AppState, where: JobFilter, cursor: str | None) -> dict[str, Any]:
+def jobs(state: AppState, where: admin.JobFilter, cursor: str | None) -> dict[str, Any]:
+    after = data.decode_cursor(cursor) if cursor else None
     with state.connection() as conn:
-        found = admin.jobs_page(conn, where.operator(), limit=PAGE_SIZE, after=_after(cursor),
-                                columns=reads.PAGE_COLUMNS)
+        found = admin.jobs_page(conn, where, limit=PAGE_SIZE, after=after, columns=reads.PAGE_COLUMNS)
         short = found.scan_rows is not None and (found.after is None or found.scanned_to is not None)
         if short and cursor is None:  # the first page read the count's whole window: no second read
             total, exact, counted_to = len(found.rows), found.scanned_to is None, found.scanned_to
         else:
             total, exact, counted_to = count_jobs(conn, where)
-    return {"jobs": found.rows, "next": _cursor(found.after) if found.after else None, "total": total,
+    return {"jobs": found.rows, "next": data.encode_cursor(*found.after) if found.after else None, "total": total,
             "exact": exact, "counted_to": counted_to, "scan_rows": found.scan_rows, "scanned_to": found.scanned_to,
             "queues": [q["queue"] for q in queues(state)]}
 
 
-def matching_ids(conn: psycopg.Connection, where: JobFilter) -> list[str]:
-    return admin.matching_ids(conn, where.operator(), limit=BULK_LIMIT)
+def matching_ids(conn: psycopg.Connection, where: admin.JobFilter) -> list[str]:
+    return admin.matching_ids(conn, where, limit=BULK_LIMIT)
 
 
 def job(state: AppState, job_id: str) -> dict[str, Any] | None:

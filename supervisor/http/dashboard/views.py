@@ -19,6 +19,7 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ... import admin
 from ..auth import note
 from ..render import Json, error
 from ..state import state_of
@@ -45,11 +46,12 @@ def queues(request: Request) -> Response:
 
 def jobs(request: Request) -> Response:
     try:
-        where = gather.JobFilter.parse(request.query_params)
+        where = gather.form_filter(request.query_params)
         found = gather.jobs(state_of(request), where, request.query_params.get("cursor"))
     except ValueError as exc:
         return HTMLResponse(f"bad filter: {exc}", status_code=400)
-    return page(request, "jobs.html", where=where, filter_query=where.query(), statuses=gather.STATUSES, **found)
+    return page(request, "jobs.html", where=where, filter_query=gather.form_fields(where),
+                statuses=admin.JOB_STATUSES, **found)
 
 
 def job(request: Request) -> Response:
@@ -125,12 +127,13 @@ async def change_jobs(request: Request) -> Response:
         return error(404, f"no job action {action!r} (retry, cancel)")
     try:
         body = await _body(request)
-        where = gather.JobFilter.parse(body.get("filter") or {}) if body.get("all") else None
+        where = gather.form_filter(body.get("filter") or {}) if body.get("all") else None
         ids = [str(i) for i in body.get("ids") or []]
         if where is None and not ids:
             return error(400, "select jobs, or all matching the filter")
         result = await _run(actions.change_jobs, state_of(request), action, ids, where)
-        note(request, job_ids=result["changed"], filter=where.query() if where else None, outcome=result["message"])
+        note(request, job_ids=result["changed"], filter=gather.form_fields(where) if where else None,
+             outcome=result["message"])
     except NotJson as exc:
         return error(415, str(exc))
     except ValueError as exc:
