@@ -1,4 +1,4 @@
-"""Every SQL statement on ``jobs``, ``job_concurrency``, ``job_events``,
+"""Every SQL statement on ``job_queue``, ``job_history``, ``job_concurrency``, ``job_events``,
 ``job_progress`` and ``queue_pauses``: the one place for these tables, in one module
 per concern, all read as ``sql.NAME``.
 
@@ -20,6 +20,14 @@ from .enqueue import (
     INSERT_MANY,
     LIVE_BY_DEDUPE_KEYS,
     RUN_AT,
+)
+from .history import (
+    ADD_DAY,
+    DAYS_AHEAD,
+    DROP_DAYS,
+    JOB_COLUMNS,
+    PRUNE_ROWS,
+    archive,
 )
 from .outcomes import (
     ACK_MANY,
@@ -51,7 +59,6 @@ from .upkeep import (
     ANALYZE_JOBS,
     JOBS_STATS_STALE,
     JOBS_VACUUM_DUE,
-    PRUNE,
     PRUNE_EVENTS,
     PRUNE_PROGRESS,
     VACUUM_JOBS,
@@ -81,7 +88,12 @@ __all__ = [
     "CANCEL",
     "FAIL_UNREADABLE",
     "RETRY_FAILED",
-    "PRUNE",
+    "ADD_DAY",
+    "DAYS_AHEAD",
+    "DROP_DAYS",
+    "JOB_COLUMNS",
+    "PRUNE_ROWS",
+    "archive",
     "PRUNE_EVENTS",
     "PRUNE_PROGRESS",
     "JOBS_VACUUM_DUE",

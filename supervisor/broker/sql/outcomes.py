@@ -11,7 +11,14 @@ statements of one process over the same rows each held a row the other waited fo
 and PostgreSQL killed one of them (deadlock detected). ``FOR NO KEY UPDATE`` is the
 lock the UPDATE itself takes, so taking it first changes nothing else. Statements that
 skip locked rows (claim, reap, release, prune) never wait, so their order is free.
+A statement that deletes rows (a job finishing leaves job_queue for job_history) locks
+them ``FOR UPDATE``, the lock the DELETE takes, in the same id order.
+
+Live rows are in job_queue; a finished row is deleted from it and appended to
+job_history in the same statement (``history.archive``).
 """
+
+from .history import JOB_COLUMNS, archive
 
 # Acks arrive in batches (group commit). Each is fenced by owner and attempt number,
 # so a late ack after a reclaim, or the ack that follows a retry, changes nothing.
@@ -24,30 +31,30 @@ _ENDED = "now() - coalesce(%(ended_us)s::bigint, 0) * interval '1 microsecond'"
 ACK_MANY = """
 WITH locked AS (
     SELECT j.id, a.progress, a.started_us, a.ended_us
-      FROM jobs j
+      FROM job_queue j
       JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[], %(started_us)s::bigint[],
                   %(ended_us)s::bigint[]) AS a(id, attempts, progress, started_us, ended_us)
         ON j.id = a.id
      WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
      ORDER BY j.id
-       FOR NO KEY UPDATE OF j
+       FOR UPDATE OF j
+), done AS (
+    DELETE FROM job_queue j USING locked WHERE j.id = locked.id
+    RETURNING j.*, locked.progress AS new_progress, locked.started_us, locked.ended_us
 )
-UPDATE jobs j
-   SET status = 'succeeded', lease_expires_at = NULL,
-       started_at = now() - locked.started_us * interval '1 microsecond',
-       finished_at = now() - coalesce(locked.ended_us, 0) * interval '1 microsecond',
-       progress = coalesce(locked.progress, j.progress)
-  FROM locked
- WHERE j.id = locked.id
-"""
+""" + archive("done", status="'succeeded'", lease_expires_at="NULL",
+              started_at="now() - done.started_us * interval '1 microsecond'",
+              finished_at="now() - coalesce(done.ended_us, 0) * interval '1 microsecond'",
+              progress="coalesce(done.new_progress, done.progress)")
 
 NACK = f"""
 WITH done AS (
-    UPDATE jobs
-       SET status = 'failed', started_at = {_STARTED}, finished_at = {_ENDED}, lease_expires_at = NULL,
-           last_error = %(error)s
+    DELETE FROM job_queue
      WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
- RETURNING id, actor
+ RETURNING *
+), kept AS (
+    {archive("done", status="'failed'", started_at=_STARTED, finished_at=_ENDED, lease_expires_at="NULL",
+             last_error="%(error)s")}
 )
 INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
 SELECT id, %(owner)s, 'running', 'failed', %(reason)s, actor, %(error_type)s, %(error_where)s FROM done
@@ -59,7 +66,7 @@ SELECT id, %(owner)s, 'running', 'failed', %(reason)s, actor, %(error_type)s, %(
 # (each process serving the queue moves its timer to it; see timer.py).
 RETRY = f"""
 WITH done AS (
-    UPDATE jobs
+    UPDATE job_queue
        SET status = 'retryable', options = %(options)s, payload = %(payload)s, last_error = %(error)s,
            started_at = {_STARTED},
            run_at = now() + %(delay_ms)s * interval '1 millisecond', lease_expires_at = NULL
@@ -78,12 +85,12 @@ SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || q
 REQUEUE = """
 WITH locked AS (
     SELECT j.id
-      FROM jobs j JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts) ON j.id = a.id
+      FROM job_queue j JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts) ON j.id = a.id
      WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
      ORDER BY j.id
        FOR NO KEY UPDATE OF j
 ), done AS (
-    UPDATE jobs j
+    UPDATE job_queue j
        SET status = 'pending', attempts = j.attempts - 1, lease_owner = NULL,
            lease_expires_at = NULL
       FROM locked
@@ -104,12 +111,12 @@ SELECT count(*)
 # cancelled, and its process interrupts the job (self-fencing).
 HEARTBEAT = """
 WITH locked AS (
-    SELECT id FROM jobs
+    SELECT id FROM job_queue
      WHERE id = ANY(%(ids)s::uuid[]) AND lease_owner = %(owner)s AND status = 'running'
      ORDER BY id
        FOR NO KEY UPDATE
 )
-UPDATE jobs j
+UPDATE job_queue j
    SET heartbeat_at = now(), lease_expires_at = now() + %(lease_s)s * interval '1 second'
   FROM locked
  WHERE j.id = locked.id
@@ -127,36 +134,44 @@ _LOSS_BUDGET = """coalesce(max_lease_losses, %(default_max_losses)s) AS budget,
 
 _RELEASE_BODY = """
 , upd AS (
-    UPDATE jobs j
-       SET status = CASE WHEN lost.poison THEN 'failed' ELSE 'pending' END,
-           lease_losses = j.lease_losses + 1,
-           finished_at = CASE WHEN lost.poison THEN now() END,
-           last_error = CASE WHEN lost.poison
-                             THEN format('poison pill: lease lost %%s times while running (the job killed'
-                                         ' or stalled its process; last owner %%s, %%s); budget'
-                                         ' max_lease_losses=%%s used up, giving up',
-                                         j.lease_losses + 1, lost.owner, %(why)s::text, lost.budget)
-                             ELSE j.last_error END,
+    UPDATE job_queue j
+       SET status = 'pending', lease_losses = j.lease_losses + 1,
            lease_owner = NULL, lease_expires_at = NULL, run_at = now()
       FROM lost
-     WHERE j.id = lost.id
+     WHERE j.id = lost.id AND NOT lost.poison
  RETURNING j.id, j.queue, j.actor, j.status, j.lease_losses, lost.budget, lost.owner
+), poisoned AS (
+    DELETE FROM job_queue j USING lost
+     WHERE j.id = lost.id AND lost.poison
+ RETURNING j.*, lost.budget, lost.owner AS lost_owner
+), kept AS (
+    """ + archive(
+    "poisoned", status="'failed'", lease_losses="poisoned.lease_losses + 1", finished_at="now()",
+    lease_owner="NULL", lease_expires_at="NULL", run_at="now()",
+    last_error="""format('poison pill: lease lost %%s times while running (the job killed'
+                         ' or stalled its process; last owner %%s, %%s); budget'
+                         ' max_lease_losses=%%s used up, giving up',
+                         poisoned.lease_losses + 1, poisoned.lost_owner, %(why)s::text, poisoned.budget)""") + """
+), out AS (
+    SELECT id, queue, actor, status, lease_losses, budget, owner FROM upd
+    UNION ALL
+    SELECT id, queue, actor, 'failed', lease_losses + 1, budget, lost_owner FROM poisoned
 ), ev AS (
     -- grouped on the Errors page as the runtime's own failures (032): no exception, no frame
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
     SELECT id, %(who)s::text, 'running', status,
            format('%%s; prior owner %%s; lease loss %%s of %%s', %(why)s, owner, lease_losses, budget),
            actor, CASE WHEN status = 'failed' THEN 'PoisonPill' ELSE 'LeaseLost' END, ''
-      FROM upd
+      FROM out
 )
-SELECT upd.id, upd.status, upd.owner
-  FROM upd CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', upd.queue)) AS wake
+SELECT out.id, out.status, out.owner
+  FROM out CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', out.queue)) AS wake
 """
 
 RELEASE_OWNER = (
     """
 WITH lost AS (
-    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
+    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM job_queue
      WHERE lease_owner = %(owner)s AND status = 'running'
        AND claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
        FOR UPDATE SKIP LOCKED
@@ -171,7 +186,7 @@ WITH lost AS (
 RELEASE_NODE = (
     """
 WITH lost AS (
-    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
+    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM job_queue
      WHERE status = 'running' AND claimed_at IS NOT NULL  -- jobs_running serves (027)
        AND left(lease_owner, length(%(node)s) + 1) = %(node)s || ':'
        FOR UPDATE SKIP LOCKED
@@ -182,7 +197,7 @@ WITH lost AS (
 REAP_EXPIRED = (
     """
 WITH lost AS (
-    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
+    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM job_queue
      WHERE status = 'running' AND lease_expires_at < now() - %(margin_s)s * interval '1 second'
        AND claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
      ORDER BY lease_expires_at
@@ -215,7 +230,7 @@ WITH gone AS MATERIALIZED (  -- per process (a few), not per job: pg_stat_activi
                         WHERE a.datname = current_database() AND a.application_name = w.session_name)
 ), lost AS (
     SELECT j.id, j.lease_owner AS owner, """ + _LOSS_BUDGET + """
-      FROM gone JOIN jobs j ON j.lease_owner = gone.id
+      FROM gone JOIN job_queue j ON j.lease_owner = gone.id
      WHERE j.status = 'running' AND j.heartbeat_at < now() - gone.stale
        AND j.claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
        FOR UPDATE OF j SKIP LOCKED
@@ -223,21 +238,19 @@ WITH gone AS MATERIALIZED (  -- per process (a few), not per job: pg_stat_activi
     + _RELEASE_BODY
 )
 
-# A running job is cancelled too: the row leaves 'running' at once (which frees its
-# concurrency slot) and a trigger NOTIFYs its process, which interrupts the job.
-CANCEL = """
-WITH old AS (
-    SELECT id, status FROM jobs
-     WHERE id = %(id)s AND status IN ('pending', 'retryable', 'running')
-       FOR UPDATE
-), done AS (
-    UPDATE jobs j SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL
-      FROM old
-     WHERE j.id = old.id
- RETURNING j.id, old.status AS from_status
+# A running job is cancelled too: the row leaves job_queue at once (which frees its
+# concurrency slot) and its process, told by NOTIFY, interrupts the job.
+CANCEL = f"""
+WITH done AS (
+    DELETE FROM job_queue WHERE id = %(id)s
+ RETURNING *
+), kept AS (
+    {archive("done", status="'cancelled'", finished_at="now()", lease_expires_at="NULL")}
+), told AS (
+    SELECT pg_notify('actor_supervisor_cancel', id::text) FROM done WHERE status = 'running'
 )
 INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-SELECT id, %(who)s, from_status, 'cancelled', %(reason)s FROM done
+SELECT id, %(who)s, status, 'cancelled', %(reason)s FROM done, (SELECT count(*) FROM told) AS t
 RETURNING job_id
 """
 
@@ -245,33 +258,44 @@ RETURNING job_id
 FAIL_UNREADABLE = """
 WITH locked AS (
     SELECT j.id, a.error
-      FROM jobs j
+      FROM job_queue j
       JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(errors)s::text[]) AS a(id, attempts, error)
         ON j.id = a.id
      WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
      ORDER BY j.id
-       FOR NO KEY UPDATE OF j
+       FOR UPDATE OF j
 ), done AS (
-    UPDATE jobs j
-       SET status = 'failed', finished_at = now(), lease_expires_at = NULL, last_error = locked.error
-      FROM locked
-     WHERE j.id = locked.id
- RETURNING j.id, j.actor, locked.error
+    DELETE FROM job_queue j USING locked WHERE j.id = locked.id
+ RETURNING j.*, locked.error AS why
+), kept AS (
+    """ + archive("done", status="'failed'", finished_at="now()", lease_expires_at="NULL",
+                  last_error="done.why") + """
 )
 INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
-SELECT id, %(owner)s, 'running', 'failed', error, actor, 'Unreadable', '' FROM done
+SELECT id, %(owner)s, 'running', 'failed', why, actor, 'Unreadable', '' FROM done
 """
 
+# An operator retries a finished (failed or cancelled) job: it moves back to job_queue,
+# pending now, with room for one more attempt and one more lease loss. A live job with
+# the same dedupe key wins: the row stays in history.
 RETRY_FAILED = """
 WITH done AS (
-    UPDATE jobs SET status = 'pending', run_at = now(), finished_at = NULL,
-                    max_attempts = greatest(max_attempts, attempts - lease_losses + 1),
-                    max_lease_losses = greatest(max_lease_losses, lease_losses + 1)
-     WHERE id = %(id)s AND status IN ('failed', 'cancelled')
- RETURNING id, queue
+    DELETE FROM job_history h
+     WHERE h.id = %(id)s AND h.status IN ('failed', 'cancelled')
+       AND (h.dedupe_key IS NULL
+            OR NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.dedupe_key = h.dedupe_key))
+ RETURNING *
+), back AS (
+    INSERT INTO job_queue (""" + ", ".join(JOB_COLUMNS) + """)
+    SELECT """ + ", ".join({"status": "'pending'", "run_at": "now()", "finished_at": "NULL",
+                            "max_attempts": "greatest(max_attempts, attempts - lease_losses + 1)",
+                            "max_lease_losses": "greatest(max_lease_losses, lease_losses + 1)"}.get(c, c)
+                           for c in JOB_COLUMNS) + """
+      FROM done
+    RETURNING id, queue
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(who)s, NULL, 'pending', 'retried by operator' FROM done
+    SELECT id, %(who)s, NULL, 'pending', 'retried by operator' FROM back
 )
-SELECT id FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', done.queue)) AS wake
+SELECT id FROM back
 """
