@@ -95,7 +95,7 @@ def bench_database(server: str, *, prefix: str = "as_bench") -> Iterator[str]:
 
 def reset(conn: psycopg.Connection) -> None:
     """Empty the tables between runs (workers must be stopped)."""
-    conn.execute("TRUNCATE jobs, job_events, job_concurrency, workers, bench_latency")
+    conn.execute("TRUNCATE job_queue, job_history, job_events, job_concurrency, workers, bench_latency")
 
 
 @dataclass

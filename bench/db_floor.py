@@ -51,9 +51,9 @@ def run_once(url: str, jobs: int, batch: int, connections: int) -> tuple[float, 
     """(rows/s, backend CPU us per row)."""
     with psycopg.connect(url, autocommit=True) as conn:
         reset(conn)
-        conn.execute("INSERT INTO jobs (queue, actor, max_attempts) SELECT 'floor', 'noop', 1 "
+        conn.execute("INSERT INTO job_queue (queue, actor, max_attempts) SELECT 'floor', 'noop', 1 "
                      "FROM generate_series(1, %s)", (jobs,))
-        conn.execute("ANALYZE jobs")
+        conn.execute("ANALYZE job_queue")
         drainers = [psycopg.connect(url, autocommit=True) for _ in range(connections)]
         try:
             pids = [c.info.backend_pid for c in drainers]
@@ -71,7 +71,7 @@ def run_once(url: str, jobs: int, batch: int, connections: int) -> tuple[float, 
         finally:
             for c in drainers:
                 c.close()
-        left = conn.execute("SELECT count(*) FROM jobs WHERE status <> 'succeeded'").fetchone()[0]
+        left = conn.execute("SELECT count(*) FROM job_queue").fetchone()[0]
     if left or sum(done) != jobs:
         raise SystemExit(f"the drain left {left} rows and acked {sum(done)} of {jobs}")
     return jobs / seconds, cpu / jobs * 1e6
