@@ -9,7 +9,7 @@ Each variant gets two databases: a reference holding a near-empty table
 
   1. --queued pending jobs (INSERT ... SELECT generate_series, then VACUUM ANALYZE);
   2. + --finished 'succeeded' jobs (VACUUM ANALYZE again);
-  3. a churn: --churn jobs drained by the CLAIM / ACK_MANY loop the workers run
+  3. a churn: --churn jobs drained by the CLAIM / FINISH loop the workers run
      (one autocommit statement each, --churn-batch rows per claim), measured at
      once, before any vacuum: the claim index holds the drained rows' dead entries;
   4. after the vacuum that follows a churn: "old" runs a plain VACUUM (what
@@ -48,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import WorkerPool, bench_database, code_state, percentile, say, server_url  # noqa: E402
 from supervisor import defaults  # noqa: E402
-from supervisor.broker import sql  # noqa: E402
+from supervisor.broker import sql
+from supervisor.broker.outcomes import Finish, finish_params  # noqa: E402
 from supervisor.worker import upkeep  # noqa: E402
 
 CHUNK = 250_000
@@ -158,7 +159,7 @@ def time_claims(conn: psycopg.Connection, n: int, runs: int) -> list[float]:
 
 
 def churn(conn: psycopg.Connection, total: int, batch: int, *, quiet: bool = False) -> float:
-    """Drain ``total`` jobs as the workers do: a committed CLAIM, then a committed ACK_MANY."""
+    """Drain ``total`` jobs as the workers do: a committed CLAIM, then a committed FINISH."""
     started = time.monotonic()
     done = 0
     while done < total:
@@ -166,9 +167,7 @@ def churn(conn: psycopg.Connection, total: int, batch: int, *, quiet: bool = Fal
         rows = conn.execute(sql.claim(size), claim_params(size, owner="churn")).fetchall()
         if not rows:
             break
-        conn.execute(sql.ACK_MANY, {"ids": [r[0] for r in rows], "attempts": [r[4] for r in rows],
-                                    "progress": [None] * len(rows), "owner": "churn", "started_us": None,
-                                    "ended_us": None})
+        conn.execute(sql.FINISH, finish_params("churn", [Finish(str(r[0]), r[4], "succeeded") for r in rows]))
         done += len(rows)
     elapsed = time.monotonic() - started
     if not quiet:

@@ -7,7 +7,7 @@ worker design can drain faster, or cost the server less per job, on this machine
 For each batch size and connection count (bench/floor.py holds the procedure, shared with
 floor_pgqueuer.py): N no-op rows are enqueued on one connection through ``sql.INSERT_MANY``
 in batches of the claim size, as ``enqueue_many`` sends a batch below COPY's threshold; then
-each connection loops ``sql.claim(BATCH)`` (up to BATCH rows) and ``sql.ACK_MANY`` (those
+each connection loops ``sql.claim(BATCH)`` (up to BATCH rows) and ``sql.FINISH`` (those
 rows), each in its own autocommitted, durable statement, as a worker process does, until no
 row is left. Prints enqueue and drain rows/s, the backends' CPU per row of each (from
 /proc, as profile_worker.py) and their sum per job.
@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bench_database, code_state, reset  # noqa: E402
 from bench.floor import Conn, JobPath, main  # noqa: E402
-from supervisor import db  # noqa: E402
-from supervisor.broker import sql  # noqa: E402
+from supervisor.broker import sql
 from supervisor.broker.middleware import claim_budgets  # noqa: E402
+from supervisor.broker.outcomes import Finish, finish_params  # noqa: E402
 
 QUEUE = "floor"
 NO_BUDGETS = claim_budgets({}, None)  # no actors known: the rows carry their own budget
@@ -58,12 +58,9 @@ def claim_rows(conn: Conn, batch: int, owner: str) -> list[Any]:
 
 def finish_rows(conn: Conn, owner: str, rows: list[Any]) -> None:
     """The worker's ack of claimed rows (their id and attempt fence)."""
-    conn.execute(sql.ACK_MANY, {"ids": db.array_text([str(r[0]) for r in rows]),
-                                "attempts": db.array_text([r[4] for r in rows]),
-                                # as a worker sends them: each attempt ran 1 ms and ended 0.5 ms ago
-                                "started_us": db.array_text([1500] * len(rows)),
-                                "ended_us": db.array_text([500] * len(rows)),
-                                "owner": owner, "progress": None})
+    now = time.monotonic()  # as a worker sends them: each attempt ran 1 ms and ended 0.5 ms ago
+    conn.execute(sql.FINISH, finish_params(owner, [Finish(str(r[0]), r[4], "succeeded", now - 0.0015, now - 0.0005)
+                                                   for r in rows]))
 
 
 def settle(conn: Conn) -> None:
@@ -75,7 +72,7 @@ def unfinished(conn: Conn) -> int:
 
 
 PATH = JobPath(
-    name="actor-supervisor (sql.INSERT_MANY, sql.claim, sql.ACK_MANY)",
+    name="actor-supervisor (sql.INSERT_MANY, sql.claim, sql.FINISH)",
     reset=reset,
     build=build_rows,
     enqueue=enqueue_rows,

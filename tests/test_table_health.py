@@ -12,6 +12,7 @@ import pytest
 from supervisor import db, error_groups
 from supervisor.broker import PostgresBroker, actor_reads, reads
 from supervisor.broker import sql as jobs_sql
+from supervisor.broker.outcomes import Finish, finish_params
 from supervisor.config import Retention
 from supervisor.http.dashboard import recorder
 from supervisor.worker.registry import Registration
@@ -210,9 +211,7 @@ def test_reaper_and_release_read_running_rows_by_index_ack_and_heartbeat_by_id(c
     budget = {"who": "t", "why": "test", "default_max_losses": 3}
     reap = _indexes_used(conn, jobs_sql.REAP_EXPIRED, {**budget, "limit": 10, "margin_s": 1.0})
     release = _indexes_used(conn, jobs_sql.RELEASE_OWNER, {**budget, "owner": "h:1:a"})
-    ack = _indexes_used(conn, jobs_sql.ACK_MANY, {"ids": db.array_text(ids), "attempts": db.array_text([1, 1, 1]),
-                                                  "owner": "h:1:a", "progress": None, "started_us": None,
-                                                  "ended_us": None})
+    ack = _indexes_used(conn, jobs_sql.FINISH, finish_params("h:1:a", [Finish(i, 1, "succeeded") for i in ids]))
     beat = _indexes_used(conn, jobs_sql.HEARTBEAT, {"ids": db.array_text(ids), "owner": "h:1:a", "lease_s": 30.0})
     assert "jobs_running" in reap and "jobs_running" in release, (reap, release)
     # (which index they do use is the planner's choice on a table this small)

@@ -30,17 +30,14 @@ from .history import (
     archive,
 )
 from .outcomes import (
-    ACK_MANY,
     CANCEL,
     FAIL_UNREADABLE,
+    FINISH,
     HEARTBEAT,
-    NACK,
     REAP_EXPIRED,
     RELEASE_DEAD,
     RELEASE_NODE,
     RELEASE_OWNER,
-    REQUEUE,
-    RETRY,
     RETRY_FAILED,
 )
 from .queues import (
@@ -76,10 +73,6 @@ __all__ = [
     "CLAIM",
     "claim",
     "NEXT_DUE",
-    "ACK_MANY",
-    "NACK",
-    "RETRY",
-    "REQUEUE",
     "HEARTBEAT",
     "RELEASE_OWNER",
     "RELEASE_DEAD",
@@ -87,6 +80,7 @@ __all__ = [
     "REAP_EXPIRED",
     "CANCEL",
     "FAIL_UNREADABLE",
+    "FINISH",
     "RETRY_FAILED",
     "ADD_DAY",
     "DAYS_AHEAD",

@@ -20,88 +20,74 @@ job_history in the same statement (``history.archive``).
 
 from .history import JOB_COLUMNS, archive
 
-# Acks arrive in batches (group commit). Each is fenced by owner and attempt number,
-# so a late ack after a reclaim, or the ack that follows a retry, changes nothing.
-# A job's latest unwritten progress report rides along (progress NULL: none), and so
-# do how long ago its attempt started and ended running in its thread: started_at and
-# finished_at are the attempt's own (a claim clears started_at), on the server's clock.
-_STARTED = "now() - %(started_us)s::bigint * interval '1 microsecond'"
-_ENDED = "now() - coalesce(%(ended_us)s::bigint, 0) * interval '1 microsecond'"
+# Every outcome its owner writes for an attempt goes through FINISH, one statement for a
+# batch of any mix (River's completer): success, failure, retry (the Retries middleware's
+# re-enqueue of the message it is processing), and requeue (claimed, never started: a
+# drain, or given back for want of a thread). Each row is fenced by lease owner and
+# attempt number, so a late write after a reclaim, or the ack that follows a retry,
+# changes nothing; the fence and the outcome are one statement, so they cannot disagree.
+#   succeeded, failed: the row leaves job_queue for job_history (archive()); a failure
+#       writes its traceback and an event (its group on the Errors page, 032).
+#   retry: the row stays, 'retryable' at now() + delay_ms, with the message's new options
+#       (the retry count) and an event. The wake-up names the queue when the retry is due
+#       now (consumers claim at once) and '@' || queue when later (timers move, timer.py).
+#   requeue: back to 'pending' in its place in line (run_at kept), the claim not counted
+#       as an attempt (nothing ran), an event.
+# A job's latest unwritten progress report rides along with a success (progress NULL:
+# none); started_us / ended_us say how long ago the attempt started and ended running in
+# its thread, and the server sets started_at / finished_at from its own now() (no host's
+# wall clock). Arrays given as NULL (an ack batch has no errors) read as NULLs: a
+# multi-array unnest pads the shorter ones.
 
-ACK_MANY = """
-WITH locked AS (
-    SELECT j.id, a.progress, a.started_us, a.ended_us
-      FROM job_queue j
-      JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[], %(started_us)s::bigint[],
-                  %(ended_us)s::bigint[]) AS a(id, attempts, progress, started_us, ended_us)
-        ON j.id = a.id
-     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
+FINISH = """
+WITH o AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(kinds)s::text[], %(progress)s::jsonb[],
+                         %(started_us)s::bigint[], %(ended_us)s::bigint[], %(errors)s::text[],
+                         %(error_types)s::text[], %(error_wheres)s::text[], %(reasons)s::text[],
+                         %(delays_ms)s::bigint[], %(options)s::jsonb[], %(payloads)s::bytea[])
+        AS o(id, attempts, kind, progress, started_us, ended_us, error, error_type, error_where, reason,
+             delay_ms, options, payload)
+), locked AS (
+    SELECT o.*
+      FROM job_queue j JOIN o ON j.id = o.id
+     WHERE j.attempts = o.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
      ORDER BY j.id
        FOR UPDATE OF j
+), stays AS (
+    UPDATE job_queue j
+       SET status = CASE l.kind WHEN 'retry' THEN 'retryable' ELSE 'pending' END,
+           attempts = CASE l.kind WHEN 'requeue' THEN j.attempts - 1 ELSE j.attempts END,
+           lease_owner = CASE l.kind WHEN 'requeue' THEN NULL ELSE j.lease_owner END,
+           options = coalesce(l.options, j.options), payload = CASE l.kind WHEN 'retry' THEN l.payload ELSE j.payload END,
+           last_error = coalesce(l.error, j.last_error),
+           started_at = CASE l.kind WHEN 'retry' THEN now() - l.started_us * interval '1 microsecond'
+                                    ELSE j.started_at END,
+           run_at = CASE l.kind WHEN 'retry' THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
+           lease_expires_at = NULL
+      FROM locked l
+     WHERE j.id = l.id AND l.kind IN ('retry', 'requeue')
+ RETURNING j.id, j.queue, j.actor, j.status, j.run_at <= now() AS due, l.reason, l.error_type, l.error_where
 ), done AS (
-    DELETE FROM job_queue j USING locked WHERE j.id = locked.id
-    RETURNING j.*, locked.progress AS new_progress, locked.started_us, locked.ended_us
-)
-""" + archive("done", status="'succeeded'", lease_expires_at="NULL",
-              started_at="now() - done.started_us * interval '1 microsecond'",
-              finished_at="now() - coalesce(done.ended_us, 0) * interval '1 microsecond'",
-              progress="coalesce(done.new_progress, done.progress)")
-
-NACK = f"""
-WITH done AS (
-    DELETE FROM job_queue
-     WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
- RETURNING *
+    DELETE FROM job_queue j USING locked l
+     WHERE j.id = l.id AND l.kind IN ('succeeded', 'failed')
+ RETURNING j.*, l.kind, l.progress AS new_progress, l.started_us, l.ended_us, l.error AS new_error, l.reason,
+           l.error_type, l.error_where
 ), kept AS (
-    {archive("done", status="'failed'", started_at=_STARTED, finished_at=_ENDED, lease_expires_at="NULL",
-             last_error="%(error)s")}
-)
-INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
-SELECT id, %(owner)s, 'running', 'failed', %(reason)s, actor, %(error_type)s, %(error_where)s FROM done
-"""
-
-# The Retries middleware re-enqueues the message it is processing: same row, new
-# options, status 'retryable' until run_at. The wake-up names the queue when the
-# retry is due now (consumers claim at once) and '@' || queue when it is due later
-# (each process serving the queue moves its timer to it; see timer.py).
-RETRY = f"""
-WITH done AS (
-    UPDATE job_queue
-       SET status = 'retryable', options = %(options)s, payload = %(payload)s, last_error = %(error)s,
-           started_at = {_STARTED},
-           run_at = now() + %(delay_ms)s * interval '1 millisecond', lease_expires_at = NULL
-     WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
- RETURNING id, queue, actor, run_at <= now() AS due
+    """ + archive("done", status="done.kind", lease_expires_at="NULL",
+                  started_at="now() - done.started_us * interval '1 microsecond'",
+                  finished_at="now() - coalesce(done.ended_us, 0) * interval '1 microsecond'",
+                  progress="coalesce(done.new_progress, done.progress)",
+                  last_error="coalesce(done.new_error, done.last_error)") + """
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
-    SELECT id, %(owner)s, 'running', 'retryable', %(reason)s, actor, %(error_type)s, %(error_where)s FROM done
+    SELECT id, %(owner)s, 'running', 'failed', reason, actor, error_type, error_where FROM done WHERE kind = 'failed'
+    UNION ALL
+    SELECT id, %(owner)s, 'running', status, reason, actor, error_type, error_where FROM stays
+), wake AS (
+    SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || queue END)
+      FROM (SELECT DISTINCT queue, due FROM stays) AS w
 )
-SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || queue END) FROM done
-"""
-
-# Prefetched but never started (drain, or given back for want of a thread, see
-# consumer.py): back to pending in its place in line (run_at kept), and the claim is
-# not counted as an attempt because nothing ran.
-REQUEUE = """
-WITH locked AS (
-    SELECT j.id
-      FROM job_queue j JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts) ON j.id = a.id
-     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
-     ORDER BY j.id
-       FOR NO KEY UPDATE OF j
-), done AS (
-    UPDATE job_queue j
-       SET status = 'pending', attempts = j.attempts - 1, lease_owner = NULL,
-           lease_expires_at = NULL
-      FROM locked
-     WHERE j.id = locked.id
- RETURNING j.id, j.queue
-), ev AS (
-    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(owner)s, 'running', 'pending', %(reason)s FROM done
-)
-SELECT count(*)
-  FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', done.queue)) AS wake
+SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM stays), (SELECT count(*) FROM wake)
 """
 
 # Renews only the rows the process knows it holds: a row whose claim committed
