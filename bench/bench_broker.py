@@ -124,7 +124,7 @@ def _warm_up(url: str, conn: psycopg.Connection, broker, actor, n: int = 200) ->
     timed part measures the steady state rather than connection set-up."""
     broker.enqueue_many([actor.message() for _ in range(n)])
     wait_until(lambda: not conn.execute(ANY_LIVE).fetchone()[0], 60, what="warm-up jobs")
-    conn.execute("DELETE FROM jobs")
+    conn.execute("TRUNCATE job_queue, job_history")
 
 
 def w1(url: str, broker, actors, *, jobs: int, threads: int, chunk: int, pool: dict | None = None) -> dict[str, float]:
@@ -160,7 +160,7 @@ def w2(url: str, actors, *, jobs: int, threads: int, interval: float, processes:
             wait_until(lambda: conn.execute("SELECT count(*) FROM bench_latency").fetchone()[0] == 20, 30,
                        what="warm-up jobs")
             conn.execute("DELETE FROM bench_latency")
-            conn.execute("DELETE FROM jobs")
+            conn.execute("TRUNCATE job_queue, job_history")
             send_ms = []
             returned: dict[str, float] = {}  # job id -> when send() returned (the job is committed)
             start = time.monotonic()

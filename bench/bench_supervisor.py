@@ -120,7 +120,7 @@ def bench_kill(m: Master, url: str, repeat: int) -> Figure:
             wait_until(lambda: m.settled(3), 30, what="3 ready processes")
             conn.execute("TRUNCATE jobs, job_events")
             # Four long jobs: one process claims them in one batch; the others stay free.
-            conn.execute("INSERT INTO jobs (queue, actor, kwargs, max_attempts) "
+            conn.execute("INSERT INTO job_queue (queue, actor, kwargs, max_attempts) "
                          "SELECT 'bench', 'sleeper', '{\"seconds\": 3.0}', 5 FROM generate_series(1, 4)")
             wait_until(lambda: conn.execute("SELECT count(*) FROM jobs WHERE status = 'running'").fetchone()[0] == 4,
                        10, what="4 running jobs")
@@ -150,7 +150,7 @@ def bench_kill(m: Master, url: str, repeat: int) -> Figure:
 def bench_memory(m: Master, url: str) -> list[Figure]:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE jobs, job_events")
-        conn.execute("INSERT INTO jobs (queue, actor, max_attempts) SELECT 'bench', 'noop', 1 "
+        conn.execute("INSERT INTO job_queue (queue, actor, max_attempts) SELECT 'bench', 'noop', 1 "
                      "FROM generate_series(1, 3000)")
         wait_until(lambda: conn.execute("SELECT count(*) FROM jobs WHERE status = 'succeeded'").fetchone()[0] == 3000,
                    120, interval=0.05, what="3000 no-op jobs")

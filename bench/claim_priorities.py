@@ -38,11 +38,11 @@ def fill(conn: psycopg.Connection, delayed: int, levels: int, due: int) -> None:
     """``delayed`` rows due in a day over ``levels`` priorities from 10 up, ``due`` rows of
     priority 0 due now."""
     reset(conn)
-    conn.execute("INSERT INTO jobs (queue, actor, max_attempts, priority, run_at) SELECT 'bench', 'noop', 1,"
+    conn.execute("INSERT INTO job_queue (queue, actor, max_attempts, priority, run_at) SELECT 'bench', 'noop', 1,"
                  " 10 + g %% %s, now() + interval '1 day' FROM generate_series(1, %s) AS g", (levels, delayed))
-    conn.execute("INSERT INTO jobs (queue, actor, max_attempts, priority) SELECT 'bench', 'noop', 1, 0"
+    conn.execute("INSERT INTO job_queue (queue, actor, max_attempts, priority) SELECT 'bench', 'noop', 1, 0"
                  " FROM generate_series(1, %s)", (due,))
-    conn.execute("VACUUM ANALYZE jobs")
+    conn.execute("VACUUM ANALYZE job_queue")
 
 
 def time_claims(conns: dict[str, psycopg.Connection], statement: str, runs: int) -> dict[str, list[float]]:

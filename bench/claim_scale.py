@@ -9,7 +9,7 @@ Each variant gets two databases: a reference holding a near-empty table
 
   1. --queued pending jobs (INSERT ... SELECT generate_series, then VACUUM ANALYZE);
   2. + --finished 'succeeded' jobs (VACUUM ANALYZE again);
-  3. a churn: --churn jobs drained by the CLAIM / ACK_MANY loop the workers run
+  3. a churn: --churn jobs drained by the CLAIM / FINISH loop the workers run
      (one autocommit statement each, --churn-batch rows per claim), measured at
      once, before any vacuum: the claim index holds the drained rows' dead entries;
   4. after the vacuum that follows a churn: "old" runs a plain VACUUM (what
@@ -51,20 +51,22 @@ from supervisor import defaults  # noqa: E402
 from supervisor.broker import PostgresBroker, sql  # noqa: E402
 from supervisor.worker.registry import Registration  # noqa: E402
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings  # noqa: E402
+from supervisor.broker.outcomes import Finish, finish_params  # noqa: E402
 
 CHUNK = 250_000
 
 # Queued jobs with a spread of run_at in the past, in claim order by insertion.
 INSERT_QUEUED = """
-INSERT INTO jobs (queue, actor, run_at, created_at, max_attempts)
+INSERT INTO job_queue (queue, actor, run_at, created_at, max_attempts)
 SELECT 'bench', 'noop', now() - interval '1 day' + g * interval '1 ms',
        now() - interval '1 day' + g * interval '1 ms', 1
   FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g
 """
 
-# Finished jobs are older than the queued ones, as they would be in production.
+# Finished jobs are older than the queued ones, as they would be in production (in
+# job_history since 035: the claim no longer shares a table with them).
 INSERT_FINISHED = """
-INSERT INTO jobs (queue, actor, status, attempts, max_attempts, run_at, created_at, started_at,
+INSERT INTO job_history (queue, actor, status, attempts, max_attempts, run_at, created_at, started_at,
                   finished_at, lease_owner)
 SELECT 'bench', 'noop', 'succeeded', 1, 1, t, t, t, t + interval '5 ms', 'bench-history'
   FROM (SELECT now() - interval '9 days' + g * interval '1 ms' AS t
@@ -72,19 +74,19 @@ SELECT 'bench', 'noop', 'succeeded', 1, 1, t, t, t, t + interval '5 ms', 'bench-
 """
 
 # The schema as it was before 025_jobs_bloat.sql (variant "old"): keep in step with it.
-UNDO_025 = "ALTER TABLE jobs RESET (vacuum_index_cleanup, vacuum_truncate)"
+UNDO_025 = "ALTER TABLE job_queue RESET (vacuum_index_cleanup, vacuum_truncate)"
 
 SIZES = """
 SELECT c.relname, pg_relation_size(c.oid)
   FROM pg_class c
- WHERE c.relname = 'jobs'
-    OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'jobs'::regclass)
+ WHERE c.relname = 'job_queue'
+    OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'job_queue'::regclass)
  ORDER BY pg_relation_size(c.oid) DESC
 """
 
 TABLE_STATS = """
 SELECT n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd, vacuum_count, autovacuum_count
-  FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass
+  FROM pg_stat_user_tables WHERE relid = 'job_queue'::regclass
 """
 
 # One snapshot of the server's lock table, split into locks held by the other
@@ -115,7 +117,7 @@ def fill(conn: psycopg.Connection, statement: str, total: int, what: str) -> Non
 
 def vacuum(conn: psycopg.Connection, options: str = "ANALYZE") -> float:
     started = time.monotonic()
-    conn.execute(f"VACUUM ({options}) jobs")
+    conn.execute(f"VACUUM ({options}) job_queue")
     return time.monotonic() - started
 
 
@@ -159,7 +161,7 @@ def time_claims(conn: psycopg.Connection, n: int, runs: int) -> list[float]:
 
 
 def churn(conn: psycopg.Connection, total: int, batch: int, *, quiet: bool = False) -> float:
-    """Drain ``total`` jobs as the workers do: a committed CLAIM, then a committed ACK_MANY."""
+    """Drain ``total`` jobs as the workers do: a committed CLAIM, then a committed FINISH."""
     started = time.monotonic()
     done = 0
     while done < total:
@@ -167,9 +169,7 @@ def churn(conn: psycopg.Connection, total: int, batch: int, *, quiet: bool = Fal
         rows = conn.execute(sql.claim(size), claim_params(size, owner="churn")).fetchall()
         if not rows:
             break
-        conn.execute(sql.ACK_MANY, {"ids": [r[0] for r in rows], "attempts": [r[4] for r in rows],
-                                    "progress": [None] * len(rows), "owner": "churn", "started_us": None,
-                                    "ended_us": None})
+        conn.execute(sql.FINISH, finish_params("churn", [Finish(str(r[0]), r[4], "succeeded") for r in rows]))
         done += len(rows)
     elapsed = time.monotonic() - started
     if not quiet:

@@ -1,5 +1,5 @@
-"""Shared pieces of the benchmarks: a throw-away database, worker processes,
-polling, and figures.
+"""Shared pieces of the benchmarks: a throw-away migrated database, worker processes,
+polling; figures and the rest that needs only psycopg are in basics.py (re-exported here).
 
 Benchmarks measure; they never assert. Everything here talks to a real
 PostgreSQL server (DATABASE_URL, default the local one on 127.0.0.1).
@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,13 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
+# Re-exported: the benchmarks import them from here.
+from bench.basics import (  # noqa: F401
+    ROOT,
+    Figure,
+    code_state,
+    print_table,
+    say,
+    scratch_database,
+    server_url,
+)
 from supervisor import apps
 from supervisor.migrate import migrate
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 QUEUE = "bench"
 ACTORS = "bench.bench_actors"
 
@@ -44,58 +50,21 @@ LIVE = "SELECT count(*) FROM jobs WHERE status IN ('pending', 'retryable', 'runn
 COUNTS = "SELECT status, count(*) FROM jobs GROUP BY status"
 
 
-def say(line: str) -> None:
-    """A progress line (stdout, flushed, so it shows while the run goes on)."""
-    print(line, flush=True)
-
-
-def code_state() -> str:
-    """Which broker code is being measured: HEAD plus any uncommitted change
-    under supervisor/ or sql/ (the repo is edited by several people at once)."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "supervisor", "sql"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.split("\n")
-    except (OSError, subprocess.SubprocessError):
-        return "code: unknown (no git)"
-    changed = [line[3:] for line in dirty if line.strip()]
-    return f"code: {head or 'unknown'}" + (f" + uncommitted {', '.join(changed)}" if changed else " (clean)")
-
-
-def with_dbname(url: str, name: str) -> str:
-    params = conninfo_to_dict(url)
-    params["dbname"] = name
-    return make_conninfo(**params)
-
-
-def server_url(explicit: str | None) -> str:
-    return explicit or os.environ.get("DATABASE_URL") or DEFAULT_SERVER
-
-
 @contextlib.contextmanager
 def bench_database(server: str, *, prefix: str = "as_bench") -> Iterator[str]:
     """Create a fresh, migrated database on ``server``; drop it on the way out
     (also on Ctrl-C), so a run leaves nothing behind."""
-    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(3)}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = with_dbname(server, name)
-    try:
+    with scratch_database(server, prefix=prefix) as url:
         migrate(url, apps.installed())
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(BENCH_TABLES)
-        say(f"bench database {name} created and migrated")
+        say(f"bench database {conninfo_to_dict(url)['dbname']} created and migrated")
         yield url
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        say(f"bench database {name} dropped")
 
 
 def reset(conn: psycopg.Connection) -> None:
     """Empty the tables between runs (workers must be stopped)."""
-    conn.execute("TRUNCATE jobs, job_events, job_concurrency, workers, bench_latency")
+    conn.execute("TRUNCATE job_queue, job_history, job_events, job_concurrency, workers, bench_latency")
 
 
 @dataclass
@@ -217,53 +186,3 @@ def percentile(values: Sequence[float], p: float) -> float:
     ordered = sorted(values)
     rank = max(1, min(len(ordered), round(p / 100 * len(ordered) + 0.5)))
     return ordered[rank - 1]
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One measured quantity over repeated runs."""
-
-    name: str
-    unit: str
-    values: tuple[float, ...]
-    higher_is_better: bool = True
-    target: float | None = None
-    config: str = ""
-
-    @property
-    def best(self) -> float:
-        return max(self.values) if self.higher_is_better else min(self.values)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.values)
-
-    @property
-    def met(self) -> str:
-        if self.target is None:
-            return ""
-        ok = self.best >= self.target if self.higher_is_better else self.best <= self.target
-        return "yes" if ok else "NO"
-
-    def row(self) -> list[str]:
-        target = "" if self.target is None else f"{'>=' if self.higher_is_better else '<='} {_num(self.target)}"
-        return [self.name, self.config, _num(self.best), _num(self.median),
-                f"{_num(min(self.values))}..{_num(max(self.values))}", self.unit, target, self.met]
-
-
-def _num(x: float) -> str:
-    if abs(x) >= 100:
-        return f"{x:,.0f}"
-    if abs(x) >= 10:
-        return f"{x:.1f}"
-    return f"{x:.2f}"
-
-
-def print_table(figures: list[Figure]) -> None:
-    header = ["figure", "config", "best", "median", "spread", "unit", "target", "met"]
-    rows = [header] + [f.row() for f in figures]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for n, r in enumerate(rows):
-        say("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
-        if n == 0:
-            say("  ".join("-" * w for w in widths))

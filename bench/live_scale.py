@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import Figure, bench_database, code_state, print_table, say, server_url  # noqa: E402
 from supervisor import db  # noqa: E402
 from supervisor.broker import reads, sql  # noqa: E402
+from supervisor.broker.outcomes import Finish, finish_params  # noqa: E402
 from supervisor.http.dashboard import recorder  # noqa: E402
 
 BUDGET = {"who": "lease-scale", "why": "bench", "default_max_losses": 3}
@@ -77,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         statements = {
             "reap expired leases": (sql.REAP_EXPIRED, {**BUDGET, "limit": 1000, "margin_s": 1.0}),
             "release an owner's jobs": (sql.RELEASE_OWNER, {**BUDGET, "owner": "owner1"}),
-            "ack a batch": (sql.ACK_MANY, {"ids": db.array_text(ids), "attempts": db.array_text([1] * len(ids)),
-                                           "owner": "owner1", "progress": None, "started_us": None,
-                                           "ended_us": None}),
+            "ack a batch": (sql.FINISH, finish_params("owner1", [Finish(i, 1, "succeeded") for i in ids])),
             "heartbeat": (sql.HEARTBEAT, {"ids": db.array_text(ids), "owner": "owner1", "lease_s": 30.0}),
             "live rows per queue": (reads.LIVE_BY_QUEUE, {}),
             "v_queue_capacity (/metrics)": (reads.CAPACITY, {}),

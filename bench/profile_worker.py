@@ -32,29 +32,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.basics import cpu_seconds, cpu_split  # noqa: E402
 from bench.bench_broker import _bulk_enqueue, _drain, _warm_up, load  # noqa: E402
 from bench.common import WorkerPool, bench_database, code_state, reset, say, server_url  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all its threads), 0 if it is gone."""
-    return sum(cpu_split(pid)[:2])
-
-
-def cpu_split(pid: int) -> tuple[float, float, int]:
-    """(user seconds, system seconds, context switches) of a process, all its threads."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        switches = 0
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for line in (task / "status").read_text().splitlines():
-                if "ctxt_switches:" in line:  # voluntary and nonvoluntary
-                    switches += int(line.split()[1])
-    except OSError:
-        return 0.0, 0.0, 0
-    return int(fields[11]) / TICK, int(fields[12]) / TICK, switches
 
 
 def backend_pids(conn: psycopg.Connection, dbname: str) -> list[int]:

@@ -234,7 +234,7 @@ def test_bulk_enqueue_is_one_statement(conn, actors, broker):
     # wrote it: one of each means one statement in one transaction. (A count of
     # commits in pg_stat_database also counts other sessions' and lags behind.)
     writers = conn.execute(
-        "SELECT count(*), count(DISTINCT xmin::text), count(DISTINCT cmin::text) FROM jobs WHERE status = 'pending'"
+        "SELECT count(*), count(DISTINCT xmin::text), count(DISTINCT cmin::text) FROM job_queue WHERE status = 'pending'"
     ).fetchone()
     assert writers == (5000, 1, 1)
 

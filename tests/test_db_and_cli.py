@@ -151,7 +151,7 @@ def test_migrate_creates_only_the_tables_of_the_apps_in_use(tmp_path, fresh_data
     out = cli("migrate", config=own, url=fresh_database)
     assert out.returncode == 0, out.stderr
     tables = _tables(fresh_database)
-    assert {"jobs", "job_events", "workers", "scheduler_locks", "rate_limiter_state"} <= tables
+    assert {"job_queue", "job_history", "job_events", "workers", "scheduler_locks", "rate_limiter_state"} <= tables
     assert not tables & {"sources", "watches", "listings", "alerts", "predictions_daily"}  # no tracker tables
 
     tracker = tmp_path / "tracker.yaml"

@@ -73,20 +73,25 @@ def test_a_search_never_reads_more_than_its_window(conn):
     # However rare the match (here none), a page reads at most scan_rows jobs: the window
     # is a LIMIT over the created_at index, and the match is checked on its rows only.
     _jobs(conn, 500)
-    conn.execute("ANALYZE jobs")
-    where = admin.JobFilter(status="failed", search=jobsearch.Search.parse({"match": "args[0] = 42"}))
+    # finished (the millions are in history; live rows are as many as the backlog)
+    conn.execute("UPDATE jobs SET status = 'succeeded', finished_at = created_at")
+    conn.execute("ANALYZE job_history")
+    where = admin.JobFilter(status="succeeded", search=jobsearch.Search.parse({"match": "args[0] = 42"}))
     params = {**where.params(), "after_at": None, "after_id": None, "limit": 51, "scan_rows": 40}
     with conn.transaction(force_rollback=True):
         plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + reads.window_page(reads.PAGE_COLUMNS, where.names(),
                                                                                   False), params).fetchone()[0]
 
     def scans(node: dict) -> list[dict]:
-        found = [node] if node.get("Relation Name") == "jobs" else []
+        found = [node] if node.get("Relation Name", "").startswith("job_history") else []
         return found + [s for child in node.get("Plans", []) for s in scans(child)]
 
-    [scan] = scans(plan[0]["Plan"])
-    assert scan["Node Type"] in ("Index Scan", "Index Scan Backward") and scan["Index Name"] == "jobs_created_id"
-    assert scan["Actual Rows"] == 40, scan
+    # finished jobs: each day's (created_at, id) index, newest first, merged and cut at the
+    # window (each day's scan reads at most one row past its share)
+    found = scans(plan[0]["Plan"])
+    assert found and all(s["Node Type"] in ("Index Scan", "Index Scan Backward")
+                         and s["Index Name"].endswith("created_at_id_idx") for s in found), found
+    assert sum(s["Actual Rows"] for s in found) <= 40 + len(found), found
 
 
 def test_the_match_grammar():

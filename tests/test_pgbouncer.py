@@ -81,7 +81,7 @@ def test_four_processes_drain_exactly_once_then_reload_and_sigkill(tmp_path, con
     assert len(listeners) == 1, listeners
     # Wake-ups arrive by NOTIFY: a job sent to idle workers starts well within the
     # 1 s poll a worker falls back to without them.
-    conn.execute("TRUNCATE jobs, test_results CASCADE")
+    conn.execute("TRUNCATE job_queue, job_history, test_results CASCADE")
     for n in range(5):
         enqueue(conn, 1)
         wait_all_succeeded(conn, n + 1, timeout=10)
@@ -94,7 +94,7 @@ def test_four_processes_drain_exactly_once_then_reload_and_sigkill(tmp_path, con
     s.wait_state({"alpha": 3})
 
     # SIGKILL a worker holding jobs under a stream: nothing lost.
-    conn.execute("TRUNCATE jobs, test_results CASCADE")
+    conn.execute("TRUNCATE job_queue, job_history, test_results CASCADE")
     stream = JobStream(database_url, per_second=100, sleep_s=0.2)
     stream.start()
     victim = wait_for(lambda: next((p for p in s.roles()["alpha"]["processes"] if p["in_flight"] > 0), None),

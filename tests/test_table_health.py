@@ -16,6 +16,7 @@ from psycopg_pool import ConnectionPool
 from supervisor import db, error_groups
 from supervisor.broker import PostgresBroker, actor_reads, reads
 from supervisor.broker import sql as jobs_sql
+from supervisor.broker.outcomes import Finish, finish_params
 from supervisor.config import Retention
 from supervisor.http.dashboard import recorder
 from supervisor.worker.registry import Registration
@@ -24,7 +25,7 @@ from tests.conftest import scalar, wait_for
 
 CLAIM = {"queue": "health", "n": 5, "owner": "t", "lease_s": 30.0, "relaxed": False, "actors": [], "actor_max_attempts": [],
          "actor_max_losses": [], "default_max_attempts": 1, "default_max_losses": 1}
-STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass"
+STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relid = 'job_queue'::regclass"
 pytestmark = pytest.mark.broker(lease_seconds=30, poll_interval=0.2, pool_size=4)
 
 
@@ -37,9 +38,8 @@ def other(database_url: str) -> Iterator[psycopg.Connection]:
 
 def make_dead(conn: psycopg.Connection, n: int) -> int:
     """Leave n dead tuples in jobs and wait until the statistics show them; returns vacuum_count."""
-    conn.execute("INSERT INTO jobs (actor, status, finished_at) SELECT 'x', 'succeeded', now()"
-                 " FROM generate_series(1, %s)", (n,))
-    conn.execute("DELETE FROM jobs")
+    conn.execute("INSERT INTO job_queue (actor) SELECT 'x' FROM generate_series(1, %s)", (n,))
+    conn.execute("DELETE FROM job_queue")
     conn.execute("SELECT pg_stat_force_next_flush()")  # published when this session goes idle
     wait_for(lambda: conn.execute(STATS).fetchone()[0] >= n, message=f"{n} dead tuples in the statistics")
     return conn.execute(STATS).fetchone()[1]
@@ -96,19 +96,19 @@ def test_vacuum_one_process_at_a_time_never_waiting_never_blocking_a_claim(conn,
     with other.transaction():
         # another process is vacuuming jobs (this is the lock a vacuum holds): this one
         # does not run a second vacuum, nor wait for the first
-        other.execute("LOCK TABLE jobs IN SHARE UPDATE EXCLUSIVE MODE")
+        other.execute("LOCK TABLE job_queue IN SHARE UPDATE EXCLUSIVE MODE")
         assert checks.submit(vacuum, broker, dead_rows=100).result(timeout=10) is not None
         checks.shutdown()
         # ...and that lock never stands in a claim's way
         with psycopg.connect(database_url, autocommit=True, options="-c lock_timeout=5s") as claimer:
-            claimer.execute("INSERT INTO jobs (queue, actor) VALUES ('health', 'x')")
+            claimer.execute("INSERT INTO job_queue (queue, actor) VALUES ('health', 'x')")
             assert len(claimer.execute(jobs_sql.CLAIM, CLAIM).fetchall()) == 1
     assert conn.execute(STATS).fetchone()[1] == before  # skipped: no second vacuum ran
     assert conn.execute(STATS).fetchone()[0] >= 300
     assert vacuum(broker, dead_rows=100) is not None  # free again: it runs
     assert conn.execute(STATS).fetchone()[1] == before + 1
     # no truncation (it would take ACCESS EXCLUSIVE and stall every claim), by the table's setting too
-    options = scalar(conn, "SELECT reloptions FROM pg_class WHERE oid = 'jobs'::regclass")
+    options = scalar(conn, "SELECT reloptions FROM pg_class WHERE oid = 'job_queue'::regclass")
     assert {"vacuum_truncate=off", "vacuum_index_cleanup=on"} <= set(options)
     assert "TRUNCATE false" in jobs_sql.VACUUM_JOBS and "SKIP_LOCKED" in jobs_sql.VACUUM_JOBS
 
@@ -122,14 +122,16 @@ def test_upkeep_thread_vacuums_jobs_when_dead_tuples_pile_up(conn, broker):
 
 
 def test_concurrent_prunes_take_different_rows_without_waiting(conn, other):
-    conn.execute("INSERT INTO jobs (actor, status, finished_at) SELECT 'x', 'succeeded', now() - g * interval '1 day'"
+    # days with no partition of their own (only yesterday to two days ahead are made):
+    # the default partition's rows, which retention removes row by row
+    conn.execute("INSERT INTO jobs (actor, status, finished_at) SELECT 'x', 'succeeded', now() - (g + 1) * interval '1 day'"
                  " FROM generate_series(1, 10) AS g")
     params = {"status": "succeeded", "older_than_s": 3600}
     with other.transaction():
-        first = other.execute(jobs_sql.PRUNE, {**params, "limit": 4}).fetchall()
+        first = other.execute(jobs_sql.PRUNE_ROWS, {**params, "limit": 4}).fetchall()
         # the first pruner's batch is locked (not committed): the second skips it, never waits
         conn.execute("SET lock_timeout = '5s'")
-        second = conn.execute(jobs_sql.PRUNE, {**params, "limit": 10}).fetchall()
+        second = conn.execute(jobs_sql.PRUNE_ROWS, {**params, "limit": 10}).fetchall()
     assert len(first) == 4 and len(second) == 6
     assert not {r[0] for r in first} & {r[0] for r in second}
     assert scalar(conn, "SELECT count(*) FROM jobs") == 0
@@ -144,12 +146,12 @@ def test_prune_cadence_follows_the_shortest_retention():
 def test_a_heartbeat_is_a_hot_update(conn):
     """Renewing a lease touches no index (no index covers the columns it sets), so it
     leaves no dead index entry behind: counted in the transaction's own statistics."""
-    job = scalar(conn, "INSERT INTO jobs (queue, actor, status, lease_owner, lease_expires_at, attempts, claimed_at)"
+    job = scalar(conn, "INSERT INTO job_queue (queue, actor, status, lease_owner, lease_expires_at, attempts, claimed_at)"
                        " VALUES ('tests', 'noop', 'running', 'n:1:t', now() + interval '5 s', 1, now()) RETURNING id")
     with conn.transaction():
         renewed = conn.execute(jobs_sql.HEARTBEAT, {"ids": [job], "owner": "n:1:t", "lease_s": 30}).fetchall()
-        hot = scalar(conn, "SELECT pg_stat_get_xact_tuples_hot_updated('jobs'::regclass)")
-        updated = scalar(conn, "SELECT pg_stat_get_xact_tuples_updated('jobs'::regclass)")
+        hot = scalar(conn, "SELECT pg_stat_get_xact_tuples_hot_updated('job_queue'::regclass)")
+        updated = scalar(conn, "SELECT pg_stat_get_xact_tuples_updated('job_queue'::regclass)")
     assert [str(r[0]) for r in renewed] == [str(job)]
     assert (updated, hot) == (1, 1)
 
@@ -158,10 +160,10 @@ def empty_in_the_planner(conn: psycopg.Connection, other: psycopg.Connection, n:
     """The state a vacuum leaves when it runs while a bulk enqueue is still open: n rows
     in jobs, reltuples 0 over the pages that TRUNCATE false keeps (the planner's 'empty')."""
     with other.transaction():
-        other.execute("INSERT INTO jobs (queue, actor, args, priority) SELECT 'health', 'x', '[]', g %% 3"
+        other.execute("INSERT INTO job_queue (queue, actor, args, priority) SELECT 'health', 'x', '[]', g %% 3"
                       " FROM generate_series(1, %s) AS g", (n,))
-        conn.execute("VACUUM jobs")
-    assert conn.execute("SELECT relpages > 0, reltuples FROM pg_class WHERE relname = 'jobs'").fetchone() == (True, 0)
+        conn.execute("VACUUM job_queue")
+    assert conn.execute("SELECT relpages > 0, reltuples FROM pg_class WHERE relname = 'job_queue'").fetchone() == (True, 0)
     other.execute("SELECT pg_stat_force_next_flush()")  # its inserts reach n_live_tup when it goes idle
 
 
@@ -169,7 +171,7 @@ def test_claim_stays_a_tid_lookup_when_the_planner_thinks_jobs_is_empty(conn, ot
     empty_in_the_planner(conn, other, 5000)
     plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + jobs_sql.CLAIM, CLAIM))
     # Joining on id, this plan walked the whole primary key once per claim (120 ms at 20,000 rows).
-    assert "Tid Scan on jobs" in plan, plan
+    assert "Tid Scan on job_queue" in plan, plan
     claimed = conn.execute(jobs_sql.CLAIM, {**CLAIM, "n": 7}).fetchall()
     priorities = conn.execute("SELECT priority FROM jobs WHERE id = ANY(%s::uuid[]) ORDER BY priority DESC",
                               ([r[0] for r in claimed],)).fetchall()
@@ -180,13 +182,13 @@ def test_claim_stays_a_tid_lookup_when_the_planner_thinks_jobs_is_empty(conn, ot
 def test_upkeep_analyzes_jobs_when_the_planner_counts_too_few_rows(conn, other, broker):
     empty_in_the_planner(conn, other, 5000)
     with running(upkeep(broker, heartbeat_seconds=3600, vacuum_check_seconds=0.05)):
-        wait_for(lambda: scalar(conn, "SELECT reltuples FROM pg_class WHERE relname = 'jobs'") >= 5000 / 4,
+        wait_for(lambda: scalar(conn, "SELECT reltuples FROM pg_class WHERE relname = 'job_queue'") >= 5000 / 4,
                  message="the upkeep's analyze of jobs")
-    assert scalar(conn, "SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'jobs'::regclass") >= 1
+    assert scalar(conn, "SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'job_queue'::regclass") >= 1
 
 
 def test_a_relaxed_claim_skips_the_flush_wait_of_its_own_transaction_only(conn):
-    conn.execute("INSERT INTO jobs (queue, actor, args) SELECT 'health', 'x', '[]' FROM generate_series(1, 2)")
+    conn.execute("INSERT INTO job_queue (queue, actor, args) SELECT 'health', 'x', '[]' FROM generate_series(1, 2)")
     with conn.transaction():
         assert len(conn.execute(jobs_sql.CLAIM, {**CLAIM, "n": 1, "relaxed": True}).fetchall()) == 1
         assert scalar(conn, "SHOW synchronous_commit") == "off"
@@ -212,15 +214,13 @@ def test_reaper_and_release_read_running_rows_by_index_ack_and_heartbeat_by_id(c
     # No index on running rows made every reap and every release read the whole table
     # (0.4 s at 2 M finished rows). jobs_running serves them; the ack and the heartbeat
     # must still find their rows by id, never by reading every running row of the owner.
-    ids = [scalar(conn, "INSERT INTO jobs (actor, status, lease_owner, attempts, claimed_at, lease_expires_at)"
+    ids = [scalar(conn, "INSERT INTO job_queue (actor, status, lease_owner, attempts, claimed_at, lease_expires_at)"
                         " VALUES ('x', 'running', 'h:1:a', 1, now(), now()) RETURNING id::text") for _ in range(3)]
-    conn.execute("ANALYZE jobs")
+    conn.execute("ANALYZE job_queue")
     budget = {"who": "t", "why": "test", "default_max_losses": 3}
     reap = _indexes_used(conn, jobs_sql.REAP_EXPIRED, {**budget, "limit": 10, "margin_s": 1.0})
     release = _indexes_used(conn, jobs_sql.RELEASE_OWNER, {**budget, "owner": "h:1:a"})
-    ack = _indexes_used(conn, jobs_sql.ACK_MANY, {"ids": db.array_text(ids), "attempts": db.array_text([1, 1, 1]),
-                                                  "owner": "h:1:a", "progress": None, "started_us": None,
-                                                  "ended_us": None})
+    ack = _indexes_used(conn, jobs_sql.FINISH, finish_params("h:1:a", [Finish(i, 1, "succeeded") for i in ids]))
     beat = _indexes_used(conn, jobs_sql.HEARTBEAT, {"ids": db.array_text(ids), "owner": "h:1:a", "lease_s": 30.0})
     assert "jobs_running" in reap and "jobs_running" in release, (reap, release)
     # (which index they do use is the planner's choice on a table this small)
@@ -236,9 +236,9 @@ def test_reads_of_live_or_failed_rows_never_read_the_succeeded_ones(conn):
     # the queue listings and join(): each read the whole table (0.36 s at 2 M finished
     # rows) while no index covered the running rows. Through jobs_live they read the
     # claim and running indexes only.
-    conn.execute("INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at)"
+    conn.execute("INSERT INTO job_queue (queue, actor, status, lease_owner, claimed_at)"
                  " VALUES ('q', 'x', 'running', 'h:1:a', now()), ('q', 'x', 'pending', NULL, NULL)")
-    conn.execute("ANALYZE jobs")
+    conn.execute("ANALYZE job_queue")
     for name, statement, params in (("LIVE_BY_QUEUE", reads.LIVE_BY_QUEUE, {}), ("CAPACITY", reads.CAPACITY, {}),
                                     ("SAMPLE_QUEUES", recorder.SAMPLE_QUEUES, {"step_s": 10}),
                                     ("START_LATENCY", reads.START_LATENCY, {"window_s": 60}),
@@ -248,9 +248,9 @@ def test_reads_of_live_or_failed_rows_never_read_the_succeeded_ones(conn):
                                     ("FAILED_SINCE", jobs_sql.FAILED_SINCE, {"queue": "q", "since": "-infinity"}),
                                     ("DEAD_LETTERS", jobs_sql.DEAD_LETTERS, {"queues": ["q"], "since": "-infinity"})):
         plan = _plan(conn, statement, params)
-        assert not re.search(r"Seq Scan on jobs\b", plan), f"{name} reads all of jobs:\n{plan}"
-        if name.startswith(("FAILED", "DEAD")):  # not jobs_finished: it holds every succeeded row too
-            assert "jobs_failed" in plan, f"{name}:\n{plan}"
+        assert not re.search(r"Seq Scan on job_(queue|history_succeeded)", plan), f"{name} reads all of jobs:\n{plan}"
+        if name.startswith(("FAILED", "DEAD")):  # the failed days only, never a succeeded one
+            assert "job_history_failed" in plan and "job_history_succeeded" not in plan, f"{name}:\n{plan}"
     assert conn.execute("SELECT ready, running FROM v_queue_capacity WHERE queue = 'q'").fetchone() == (1, 1)
 
 
@@ -267,7 +267,8 @@ def test_the_errors_and_actors_reads_are_bounded_by_their_windows_indexes(conn):
                  " SELECT id, finished_at, 'w', 'running', 'failed', actor, 'ValueError', 'app.py:f' FROM jobs"
                  " WHERE status = 'failed'")
     conn.execute("INSERT INTO job_events (job_id, at, who, to_status) SELECT id, now(), 'w', 'cancelled' FROM jobs")
-    conn.execute("ANALYZE jobs")
+    conn.execute("ANALYZE job_queue")
+    conn.execute("ANALYZE job_history")
     conn.execute("ANALYZE job_events")
     window = {"window_s": 3600, "cap": 100_000}
     group = {"actor": "a0", "error_type": "ValueError", "error_where": "app.py:f"}
@@ -277,11 +278,11 @@ def test_the_errors_and_actors_reads_are_bounded_by_their_windows_indexes(conn):
                                                          "wheres": ["app.py:f"]}, "job_events_error_groups"),
             ("GROUP_JOBS", actor_reads.GROUP_JOBS, {**window, **group, "statuses": ["failed"], "limit": 10},
              "job_events_error_groups"),
-            ("ACTORS", actor_reads.ACTORS, window, "jobs_finished"),
+            ("ACTORS", actor_reads.ACTORS, window, "finished_at_idx"),
             ("ACTOR_RETRIES", actor_reads.ACTOR_RETRIES, window, "job_events_errors"),
             ("IN_FLIGHT", actor_reads.IN_FLIGHT, {}, "jobs_running")):
         plan = _plan(conn, statement, params)
-        assert not re.search(r"Seq Scan on (jobs|job_events)\b", plan), f"{name} reads a whole table:\n{plan}"
+        assert not re.search(r"Seq Scan on (job_queue|job_history|job_events)\b", plan), f"{name} reads a whole table:\n{plan}"
         assert index in plan, f"{name}:\n{plan}"
         if "job_events_errors" in plan or name == "ACTORS":  # the window bounds the index scan
             assert re.search(r"Index Cond: \((finished_)?at > ", plan), f"{name}:\n{plan}"
@@ -293,7 +294,7 @@ def test_a_running_row_is_a_claimed_row(conn):
     # jobs_running and jobs_live rely on it: only the claim makes a row running, and it
     # sets claimed_at. A row made running by hand without it is refused, not missed.
     with pytest.raises(psycopg.errors.CheckViolation):
-        conn.execute("INSERT INTO jobs (actor, status) VALUES ('x', 'running')")
+        conn.execute("INSERT INTO job_queue (actor, status) VALUES ('x', 'running')")
 
 
 
@@ -317,14 +318,14 @@ def test_a_claim_never_walks_rows_due_later_at_a_higher_priority(conn):
     # walked every delayed row of a higher priority before the first due row of a lower
     # one: 100,000 of them made every claim 7x slower. The claim now reads each priority
     # level from its own run_at lower bound.
-    conn.execute("INSERT INTO jobs (queue, actor, priority) SELECT 'health', 'x', 0 FROM generate_series(1, 10)")
-    conn.execute("INSERT INTO jobs (queue, actor, priority) SELECT 'health', 'x', 5 FROM generate_series(1, 3)")
-    conn.execute("VACUUM ANALYZE jobs")
+    conn.execute("INSERT INTO job_queue (queue, actor, priority) SELECT 'health', 'x', 0 FROM generate_series(1, 10)")
+    conn.execute("INSERT INTO job_queue (queue, actor, priority) SELECT 'health', 'x', 5 FROM generate_series(1, 3)")
+    conn.execute("VACUUM ANALYZE job_queue")
     baseline, priorities = _claim_index_pages(conn, 5)
     assert priorities == [5, 5, 5, 0, 0]
-    conn.execute("INSERT INTO jobs (queue, actor, priority, run_at) SELECT 'health', 'x', 10, now() + interval '1 day'"
+    conn.execute("INSERT INTO job_queue (queue, actor, priority, run_at) SELECT 'health', 'x', 10, now() + interval '1 day'"
                  " FROM generate_series(1, 30000)")
-    conn.execute("VACUUM ANALYZE jobs")
+    conn.execute("VACUUM ANALYZE job_queue")
     with_delayed, priorities = _claim_index_pages(conn, 5)
     assert priorities == [5, 5, 5, 0, 0]
     # The delayed rows' entries fill most of the index; the claim descends past them, a
@@ -338,11 +339,11 @@ def test_a_claim_reads_past_many_priority_levels_in_order(conn):
     # A descent per level costs more than stepping over a row, so the claim reads only the
     # first 16 levels one by one and the rest in one ordered scan. 40 levels, each with a
     # row due in a day; due rows at 30 (read by level), 20 and 10 (read by the scan).
-    conn.execute("INSERT INTO jobs (queue, actor, priority, run_at) SELECT 'health', 'x', g, now() + interval '1 day'"
+    conn.execute("INSERT INTO job_queue (queue, actor, priority, run_at) SELECT 'health', 'x', g, now() + interval '1 day'"
                  " FROM generate_series(1, 40) AS g")
-    conn.execute("INSERT INTO jobs (queue, actor, priority) SELECT 'health', 'x', p FROM unnest(%s::int[]) AS p",
+    conn.execute("INSERT INTO job_queue (queue, actor, priority) SELECT 'health', 'x', p FROM unnest(%s::int[]) AS p",
                  ([30, 30, 20, 20, 10, 10],))
-    conn.execute("ANALYZE jobs")
+    conn.execute("ANALYZE job_queue")
     for n in (5, 4, 8):  # a power of two (its own statement) and not
         with conn.transaction(force_rollback=True):
             claimed = conn.execute(jobs_sql.claim(n), {**CLAIM, "n": n}).fetchall()
@@ -362,10 +363,10 @@ def test_a_claim_size_keeps_one_generic_plan(conn):
     # priced at a tenth of the table, which made every plan a custom one). psycopg
     # prepares at the 5th run. Other sizes share the parameterised statement: a cached
     # plan holds server memory per size and connection (bench/README.md).
-    conn.execute("INSERT INTO jobs (queue, actor, priority, run_at) SELECT 'health', 'x', g %% 3,"
+    conn.execute("INSERT INTO job_queue (queue, actor, priority, run_at) SELECT 'health', 'x', g %% 3,"
                  " now() + CASE WHEN g %% 2 = 0 THEN interval '1 day' ELSE interval '0' END"
                  " FROM generate_series(1, 200) AS g", ())
-    conn.execute("ANALYZE jobs")
+    conn.execute("ANALYZE job_queue")
     claimed = []
     for _ in range(12):
         claimed += [r[0] for r in conn.execute(jobs_sql.claim(4), {**CLAIM, "n": 4}).fetchall()]

@@ -1,7 +1,8 @@
 """What becomes of a claimed message: ack (group-committed), nack, retry, requeue.
 
-Every write is fenced by lease owner and attempt (see sql/outcomes.py), so a late writer
-changes nothing. Mixed into PostgresBroker, which provides the state below.
+Every one of them is written by ``Outcomes._finish``, one ``sql.FINISH`` statement for a
+batch of any mix, fenced by lease owner and attempt (see sql/outcomes.py), so a late
+writer changes nothing. Mixed into PostgresBroker, which provides the state below.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -35,9 +37,48 @@ def ago_us(now: float, at: float | None) -> int | None:
     return None if at is None else int((now - at) * 1e6)
 
 
-def _ran(message: PgMessageProxy) -> dict[str, int | None]:
+@dataclass(frozen=True)
+class Finish:
+    """One attempt's outcome, as its owner writes it (sql.FINISH): ``kind`` is succeeded,
+    failed, retry or requeue; started and ended are time.monotonic() (None: unknown)."""
+
+    id: str
+    attempt: int
+    kind: str
+    started: float | None = None
+    ended: float | None = None
+    error: str | None = None
+    error_type: str | None = None
+    error_where: str | None = None
+    reason: str | None = None
+    delay_ms: int | None = None
+    options: Any = None  # jsonb (a retry's new options)
+    payload: bytes | None = None
+
+
+def _column(rows: Sequence[Finish], name: str) -> str | None:
+    """A column of text or numbers as one array literal; None (all NULL) when no row has one."""
+    values = [getattr(r, name) for r in rows]
+    return db.array_text(values) if any(v is not None for v in values) else None
+
+
+def finish_params(owner: str, rows: Sequence[Finish], progress: Any = None) -> dict[str, Any]:
+    """sql.FINISH's parameters for ``rows``. Call it just before the statement: how long ago
+    each attempt started and ended is read off the clock here."""
     now = time.monotonic()
-    return {"started_us": ago_us(now, message.started), "ended_us": ago_us(now, message.ended)}
+    retried = [r for r in rows if r.kind == "retry"]
+    return {
+        "owner": owner, "ids": db.array_text([r.id for r in rows]),
+        "attempts": db.array_text([r.attempt for r in rows]), "kinds": db.array_text([r.kind for r in rows]),
+        "progress": progress,
+        "started_us": db.array_text([ago_us(now, r.started) for r in rows]),
+        "ended_us": db.array_text([ago_us(now, r.ended) for r in rows]),
+        "errors": _column(rows, "error"), "error_types": _column(rows, "error_type"),
+        "error_wheres": _column(rows, "error_where"), "reasons": _column(rows, "reason"),
+        "delays_ms": _column(rows, "delay_ms"),
+        "options": [r.options for r in rows] if retried else None,
+        "payloads": [r.payload for r in rows] if any(r.payload is not None for r in rows) else None,
+    }
 
 
 class Outcomes:
@@ -64,19 +105,18 @@ class Outcomes:
 
     def _write_acks(self, ids: list[str], attempts: list[int], started: list[float | None],
                     ended: list[float | None]) -> None:
-        params = {"ids": db.array_text(ids), "attempts": db.array_text(attempts), "owner": self.owner}
-
-        def ran() -> dict[str, str]:  # as late as can be: the server's now() is taken next
-            now = time.monotonic()
-            return {"started_us": db.array_text([ago_us(now, t) for t in started]),
-                    "ended_us": db.array_text([ago_us(now, t) for t in ended])}
-
+        rows = [Finish(i, a, "succeeded", s, e) for i, a, s, e in zip(ids, attempts, started, ended, strict=True)]
         with self.pool.connection(timeout=10) as c:
             if self._progress is None:
-                c.execute(sql.ACK_MANY, {**params, "progress": None, **ran()})
+                self._finish(c, rows)
                 return
             with self._progress.for_ack(c, ids) as progress:  # a job's latest report lands with its ack
-                c.execute(sql.ACK_MANY, {**params, "progress": progress, **ran()})
+                self._finish(c, rows, progress)
+
+    def _finish(self, conn: psycopg.Connection, rows: Sequence[Finish], progress: Any = None) -> int:
+        """Write these outcomes (the one way any attempt's outcome is written); how many
+        rows were still this process's to finish."""
+        return int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rows, progress))))
 
     def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None:
         """``on_written`` runs once the outcome is committed (or nothing is to be written)."""
@@ -104,16 +144,16 @@ class Outcomes:
             return
         exc = getattr(message, "_exception", None)
         reason = f"attempt {message.attempts} of {message.max_attempts}: {type(exc).__name__ if exc else 'failed'}"
-        params = {"id": message.message_id, "attempts": message.attempts, "owner": self.owner,
-                  **self._error(message, exc), "reason": reason, **_ran(message)}
+        row = Finish(message.message_id, message.attempts, "failed", message.started, message.ended,
+                     **self._error(message, exc), reason=reason)
         self.failures.record(message.message_id, exc)
         try:
-            self._write_until_done("record failure", sql.NACK, params)
+            self._write_until_done("record failure", row)
         finally:
             self.leases.let_go(message.message_id)
             self.jobs_done += 1
 
-    def _error(self, message: PgMessageProxy, exc: BaseException | None) -> dict[str, str]:
+    def _error(self, message: PgMessageProxy, exc: BaseException | None) -> dict[str, Any]:
         """A failed attempt's traceback (``last_error``) and its group (its event's
         error_type and error_where, see error_key), parsed from that same text."""
         text = error_text(exc)
@@ -122,7 +162,7 @@ class Outcomes:
         key = error_key.parse(text, error_key.own_code(module))
         return {"error": text, "error_type": key.type, "error_where": key.where}
 
-    def _write_until_done(self, what: str, statement: str, params: dict[str, Any]) -> None:
+    def _write_until_done(self, what: str, row: Finish) -> None:
         """Write an outcome, retrying through a database outage.
 
         Giving up would either lose the outcome (a retry acked as a success) or
@@ -131,9 +171,9 @@ class Outcomes:
         """
         def write() -> None:
             with self._conn() as c:
-                c.execute(statement, params)
+                self._finish(c, [row])
 
-        backoff.retry(write, f"{what} of job {params['id']}", retry_on=(BrokerConnectionError,), logger=log)
+        backoff.retry(write, f"{what} of job {row.id}", retry_on=(BrokerConnectionError,), logger=log)
 
     def _retry(self, message: PgMessageProxy, delay: int | None) -> PgMessageProxy:
         message.retried = True
@@ -141,20 +181,14 @@ class Outcomes:
             return message
         exc = getattr(message, "_exception", None)
         body = body_columns(message)
-        params = {
-            "id": message.message_id,
-            "attempts": message.attempts,
-            "owner": self.owner,
-            "options": body["options"],
-            "payload": body["payload"],
-            **self._error(message, exc),
-            "delay_ms": int(delay or 0),
-            "reason": f"attempt {message.attempts} of {message.max_attempts} failed"
+        row = Finish(
+            message.message_id, message.attempts, "retry", message.started, None,
+            **self._error(message, exc), delay_ms=int(delay or 0), options=body["options"], payload=body["payload"],
+            reason=f"attempt {message.attempts} of {message.max_attempts} failed"
             f" ({type(exc).__name__ if exc else 'retry'}); retry in {int(delay or 0)} ms",
-            "started_us": _ran(message)["started_us"],
-        }
+        )
         self.emit_before("enqueue", message, delay)
-        self._write_until_done("schedule retry", sql.RETRY, params)
+        self._write_until_done("schedule retry", row)
         self.leases.let_go(message.message_id)
         if not delay and self._listener is not None:  # due now: wake our consumer before the NOTIFY does
             self._listener.event_for(message.queue_name).set()
@@ -168,14 +202,9 @@ class Outcomes:
         messages = list(messages)
         if not messages:
             return 0
-        params = {
-            "ids": [m.message_id for m in messages],
-            "attempts": [m.attempts for m in messages],
-            "owner": self.owner,
-            "reason": reason,
-        }
+        rows = [Finish(m.message_id, m.attempts, "requeue", reason=reason) for m in messages]
         with self._conn() as c:
-            count = db.one(c.execute(sql.REQUEUE, params))
+            count = self._finish(c, rows)
         # Only once written: rows it could not give back are still this process's
         # (renewed, and released with the rest of its jobs when it stops).
         self.leases.let_go(*(m.message_id for m in messages))

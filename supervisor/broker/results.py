@@ -37,7 +37,9 @@ WITH stored AS (
        SET job_id = EXCLUDED.job_id, value = EXCLUDED.value, stored_at = now(), expires_at = EXCLUDED.expires_at
     RETURNING key
 ), job AS (
-    UPDATE jobs SET result = %(result)s WHERE id = %(job_id)s
+    UPDATE job_queue SET result = %(result)s WHERE id = %(job_id)s
+), finished AS (  -- stored after its ack (a result backend used outside our worker)
+    UPDATE job_history SET result = %(result)s WHERE id = %(job_id)s
 )
 SELECT pg_notify('actor_supervisor_results', stored.key) FROM stored
 """

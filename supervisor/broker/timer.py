@@ -13,7 +13,7 @@ from .listener import Wakeups
 
 log = logging.getLogger(__name__)
 
-# NOTIFY payload prefix for "a row of this queue is due later" (sql.RETRY, the insert trigger).
+# NOTIFY payload prefix for "a row of this queue is due later" (sql.FINISH for a retry, the insert trigger).
 LATER = "@"
 # Fire this long after the due time: the claim compares run_at with the server's
 # clock, so firing a hair early would find nothing and need another round.

@@ -65,7 +65,7 @@ RETURNING id
 LOST = """
 UPDATE workers w SET state = 'lost', stopped_at = now(), jobs_in_flight = 0
  WHERE w.id = ANY(%(ids)s) AND w.stopped_at IS NULL
-   AND NOT EXISTS (SELECT 1 FROM jobs j
+   AND NOT EXISTS (SELECT 1 FROM job_queue j
                     WHERE j.lease_owner = w.id AND j.status = 'running' AND j.claimed_at IS NOT NULL)
 """
 

@@ -46,8 +46,8 @@ UPDATE job_runs r
        completed_at = coalesce(j.finished_at, now()),
        error_text = CASE WHEN j.status = 'succeeded' THEN NULL
                          ELSE coalesce(right(j.last_error, 2000), 'job ' || j.status) END
-  FROM jobs j
- WHERE r.status = 'running' AND r.job_id = j.id AND j.status IN ('succeeded', 'failed', 'cancelled')
+  FROM job_history j
+ WHERE r.status = 'running' AND r.job_id = j.id
 """
 
 SYNC_LOST = """

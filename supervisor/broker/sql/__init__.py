@@ -1,4 +1,4 @@
-"""Every SQL statement on ``jobs``, ``job_concurrency``, ``job_events``,
+"""Every SQL statement on ``job_queue``, ``job_history``, ``job_concurrency``, ``job_events``,
 ``job_progress`` and ``queue_pauses``: the one place for these tables, in one module
 per concern, all read as ``sql.NAME``.
 
@@ -21,18 +21,23 @@ from .enqueue import (
     LIVE_BY_DEDUPE_KEYS,
     RUN_AT,
 )
+from .history import (
+    ADD_DAY,
+    DAYS_AHEAD,
+    DROP_DAYS,
+    JOB_COLUMNS,
+    PRUNE_ROWS,
+    archive,
+)
 from .outcomes import (
-    ACK_MANY,
     CANCEL,
     FAIL_UNREADABLE,
+    FINISH,
     HEARTBEAT,
-    NACK,
     REAP_EXPIRED,
     RELEASE_DEAD,
     RELEASE_NODE,
     RELEASE_OWNER,
-    REQUEUE,
-    RETRY,
     RETRY_FAILED,
 )
 from .queues import (
@@ -51,7 +56,6 @@ from .upkeep import (
     ANALYZE_JOBS,
     JOBS_STATS_STALE,
     JOBS_VACUUM_DUE,
-    PRUNE,
     PRUNE_EVENTS,
     PRUNE_PROGRESS,
     VACUUM_JOBS,
@@ -69,10 +73,6 @@ __all__ = [
     "CLAIM",
     "claim",
     "NEXT_DUE",
-    "ACK_MANY",
-    "NACK",
-    "RETRY",
-    "REQUEUE",
     "HEARTBEAT",
     "RELEASE_OWNER",
     "RELEASE_DEAD",
@@ -80,8 +80,14 @@ __all__ = [
     "REAP_EXPIRED",
     "CANCEL",
     "FAIL_UNREADABLE",
+    "FINISH",
     "RETRY_FAILED",
-    "PRUNE",
+    "ADD_DAY",
+    "DAYS_AHEAD",
+    "DROP_DAYS",
+    "JOB_COLUMNS",
+    "PRUNE_ROWS",
+    "archive",
     "PRUNE_EVENTS",
     "PRUNE_PROGRESS",
     "JOBS_VACUUM_DUE",

@@ -54,7 +54,7 @@ WITH RECURSIVE levels AS (
        AND (SELECT CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true)
                         ELSE 'on' END) IS NOT NULL
     UNION ALL
-    SELECT (SELECT max(priority) FROM jobs
+    SELECT (SELECT max(priority) FROM job_queue
              WHERE queue = %(queue)s AND status IN ('pending', 'retryable') AND priority < l.p),
            l.depth + 1
       FROM levels l WHERE l.p IS NOT NULL AND l.depth < {_LEVELS_ONE_BY_ONE}
@@ -66,7 +66,7 @@ WITH RECURSIVE levels AS (
     -- still needs rows. A sort would lock up to n rows per level.
     SELECT x.* FROM levels l CROSS JOIN LATERAL (
     SELECT j.ctid AS tid, j.id, j.actor, j.concurrency_key, j.priority, j.run_at
-      FROM jobs j
+      FROM job_queue j
      WHERE {_RUNNABLE}
        AND j.priority = l.p
      ORDER BY j.run_at, j.id
@@ -77,7 +77,7 @@ WITH RECURSIVE levels AS (
     -- below the last level read one by one (none when the queue has fewer levels)
     SELECT y.* FROM (
     SELECT j.ctid AS tid, j.id, j.actor, j.concurrency_key, j.priority, j.run_at
-      FROM jobs j
+      FROM job_queue j
      WHERE {_RUNNABLE}
        AND j.priority < (SELECT l.p FROM levels l WHERE l.depth = {_LEVELS_ONE_BY_ONE})
      ORDER BY j.priority DESC, j.run_at, j.id
@@ -99,7 +99,7 @@ WITH RECURSIVE levels AS (
     SELECT * FROM unnest(%(actors)s::text[], %(actor_max_attempts)s::int[], %(actor_max_losses)s::int[])
         AS b(actor, max_attempts, max_lease_losses)
 ), claimed AS (
-UPDATE jobs j
+UPDATE job_queue j
    SET status = 'running',
        attempts = j.attempts + 1,
        max_attempts = coalesce(j.max_attempts, jobs_option_int(j.options, 'max_attempts', 1, 1e6),
@@ -148,11 +148,11 @@ def claim(n: int) -> str:
 # (a loose index scan over jobs_claim), so a deep backlog costs nothing extra.
 NEXT_DUE = """
 WITH RECURSIVE levels AS (
-    SELECT q.queue, (SELECT max(j.priority) FROM jobs j
+    SELECT q.queue, (SELECT max(j.priority) FROM job_queue j
                       WHERE j.queue = q.queue AND j.status IN ('pending', 'retryable')) AS priority
       FROM unnest(%(queues)s::text[]) AS q(queue)
     UNION ALL
-    SELECT l.queue, (SELECT max(j.priority) FROM jobs j
+    SELECT l.queue, (SELECT max(j.priority) FROM job_queue j
                       WHERE j.queue = l.queue AND j.status IN ('pending', 'retryable') AND j.priority < l.priority)
       FROM levels l
      WHERE l.priority IS NOT NULL
@@ -160,7 +160,7 @@ WITH RECURSIVE levels AS (
 SELECT l.queue, extract(epoch FROM min(d.run_at) - now())::float8
   FROM levels l
  CROSS JOIN LATERAL (
-    SELECT j.run_at FROM jobs j
+    SELECT j.run_at FROM job_queue j
      WHERE j.queue = l.queue AND j.status IN ('pending', 'retryable') AND j.priority = l.priority
        AND j.run_at > now()
      ORDER BY j.run_at

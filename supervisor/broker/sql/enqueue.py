@@ -1,7 +1,7 @@
 """Writing jobs: one message, or a batch (INSERT of arrays, or COPY)."""
 
 INSERT = """
-INSERT INTO jobs (id, queue, actor, args, kwargs, options, priority, run_at,
+INSERT INTO job_queue (id, queue, actor, args, kwargs, options, priority, run_at,
                   max_attempts, dedupe_key, concurrency_key, message_timestamp, payload)
 VALUES (%(id)s, %(queue)s, %(actor)s, %(args)s, %(kwargs)s, %(options)s, %(priority)s,
         now() + %(delay_ms)s * interval '1 millisecond', %(max_attempts)s,
@@ -18,7 +18,7 @@ BULK_COLUMNS = """id, queue, actor, args, kwargs, options, payload, priority, ma
 # A small batch, or one the COPY could not take: one statement, arrays in
 # (one per column, in BULK_COLUMNS order, after the delay), ids of new rows out.
 INSERT_MANY = f"""
-INSERT INTO jobs ({BULK_COLUMNS}, run_at)
+INSERT INTO job_queue ({BULK_COLUMNS}, run_at)
 SELECT m.*, now() + %s * interval '1 millisecond'
   FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::jsonb[], %s::jsonb[], %s::jsonb[], %s::bytea[],
               %s::int[], %s::int[], %s::text[], %s::text[], %s::bigint[]) AS m
@@ -31,13 +31,13 @@ RETURNING id
 # statement-level NOTIFY trigger fires for COPY as for INSERT. run_at is left to
 # its default, now(), unless the batch is delayed: then every row carries RUN_AT,
 # read once in the same transaction (so it is the same now()).
-COPY_JOBS = f"COPY jobs ({BULK_COLUMNS}) FROM STDIN"
+COPY_JOBS = f"COPY job_queue ({BULK_COLUMNS}) FROM STDIN"
 
-COPY_JOBS_AT = f"COPY jobs ({BULK_COLUMNS}, run_at) FROM STDIN"
+COPY_JOBS_AT = f"COPY job_queue ({BULK_COLUMNS}, run_at) FROM STDIN"
 
 RUN_AT = "SELECT now() + %s * interval '1 millisecond'"
 
 LIVE_BY_DEDUPE_KEYS = """
-SELECT dedupe_key, id FROM jobs
+SELECT dedupe_key, id FROM job_queue
  WHERE dedupe_key = ANY(%(keys)s) AND status IN ('pending', 'retryable', 'running')
 """

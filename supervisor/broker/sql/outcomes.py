@@ -11,90 +11,83 @@ statements of one process over the same rows each held a row the other waited fo
 and PostgreSQL killed one of them (deadlock detected). ``FOR NO KEY UPDATE`` is the
 lock the UPDATE itself takes, so taking it first changes nothing else. Statements that
 skip locked rows (claim, reap, release, prune) never wait, so their order is free.
+A statement that deletes rows (a job finishing leaves job_queue for job_history) locks
+them ``FOR UPDATE``, the lock the DELETE takes, in the same id order.
+
+Live rows are in job_queue; a finished row is deleted from it and appended to
+job_history in the same statement (``history.archive``).
 """
 
-# Acks arrive in batches (group commit). Each is fenced by owner and attempt number,
-# so a late ack after a reclaim, or the ack that follows a retry, changes nothing.
-# A job's latest unwritten progress report rides along (progress NULL: none), and so
-# do how long ago its attempt started and ended running in its thread: started_at and
-# finished_at are the attempt's own (a claim clears started_at), on the server's clock.
-_STARTED = "now() - %(started_us)s::bigint * interval '1 microsecond'"
-_ENDED = "now() - coalesce(%(ended_us)s::bigint, 0) * interval '1 microsecond'"
+from .history import JOB_COLUMNS, archive
 
-ACK_MANY = """
-WITH locked AS (
-    SELECT j.id, a.progress, a.started_us, a.ended_us
-      FROM jobs j
-      JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(progress)s::jsonb[], %(started_us)s::bigint[],
-                  %(ended_us)s::bigint[]) AS a(id, attempts, progress, started_us, ended_us)
-        ON j.id = a.id
-     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
+# Every outcome its owner writes for an attempt goes through FINISH, one statement for a
+# batch of any mix (River's completer): success, failure, retry (the Retries middleware's
+# re-enqueue of the message it is processing), and requeue (claimed, never started: a
+# drain, or given back for want of a thread). Each row is fenced by lease owner and
+# attempt number, so a late write after a reclaim, or the ack that follows a retry,
+# changes nothing; the fence and the outcome are one statement, so they cannot disagree.
+#   succeeded, failed: the row leaves job_queue for job_history (archive()); a failure
+#       writes its traceback and an event (its group on the Errors page, 032).
+#   retry: the row stays, 'retryable' at now() + delay_ms, with the message's new options
+#       (the retry count) and an event. The wake-up names the queue when the retry is due
+#       now (consumers claim at once) and '@' || queue when later (timers move, timer.py).
+#   requeue: back to 'pending' in its place in line (run_at kept), the claim not counted
+#       as an attempt (nothing ran), an event.
+# A job's latest unwritten progress report rides along with a success (progress NULL:
+# none); started_us / ended_us say how long ago the attempt started and ended running in
+# its thread, and the server sets started_at / finished_at from its own now() (no host's
+# wall clock). Arrays given as NULL (an ack batch has no errors) read as NULLs: a
+# multi-array unnest pads the shorter ones.
+
+FINISH = """
+WITH o AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(kinds)s::text[], %(progress)s::jsonb[],
+                         %(started_us)s::bigint[], %(ended_us)s::bigint[], %(errors)s::text[],
+                         %(error_types)s::text[], %(error_wheres)s::text[], %(reasons)s::text[],
+                         %(delays_ms)s::bigint[], %(options)s::jsonb[], %(payloads)s::bytea[])
+        AS o(id, attempts, kind, progress, started_us, ended_us, error, error_type, error_where, reason,
+             delay_ms, options, payload)
+), locked AS (
+    SELECT o.*
+      FROM job_queue j JOIN o ON j.id = o.id
+     WHERE j.attempts = o.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
      ORDER BY j.id
-       FOR NO KEY UPDATE OF j
-)
-UPDATE jobs j
-   SET status = 'succeeded', lease_expires_at = NULL,
-       started_at = now() - locked.started_us * interval '1 microsecond',
-       finished_at = now() - coalesce(locked.ended_us, 0) * interval '1 microsecond',
-       progress = coalesce(locked.progress, j.progress)
-  FROM locked
- WHERE j.id = locked.id
-"""
-
-NACK = f"""
-WITH done AS (
-    UPDATE jobs
-       SET status = 'failed', started_at = {_STARTED}, finished_at = {_ENDED}, lease_expires_at = NULL,
-           last_error = %(error)s
-     WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
- RETURNING id, actor
-)
-INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
-SELECT id, %(owner)s, 'running', 'failed', %(reason)s, actor, %(error_type)s, %(error_where)s FROM done
-"""
-
-# The Retries middleware re-enqueues the message it is processing: same row, new
-# options, status 'retryable' until run_at. The wake-up names the queue when the
-# retry is due now (consumers claim at once) and '@' || queue when it is due later
-# (each process serving the queue moves its timer to it; see timer.py).
-RETRY = f"""
-WITH done AS (
-    UPDATE jobs
-       SET status = 'retryable', options = %(options)s, payload = %(payload)s, last_error = %(error)s,
-           started_at = {_STARTED},
-           run_at = now() + %(delay_ms)s * interval '1 millisecond', lease_expires_at = NULL
-     WHERE id = %(id)s AND attempts = %(attempts)s AND status = 'running' AND lease_owner = %(owner)s
- RETURNING id, queue, actor, run_at <= now() AS due
+       FOR UPDATE OF j
+), stays AS (
+    UPDATE job_queue j
+       SET status = CASE l.kind WHEN 'retry' THEN 'retryable' ELSE 'pending' END,
+           attempts = CASE l.kind WHEN 'requeue' THEN j.attempts - 1 ELSE j.attempts END,
+           lease_owner = CASE l.kind WHEN 'requeue' THEN NULL ELSE j.lease_owner END,
+           options = coalesce(l.options, j.options), payload = CASE l.kind WHEN 'retry' THEN l.payload ELSE j.payload END,
+           last_error = coalesce(l.error, j.last_error),
+           started_at = CASE l.kind WHEN 'retry' THEN now() - l.started_us * interval '1 microsecond'
+                                    ELSE j.started_at END,
+           run_at = CASE l.kind WHEN 'retry' THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
+           lease_expires_at = NULL
+      FROM locked l
+     WHERE j.id = l.id AND l.kind IN ('retry', 'requeue')
+ RETURNING j.id, j.queue, j.actor, j.status, j.run_at <= now() AS due, l.reason, l.error_type, l.error_where
+), done AS (
+    DELETE FROM job_queue j USING locked l
+     WHERE j.id = l.id AND l.kind IN ('succeeded', 'failed')
+ RETURNING j.*, l.kind, l.progress AS new_progress, l.started_us, l.ended_us, l.error AS new_error, l.reason,
+           l.error_type, l.error_where
+), kept AS (
+    """ + archive("done", status="done.kind", lease_expires_at="NULL",
+                  started_at="now() - done.started_us * interval '1 microsecond'",
+                  finished_at="now() - coalesce(done.ended_us, 0) * interval '1 microsecond'",
+                  progress="coalesce(done.new_progress, done.progress)",
+                  last_error="coalesce(done.new_error, done.last_error)") + """
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
-    SELECT id, %(owner)s, 'running', 'retryable', %(reason)s, actor, %(error_type)s, %(error_where)s FROM done
+    SELECT id, %(owner)s, 'running', 'failed', reason, actor, error_type, error_where FROM done WHERE kind = 'failed'
+    UNION ALL
+    SELECT id, %(owner)s, 'running', status, reason, actor, error_type, error_where FROM stays
+), wake AS (
+    SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || queue END)
+      FROM (SELECT DISTINCT queue, due FROM stays) AS w
 )
-SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || queue END) FROM done
-"""
-
-# Prefetched but never started (drain, or given back for want of a thread, see
-# consumer.py): back to pending in its place in line (run_at kept), and the claim is
-# not counted as an attempt because nothing ran.
-REQUEUE = """
-WITH locked AS (
-    SELECT j.id
-      FROM jobs j JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[]) AS a(id, attempts) ON j.id = a.id
-     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
-     ORDER BY j.id
-       FOR NO KEY UPDATE OF j
-), done AS (
-    UPDATE jobs j
-       SET status = 'pending', attempts = j.attempts - 1, lease_owner = NULL,
-           lease_expires_at = NULL
-      FROM locked
-     WHERE j.id = locked.id
- RETURNING j.id, j.queue
-), ev AS (
-    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(owner)s, 'running', 'pending', %(reason)s FROM done
-)
-SELECT count(*)
-  FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', done.queue)) AS wake
+SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM stays), (SELECT count(*) FROM wake)
 """
 
 # Renews only the rows the process knows it holds: a row whose claim committed
@@ -104,12 +97,12 @@ SELECT count(*)
 # cancelled, and its process interrupts the job (self-fencing).
 HEARTBEAT = """
 WITH locked AS (
-    SELECT id FROM jobs
+    SELECT id FROM job_queue
      WHERE id = ANY(%(ids)s::uuid[]) AND lease_owner = %(owner)s AND status = 'running'
      ORDER BY id
        FOR NO KEY UPDATE
 )
-UPDATE jobs j
+UPDATE job_queue j
    SET heartbeat_at = now(), lease_expires_at = now() + %(lease_s)s * interval '1 second'
   FROM locked
  WHERE j.id = locked.id
@@ -127,36 +120,44 @@ _LOSS_BUDGET = """coalesce(max_lease_losses, %(default_max_losses)s) AS budget,
 
 _RELEASE_BODY = """
 , upd AS (
-    UPDATE jobs j
-       SET status = CASE WHEN lost.poison THEN 'failed' ELSE 'pending' END,
-           lease_losses = j.lease_losses + 1,
-           finished_at = CASE WHEN lost.poison THEN now() END,
-           last_error = CASE WHEN lost.poison
-                             THEN format('poison pill: lease lost %%s times while running (the job killed'
-                                         ' or stalled its process; last owner %%s, %%s); budget'
-                                         ' max_lease_losses=%%s used up, giving up',
-                                         j.lease_losses + 1, lost.owner, %(why)s::text, lost.budget)
-                             ELSE j.last_error END,
+    UPDATE job_queue j
+       SET status = 'pending', lease_losses = j.lease_losses + 1,
            lease_owner = NULL, lease_expires_at = NULL, run_at = now()
       FROM lost
-     WHERE j.id = lost.id
+     WHERE j.id = lost.id AND NOT lost.poison
  RETURNING j.id, j.queue, j.actor, j.status, j.lease_losses, lost.budget, lost.owner
+), poisoned AS (
+    DELETE FROM job_queue j USING lost
+     WHERE j.id = lost.id AND lost.poison
+ RETURNING j.*, lost.budget, lost.owner AS lost_owner
+), kept AS (
+    """ + archive(
+    "poisoned", status="'failed'", lease_losses="poisoned.lease_losses + 1", finished_at="now()",
+    lease_owner="NULL", lease_expires_at="NULL", run_at="now()",
+    last_error="""format('poison pill: lease lost %%s times while running (the job killed'
+                         ' or stalled its process; last owner %%s, %%s); budget'
+                         ' max_lease_losses=%%s used up, giving up',
+                         poisoned.lease_losses + 1, poisoned.lost_owner, %(why)s::text, poisoned.budget)""") + """
+), out AS (
+    SELECT id, queue, actor, status, lease_losses, budget, owner FROM upd
+    UNION ALL
+    SELECT id, queue, actor, 'failed', lease_losses + 1, budget, lost_owner FROM poisoned
 ), ev AS (
     -- grouped on the Errors page as the runtime's own failures (032): no exception, no frame
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
     SELECT id, %(who)s::text, 'running', status,
            format('%%s; prior owner %%s; lease loss %%s of %%s', %(why)s, owner, lease_losses, budget),
            actor, CASE WHEN status = 'failed' THEN 'PoisonPill' ELSE 'LeaseLost' END, ''
-      FROM upd
+      FROM out
 )
-SELECT upd.id, upd.status, upd.owner
-  FROM upd CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', upd.queue)) AS wake
+SELECT out.id, out.status, out.owner
+  FROM out CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', out.queue)) AS wake
 """
 
 RELEASE_OWNER = (
     """
 WITH lost AS (
-    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
+    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM job_queue
      WHERE lease_owner = %(owner)s AND status = 'running'
        AND claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
        FOR UPDATE SKIP LOCKED
@@ -171,7 +172,7 @@ WITH lost AS (
 RELEASE_NODE = (
     """
 WITH lost AS (
-    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
+    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM job_queue
      WHERE status = 'running' AND claimed_at IS NOT NULL  -- jobs_running serves (027)
        AND left(lease_owner, length(%(node)s) + 1) = %(node)s || ':'
        FOR UPDATE SKIP LOCKED
@@ -182,7 +183,7 @@ WITH lost AS (
 REAP_EXPIRED = (
     """
 WITH lost AS (
-    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM jobs
+    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM job_queue
      WHERE status = 'running' AND lease_expires_at < now() - %(margin_s)s * interval '1 second'
        AND claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
      ORDER BY lease_expires_at
@@ -215,7 +216,7 @@ WITH gone AS MATERIALIZED (  -- per process (a few), not per job: pg_stat_activi
                         WHERE a.datname = current_database() AND a.application_name = w.session_name)
 ), lost AS (
     SELECT j.id, j.lease_owner AS owner, """ + _LOSS_BUDGET + """
-      FROM gone JOIN jobs j ON j.lease_owner = gone.id
+      FROM gone JOIN job_queue j ON j.lease_owner = gone.id
      WHERE j.status = 'running' AND j.heartbeat_at < now() - gone.stale
        AND j.claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
        FOR UPDATE OF j SKIP LOCKED
@@ -223,21 +224,19 @@ WITH gone AS MATERIALIZED (  -- per process (a few), not per job: pg_stat_activi
     + _RELEASE_BODY
 )
 
-# A running job is cancelled too: the row leaves 'running' at once (which frees its
-# concurrency slot) and a trigger NOTIFYs its process, which interrupts the job.
-CANCEL = """
-WITH old AS (
-    SELECT id, status FROM jobs
-     WHERE id = %(id)s AND status IN ('pending', 'retryable', 'running')
-       FOR UPDATE
-), done AS (
-    UPDATE jobs j SET status = 'cancelled', finished_at = now(), lease_expires_at = NULL
-      FROM old
-     WHERE j.id = old.id
- RETURNING j.id, old.status AS from_status
+# A running job is cancelled too: the row leaves job_queue at once (which frees its
+# concurrency slot) and its process, told by NOTIFY, interrupts the job.
+CANCEL = f"""
+WITH done AS (
+    DELETE FROM job_queue WHERE id = %(id)s
+ RETURNING *
+), kept AS (
+    {archive("done", status="'cancelled'", finished_at="now()", lease_expires_at="NULL")}
+), told AS (
+    SELECT pg_notify('actor_supervisor_cancel', id::text) FROM done WHERE status = 'running'
 )
 INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-SELECT id, %(who)s, from_status, 'cancelled', %(reason)s FROM done
+SELECT id, %(who)s, status, 'cancelled', %(reason)s FROM done, (SELECT count(*) FROM told) AS t
 RETURNING job_id
 """
 
@@ -245,33 +244,44 @@ RETURNING job_id
 FAIL_UNREADABLE = """
 WITH locked AS (
     SELECT j.id, a.error
-      FROM jobs j
+      FROM job_queue j
       JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(errors)s::text[]) AS a(id, attempts, error)
         ON j.id = a.id
      WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
      ORDER BY j.id
-       FOR NO KEY UPDATE OF j
+       FOR UPDATE OF j
 ), done AS (
-    UPDATE jobs j
-       SET status = 'failed', finished_at = now(), lease_expires_at = NULL, last_error = locked.error
-      FROM locked
-     WHERE j.id = locked.id
- RETURNING j.id, j.actor, locked.error
+    DELETE FROM job_queue j USING locked WHERE j.id = locked.id
+ RETURNING j.*, locked.error AS why
+), kept AS (
+    """ + archive("done", status="'failed'", finished_at="now()", lease_expires_at="NULL",
+                  last_error="done.why") + """
 )
 INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
-SELECT id, %(owner)s, 'running', 'failed', error, actor, 'Unreadable', '' FROM done
+SELECT id, %(owner)s, 'running', 'failed', why, actor, 'Unreadable', '' FROM done
 """
 
+# An operator retries a finished (failed or cancelled) job: it moves back to job_queue,
+# pending now, with room for one more attempt and one more lease loss. A live job with
+# the same dedupe key wins: the row stays in history.
 RETRY_FAILED = """
 WITH done AS (
-    UPDATE jobs SET status = 'pending', run_at = now(), finished_at = NULL,
-                    max_attempts = greatest(max_attempts, attempts - lease_losses + 1),
-                    max_lease_losses = greatest(max_lease_losses, lease_losses + 1)
-     WHERE id = %(id)s AND status IN ('failed', 'cancelled')
- RETURNING id, queue
+    DELETE FROM job_history h
+     WHERE h.id = %(id)s AND h.status IN ('failed', 'cancelled')
+       AND (h.dedupe_key IS NULL
+            OR NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.dedupe_key = h.dedupe_key))
+ RETURNING *
+), back AS (
+    INSERT INTO job_queue (""" + ", ".join(JOB_COLUMNS) + """)
+    SELECT """ + ", ".join({"status": "'pending'", "run_at": "now()", "finished_at": "NULL",
+                            "max_attempts": "greatest(max_attempts, attempts - lease_losses + 1)",
+                            "max_lease_losses": "greatest(max_lease_losses, lease_losses + 1)"}.get(c, c)
+                           for c in JOB_COLUMNS) + """
+      FROM done
+    RETURNING id, queue
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(who)s, NULL, 'pending', 'retried by operator' FROM done
+    SELECT id, %(who)s, NULL, 'pending', 'retried by operator' FROM back
 )
-SELECT id FROM done CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', done.queue)) AS wake
+SELECT id FROM back
 """

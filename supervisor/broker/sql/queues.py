@@ -18,12 +18,12 @@ WITH r AS (
 ), locked AS (
     -- in id order, as every statement that updates several job rows (see sql/outcomes.py)
     SELECT j.id, r.percent, r.message, r.at, r.event
-      FROM jobs j JOIN r ON j.id = r.id
+      FROM job_queue j JOIN r ON j.id = r.id
      WHERE r.latest AND j.attempts = r.attempts AND j.status = 'running'
      ORDER BY j.id
        FOR NO KEY UPDATE OF j
 )
-UPDATE jobs j SET progress = jsonb_build_object('percent', locked.percent, 'message', locked.message, 'at', locked.at)
+UPDATE job_queue j SET progress = jsonb_build_object('percent', locked.percent, 'message', locked.message, 'at', locked.at)
                              || CASE WHEN locked.event IS NULL THEN '{}'::jsonb
                                      ELSE jsonb_build_object('event', locked.event) END
   FROM locked WHERE j.id = locked.id
@@ -47,8 +47,8 @@ PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses OR
 
 # Broker.flush / Broker.join (Dramatiq's test and admin helpers).
 FLUSH_QUEUE = """
-DELETE FROM jobs j
- USING (SELECT id FROM jobs WHERE queue = %(queue)s AND status IN ('pending', 'retryable')
+DELETE FROM job_queue j
+ USING (SELECT id FROM job_queue WHERE queue = %(queue)s AND status IN ('pending', 'retryable')
          ORDER BY id FOR UPDATE) AS f  -- in id order (see sql/outcomes.py)
  WHERE j.id = f.id
 """
@@ -59,7 +59,7 @@ SELECT count(*) FROM jobs_live WHERE queue = %(queue)s
 
 # The earliest failure since a join's cut-off (Broker.join with fail_fast).
 FAILED_SINCE = """
-SELECT id, actor, last_error FROM jobs
+SELECT id, actor, last_error FROM job_history
  WHERE queue = %(queue)s AND status = 'failed' AND finished_at >= %(since)s
  ORDER BY finished_at
  LIMIT 1
@@ -70,7 +70,7 @@ NOW = "SELECT clock_timestamp()"
 # Broker.dead_letters: the stub broker's view of failed jobs (since a cut-off).
 DEAD_LETTERS = f"""
 SELECT {_CLAIMED}
-  FROM jobs j
+  FROM job_history j
  WHERE j.queue = ANY(%(queues)s) AND j.status = 'failed' AND j.finished_at >= %(since)s
  ORDER BY j.finished_at, j.id
 """

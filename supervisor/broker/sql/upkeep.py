@@ -1,27 +1,6 @@
-"""Retention and the upkeep of the jobs table: prune, vacuum, analyze."""
+"""Retention and the upkeep of the live jobs table (job_queue): prune, vacuum, analyze."""
 
-# Retention: delete a bounded batch of old finished rows of one status per call
-# (with their events and progress), so no statement holds locks for long. The batch
-# is read oldest first through jobs_finished (its predicate is repeated so the planner
-# may use it), never by a scan of the table; rows another process is pruning are
-# skipped, so pruners never wait on each other.
-PRUNE = """
-WITH old AS (
-    SELECT id FROM jobs
-     WHERE status IN ('succeeded', 'failed', 'cancelled') AND status = %(status)s
-       AND finished_at < now() - %(older_than_s)s * interval '1 second'
-     ORDER BY finished_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM jobs j USING old WHERE j.id = old.id RETURNING j.id
-), ev AS (
-    DELETE FROM job_events e USING gone WHERE e.job_id = gone.id
-), pr AS (
-    DELETE FROM job_progress p USING gone WHERE p.job_id = gone.id
-)
-SELECT id FROM gone
-"""
+# Retention of finished jobs is history.DROP_DAYS (whole days) and history.PRUNE_ROWS.
 
 # Events and progress reports of jobs that are still kept, older than their own retention.
 PRUNE_EVENTS = """
@@ -41,7 +20,7 @@ DELETE FROM job_progress WHERE id IN (
 JOBS_VACUUM_DUE = """
 SELECT s.n_dead_tup
   FROM pg_stat_user_tables s
- WHERE s.relid = 'jobs'::regclass
+ WHERE s.relid = 'job_queue'::regclass
    AND s.n_dead_tup >= %(dead_rows)s
    AND coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity') < now() - %(min_s)s * interval '1 second'
    AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_vacuum v WHERE v.relid = s.relid)
@@ -56,7 +35,7 @@ SELECT s.n_dead_tup
 JOBS_STATS_STALE = """
 SELECT s.n_live_tup
   FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
- WHERE c.oid = 'jobs'::regclass
+ WHERE c.oid = 'job_queue'::regclass
    AND s.n_live_tup >= %(min_rows)s
    AND c.reltuples >= 0 AND c.reltuples < s.n_live_tup / 4
    AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_analyze a WHERE a.relid = c.oid)
@@ -64,11 +43,11 @@ SELECT s.n_live_tup
 
 # Samples the table (30,000 rows at the default statistics target); SKIP_LOCKED: never
 # waits for a vacuum or another analyze, which take the same lock.
-ANALYZE_JOBS = "ANALYZE (SKIP_LOCKED) jobs"
+ANALYZE_JOBS = "ANALYZE (SKIP_LOCKED) job_queue"
 
 # SKIP_LOCKED: skipped while another vacuum (a worker's or autovacuum) holds the table,
 # never waited on. No truncation:
 # cutting empty pages off the end takes an ACCESS EXCLUSIVE lock, which would stall every
 # claim. INDEX_CLEANUP ON: the claim index sheds its dead entries even when few heap
 # pages have any (the default skips the indexes then). One process, no parallel workers.
-VACUUM_JOBS = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false, PARALLEL 0) jobs"
+VACUUM_JOBS = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE false, PARALLEL 0) job_queue"
