@@ -177,7 +177,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         finally:
             _transaction.reset(token)
 
-    def _row(self, message: Message, delay: int | None) -> dict[str, Any]:
+    def _row(self, message: Message[Any], delay: int | None) -> dict[str, Any]:
         priority, max_attempts, dedupe_key, concurrency_key = bulk.job_fields(
             message, self.actors.get(message.actor_name), self._retries(), self.queue_priorities)
         return {
@@ -212,9 +212,12 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise BrokerConnectionError(f"database unavailable ({db.redact(self.url)}): {exc}") from exc
 
-    def enqueue(self, message: Message, *, delay: int | None = None, conn: psycopg.Connection | None = None):
+    def enqueue(
+        self, message: Message[Any], *, delay: int | None = None, conn: psycopg.Connection | None = None
+    ) -> Message[Any]:
         if isinstance(message, PgMessageProxy):
-            return self._retry(message, delay)
+            # A retry: Retries hands the proxy back. dramatiq types enqueue Message -> Message only.
+            return self._retry(message, delay)  # type: ignore[return-value]
         self.emit_before("enqueue", message, delay)
         row = self._row(message, delay)
         message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
@@ -222,8 +225,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         return message
 
     def enqueue_many(
-        self, messages: Iterable[Message], *, delay: int | None = None, conn: psycopg.Connection | None = None
-    ) -> list[Message]:
+        self, messages: Iterable[Message[Any]], *, delay: int | None = None,
+        conn: psycopg.Connection | None = None,
+    ) -> list[Message[Any]]:
         """Write many messages at once, in one transaction (the caller's ``conn`` or
         ``transaction()``, else one of its own, written again on a fresh connection
         if the server ends it: see sending.py); large batches go in with COPY (see

@@ -46,7 +46,7 @@ KEY = 9
 _FIELD_OPTIONS = frozenset({"priority", "max_attempts", "max_retries", "dedupe_key", "concurrency_key"})
 
 
-def job_fields(message: Message, actor: Actor | None, retries: Retries | None,
+def job_fields(message: Message[Any], actor: Actor[..., Any] | None, retries: Retries | None,
                priorities: dict[str, int] | None = None) -> tuple[int, int | None, Any, Any]:
     """priority, max_attempts, dedupe_key and concurrency_key of a new row: the
     message's option, else its actor's; the priority is else its queue's role's
@@ -70,7 +70,7 @@ def job_fields(message: Message, actor: Actor | None, retries: Retries | None,
             option("dedupe_key"), option("concurrency_key"))
 
 
-def rows(messages: Iterable[Message], actors: dict[str, Actor], retries: Retries | None,
+def rows(messages: Iterable[Message[Any]], actors: dict[str, Actor[..., Any]], retries: Retries | None,
          priorities: dict[str, int] | None = None) -> list[tuple[Any, ...]]:
     """One tuple per message, in sql.BULK_COLUMNS order (``actors``: the broker's)."""
     readable = readable_body()
@@ -88,9 +88,9 @@ def rows(messages: Iterable[Message], actors: dict[str, Actor], retries: Retries
     return out
 
 
-def enqueue_many(conn: psycopg.Connection, messages: list[Message], *, actors: dict[str, Actor],
-                 retries: Retries | None, delay: int = 0, copy: bool | None = None,
-                 priorities: dict[str, int] | None = None) -> list[Message]:
+def enqueue_many(conn: psycopg.Connection, messages: list[Message[Any]], *,
+                 actors: dict[str, Actor[..., Any]], retries: Retries | None, delay: int = 0,
+                 copy: bool | None = None, priorities: dict[str, int] | None = None) -> list[Message[Any]]:
     """Write ``messages`` as jobs due in ``delay`` ms; return them in order, a
     message whose dedupe key has a live job (or an earlier message of the batch)
     carrying that job's id. ``copy``: None picks by batch size; True or False

@@ -15,8 +15,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware
 from dramatiq.middleware.threading import Interrupt, raise_thread_exception
 
@@ -70,12 +71,12 @@ class Fence(Middleware):
 
     # --- Dramatiq hooks (worker threads) -------------------------------------
 
-    def after_process_boot(self, broker) -> None:
+    def after_process_boot(self, broker: Broker) -> None:
         if self._watchdog is None:
             self._watchdog = threading.Thread(target=self._watch, name="lease-fence", daemon=True)
             self._watchdog.start()
 
-    def before_process_message(self, broker, message) -> None:
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         if not isinstance(message, PgMessageProxy):
             return
         key = (message.message_id, message.attempts)
@@ -88,7 +89,8 @@ class Fence(Middleware):
         message.fenced = _REASONS[doomed]
         raise doomed()
 
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
         if isinstance(message, PgMessageProxy):
             message.ended = ended = time.monotonic()  # first of the after hooks: the actor just returned
             with self._lock:

@@ -29,7 +29,7 @@ def readable_body() -> bool:
     return type(get_encoder()) is JSONEncoder
 
 
-def body_columns(message: Message | MessageProxy) -> dict[str, Any]:
+def body_columns(message: Message[Any] | MessageProxy) -> dict[str, Any]:
     """The args, kwargs, options and payload columns of a message.
 
     With Dramatiq's JSONEncoder (the default) the message is readable jsonb and
@@ -42,7 +42,7 @@ def body_columns(message: Message | MessageProxy) -> dict[str, Any]:
     return {"args": jsonb([]), "kwargs": jsonb({}), "options": jsonb({}), "payload": message.encode()}
 
 
-def body_text(message: Message, readable: bool) -> tuple[str, str, str, bytes | None]:
+def body_text(message: Message[Any], readable: bool) -> tuple[str, str, str, bytes | None]:
     """``body_columns`` as JSON text, for the bulk path (``readable``: ``readable_body()``,
     asked once per batch). Empty args, kwargs and options, the common case, cost
     no encoding."""
@@ -70,8 +70,8 @@ class PgMessageProxy(MessageProxy):
     (its lease was lost or the job was cancelled while it ran).
     """
 
-    def __init__(self, message: Message, *, attempts: int, max_attempts: int, concurrency_key: str | None,
-                 lease_losses: int = 0):
+    def __init__(self, message: Message[Any], *, attempts: int, max_attempts: int,
+                 concurrency_key: str | None, lease_losses: int = 0):
         super().__init__(message)
         # The fields middleware and the worker read a dozen times per job, as plain
         # attributes: MessageProxy would find each through __getattr__, after a

@@ -17,6 +17,9 @@ import traceback
 from typing import Any
 
 import dramatiq
+from dramatiq.actor import Actor
+from dramatiq.broker import Broker, MessageProxy
+from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
 from .. import db, defaults
@@ -57,17 +60,19 @@ class Retries(dramatiq.middleware.Retries):
         self.min_backoff = min_backoff
         self.max_backoff = max_backoff
 
-    def _option(self, message, actor, name: str, default: Any) -> Any:
+    def _option(self, message: Message[Any] | MessageProxy, actor: Actor[..., Any], name: str,
+                default: Any) -> Any:
         value = message.options.get(name)
         if value is None:
             value = actor.options.get(name)
         return default if value is None else value
 
-    def max_attempts_for(self, message, actor) -> int:
+    def max_attempts_for(self, message: Message[Any] | MessageProxy, actor: Actor[..., Any]) -> int:
         """The attempt budget written into a new row."""
         return int(self._option(message, actor, "max_retries", self.max_retries)) + 1
 
-    def after_process_message(self, broker, message, *, result=None, exception=None) -> None:
+    def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
+                              exception: BaseException | None = None) -> None:
         if exception is None or getattr(message, "fenced", None):
             return  # a fenced job is neither retried nor failed here: its process lost it
         actor = broker.get_actor(message.actor_name)
@@ -104,7 +109,9 @@ class Retries(dramatiq.middleware.Retries):
             cap = min(self._option(message, actor, "max_backoff", self.max_backoff), defaults.MAX_BACKOFF_MS)
             delay = backoff_ms(attempt, base, cap)
         self.logger.info("Retrying message %r in %d milliseconds.", message.message_id, delay)
-        broker.enqueue(message, delay=delay)
+        # The proxy goes back as it came, as in Dramatiq's Retries (PostgresBroker.enqueue
+        # retries it in place); dramatiq types enqueue for a Message only.
+        broker.enqueue(message, delay=delay)  # type: ignore[arg-type]
 
 
 def claim_budgets(actors: dict[str, Any], retries: Retries | None) -> dict[str, Any]:

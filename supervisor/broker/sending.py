@@ -43,7 +43,7 @@ T = TypeVar("T")
 MIN_CONNECTION_WAIT = 0.5
 
 
-def insert_one(conn: psycopg.Connection, row: dict[str, Any], message: Message) -> Message:
+def insert_one(conn: psycopg.Connection, row: dict[str, Any], message: Message[Any]) -> Message[Any]:
     """One message's row (``sql.INSERT``); the message back, carrying the live job's id
     when its dedupe key has one (which is its own row when an earlier try committed)."""
     for _ in range(5):

@@ -27,7 +27,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 FLAGGED = (RoleConfig, SupervisorConfig)
 
 
-class KeyValue(click.ParamType):
+class KeyValue(click.ParamType[Any]):
     """A flag's word, read as the YAML file would give it and checked by its key's check."""
 
     def __init__(self, key: Key) -> None:
@@ -84,7 +84,7 @@ def role_of(name: str, flags: dict[str, Any]) -> RoleConfig:
 @click.option("--role", "role_name", default="worker", show_default=True, help="Role name recorded in the workers table.")
 @click.option("--no-migrate", is_flag=True, help="Do not apply pending migrations at start.")
 @click.pass_context
-def worker(ctx: click.Context, role_name: str, no_migrate: bool, **flags: Any) -> None:
+def worker(ctx: click.Context, /, role_name: str, no_migrate: bool, **flags: Any) -> None:
     """Run one worker process until SIGTERM, then drain and exit 0."""
     from ..worker.process import run
     from ..worker.settings import WorkerSettings
