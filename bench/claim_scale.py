@@ -122,7 +122,7 @@ def vacuum(conn: psycopg.Connection, options: str = "ANALYZE") -> float:
 
 
 def claim_params(n: int, owner: str = "claim-scale-probe") -> dict:
-    return {"queue": "bench", "n": n, "owner": owner, "lease_s": 30.0, "relaxed": False, "actors": [],
+    return {"queue": "bench", "n": n, "owner": owner, "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, "actors": [],
             "actor_max_attempts": [], "actor_max_losses": [], "default_max_attempts": 21, "default_max_losses": 3}
 
 

@@ -52,7 +52,7 @@ def enqueue_rows(conn: Conn, params: list[Any]) -> None:
 
 def claim_rows(conn: Conn, batch: int, owner: str) -> list[Any]:
     """The worker's claim of up to ``batch`` rows of the queue."""
-    params = {"queue": QUEUE, "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False, **NO_BUDGETS}
+    params = {"queue": QUEUE, "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, **NO_BUDGETS}
     return conn.execute(sql.claim(batch), params).fetchall()
 
 

@@ -23,7 +23,7 @@ from supervisor.worker.registry import Registration
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 from tests.conftest import scalar, wait_for
 
-CLAIM = {"queue": "health", "n": 5, "owner": "t", "lease_s": 30.0, "relaxed": False, "actors": [], "actor_max_attempts": [],
+CLAIM = {"queue": "health", "n": 5, "owner": "t", "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, "actors": [], "actor_max_attempts": [],
          "actor_max_losses": [], "default_max_attempts": 1, "default_max_losses": 1}
 STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relid = 'job_queue'::regclass"
 pytestmark = pytest.mark.broker(lease_seconds=30, poll_interval=0.2, pool_size=4)

@@ -34,6 +34,7 @@ from .acks import AckBatcher
 from .capacity import Capacity
 from .consumer import PostgresConsumer
 from .fencing import Fence
+from .floors import REQUEUED, ClaimFloors, SweepSignal
 from .joining import Failures, QueueHelpers
 from .keeper import LeaseKeeper
 from .leases import Leases
@@ -140,6 +141,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self.claiming = threading.Event()
         self.claiming.set()
         self.leases = Leases(self.pool, self.owner, lease_seconds)
+        self.floors = ClaimFloors()  # where this process's next claim of each queue starts
         # Last, so its after_process_message runs first (see Fence).
         self.fence = Fence(self.leases)
         self.add_middleware(self.fence)
@@ -300,6 +302,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         listener, _ = self._start()
         assert self._timer is not None
         wakeup = self._timer.serve(queue_name, listener)
+        listener.watch(REQUEUED + queue_name, SweepSignal(self.floors, queue_name, wakeup))
         with self._start_lock:
             bound = self.queue_capacity.setdefault(queue_name, Capacity(prefetch, within=self.capacity))
         bound.set_limit(prefetch)
@@ -338,8 +341,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
 
         A row that cannot become a message fails at once, alone; only the others
         are returned (the consumer frees the capacity the bad ones reserved)."""
+        floors, sweep = self.floors.params(queue)
         params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
-                  **self._budgets()}
+                  **self._budgets(), **floors}
         sent = time.monotonic()
         # In an outage, ask for a connection only briefly: the consumer tries again
         # at once, and each try makes the pool attempt a fresh connection.
@@ -353,6 +357,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 self.pool.check()  # drop every broken idle connection now, not one per try
             raise
         self._claims_failing = False
+        self.floors.claimed(queue, rows, sweep)
         out, bad = decode_claimed(rows, self.actors)
         self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
         if bad:

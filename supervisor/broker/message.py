@@ -140,7 +140,7 @@ def _check(row: tuple[Any, ...], args: Any, kwargs: Any, options: Any, actors: C
 
 def from_claimed_row(row: tuple[Any, ...], actors: Container[str]) -> PgMessageProxy:
     """Build the message of one row of ``sql.CLAIM``; raise Unreadable if it cannot be one."""
-    job_id, queue, actor, body, attempts, max_attempts, ckey, losses, timestamp_ms, payload = row
+    job_id, queue, actor, body, attempts, max_attempts, ckey, losses, timestamp_ms, payload = row[:10]
     try:
         args, kwargs, options = _fields(body, payload)
     except Exception as exc:  # a payload written by another encoder, or a corrupt one

@@ -21,6 +21,7 @@ from psycopg_pool import ConnectionPool
 from .. import backoff, db
 from . import error_key, sql
 from .acks import AckBatcher
+from .floors import ClaimFloors
 from .joining import Failures
 from .leases import Leases
 from .listener import Wakeups
@@ -85,6 +86,7 @@ class Outcomes:
     owner: str
     pool: ConnectionPool
     leases: Leases
+    floors: ClaimFloors
     jobs_done: int
     _acks: AckBatcher | None
     _listener: Wakeups | None
@@ -205,6 +207,8 @@ class Outcomes:
         rows = [Finish(m.message_id, m.attempts, "requeue", reason=reason) for m in messages]
         with self._conn() as c:
             count = self._finish(c, rows)
+        for queue in {m.queue_name for m in messages}:  # back in line, behind this process's floors
+            self.floors.reset(queue)
         # Only once written: rows it could not give back are still this process's
         # (renewed, and released with the rest of its jobs when it stops).
         self.leases.let_go(*(m.message_id for m in messages))

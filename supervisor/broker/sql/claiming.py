@@ -8,7 +8,8 @@ import functools
 # the client instead of three jsonb decodes (the claim's largest client cost).
 _CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, j.options)::text,
     j.attempts, j.max_attempts, j.concurrency_key, j.lease_losses,
-    coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload"""
+    coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload,
+    j.priority, j.run_at"""  # the last two: where this process's next claims may start (broker/floors.py)
 
 _ABOVE_ANY_PRIORITY = 2**31  # jobs.priority is an integer
 # Priority levels the claim reads one by one before it reads the rest in one scan.
@@ -32,7 +33,19 @@ _RUNNABLE = """j.queue = %(queue)s
 # and committed by another transaction between this statement's snapshot and its lock
 # is locked but not visible to the UPDATE: it stays pending for the next claim.
 CLAIM = f"""
-WITH RECURSIVE levels AS (
+WITH RECURSIVE floors AS (
+    -- Where this process's claims of each priority level start reading (broker/floors.py):
+    -- every runnable row before it was claimed already (or is a straggler, which the
+    -- process's next sweep, a claim with no floors, finds). Under a pinned xmin horizon
+    -- the claim index keeps an entry for every row claimed since the pin; read from the
+    -- floor, a claim passes over none of them. No floors: a sweep from the start.
+    SELECT * FROM unnest(%(floor_levels)s::int[], %(floor_at)s::timestamptz[]) AS f(p, at)
+), floor_all AS (
+    -- Below the levels read one by one, the scan cannot seek by run_at (it follows
+    -- priority in the index): the lowest floor is checked on each index entry, so an
+    -- entry before it costs no heap visit. No floors: -infinity.
+    SELECT CASE WHEN count(*) = 0 THEN '-infinity'::timestamptz ELSE min(at) END AS lowest FROM floors
+), levels AS (
     -- The queue's highest priority levels, one index descent each (a loose index scan,
     -- as NEXT_DUE), each read from its run_at lower bound: rows due later at a higher
     -- priority are never walked (one scan in (priority, run_at) order walked them all:
@@ -54,8 +67,13 @@ WITH RECURSIVE levels AS (
        AND (SELECT CASE WHEN %(relaxed)s THEN set_config('synchronous_commit', 'off', true)
                         ELSE 'on' END) IS NOT NULL
     UNION ALL
-    SELECT (SELECT max(priority) FROM job_queue
-             WHERE queue = %(queue)s AND status IN ('pending', 'retryable') AND priority < l.p),
+    -- The next level is the next one this process has claimed from (it has a floor) or one
+    -- between it and this level, whichever is higher: the probe reads only the gap between
+    -- known levels, not the entries of a known level claimed since a pin.
+    SELECT greatest((SELECT max(f.p) FROM floors f WHERE f.p < l.p),
+                    (SELECT max(priority) FROM job_queue
+                      WHERE queue = %(queue)s AND status IN ('pending', 'retryable') AND priority < l.p
+                        AND priority > coalesce((SELECT max(f.p) FROM floors f WHERE f.p < l.p), -{_ABOVE_ANY_PRIORITY}))),
            l.depth + 1
       FROM levels l WHERE l.p IS NOT NULL AND l.depth < {_LEVELS_ONE_BY_ONE}
 ), cand AS (
@@ -69,6 +87,7 @@ WITH RECURSIVE levels AS (
       FROM job_queue j
      WHERE {_RUNNABLE}
        AND j.priority = l.p
+       AND j.run_at >= coalesce((SELECT f.at FROM floors f WHERE f.p = l.p), '-infinity')
      ORDER BY j.run_at, j.id
      LIMIT %(n)s
        FOR UPDATE SKIP LOCKED) x
@@ -80,6 +99,7 @@ WITH RECURSIVE levels AS (
       FROM job_queue j
      WHERE {_RUNNABLE}
        AND j.priority < (SELECT l.p FROM levels l WHERE l.depth = {_LEVELS_ONE_BY_ONE})
+       AND j.run_at >= (SELECT f.lowest FROM floor_all f)
      ORDER BY j.priority DESC, j.run_at, j.id
      LIMIT %(n)s
        FOR UPDATE SKIP LOCKED) y

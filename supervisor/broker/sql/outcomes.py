@@ -32,7 +32,7 @@ from .history import JOB_COLUMNS, archive
 #       (the retry count) and an event. The wake-up names the queue when the retry is due
 #       now (consumers claim at once) and '@' || queue when later (timers move, timer.py).
 #   requeue: back to 'pending' in its place in line (run_at kept), the claim not counted
-#       as an attempt (nothing ran), an event.
+#       as an attempt (nothing ran), an event; NOTIFY '!' || queue (floors.py).
 # A job's latest unwritten progress report rides along with a success (progress NULL:
 # none); started_us / ended_us say how long ago the attempt started and ended running in
 # its thread, and the server sets started_at / finished_at from its own now() (no host's
@@ -84,8 +84,11 @@ WITH o AS (
     UNION ALL
     SELECT id, %(owner)s, 'running', status, reason, actor, error_type, error_where FROM stays
 ), wake AS (
-    SELECT pg_notify('actor_supervisor_jobs', CASE WHEN due THEN queue ELSE '@' || queue END)
-      FROM (SELECT DISTINCT queue, due FROM stays) AS w
+    -- a requeued row kept its run_at, its place in line, which may be behind the floors of
+    -- every process's claims: '!' || queue makes them sweep (broker/floors.py)
+    SELECT pg_notify('actor_supervisor_jobs', CASE WHEN status = 'pending' THEN '!' || queue
+                                                   WHEN due THEN queue ELSE '@' || queue END)
+      FROM (SELECT DISTINCT queue, due, status FROM stays) AS w
 )
 SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM stays), (SELECT count(*) FROM wake)
 """

@@ -1,0 +1,128 @@
+"""Claim floors (broker/floors.py): a process's claims start where its last claim of each
+priority level ended, so entries a pinned xmin horizon keeps in the claim index are
+not read again; sweeps (no floors) find the rows behind a floor. Real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import dramatiq
+import psycopg
+import pytest
+
+from supervisor.broker import PostgresBroker, sql
+from supervisor.broker.floors import SWEEP, ClaimFloors, SweepSignal
+from tests.conftest import scalar
+
+QUEUE = "floors"
+
+
+@pytest.fixture
+def floored(broker: PostgresBroker) -> Iterator[PostgresBroker]:
+    """The broker with an actor on QUEUE, and floors that never sweep by the clock."""
+
+    @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="floors_noop")
+    def floors_noop() -> None:
+        pass
+
+    broker.floors = ClaimFloors(slack=0, sweep_every=3600)  # the test's rows are all of the last second
+    yield broker
+
+
+def _insert(conn: psycopg.Connection, n: int, *, ago_s: float = 0.0, priority: int = 0) -> list[str]:
+    return [str(r[0]) for r in conn.execute(
+        "INSERT INTO job_queue (queue, actor, priority, run_at) SELECT %s, 'floors_noop', %s,"
+        " now() - %s * interval '1 second' FROM generate_series(1, %s) RETURNING id",
+        (QUEUE, priority, ago_s, n)).fetchall()]
+
+
+def _claim_ids(broker: PostgresBroker, n: int = 50) -> set[str]:
+    return {m.message_id for m in broker.claim(QUEUE, n)}
+
+
+def test_a_floored_claim_skips_rows_behind_its_floor_and_a_sweep_finds_them(conn, floored):
+    first = _insert(conn, 3)
+    assert _claim_ids(floored) == set(first)  # the first claim of a queue is a sweep
+    assert floored.floors.params(QUEUE)[1] is False  # then claims start at the floor
+    # A row whose enqueue committed long after its run_at (a long transaction's now()):
+    # behind the floor, left by floored claims; a row enqueued now is claimed.
+    straggler = _insert(conn, 1, ago_s=3600)
+    fresh = _insert(conn, 1)
+    assert _claim_ids(floored) == set(fresh)
+    assert _claim_ids(floored) == set()
+    floored.floors.reset(QUEUE)  # a requeue, or the sweep interval
+    assert _claim_ids(floored) == set(straggler)
+
+
+def test_each_priority_level_has_its_own_floor_and_a_new_higher_level_is_found_at_once(conn, floored):
+    low = _insert(conn, 2, ago_s=60, priority=0)
+    assert _claim_ids(floored) == set(low)
+    # older than the level-0 floor, but at a level this process never claimed from and
+    # above every level it knows: the probe above the known levels finds it
+    high = _insert(conn, 1, ago_s=120, priority=5)
+    again = _insert(conn, 1, priority=0)
+    claimed = [m.message_id for m in floored.claim(QUEUE, 10)]
+    assert claimed == high + again  # priority order kept
+
+
+def test_a_requeue_by_any_process_makes_every_process_sweep(conn, floored, database_url):
+    rows = _insert(conn, 2, ago_s=30)
+    other = PostgresBroker(database_url)
+    try:
+
+        @dramatiq.actor(broker=other, queue_name=QUEUE, actor_name="floors_noop")
+        def floors_noop() -> None:
+            pass
+
+        taken = other.claim(QUEUE, 1)
+        assert _claim_ids(floored) == set(rows) - {taken[0].message_id}
+        with psycopg.connect(database_url, autocommit=True) as listener:
+            listener.execute("LISTEN actor_supervisor_jobs")
+            assert other.requeue(taken) == 1
+            payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    finally:
+        other.close()
+    assert payloads == ["!" + QUEUE]  # back in line, behind the floors: sweep
+    wake = SweepSignalTarget()
+    SweepSignal(floored.floors, QUEUE, wake).set()  # what the listener does with '!floors'
+    assert wake.woken and floored.floors.params(QUEUE)[1] is True
+    assert _claim_ids(floored) == {taken[0].message_id}
+
+
+class SweepSignalTarget:
+    woken = False
+
+    def set(self) -> None:
+        self.woken = True
+
+
+def test_under_a_pinned_horizon_a_floored_claim_reads_a_few_pages_where_a_sweep_reads_them_all(
+        conn, floored, database_url):
+    with psycopg.connect(database_url) as pin:
+        pin.execute("SELECT txid_current()")  # vacuum and pruning can remove nothing from here on
+        for _ in range(30):
+            batch = _insert(conn, 100)
+            claimed = floored.claim(QUEUE, 100)
+            assert {m.message_id for m in claimed} == set(batch)
+            floored._write_acks([m.message_id for m in claimed], [m.attempts for m in claimed],
+                                [None] * len(claimed), [None] * len(claimed))
+        _insert(conn, 10)
+        floors, sweep = floored.floors.params(QUEUE)
+        assert not sweep
+        params = {"queue": QUEUE, "n": 16, "owner": floored.owner, "lease_s": 30.0, "relaxed": False,
+                  **floored._budgets()}
+        read = {name: _buffers(conn, {**params, **f}) for name, f in (("floored", floors), ("sweep", SWEEP))}
+        pin.rollback()
+    # 3,000 rows claimed since the pin, each an entry of the claim index no scan can skip
+    # by itself; the floored claim starts past them
+    assert read["sweep"] > 10 * read["floored"], read
+    assert scalar(conn, "SELECT count(*) FROM job_queue WHERE status = 'pending'") == 10
+
+
+def _buffers(conn: psycopg.Connection, params: dict) -> int:
+    with conn.transaction(force_rollback=True):
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.claim(16), params).fetchone()[0]
+    top = json.loads(plan) if isinstance(plan, str) else plan
+    node = top[0]["Plan"]
+    return int(node["Shared Hit Blocks"]) + int(node["Shared Read Blocks"])
