@@ -1,13 +1,16 @@
 """Dramatiq's own test suite against PostgresBroker, built as the supervisor.testing plugin
 builds it.
 
-    python bench/dramatiq_suite.py --dramatiq /tmp/dramatiq-src [pytest args...]
+    python bench/dramatiq_suite.py --dramatiq /tmp/dramatiq-src [--executor own|dramatiq] [pytest args...]
 
 runs ``pytest`` inside a checkout of Dramatiq (the tag of the installed version; its test
 dependencies ``redis pika pylibmc`` installed beside this project) with two plugins:
 ``supervisor.testing`` (a throw-away database, one PostgresBroker as the global broker)
 and this module, which points Dramatiq's ``stub_broker`` and ``stub_worker`` fixtures at
-that broker. Nothing of Dramatiq's is copied or edited; the tests that only make sense
+that broker. ``--executor`` picks the worker those fixtures and Dramatiq's
+``tests.common.worker`` build: ``dramatiq`` (its ``dramatiq.Worker``, the default) or
+``own`` (supervisor.worker.executor.Worker, what ``supervisor run`` uses). Nothing of
+Dramatiq's is copied or edited; the tests that only make sense
 on the stub broker (its in-memory queues, its own class) are deselected below, each with
 its reason, and printed. The last line is pytest's: passed / failed / skipped.
 """
@@ -25,6 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+EXECUTOR_ENV = "SUPERVISOR_SUITE_EXECUTOR"
 
 # Deselected: node id prefix -> why. Tests of what only Dramatiq's StubBroker has (its
 # in-memory queue objects, its class, synchronous delivery), of a broker without the
@@ -113,13 +117,23 @@ def _restore_broker_fixture() -> Any:
     return _restore_broker
 
 
+def _worker_class() -> Any:
+    """The worker class the tests build (``--executor``)."""
+    if os.environ.get(EXECUTOR_ENV) == "own":
+        from supervisor.worker.executor import Worker
+
+        return Worker
+    import dramatiq
+
+    return dramatiq.Worker
+
+
 def _stub_worker_fixture() -> Any:
     import pytest
-    from dramatiq import Worker
 
     @pytest.fixture(name="stub_worker")
     def stub_worker(stub_broker: Any) -> Iterator[Any]:
-        worker = Worker(stub_broker, worker_timeout=100, worker_threads=32)  # as Dramatiq's fixture
+        worker = _worker_class()(stub_broker, worker_timeout=100, worker_threads=32)  # as Dramatiq's fixture
         worker.start()
         yield worker
         worker.stop()
@@ -156,6 +170,9 @@ def pytest_plugin_registered(plugin: Any, plugin_name: str | None) -> None:
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    common = sys.modules.get("tests.common")
+    if common is not None:  # the helper a few tests build their own worker with
+        common.Worker = _worker_class()  # type: ignore[attr-defined]
     kept, dropped = [], []
     for item in items:
         params = set(getattr(getattr(item, "callspec", None), "params", {}).values())
@@ -169,6 +186,8 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     write = terminalreporter.write_line
+    worker = _worker_class()
+    write(f"executor: {worker.__module__}.{worker.__qualname__}")
     write("deselected by bench/dramatiq_suite.py:")
     for prefix, why in EXCLUDED.items():
         write(f"  {prefix}: {why}")
@@ -180,11 +199,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dramatiq", required=True, type=Path, help="a checkout of Dramatiq (its tests/ folder)")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_SERVER))
+    parser.add_argument("--executor", choices=("dramatiq", "own"), default="dramatiq",
+                        help="the worker of the stub_worker fixture: dramatiq.Worker, or supervisor's own")
     args, pytest_args = parser.parse_known_args()
     if not (args.dramatiq / "tests" / "conftest.py").is_file():
         print(f"error: {args.dramatiq} is not a Dramatiq checkout (no tests/conftest.py)", file=sys.stderr)
         return 2
-    env = {**os.environ, "SUPERVISOR_TEST_DATABASE_URL": args.database_url,
+    env = {**os.environ, "SUPERVISOR_TEST_DATABASE_URL": args.database_url, EXECUTOR_ENV: args.executor,
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "pytest", "-p", "supervisor.testing", "-p", "dramatiq_suite",
                "-o", "addopts=", "-p", "no:cacheprovider", "-q", "-rfEs", *pytest_args]

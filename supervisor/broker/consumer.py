@@ -75,17 +75,28 @@ class PostgresConsumer(Consumer):
 
     def __next__(self) -> PgMessageProxy | None:
         """Return a claimed message, or None after ``timeout`` so the consumer
-        thread can notice a stop. The database is asked only when there is
-        reason to expect work: a NOTIFY for this queue, the last claim came back
-        full, or the poll interval (for delayed and retried jobs) has passed."""
+        thread can notice a stop (Dramatiq's Consumer: one message at a time)."""
         if self.buffer:
             return self.buffer.popleft()
-        deadline = time.monotonic() + self.timeout
+        claimed = self.take(self.timeout)
+        if not claimed:
+            return None
+        self.buffer.extend(claimed)
+        return self.buffer.popleft()
+
+    def take(self, timeout: float) -> list[PgMessageProxy]:
+        """Claim a batch, ordered by actor priority, or return [] after ``timeout``
+        seconds (the caller's chance to notice a stop or a pause). The database is
+        asked only when there is reason to expect work: a NOTIFY for this queue, the
+        last claim came back full, or the poll interval (for delayed and retried
+        jobs) has passed. The batch's capacity stays reserved until each message's
+        ack, nack or requeue."""
+        deadline = time.monotonic() + timeout
         while True:
             now = time.monotonic()
             remaining = deadline - now
             if remaining <= 0:
-                return None
+                return []
             if not self.claiming.is_set():
                 self.claiming.wait(remaining)
                 continue
@@ -127,8 +138,7 @@ class PostgresConsumer(Consumer):
                     # What it holds together goes to the worker by Dramatiq's actor
                     # priority, lower first (a stable sort: claim order within one).
                     claimed.sort(key=self.priority)
-                self.buffer.extend(claimed)
-                return self.buffer.popleft()
+                return claimed
 
     def ack(self, message: PgMessageProxy) -> None:  # type: ignore[override]  # only our claims arrive
         # The process's slot is free once the job is done (the next claim overlaps
