@@ -36,6 +36,10 @@ MAX_BACKOFF_MS = 24 * 3600 * 1000  # the cap: a retry is never further away than
 ENQUEUE_RETRY_SECONDS = 10.0
 # A worker process.
 THREADS = 8
+# What runs its jobs (worker/process.py): supervisor's own executor (worker/executor.py),
+# or dramatiq.Worker.
+EXECUTORS = ("own", "dramatiq")
+EXECUTOR = "own"
 # Prefetch when a role sets none (paced, broker/pace.py): up to PREFETCH_PER_THREAD x threads
 # rows, as many beyond the threads as keep a prefetched row's wait for its thread under
 # PREFETCH_WAIT_SECONDS at the recent mean run time. Short jobs get the next claim

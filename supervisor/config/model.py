@@ -123,6 +123,10 @@ class RoleConfig:
                                f"threads rows, plus as many as would wait under {defaults.PREFETCH_WAIT_SECONDS * 1000:g}"
                                f" ms for a thread, up to {defaults.PREFETCH_PER_THREAD} x threads.", None,
                                shown="paced", flag=("--prefetch",))
+    executor: str = key(check.one_of(defaults.EXECUTORS, "executor"), "What runs the jobs: `own` (supervisor's "
+                        "executor: a claimed batch goes to the threads at once, the thread that ran a job writes its "
+                        "outcome) or `dramatiq` (dramatiq.Worker: its consumer thread hands over a message at a time). "
+                        "Both fire every Dramatiq middleware hook alike.", defaults.EXECUTOR, flag=("--executor",))
     lease: float = key(check.duration(1), "How long a claim stays valid without a heartbeat.", defaults.LEASE_SECONDS,
                        flag=("--lease",))
     heartbeat: float = key(check.duration(0, strict=True), "How often a process renews its leases (shorter than lease).",

@@ -1,5 +1,6 @@
-"""One worker process: boot a Dramatiq Worker on the PostgresBroker, keep its
-leases alive, and drain cleanly on SIGTERM.
+"""One worker process: boot a worker (supervisor's executor, or dramatiq.Worker: the
+role's ``executor``) on the PostgresBroker, keep its leases alive, and drain cleanly on
+SIGTERM.
 
 This is what ``supervisor worker`` runs and what the supervisor forks per role.
 """
@@ -14,7 +15,6 @@ import threading
 import time
 
 import dramatiq
-from dramatiq import Worker
 from psycopg_pool import ConnectionPool
 
 from .. import apps, backoff, defaults, exit_codes, runtime
@@ -22,7 +22,7 @@ from ..broker import PostgresBroker, order
 from ..broker.fencing import Fence, LeaseLost
 from ..broker.pace import GiveBack, Pace
 from ..db import Database
-from . import liveness, metrics
+from . import executor, liveness, metrics
 from .joblog import JobLog
 from .registry import Registration
 from .scheduler import RunResults, Scheduler
@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 # How often idle Dramatiq threads look up to notice a stop: bounds every drain
 # (and so every roll step). Claims do not follow it; see PostgresConsumer.
 WORKER_TIMEOUT_MS = 100
+# The role's ``executor``: what runs its jobs (both are driven alike: start, stop, and
+# GiveBack reads their work queue and consumers).
+EXECUTORS: dict[str, type[dramatiq.Worker] | type[executor.Worker]] = {
+    "own": executor.Worker, "dramatiq": dramatiq.Worker}
 
 
 class ActorImportError(RuntimeError):
@@ -62,7 +66,7 @@ def start_apps(actor_modules: tuple[str, ...], pool: ConnectionPool) -> None:
 
 
 class WorkerProcess:
-    """Owns the broker, the Dramatiq Worker and the upkeep thread of one process."""
+    """Owns the broker, the worker (the role's executor) and the upkeep thread of one process."""
 
     def __init__(self, settings: WorkerSettings, database: Database, *, owner: str | None = None,
                  wakeup_fd: int | None = None) -> None:
@@ -73,7 +77,7 @@ class WorkerProcess:
         self.stopping = threading.Event()
         self.ready = threading.Event()
         self.broker: PostgresBroker | None = None
-        self.worker: Worker | None = None
+        self.worker: dramatiq.Worker | executor.Worker | None = None
         self.upkeep: Upkeep | None = None
         self.scheduler: Scheduler | None = None
         self.give_back: GiveBack | None = None
@@ -151,8 +155,8 @@ class WorkerProcess:
         start_apps(r.actors, broker.pool)
         self.upkeep.start()
 
-        worker = Worker(broker, queues=set(r.queues), worker_threads=r.threads,
-                        worker_timeout=WORKER_TIMEOUT_MS)
+        worker = EXECUTORS[r.executor](broker, queues=set(r.queues), worker_threads=r.threads,
+                                       worker_timeout=WORKER_TIMEOUT_MS)
         # The broker's capacity caps the process as a whole. A queue's prefetch bound
         # also counts acks not yet committed; the slack keeps it from binding here.
         worker.queue_prefetch = s.capacity * 4
@@ -168,8 +172,8 @@ class WorkerProcess:
         self.state = "running"
         self.ready.set()
         log.info(
-            "worker %s ready: role=%s queues=%s threads=%d actors=%s",
-            broker.owner, r.name, ",".join(r.queues), r.threads, ",".join(r.actors),
+            "worker %s ready: role=%s queues=%s threads=%d executor=%s actors=%s",
+            broker.owner, r.name, ",".join(r.queues), r.threads, r.executor, ",".join(r.actors),
         )
 
     def drain(self) -> None:
