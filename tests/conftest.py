@@ -19,8 +19,8 @@ import traceback
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
-import dramatiq
 import psycopg
 import pytest
 
@@ -28,6 +28,7 @@ from supervisor import apps, db
 from supervisor.broker import PostgresBroker
 from supervisor.testing import ThrowawayDatabase, empty_tables
 from supervisor.testsignals import Recorded
+from supervisor.worker.process import EXECUTORS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,16 +129,17 @@ _BOOTED: weakref.WeakSet[PostgresBroker] = weakref.WeakSet()
 
 @contextlib.contextmanager
 def in_process_worker(broker: PostgresBroker, queues: Iterable[str], *, threads: int = 4,
-                      prefetch: int | None = None) -> Iterator[dramatiq.Worker]:
-    """A Dramatiq worker in this process on the real broker, holding up to ``prefetch``
-    rows (default: one per thread) as a supervised process of that capacity would."""
+                      prefetch: int | None = None, executor: str = "dramatiq") -> Iterator[Any]:
+    """A worker in this process on the real broker, holding up to ``prefetch`` rows
+    (default: one per thread) as a supervised process of that capacity would; ``executor``
+    as the role key says: ``dramatiq`` (dramatiq.Worker) or ``own`` (worker/executor.py)."""
     broker.set_capacity(prefetch or threads)
     broker.resume_claiming()
     if broker not in _BOOTED:
         # Once per broker: TimeLimit starts its timer thread on boot.
         broker.emit_after("process_boot")
         _BOOTED.add(broker)
-    worker = dramatiq.Worker(broker, queues=set(queues), worker_threads=threads, worker_timeout=100)
+    worker = EXECUTORS[executor](broker, queues=set(queues), worker_threads=threads, worker_timeout=100)
     worker.queue_prefetch = prefetch or threads
     worker.start()
     try:
@@ -181,7 +183,7 @@ class WorkerProc:
 
     def __init__(self, url: str, *, queues="tests", actors="tests.sample_actors", threads=4,
                  lease=30.0, heartbeat=10.0, shutdown_timeout=30.0, extra_env=None, argv=None,
-                 log_level="WARNING"):
+                 log_level="WARNING", executor: str | None = None):
         fd, signals = tempfile.mkstemp(prefix="signals-", suffix=".jsonl")
         os.close(fd)
         self.signals = Recorded(Path(signals))
@@ -190,6 +192,7 @@ class WorkerProc:
             sys.executable, "-m", "supervisor.cli", "worker", "--queues", queues, "--actors", actors,
             "--threads", str(threads), "--lease", str(lease), "--heartbeat", str(heartbeat),
             "--shutdown-timeout", str(shutdown_timeout), "--no-migrate", "--log-level", log_level,
+            *(["--executor", executor] if executor else []),
         ]
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the process)
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=self.log, text=True)

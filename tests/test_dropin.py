@@ -1,6 +1,7 @@
 """What Dramatiq's own tests expect of a broker: exact messages, prefetch as an in-flight
 bound, retries on time and as Dramatiq's middleware does them, the configured encoder,
-join(fail_fast=...). Real Dramatiq Workers in this process, real PostgreSQL."""
+join(fail_fast=...). Real workers in this process, each test with both executors
+(dramatiq.Worker and supervisor's own), real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 from unittest import mock
 
 import dramatiq
@@ -23,6 +25,7 @@ from dramatiq.middleware import AsyncIO, CurrentMessage
 from supervisor.broker import PostgresBroker
 from supervisor.broker.joining import RaisedInActor
 from supervisor.broker.timer import DueTimer
+from supervisor.worker.process import EXECUTORS
 from tests.conftest import cli, scalar, wait_for
 
 QUEUE = "dropin"
@@ -76,23 +79,29 @@ def actors(broker: PostgresBroker) -> SimpleNamespace:
     )
 
 
-def start_worker(broker: PostgresBroker, threads: int) -> dramatiq.Worker:
-    worker = dramatiq.Worker(broker, queues={QUEUE}, worker_threads=threads, worker_timeout=100)
+@pytest.fixture(params=sorted(EXECUTORS))
+def executor(request: pytest.FixtureRequest) -> str:
+    """Each test that runs a worker runs with each executor (the role key's values)."""
+    return str(request.param)
+
+
+def start_worker(broker: PostgresBroker, threads: int, executor: str) -> Any:
+    worker = EXECUTORS[executor](broker, queues={QUEUE}, worker_threads=threads, worker_timeout=100)
     worker.start()
     return worker
 
 
-def stop_worker(broker: PostgresBroker, worker: dramatiq.Worker) -> None:
+def stop_worker(broker: PostgresBroker, worker: Any) -> None:
     worker.stop(timeout=10_000)
     broker.flush_acks(10)
     broker.middleware = [m for m in broker.middleware if getattr(m, "worker", None) is not worker]
 
 
 @pytest.fixture
-def worker(broker, actors, conn) -> Iterator[dramatiq.Worker]:
+def worker(broker, actors, conn, executor) -> Iterator[Any]:
     actors.seen.clear()
     broker.forget_failures()
-    w = start_worker(broker, threads=2)
+    w = start_worker(broker, threads=2, executor=executor)
     yield w
     stop_worker(broker, w)
 
@@ -118,8 +127,8 @@ def test_the_message_received_is_the_message_sent(conn, broker, actors, worker):
         assert str(got) == str(message)
 
 
-def test_prefetch_bounds_what_a_plain_worker_holds(conn, broker, actors):
-    """Dramatiq's Worker with one thread prefetches 2 (2 x threads): never more rows running."""
+def test_prefetch_bounds_what_a_plain_worker_holds(conn, broker, actors, executor):
+    """A worker with one thread prefetches 2 (2 x threads, as Dramatiq's): never more rows running."""
     broker.enqueue_many([actors.noop.message() for _ in range(300)])
     peak = 0
     stop = threading.Event()
@@ -134,7 +143,7 @@ def test_prefetch_bounds_what_a_plain_worker_holds(conn, broker, actors):
     conn_sampler = psycopg.connect(conn.info.dsn, password=conn.info.password, autocommit=True)
     sampler = threading.Thread(target=sample)
     sampler.start()
-    w = start_worker(broker, threads=1)
+    w = start_worker(broker, threads=1, executor=executor)
     try:
         assert w.queue_prefetch == 2
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 300, 60,
@@ -274,7 +283,7 @@ def test_a_message_enqueued_by_name_keeps_its_timestamp(conn, broker):
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-def test_a_failed_attempt_s_exception_dies_with_its_attempt(conn, broker, caplog, kind):
+def test_a_failed_attempt_s_exception_dies_with_its_attempt(conn, broker, caplog, kind, executor):
     """No reference to an actor's exception (its traceback, frames, their locals) outlives
     its attempt, so no cycle waits for a collection: join still raises the actor's type."""
     caplog.set_level(logging.CRITICAL)  # a captured record's exc_info would keep it alive
@@ -301,7 +310,7 @@ def test_a_failed_attempt_s_exception_dies_with_its_attempt(conn, broker, caplog
         broker.add_middleware(AsyncIO())
     gc.disable()  # what a cycle holds stays alive: only freed-at-once objects die
     try:
-        w = start_worker(broker, threads=1)
+        w = start_worker(broker, threads=1, executor=executor)
         try:
             actor.send()
             broker.join(QUEUE, timeout=10_000, fail_fast=False)
@@ -335,7 +344,7 @@ def test_a_consumer_hands_over_what_it_holds_by_actor_priority(conn, broker):
         consumer.requeue(held)
 
 
-def test_a_paused_worker_runs_every_higher_priority_job_first(conn, broker):
+def test_a_paused_worker_runs_every_higher_priority_job_first(conn, broker, executor):
     """Dramatiq's test_actors_can_prioritize_work: prefetch 20, one thread, sent while paused."""
     calls: list[str] = []
     queue = "dropin_paused"
@@ -344,7 +353,7 @@ def test_a_paused_worker_runs_every_higher_priority_job_first(conn, broker):
     lo = dramatiq.actor(lambda: calls.append("lo"), broker=broker, queue_name=queue, actor_name="paused_lo",
                         priority=10)
     with mock.patch.object(dramatiq.worker, "QUEUE_PREFETCH", 20):
-        w = dramatiq.Worker(broker, queues={queue}, worker_threads=1, worker_timeout=100)
+        w = EXECUTORS[executor](broker, queues={queue}, worker_threads=1, worker_timeout=100)
     w.start()
     # A pausing consumer thread waits this long before it looks again (3 s by default).
     with mock.patch.object(dramatiq.worker, "CONSUMER_RESTART_DELAY_SECS", 0.1):

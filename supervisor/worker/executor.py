@@ -63,7 +63,7 @@ class Worker:
         self._declared = _DeclaredQueues(self)
         self.broker.add_middleware(self._declared)
         for _ in range(self.worker_threads):
-            self._add_worker()
+            self.add_worker()
         self.broker.emit_after("worker_boot", self)
 
     def pause(self) -> None:
@@ -117,7 +117,7 @@ class Worker:
             if not self.work_queue.unfinished_tasks:
                 return
 
-    def _add_consumer(self, queue_name: str) -> None:
+    def add_consumer(self, queue_name: str) -> None:
         if queue_name in self.consumers:
             return
         if self.consumer_whitelist and q_name(queue_name) not in self.consumer_whitelist:
@@ -127,7 +127,7 @@ class Worker:
             worker_timeout=self.worker_timeout)
         thread.start()
 
-    def _add_worker(self) -> None:
+    def add_worker(self) -> None:
         thread = WorkerThread(broker=self.broker, consumers=self.consumers, work_queue=self.work_queue,
                               worker_timeout=self.worker_timeout)
         thread.start()
@@ -145,4 +145,4 @@ class _DeclaredQueues(Middleware):
 
     def after_declare_queue(self, broker: Broker, queue_name: str) -> None:
         if self.active:
-            self.worker._add_consumer(queue_name)
+            self.worker.add_consumer(queue_name)
