@@ -2,7 +2,7 @@
 I/O-bound throughput, with every job's completion durable in PostgreSQL.
 
     python bench/bench_broker.py [--only W1,W2,W3] [--jobs 20000] [--repeat 3]
-                                 [--w1-threads 8,16,32,64] [--database-url URL]
+                                 [--w1-threads 8,16,32,64] [--executors own,dramatiq] [--database-url URL]
 
 W1  N no-op jobs bulk-enqueued with broker.enqueue_many (one transaction),
     then drained by 2 worker processes: jobs/s from the enqueue's commit until
@@ -13,6 +13,9 @@ W2  1,000 jobs sent with actor.send() 10 ms apart to idle workers: latency
     time.time() on this host), plus started_at - created_at from the DB.
 W3  2,000 jobs sleeping 50 ms each on 2 processes x 16 threads: jobs/s
     against the ideal of 2 x 16 / 0.05 = 640.
+
+--executors runs each workload with each executor (the role key `executor`) in turn,
+run by run (A B A B ...), and reports each apart: a before/after in one run.
 
 A fresh database is created on the server (DATABASE_URL or --database-url,
 default postgresql://postgres@127.0.0.1:5432/postgres) and dropped at the end.
@@ -26,6 +29,7 @@ import argparse
 import os
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import psycopg
@@ -226,10 +230,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="W1/W3 workers hold up to factor x threads claimed rows (default 0: the product's"
                         " default, paced)")
     p.add_argument("--chunk", type=int, default=0, help="W1 enqueue_many batch size (0: one call)")
+    p.add_argument("--executors", default="own", help="comma-separated executors (own, dramatiq), alternated run by run")
     p.add_argument("--database-url", default=None,
                    help="server to create the bench database on (default $DATABASE_URL, else local)")
     args = p.parse_args(argv)
     only = {w.strip().upper() for w in args.only.split(",") if w.strip()}
+    executors = [e.strip() for e in args.executors.split(",") if e.strip()]
+
+    def named(config: str, executor: str) -> str:
+        return config if executors == ["own"] else f"{config}, {executor}"
 
     server = server_url(args.database_url)
     figures: list[Figure] = []
@@ -245,62 +254,71 @@ def main(argv: list[str] | None = None) -> int:
 
         if "W1" in only:
             thread_counts = [int(t) for t in args.w1_threads.split(",")]
-            drains: dict[int, list[float]] = {}
+            drains: dict[tuple[int, str], list[float]] = {}
             enqueues: list[float] = []
             inserts: list[float] = []
             for run in range(args.repeat):
                 for threads in thread_counts:
-                    say(f"W1 run {run + 1}/{args.repeat}: {args.jobs:,} no-op jobs, 2 processes x {threads} threads")
-                    r = w1(url, broker, actors, jobs=args.jobs, threads=threads, chunk=args.chunk,
-                           pool={"prefetch": threads * args.prefetch_factor or None})
-                    drains.setdefault(threads, []).append(r["drain"])
-                    enqueues.append(r["enqueue"])
-                    inserts.append(r["insert"])
+                    for executor in executors:
+                        say(f"W1 run {run + 1}/{args.repeat}: {args.jobs:,} no-op jobs, 2 processes x {threads} "
+                            f"threads, executor {executor}")
+                        r = w1(url, broker, actors, jobs=args.jobs, threads=threads, chunk=args.chunk,
+                               pool={"prefetch": threads * args.prefetch_factor or None, "executor": executor})
+                        drains.setdefault((threads, executor), []).append(r["drain"])
+                        enqueues.append(r["enqueue"])
+                        inserts.append(r["insert"])
             figures.append(Figure("W1 enqueue (build+insert+commit)", "jobs/s", tuple(enqueues),
                                   config=f"enqueue_many x{args.jobs:,}"))
             figures.append(Figure("W1 enqueue (enqueue_many+commit)", "jobs/s", tuple(inserts),
                                   config=f"enqueue_many x{args.jobs:,}"))
-            for threads, values in drains.items():
+            for (threads, executor), values in drains.items():
                 figures.append(Figure("W1 drain", "jobs/s", tuple(values), target=15_000,
-                                      config=f"2 proc x {threads} thr"))
-            best = max(drains, key=lambda t: max(drains[t]))
-            say(f"W1 best thread count: {best} ({max(drains[best]):,.0f} jobs/s)")
+                                      config=named(f"2 proc x {threads} thr", executor)))
+            for executor in executors:
+                best = max(thread_counts, key=lambda t: max(drains[(t, executor)]))
+                say(f"W1 best thread count ({executor}): {best} ({max(drains[(best, executor)]):,.0f} jobs/s)")
 
         if "W2" in only:
-            p50s, p95s, p99s, db99s, send50s, c50s, c99s = [], [], [], [], [], [], []
+            w2s: dict[str, dict[str, list[float]]] = {e: defaultdict(list) for e in executors}
             for run in range(args.repeat):
-                say(f"W2 run {run + 1}/{args.repeat}: {args.w2_jobs:,} sends 10 ms apart, "
-                    f"2 idle processes x {args.w2_threads} threads")
-                r = w2(url, actors, jobs=args.w2_jobs, threads=args.w2_threads, interval=0.01)
-                p50s.append(percentile(r["start"], 50))
-                p95s.append(percentile(r["start"], 95))
-                p99s.append(percentile(r["start"], 99))
-                db99s.append(percentile(r["db"], 99))
-                send50s.append(percentile(r["send"], 50))
-                c50s.append(percentile(r["committed"], 50))
-                c99s.append(percentile(r["committed"], 99))
-            cfg = f"2 proc x {args.w2_threads} thr"
-            figures += [
-                Figure("W2 send->start p50", "ms", tuple(p50s), higher_is_better=False, config=cfg),
-                Figure("W2 send->start p95", "ms", tuple(p95s), higher_is_better=False, config=cfg),
-                Figure("W2 send->start p99", "ms", tuple(p99s), higher_is_better=False, target=3.0, config=cfg),
-                Figure("W2 DB started-created p99", "ms", tuple(db99s), higher_is_better=False, config=cfg),
-                Figure("W2 send() call p50", "ms", tuple(send50s), higher_is_better=False, config=cfg),
-                Figure("W2 committed->start p50", "ms", tuple(c50s), higher_is_better=False, config=cfg),
-                Figure("W2 committed->start p99", "ms", tuple(c99s), higher_is_better=False, target=3.0,
-                       config=cfg),
-            ]
+                for executor in executors:
+                    say(f"W2 run {run + 1}/{args.repeat}: {args.w2_jobs:,} sends 10 ms apart, "
+                        f"2 idle processes x {args.w2_threads} threads, executor {executor}")
+                    r = w2(url, actors, jobs=args.w2_jobs, threads=args.w2_threads, interval=0.01,
+                           pool={"executor": executor})
+                    got = w2s[executor]
+                    for name, values, q in (("p50", r["start"], 50), ("p95", r["start"], 95),
+                                            ("p99", r["start"], 99), ("db99", r["db"], 99), ("send50", r["send"], 50),
+                                            ("c50", r["committed"], 50), ("c99", r["committed"], 99)):
+                        got[name].append(percentile(values, q))
+            for executor, got in w2s.items():
+                cfg = named(f"2 proc x {args.w2_threads} thr", executor)
+                figures += [
+                    Figure("W2 send->start p50", "ms", tuple(got["p50"]), higher_is_better=False, config=cfg),
+                    Figure("W2 send->start p95", "ms", tuple(got["p95"]), higher_is_better=False, config=cfg),
+                    Figure("W2 send->start p99", "ms", tuple(got["p99"]), higher_is_better=False, target=3.0,
+                           config=cfg),
+                    Figure("W2 DB started-created p99", "ms", tuple(got["db99"]), higher_is_better=False, config=cfg),
+                    Figure("W2 send() call p50", "ms", tuple(got["send50"]), higher_is_better=False, config=cfg),
+                    Figure("W2 committed->start p50", "ms", tuple(got["c50"]), higher_is_better=False, config=cfg),
+                    Figure("W2 committed->start p99", "ms", tuple(got["c99"]), higher_is_better=False, target=3.0,
+                           config=cfg),
+                ]
 
         if "W3" in only:
-            rates = []
+            rates: dict[str, list[float]] = {e: [] for e in executors}
             for run in range(args.repeat):
-                say(f"W3 run {run + 1}/{args.repeat}: {args.w3_jobs:,} x 50 ms sleeps, 2 processes x 16 threads")
-                rates.append(w3(url, broker, actors, jobs=args.w3_jobs, sleep_s=0.05,
-                                pool={"prefetch": 16 * args.prefetch_factor or None}))
-            figures.append(Figure("W3 drain", "jobs/s", tuple(rates), target=0.9 * W3_IDEAL,
-                                  config="2 proc x 16 thr"))
-            figures.append(Figure("W3 % of ideal 640", "%", tuple(100 * r / W3_IDEAL for r in rates),
-                                  target=90.0, config="2 proc x 16 thr"))
+                for executor in executors:
+                    say(f"W3 run {run + 1}/{args.repeat}: {args.w3_jobs:,} x 50 ms sleeps, 2 processes x 16 threads,"
+                        f" executor {executor}")
+                    rates[executor].append(w3(url, broker, actors, jobs=args.w3_jobs, sleep_s=0.05,
+                                              pool={"prefetch": 16 * args.prefetch_factor or None,
+                                                    "executor": executor}))
+            for executor, values in rates.items():
+                cfg = named("2 proc x 16 thr", executor)
+                figures.append(Figure("W3 drain", "jobs/s", tuple(values), target=0.9 * W3_IDEAL, config=cfg))
+                figures.append(Figure("W3 % of ideal 640", "%", tuple(100 * r / W3_IDEAL for r in values),
+                                      target=90.0, config=cfg))
         broker.close()
 
     say("")

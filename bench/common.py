@@ -80,6 +80,7 @@ class WorkerPool:
     # wrapper that patches the broker before calling the CLI.
     module: str = "supervisor.cli"
     prefetch: int | None = None  # rows a process may hold claimed (default: paced)
+    executor: str | None = None  # the role key `executor` (default: the product's, own)
     # The per-job log line (on by default in production) is off here: the bench measures
     # the broker; BENCH_JOB_LOG=1 measures with it (its cost: README.md, "The per-job log line").
     job_log: bool = os.environ.get("BENCH_JOB_LOG") == "1"
@@ -102,7 +103,8 @@ class WorkerPool:
                 self.procs.append(subprocess.Popen(
                     [sys.executable, "-m", self.module, "worker", "--queues", self.queues,
                      "--actors", self.actors, "--threads", str(self.threads), "--no-migrate",
-                     "--log-level", "INFO", *self.job_log_args, *(["--prefetch", str(self.prefetch)] if self.prefetch else [])],
+                     "--log-level", "INFO", *self.job_log_args, *(["--prefetch", str(self.prefetch)] if self.prefetch else []),
+                     *(["--executor", self.executor] if self.executor else [])],
                     cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=out,
                 ))
         self.wait_ready(timeout)

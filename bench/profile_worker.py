@@ -2,13 +2,16 @@
 processes and of their PostgreSQL backends, and optionally a yappi profile.
 
     python bench/profile_worker.py [--jobs 20000] [--threads 8] [--prefetch N]
-                                   [--repeat 3] [--profile cpu|wall] [--top 40]
+                                   [--repeat 3] [--executors own,dramatiq] [--profile cpu|wall] [--top 40]
 
 CPU figures come from /proc (utime + stime of each worker process and of every
 backend connected to the bench database), sampled just before the enqueue's
 commit and just after the drain: the drain's CPU, divided by the jobs. They
 drift less than jobs/s on a shared machine, since they do not count the time
 other programs hold the cores.
+
+--executors runs each executor (the role key `executor`) in turn, run by run (A B A B
+...), and prints each one's medians: a before/after on the same machine at the same time.
 
 --profile runs every worker under yappi (pip install yappi; all threads) and
 prints each process's top functions by total time when it exits.
@@ -34,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.basics import cpu_seconds, cpu_split  # noqa: E402
 from bench.bench_broker import _bulk_enqueue, _drain, _warm_up, load  # noqa: E402
-from bench.common import WorkerPool, bench_database, code_state, reset, say, server_url  # noqa: E402
+from bench.common import ROOT, WorkerPool, bench_database, code_state, reset, say, server_url  # noqa: E402
 
 
 def backend_pids(conn: psycopg.Connection, dbname: str) -> list[int]:
@@ -74,12 +77,13 @@ def statements_split(conn: psycopg.Connection, jobs: int, top: int = 4) -> None:
 
 
 def run_once(url: str, broker, actors, *, jobs: int, threads: int, prefetch: int | None,
-             env: dict[str, str]) -> dict[str, float]:
+             env: dict[str, str], executor: str | None = None) -> dict[str, float]:
     dbname = conninfo_to_dict(url)["dbname"]
     with psycopg.connect(url, autocommit=True) as conn:
         reset(conn)
         module = "bench.profiled_cli" if env.get("BENCH_PROFILE") else "supervisor.cli"
-        with WorkerPool(url, count=2, threads=threads, prefetch=prefetch, module=module, env=env) as pool:
+        with WorkerPool(url, count=2, threads=threads, prefetch=prefetch, module=module, env=env,
+                        executor=executor) as pool:
             _warm_up(url, conn, broker, actors.noop)
             messages = [actors.noop.message() for _ in range(jobs)]
             backends = backend_pids(conn, dbname)
@@ -111,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--prefetch", type=int, default=None, help="rows a process may hold (default: threads)")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--executors", default="own", help="comma-separated executors (own, dramatiq), alternated")
     p.add_argument("--profile", choices=("cpu", "wall"), default=None, help="run the workers under yappi")
     p.add_argument("--top", type=int, default=40, help="functions printed per profiled process")
     p.add_argument("--database-url", default=None)
@@ -118,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     env = {}
     if args.profile:
         env = {"BENCH_PROFILE": args.profile, "BENCH_PROFILE_TOP": str(args.top),
-               "BENCH_PROFILE_DIR": os.environ.get("BENCH_PROFILE_DIR", "/tmp")}
+               "BENCH_PROFILE_DIR": os.environ.get("BENCH_PROFILE_DIR", "/tmp"),
+               # yappi may be installed apart (pip install --target DIR yappi; PYTHONPATH=DIR)
+               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     with bench_database(server_url(args.database_url)) as url:
         import supervisor
 
@@ -126,18 +133,24 @@ def main(argv: list[str] | None = None) -> int:
         from bench import bench_actors as actors
 
         say(code_state())
-        results = []
+        executors = [e.strip() for e in args.executors.split(",") if e.strip()]
+        results: dict[str, list[dict[str, float]]] = {e: [] for e in executors}
         for run in range(args.repeat):
-            say(f"run {run + 1}/{args.repeat}: {args.jobs:,} no-op jobs, 2 processes x {args.threads} threads"
-                + (f", prefetch {args.prefetch}" if args.prefetch else ""))
-            results.append(run_once(url, broker, actors, jobs=args.jobs, threads=args.threads,
-                                    prefetch=args.prefetch, env=env))
+            for executor in executors:
+                say(f"run {run + 1}/{args.repeat}: {args.jobs:,} no-op jobs, 2 processes x {args.threads} threads"
+                    + (f", prefetch {args.prefetch}" if args.prefetch else "") + f", executor {executor}")
+                results[executor].append(run_once(url, broker, actors, jobs=args.jobs, threads=args.threads,
+                                                  prefetch=args.prefetch, env=env, executor=executor))
         broker.close()
-    for key, label in (("rate", "jobs/s"), ("worker_us", "worker CPU us/job"),
-                       ("worker_sys_us", "worker kernel CPU us/job"), ("switches", "worker context switches/job"),
-                       ("backend_us", "backend CPU us/job")):
-        values = [r[key] for r in results]
-        say(f"median {label}: {statistics.median(values):,.0f} (runs: {', '.join(f'{v:,.0f}' for v in values)})")
+    for executor, runs in results.items():
+        say(f"executor {executor}:")
+        for key, label in (("rate", "jobs/s"), ("worker_us", "worker CPU us/job"),
+                           ("worker_sys_us", "worker kernel CPU us/job"),
+                           ("switches", "worker context switches/job"), ("backend_us", "backend CPU us/job")):
+            values = [r[key] for r in runs]
+            digits = 1 if key == "switches" else 0
+            say(f"  median {label}: {statistics.median(values):,.{digits}f} "
+                f"(runs: {', '.join(f'{v:,.{digits}f}' for v in values)})")
     if args.profile:
         say(f"profiles: {env['BENCH_PROFILE_DIR']}/as-profile-<pid>.txt")
     return 0
