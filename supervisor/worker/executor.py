@@ -33,6 +33,7 @@ from dramatiq.common import join_all, q_name
 from dramatiq.errors import BrokerConnectionError
 from dramatiq.middleware import Middleware
 
+from ..broker import PostgresBroker
 from ..broker.message import PgMessageProxy
 from .executor_threads import ClaimThread, WorkerThread, WorkQueue
 
@@ -46,6 +47,9 @@ class Worker:
 
     def __init__(self, broker: Broker, *, queues: set[str] | None = None,
                  worker_timeout: int = dramatiq.worker.WORKER_TIMEOUT, worker_threads: int = 8) -> None:
+        if not isinstance(broker, PostgresBroker):
+            raise TypeError(f"supervisor's Worker runs a PostgresBroker's jobs, not a {type(broker).__name__}'s"
+                            " (dramatiq.Worker runs any broker's)")
         self.broker = broker
         self.consumers: dict[str, ClaimThread] = {}
         self.consumer_whitelist = set(queues) if queues else None

@@ -127,30 +127,33 @@ class ClaimThread(_Pausable):
 
     def run(self) -> None:
         self.broker.emit_after("consumer_thread_boot", self)
+        fresh = True
         while self.running:
             if self.paused or self.claims_stopped:
                 self._rest()
                 continue
             try:
-                consumer = self.consumer
-                if consumer is None:
-                    consumer = self.consumer = self._consume()
-                batch = consumer.take(self.timeout)
+                if fresh:
+                    # A consumer of its own after an unexpected error, as Dramatiq's consumer
+                    # thread makes one; the old one stays ``consumer`` until then: the outcomes
+                    # of messages it claimed go through it (what it holds is shared per queue).
+                    self.consumer = self._consume()
+                    fresh = False
+                assert self.consumer is not None
+                batch = self.consumer.take(self.timeout)
                 if batch:
                     self.work_queue.put_batch(batch, self._priority)
             except Exception:
                 self.logger.critical("Consumer encountered an unexpected error.", exc_info=True)
-                self.close()
+                fresh = True
                 if self.running:
                     self.logger.info("Restarting consumer in %0.2f seconds.", RESTART_DELAY_SECONDS)
-                    time.sleep(RESTART_DELAY_SECONDS)
+                    self._stopping.wait(RESTART_DELAY_SECONDS)
         self.broker.emit_before("consumer_thread_shutdown", self)
 
     def _consume(self) -> PostgresConsumer:
         consumer = self.broker.consume(queue_name=self.queue_name, prefetch=self.prefetch, timeout=self.worker_timeout)
-        if not isinstance(consumer, PostgresConsumer):
-            raise TypeError(f"supervisor's Worker runs a PostgresBroker's consumers, not {type(consumer).__name__}"
-                            " (use dramatiq.Worker for other brokers)")
+        assert isinstance(consumer, PostgresConsumer)  # Worker takes a PostgresBroker only
         return consumer
 
     def _priority(self, message: PgMessageProxy) -> int:
@@ -165,9 +168,8 @@ class ClaimThread(_Pausable):
             self.consumer.requeue(messages)
 
     def close(self) -> None:
-        consumer, self.consumer = self.consumer, None
-        if consumer is not None:
-            consumer.close()  # gives back what it still holds (a database away: their leases expire)
+        if self.consumer is not None:
+            self.consumer.close()  # gives back what it still holds (a database away: their leases expire)
 
 
 class WorkerThread(_Pausable):
