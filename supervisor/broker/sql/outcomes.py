@@ -243,27 +243,6 @@ SELECT id, %(who)s, status, 'cancelled', %(reason)s FROM done, (SELECT count(*) 
 RETURNING job_id
 """
 
-# A row that cannot become a message fails alone, at once, fenced like a nack.
-FAIL_UNREADABLE = """
-WITH locked AS (
-    SELECT j.id, a.error
-      FROM job_queue j
-      JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(errors)s::text[]) AS a(id, attempts, error)
-        ON j.id = a.id
-     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
-     ORDER BY j.id
-       FOR UPDATE OF j
-), done AS (
-    DELETE FROM job_queue j USING locked WHERE j.id = locked.id
- RETURNING j.*, locked.error AS why
-), kept AS (
-    """ + archive("done", status="'failed'", finished_at="now()", lease_expires_at="NULL",
-                  last_error="done.why") + """
-)
-INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
-SELECT id, %(owner)s, 'running', 'failed', why, actor, 'Unreadable', '' FROM done
-"""
-
 # An operator retries a finished (failed or cancelled) job: it moves back to job_queue,
 # pending now, with room for one more attempt and one more lease loss. A live job with
 # the same dedupe key wins: the row stays in history.
