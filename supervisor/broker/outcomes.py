@@ -19,7 +19,7 @@ from psycopg_pool import ConnectionPool
 from .. import backoff, db
 from . import error_key, sql
 from .acks import AckBatcher
-from .finish import Finish, ago_us, finish_params
+from .finish import Finish, ack_params, ago_us, finish_params
 from .floors import ClaimFloors
 from .joining import Failures
 from .leases import Leases
@@ -59,13 +59,13 @@ class Outcomes:
 
     def _write_acks(self, ids: list[str], attempts: list[int], started: list[float | None],
                     ended: list[float | None]) -> None:
-        rows = [Finish(i, a, "succeeded", s, e) for i, a, s, e in zip(ids, attempts, started, ended, strict=True)]
+        """A batch of successes (the ack batcher's write): sql.FINISH, as every outcome."""
         with self.pool.connection(timeout=10) as c:
             if self._progress is None:
-                self._finish(c, rows)
+                c.execute(sql.FINISH, ack_params(self.owner, ids, attempts, started, ended))
                 return
             with self._progress.for_ack(c, ids) as progress:  # a job's latest report lands with its ack
-                self._finish(c, rows, progress)
+                c.execute(sql.FINISH, ack_params(self.owner, ids, attempts, started, ended, progress))
 
     def _finish(self, conn: psycopg.Connection, rows: Sequence[Finish], progress: Any = None) -> int:
         """Write these outcomes (the one way any attempt's outcome is written); how many
