@@ -93,7 +93,7 @@ HEALTH = """
 SELECT s.n_dead_tup,
        -- the live table and all of history (every day's partition, with its indexes)
        pg_table_size('job_queue') + (SELECT coalesce(sum(pg_total_relation_size(relid)), 0)
-                                       FROM pg_partition_tree('job_history') WHERE isleaf),
+                                       FROM pg_partition_tree('job_history') WHERE isleaf)::bigint,
        pg_indexes_size('job_queue'), s.vacuum_count, s.autovacuum_count,
        s.n_tup_del, now() - %(lag)s * interval '1 second',
        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),
