@@ -18,7 +18,8 @@
    - both: the two at once.
 3. Each second: dead tuples and size (table + indexes + toast) of the live table
    (job_queue; jobs on the old storage, which holds finished rows too), job_history (all
-   its partitions) and job_events, the backlog (runnable rows not yet claimed), the age of
+   its partitions) and job_events, vacuums of the live table (the workers' upkeep vacuums
+   it; autovacuum may too), the backlog (runnable rows not yet claimed), the age of
    the oldest transaction holding a snapshot or an xid. Throughput and enqueue-to-start (started_at -
    created_at of the jobs that finished in the interval: the claim stamps started_at, both
    are the database's clock) are read through the `jobs` name, which both storages have,
@@ -64,7 +65,8 @@ STEADY = 10  # seconds in a row within WITHIN x the baseline p99: recovered
 GAUGES = """
 SELECT CASE WHEN s.relname IN ('job_queue', 'jobs') THEN 'queue'
             WHEN s.relname = 'job_events' THEN 'events' ELSE 'history' END,
-       sum(s.n_dead_tup)::bigint, sum(pg_total_relation_size(s.relid))::bigint
+       sum(s.n_dead_tup)::bigint, sum(pg_total_relation_size(s.relid))::bigint,
+       sum(s.vacuum_count + s.autovacuum_count)::bigint
   FROM pg_stat_user_tables s
  WHERE s.relname IN ('job_queue', 'jobs', 'job_events')
     OR s.relid IN (SELECT relid FROM pg_partition_tree(to_regclass('job_history')) WHERE isleaf)
@@ -110,9 +112,11 @@ class Span:
     backlog: int = 0
     samples: list[tuple[float, int]] = field(default_factory=list)  # (when, backlog) each second
     oldest: float = 0.0  # s: the oldest transaction holding the horizon
+    vacuums: int = 0  # of the live table, finished in the span
 
-    def add(self, gauges: dict[str, tuple[int, int]], backlog: int, oldest: float) -> None:
+    def add(self, gauges: dict[str, tuple[int, int]], backlog: int, oldest: float, vacuums: int) -> None:
         self.samples.append((time.time(), backlog))
+        self.vacuums += vacuums
         for what, (dead, size) in gauges.items():
             self.dead[what] = max(self.dead.get(what, 0), dead)
             self.size[what] = size
@@ -183,13 +187,15 @@ class Pressure:
             self.say(f"readers: {sum(r.scans for r in self.readers):,} rounds of scans, released")
 
 
-def sample(conn: psycopg.Connection) -> tuple[dict[str, tuple[int, int]], int, float]:
-    gauges = {what: (dead, size) for what, dead, size in conn.execute(GAUGES).fetchall()}
-    return gauges, one(conn, BACKLOG)[0], float(one(conn, OLDEST)[0])
+def sample(conn: psycopg.Connection) -> tuple[dict[str, tuple[int, int]], int, float, int]:
+    """The gauges, the backlog, the oldest transaction's age, and the live table's vacuum count."""
+    rows = conn.execute(GAUGES).fetchall()
+    vacuums = next(v for what, _, _, v in rows if what == "queue")
+    return {what: (dead, size) for what, dead, size, _ in rows}, one(conn, BACKLOG)[0], float(one(conn, OLDEST)[0]), vacuums
 
 
 HEADER = (f"{'t s':>5} {'phase':<11} {'jobs/s':>7} {'e2s p50':>8} {'e2s p99':>8} {'e2s max':>8} {'backlog':>8} "
-          f"{'queue dead':>10} {'queue MB':>8} {'hist dead':>9} {'hist MB':>8} {'ev dead':>8} {'ev MB':>6} "
+          f"{'queue dead':>10} {'queue MB':>8} {'hist dead':>9} {'hist MB':>8} {'ev dead':>8} {'ev MB':>6} {'vac':>3} "
           f"{'oldest s':>8} {'load':>5}")
 
 
@@ -198,7 +204,7 @@ def line(t0: float, span: Span, conn: psycopg.Connection) -> str:
     d, s = span.dead, span.size
     return (f"{span.hi - t0:>5.0f} {span.phase:<11} {rate:>7,.0f} {p50:>8.1f} {p99:>8.1f} {top:>8.1f} {span.backlog:>8,} "
             f"{d.get('queue', 0):>10,} {s.get('queue', 0) / 1e6:>8.1f} {d.get('history', 0):>9,} "
-            f"{s.get('history', 0) / 1e6:>8.1f} {d.get('events', 0):>8,} {s.get('events', 0) / 1e6:>6.1f} "
+            f"{s.get('history', 0) / 1e6:>8.1f} {d.get('events', 0):>8,} {s.get('events', 0) / 1e6:>6.1f} {span.vacuums:>3} "
             f"{span.oldest:>8.0f} {os.getloadavg()[0]:>5.1f}")
 
 
@@ -246,6 +252,7 @@ def run(url: str, args: argparse.Namespace) -> int:
         time.sleep(args.settle)  # the worker catches up with the stream's start before the baseline
         say(HEADER)
         t0 = time.time()
+        vacuumed = sample(conn)[3]
         pressure = Pressure(url, args.mode, args, t0)
         spans: list[Span] = []  # closed intervals not printed yet (waiting LAG_S)
         done: list[Span] = []
@@ -256,9 +263,10 @@ def run(url: str, args: argparse.Namespace) -> int:
             phase = Span(name, lo)
             interval = Span(name, lo)
             while (now := time.time()) < lo + seconds:
-                gauges = sample(conn)
-                phase.add(*gauges)
-                interval.add(*gauges)
+                gauges, backlog, oldest, vacuums = sample(conn)
+                vacuums, vacuumed = vacuums - vacuumed, vacuums
+                phase.add(gauges, backlog, oldest, vacuums)
+                interval.add(gauges, backlog, oldest, vacuums)
                 time.sleep(max(0.0, min(1.0 - (time.time() - now), lo + seconds - time.time())))
                 if (end := time.time()) >= interval.lo + args.interval or end >= lo + seconds:
                     interval.hi = end
