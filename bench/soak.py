@@ -90,7 +90,11 @@ SELECT round(extract(epoch FROM started_at - created_at) * 10000)::bigint, count
 """
 
 HEALTH = """
-SELECT s.n_dead_tup, pg_table_size('jobs'), pg_indexes_size('jobs'), s.vacuum_count, s.autovacuum_count,
+SELECT s.n_dead_tup,
+       -- the live table and all of history (every day's partition, with its indexes)
+       pg_table_size('job_queue') + (SELECT coalesce(sum(pg_total_relation_size(relid)), 0)
+                                       FROM pg_partition_tree('job_history') WHERE isleaf)::bigint,
+       pg_indexes_size('job_queue'), s.vacuum_count, s.autovacuum_count,
        s.n_tup_del, now() - %(lag)s * interval '1 second',
        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),
        (SELECT count(*) FROM jobs WHERE queue = 'bench' AND status IN ('pending', 'retryable') AND run_at <= now()),
@@ -99,7 +103,7 @@ SELECT s.n_dead_tup, pg_table_size('jobs'), pg_indexes_size('jobs'), s.vacuum_co
        (SELECT left(a.query, 60) FROM pg_stat_activity a
          WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() AND a.backend_xmin IS NOT NULL
          ORDER BY a.xact_start LIMIT 1)
-  FROM pg_stat_user_tables s WHERE s.relid = 'jobs'::regclass
+  FROM pg_stat_user_tables s WHERE s.relid = 'job_queue'::regclass
 """
 
 

@@ -139,6 +139,28 @@ class CronExpr:
             return t.replace(minute=min(later))
         raise ValueError(f"cron {self.expr!r} never fires")
 
+    def last_at_or_before(self, when: datetime) -> datetime:
+        """The last fire time at or before ``when`` (aware, UTC, whole minute): where a
+        schedule's missed fires are counted back from (worker/scheduler.py)."""
+        t = _utc(when).replace(second=0, microsecond=0)
+        limit = t.year - _SEARCH_YEARS
+        while t.year >= limit:
+            if t.month not in self.months:
+                t = t.replace(day=1, hour=0, minute=0) - timedelta(minutes=1)  # the previous month's last minute
+                continue
+            if not self._day_matches(t):
+                t = t.replace(hour=0, minute=0) - timedelta(minutes=1)
+                continue
+            if t.hour not in self.hours:
+                t = t.replace(minute=0) - timedelta(minutes=1)
+                continue
+            earlier = [m for m in self.minutes if m <= t.minute]
+            if not earlier:
+                t = t.replace(minute=0) - timedelta(minutes=1)
+                continue
+            return t.replace(minute=max(earlier))
+        raise ValueError(f"cron {self.expr!r} never fired in the {_SEARCH_YEARS} years before {when}")
+
     def __str__(self) -> str:
         return self.expr
 

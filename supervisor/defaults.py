@@ -93,6 +93,11 @@ RESTART_BACKOFF_MAX = 30.0
 MASTER_BEAT_SECONDS = 10.0
 # Schedules.
 SCHEDULE_LOCK_TTL = 300.0
+# A fire later than this (the process was stopped, suspended, or the database away) is
+# missed: what becomes of it is the schedule's catch_up.
+SCHEDULE_GRACE = 60.0
+# The most missed fires one catch-up of `catch_up: all` runs (the latest ones).
+SCHEDULE_CATCH_UP_LIMIT = 100
 # The HTTP child (`http:`): loopback unless told otherwise.
 HTTP_HOST = "127.0.0.1"
 HTTP_PORT = 9191

@@ -252,6 +252,20 @@ def test_schedule_queue_must_be_served_and_cron_valid():
     assert e.key == "schedules.s.lock_ttl"
 
 
+def test_schedule_catch_up_keys():
+    (sched,) = load(MINIMAL + "schedules:\n  s: {cron: '@daily', actor: f, queue: q}\n").schedules
+    assert (sched.catch_up, sched.catch_up_limit, sched.catch_up_window) == ("none", 100, None)  # today's
+    (sched,) = load(MINIMAL + "schedules:\n  s:\n    cron: '@daily'\n    actor: f\n    queue: q\n"
+                    "    catch_up: all\n    catch_up_limit: 7\n    catch_up_window: 2d\n").schedules
+    assert (sched.catch_up, sched.catch_up_limit, sched.catch_up_window) == ("all", 7, 172800.0)
+    for bad, key, fragment in [("catch_up: sometimes", "catch_up", "none, last, all"),
+                               ("catch_up: true", "catch_up", "expected a non-empty string"),
+                               ("catch_up_limit: 0", "catch_up_limit", "at least 1"),
+                               ("catch_up_window: 0s", "catch_up_window", "more than 0s")]:
+        e = error(MINIMAL + f"schedules:\n  s:\n    cron: '@daily'\n    actor: f\n    queue: q\n    {bad}\n")
+        assert (e.path, e.line, e.key) == ("conf.yaml", 11, f"schedules.s.{key}") and fragment in e.message, e
+
+
 def test_empty_and_missing_files(tmp_path):
     assert "empty" in error("").message
     with pytest.raises(ConfigError) as info:

@@ -59,6 +59,25 @@ def test_iterating_gives_strictly_increasing_matching_times():
     assert seen == sorted(set(seen))
 
 
+@pytest.mark.parametrize("expr", ["* * * * *", "*/15 * * * *", "5 4 * * *", "0 9-17/4 * * mon-fri", "0 0 29 2 *",
+                                  "30 2 1,15 * *", "0 0 * jan,jul *", "0 0 13 * fri", "10/20 * * * *", "0 0 31 * *"])
+def test_last_at_or_before_walks_back_over_what_next_after_walks_forward(expr):
+    """Counting back from any instant lands on the fire next_after would have reached
+    from there: every fire time at or before, none skipped."""
+    c = cron.parse(expr)
+    t = at(2026, 3, 1, 7, 33, 20)
+    back = [c.last_at_or_before(t)]
+    for _ in range(30):
+        back.append(c.last_at_or_before(back[-1] - timedelta(minutes=1)))
+    assert all(c.matches(x) for x in back) and back == sorted(set(back), reverse=True)
+    forward = [back[-1]]
+    while len(forward) < len(back):
+        forward.append(c.next_after(forward[-1]))
+    assert forward == back[::-1]
+    assert c.next_after(back[0]) > t >= back[0]
+    assert c.last_at_or_before(back[0]) == back[0]  # at a fire time: that one
+
+
 @pytest.mark.parametrize(
     "expr, fragment",
     [

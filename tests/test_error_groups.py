@@ -235,6 +235,7 @@ def test_the_runtimes_own_failures_are_grouped_too(conn):
     """A lost lease (the job runs again), a poison pill and a row that cannot become a
     message have no exception of the actor's: named by the runtime, with no frame."""
     from supervisor.broker import sql
+    from supervisor.broker.finish import Finish, finish_params
 
     def running(actor: str, losses: int = 0) -> str:
         return str(scalar(conn, "INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at, attempts,"
@@ -243,8 +244,9 @@ def test_the_runtimes_own_failures_are_grouped_too(conn):
                                 " RETURNING id", (actor, losses)))
 
     lost, poison, unreadable = running("crashy"), running("crashy", losses=2), running("garbled")
-    conn.execute(sql.FAIL_UNREADABLE, {"ids": [unreadable], "attempts": [1], "errors": ["args must be a JSON array"],
-                                       "owner": "h:1:a"})
+    why = "args must be a JSON array"
+    conn.execute(sql.FINISH, finish_params("h:1:a", [Finish(unreadable, 1, "failed", error=why, error_type="Unreadable",
+                                                            error_where="", reason=why)]))
     conn.execute(sql.REAP_EXPIRED, {"who": "t", "why": "lease expired", "default_max_losses": 3, "limit": 10,
                                     "margin_s": 0})
     events = {str(j): (a, t, w, s) for j, a, t, w, s in conn.execute(

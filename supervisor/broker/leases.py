@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import defaults
 from . import sql
+from .finish import Finish, finish_params
 
 log = logging.getLogger(__name__)
 
@@ -161,11 +162,11 @@ class Leases:
         expire and a later claim fails them."""
         for job_id, _, why in bad:
             log.error("job %s %s; failing it", job_id, why)
-        params = {"ids": [b[0] for b in bad], "attempts": [b[1] for b in bad], "errors": [b[2] for b in bad],
-                  "owner": self.owner}
+        rows = [Finish(job_id, attempt, "failed", error=why, error_type="Unreadable", error_where="", reason=why)
+                for job_id, attempt, why in bad]
         try:
             with self.pool.connection(timeout=10) as c:
-                c.execute(sql.FAIL_UNREADABLE, params)
+                c.execute(sql.FINISH, finish_params(self.owner, rows))
         except (psycopg.OperationalError, PoolTimeout) as exc:  # never lose the good rows claimed with them
             log.warning("could not fail %d unreadable job(s) (%s); their leases will expire", len(bad), exc)
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -21,6 +19,7 @@ from psycopg_pool import ConnectionPool
 from .. import backoff, db
 from . import error_key, sql
 from .acks import AckBatcher
+from .finish import Finish, ack_params, ago_us, finish_params
 from .floors import ClaimFloors
 from .joining import Failures
 from .leases import Leases
@@ -30,56 +29,9 @@ from .progress import ProgressBuffer
 
 log = logging.getLogger(__name__)
 
-
-def ago_us(now: float, at: float | None) -> int | None:
-    """Microseconds from ``at`` to ``now`` (both time.monotonic()), None if unknown.
-    A write sends how long ago an attempt started and ended, and the server subtracts
-    them from its own now(): no host's wall clock enters started_at or finished_at."""
-    return None if at is None else int((now - at) * 1e6)
+__all__ = ["Finish", "Outcomes", "ago_us", "finish_params"]
 
 
-@dataclass(frozen=True)
-class Finish:
-    """One attempt's outcome, as its owner writes it (sql.FINISH): ``kind`` is succeeded,
-    failed, retry or requeue; started and ended are time.monotonic() (None: unknown)."""
-
-    id: str
-    attempt: int
-    kind: str
-    started: float | None = None
-    ended: float | None = None
-    error: str | None = None
-    error_type: str | None = None
-    error_where: str | None = None
-    reason: str | None = None
-    delay_ms: int | None = None
-    options: Any = None  # jsonb (a retry's new options)
-    payload: bytes | None = None
-
-
-def _column(rows: Sequence[Finish], name: str) -> str | None:
-    """A column of text or numbers as one array literal; None (all NULL) when no row has one."""
-    values = [getattr(r, name) for r in rows]
-    return db.array_text(values) if any(v is not None for v in values) else None
-
-
-def finish_params(owner: str, rows: Sequence[Finish], progress: Any = None) -> dict[str, Any]:
-    """sql.FINISH's parameters for ``rows``. Call it just before the statement: how long ago
-    each attempt started and ended is read off the clock here."""
-    now = time.monotonic()
-    retried = [r for r in rows if r.kind == "retry"]
-    return {
-        "owner": owner, "ids": db.array_text([r.id for r in rows]),
-        "attempts": db.array_text([r.attempt for r in rows]), "kinds": db.array_text([r.kind for r in rows]),
-        "progress": progress,
-        "started_us": db.array_text([ago_us(now, r.started) for r in rows]),
-        "ended_us": db.array_text([ago_us(now, r.ended) for r in rows]),
-        "errors": _column(rows, "error"), "error_types": _column(rows, "error_type"),
-        "error_wheres": _column(rows, "error_where"), "reasons": _column(rows, "reason"),
-        "delays_ms": _column(rows, "delay_ms"),
-        "options": [r.options for r in rows] if retried else None,
-        "payloads": [r.payload for r in rows] if any(r.payload is not None for r in rows) else None,
-    }
 
 
 class Outcomes:
@@ -107,13 +59,13 @@ class Outcomes:
 
     def _write_acks(self, ids: list[str], attempts: list[int], started: list[float | None],
                     ended: list[float | None]) -> None:
-        rows = [Finish(i, a, "succeeded", s, e) for i, a, s, e in zip(ids, attempts, started, ended, strict=True)]
+        """A batch of successes (the ack batcher's write): sql.FINISH, as every outcome."""
         with self.pool.connection(timeout=10) as c:
             if self._progress is None:
-                self._finish(c, rows)
+                c.execute(sql.FINISH, ack_params(self.owner, ids, attempts, started, ended))
                 return
             with self._progress.for_ack(c, ids) as progress:  # a job's latest report lands with its ack
-                self._finish(c, rows, progress)
+                c.execute(sql.FINISH, ack_params(self.owner, ids, attempts, started, ended, progress))
 
     def _finish(self, conn: psycopg.Connection, rows: Sequence[Finish], progress: Any = None) -> int:
         """Write these outcomes (the one way any attempt's outcome is written); how many

@@ -201,6 +201,10 @@ class Retention:
     audit: float = _retention("audit log rows (actions taken over HTTP)", "audit")
 
 
+# What becomes of a schedule's missed fires (worker/scheduler.py); none: today's, cron's.
+CATCH_UP = ("none", "last", "all")
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
     name: str
@@ -212,6 +216,13 @@ class ScheduleConfig:
     kwargs: dict[str, Any] = key(check.mapping, "Keyword arguments of the message.", factory=dict, hash=False)
     lock_ttl_seconds: float = key(check.duration(0, strict=True), "How long one fire's lock is held (each fire runs once "
                                   "across every host).", defaults.SCHEDULE_LOCK_TTL, name="lock_ttl")
+    catch_up: str = key(check.one_of(CATCH_UP, "catch_up value"), "What becomes of fires missed while no scheduler "
+                        f"ran (or more than {defaults.SCHEDULE_GRACE:g}s late): none: skipped, as cron does; last: the "
+                        "latest one runs; all: each runs, oldest first, one job of the schedule at a time.", "none")
+    catch_up_limit: int = key(check.integer(1), "The most missed fires `all` runs at once (the latest ones; older ones "
+                              "are skipped).", defaults.SCHEDULE_CATCH_UP_LIMIT)
+    catch_up_window: float | None = key(check.duration(0, strict=True), "Missed fires older than this are skipped "
+                                        "(last and all).", None, shown="no limit")
 
 
 @dataclass(frozen=True)

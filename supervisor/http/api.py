@@ -219,7 +219,7 @@ def workers(request: Request) -> Json:
 def schedules(request: Request) -> Json:
     """
     ---
-    summary: Schedules with cron, last and next fire, and recent runs
+    summary: Schedules with cron, catch_up, last and next fire, and recent runs
     responses:
       200: {description: "{schedules: [...]}"}
     """

@@ -151,12 +151,12 @@ def schedules(state: AppState) -> list[dict[str, Any]]:
     out = []
     configured = state.config.schedules if state.config is not None else ()
     for s in configured:
-        out.append({"name": s.name, "cron": s.cron, "actor": s.actor, "queue": s.queue,
+        out.append({"name": s.name, "cron": s.cron, "actor": s.actor, "queue": s.queue, "catch_up": s.catch_up,
                     "last_fire": (locks.get(s.name) or {}).get("fire_at"),
                     "next_fire": cron.parse(s.cron).next_after(now),
                     "recent_runs": recent.get(s.name, [])})
     for name in sorted((set(locks) | set(recent)) - {s.name for s in configured}):
-        out.append({"name": name, "cron": None, "actor": None, "queue": None,
+        out.append({"name": name, "cron": None, "actor": None, "queue": None, "catch_up": None,
                     "last_fire": (locks.get(name) or {}).get("fire_at"), "next_fire": None,
                     "recent_runs": recent.get(name, [])})
     return out

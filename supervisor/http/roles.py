@@ -43,25 +43,28 @@ def _compiled(path: str) -> re.Pattern[str]:
     return _PATTERNS[path]
 
 
-RULES = (
-    Rule("POST", "/api/v1/jobs", "jobs.send", "admin"),
-    Rule("POST", "/api/v1/jobs/retry", "jobs.retry", "operator"),
-    Rule("POST", "/api/v1/jobs/cancel", "jobs.cancel", "operator"),
-    Rule("POST", "/api/v1/jobs/{job_id}/retry", "jobs.retry", "operator", "job_id"),
-    Rule("POST", "/api/v1/jobs/{job_id}/cancel", "jobs.cancel", "operator", "job_id"),
-    Rule("POST", "/api/v1/queues/{queue}/pause", "queues.pause", "operator", "queue"),
-    Rule("POST", "/api/v1/queues/{queue}/resume", "queues.resume", "operator", "queue"),
-    Rule("POST", "/api/v1/errors/retry", "errors.retry", "operator"),
-    Rule("POST", "/api/v1/errors/cancel", "errors.cancel", "operator"),
-    Rule("POST", "/ui/jobs/retry", "jobs.retry", "operator"),
-    Rule("POST", "/ui/errors/retry", "errors.retry", "operator"),
-    Rule("POST", "/ui/errors/cancel", "errors.cancel", "operator"),
-    Rule("POST", "/ui/jobs/cancel", "jobs.cancel", "operator"),
-    Rule("POST", "/ui/queues/{queue}/pause", "queues.pause", "operator", "queue"),
-    Rule("POST", "/ui/queues/{queue}/resume", "queues.resume", "operator", "queue"),
-    Rule("POST", "/ui/schedules/{name}/run", "schedules.run", "admin", "name"),
-    Rule("POST", "/ui/roles/{role}/scale", "roles.scale", "admin", "role"),
-)
+# Each action: the lowest role that may do it, and every route (all POST) that does it.
+# A path parameter names what the action acts on.
+_ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "jobs.send": ("admin", ("/api/v1/jobs",)),
+    "jobs.retry": ("operator", ("/api/v1/jobs/retry", "/api/v1/jobs/{job_id}/retry", "/ui/jobs/retry")),
+    "jobs.cancel": ("operator", ("/api/v1/jobs/cancel", "/api/v1/jobs/{job_id}/cancel", "/ui/jobs/cancel")),
+    "queues.pause": ("operator", ("/api/v1/queues/{queue}/pause", "/ui/queues/{queue}/pause")),
+    "queues.resume": ("operator", ("/api/v1/queues/{queue}/resume", "/ui/queues/{queue}/resume")),
+    "errors.retry": ("operator", ("/api/v1/errors/retry", "/ui/errors/retry")),
+    "errors.cancel": ("operator", ("/api/v1/errors/cancel", "/ui/errors/cancel")),
+    "schedules.run": ("admin", ("/ui/schedules/{name}/run",)),
+    "roles.scale": ("admin", ("/ui/roles/{role}/scale",)),
+}
+
+
+def _target(path: str) -> str | None:
+    found = re.search(r"\{(\w+)\}", path)
+    return found.group(1) if found else None
+
+
+RULES = tuple(Rule("POST", path, action, role, _target(path))
+              for action, (role, paths) in _ACTIONS.items() for path in paths)
 
 # The role each named action needs (one per action, whichever route asks for it).
 NEEDS: dict[str, str] = {}

@@ -6,14 +6,33 @@ lease for that fire time; the one that wins records a ``job_runs`` row, enqueues
 the schedule's actor by name (it need not be declared in this process), and
 releases the lease. The run then follows its job: succeeded or failed when the
 job finishes, crashed when the scheduler died before enqueueing (found at start)
-or the job vanished. A schedule never has two live jobs: its messages share the
-dedupe key ``schedule:<name>``, so a fire while the previous job is still pending
-or running is recorded as ``skipped``.
+or the job vanished. A fire's message has the dedupe key ``schedule:<name>``, so a
+fire while the previous fire's job is still pending or running is recorded as
+``skipped`` (and, but for the missed fires of ``catch_up: all``, a schedule never has
+two live jobs).
 
 Fire times are computed in UTC from the cron expression and are the same on every
-host, so clock skew between hosts cannot make a schedule fire twice. Fires missed
-by more than ``grace_seconds`` (the process was stopped or suspended) are skipped,
-as cron does.
+host, so clock skew between hosts cannot make a schedule fire twice.
+
+A fire no scheduler took within ``grace_seconds`` of its time (none ran: the fleet was
+down, its host suspended, the database away) is missed; the schedule's ``catch_up`` says
+what becomes of it, counted from the last fire time any host took (``scheduler_locks``):
+
+- ``none`` (the default, and the behaviour before catch_up existed): skipped, as cron
+  does. A starting scheduler waits for the next fire time (fires before its start, even
+  within the grace, are left to the hosts that were up); a running one that finds a fire
+  more than the grace late logs it as missed. Nothing is recorded in ``job_runs``.
+- ``last``: the latest missed fire runs (at start, or as soon as the scheduler finds it
+  is late), as a fire would; older ones are skipped.
+- ``all``: the fire that runs next also runs each missed fire before it, oldest first, up
+  to ``catch_up_limit`` of the latest ones, under the same lease: one host records every
+  run (a ``job_runs`` row each, scheduled_for its fire time) and enqueues its job. Their
+  jobs and the schedule's own carry the concurrency key ``schedule:<name>``, so they run
+  one at a time, oldest first; a missed fire's job has no dedupe key (each of them runs).
+
+``catch_up_window`` skips missed fires older than it (last and all). Either way each
+fire time runs at most once across every host: the lease is taken for the newest fire
+time, which no host can take again, and ``job_runs`` holds one row per fire time.
 """
 
 from __future__ import annotations
@@ -72,7 +91,7 @@ class Scheduler(threading.Thread):
         holder: str,
         clock: Callable[[], datetime] = utcnow,
         sync_seconds: float = 5.0,
-        grace_seconds: float = 60.0,
+        grace_seconds: float = defaults.SCHEDULE_GRACE,
     ) -> None:
         super().__init__(name="scheduler", daemon=True)
         self.broker = broker
@@ -84,43 +103,84 @@ class Scheduler(threading.Thread):
         self.grace = timedelta(seconds=grace_seconds)
         self._halt = threading.Event()
         self.fired: list[tuple[str, datetime, str]] = []  # (schedule, fire time, outcome), for status and tests
+        # Each schedule's next fire time; None: not known yet (at start, while the database is away).
+        self.due: dict[str, datetime | None] = {s.name: None for s in self.schedules}
 
     # --- one fire -------------------------------------------------------------
 
     def fire(self, schedule: ScheduleConfig, fire_at: datetime) -> str:
-        """Run ``schedule`` for ``fire_at`` if this process wins the lease.
-        Returns: fired | skipped | failed | not-ours."""
+        """Run ``schedule`` for ``fire_at`` (with ``catch_up: all``, and the fires missed
+        before it) if this process wins the lease; each fire time's outcome goes to
+        ``fired``. Returns fire_at's: fired | skipped | failed | not-ours."""
         ttl = schedule.lock_ttl_seconds
         key = {"name": schedule.name, "holder": self.holder, "fire_at": fire_at}
         with self.broker.pool.connection() as conn:
-            if conn.execute(sql.ACQUIRE, {**key, "ttl_s": ttl}).fetchone() is None:
+            with conn.transaction():
+                since = None  # where the missed fires start (catch_up: all), read as ACQUIRE replaces it
+                if schedule.catch_up == "all":
+                    since = (conn.execute(sql.SINCE_LOCKED, key).fetchone() or (None,))[0]
+                acquired = conn.execute(sql.ACQUIRE, {**key, "ttl_s": ttl}).fetchone() is not None
+            if not acquired:
+                self.fired.append((schedule.name, fire_at, "not-ours"))
                 return "not-ours"
             try:
-                return self._run(conn, schedule, fire_at)
+                missed = self._missed(schedule, since, fire_at) if since is not None else []
+                outcomes = self._run(conn, schedule, [*missed, fire_at])
             finally:
                 conn.execute(sql.RELEASE, key)
+        self.fired += [(schedule.name, t, outcome) for t, outcome in outcomes]
+        return outcomes[-1][1]
 
-    def _run(self, conn: psycopg.Connection, schedule: ScheduleConfig, fire_at: datetime) -> str:
-        row = conn.execute(sql.START_RUN, {"name": schedule.name, "fire_at": fire_at,
-                                           "holder": self.holder}).fetchone()
-        if row is None:
-            return "not-ours"  # recorded already (the lease row was reset by hand)
-        run_id = row[0]
-        message: Message[Any] = Message(
-            queue_name=schedule.queue,
-            actor_name=schedule.actor,
-            args=tuple(schedule.args or ()),
-            kwargs=dict(schedule.kwargs or {}),
-            options={"dedupe_key": f"schedule:{schedule.name}", "schedule": schedule.name,
-                     "scheduled_for": fire_at.isoformat()},
-        )
-        try:
-            sent = self.broker.enqueue(message)
-        except Exception as exc:
-            conn.execute(sql.COMPLETE_RUN, {"id": run_id, "status": "failed",
-                                            "error": f"could not enqueue: {type(exc).__name__}: {exc}"})
-            log.error("schedule %s: could not enqueue %s: %s", schedule.name, schedule.actor, exc)
-            return "failed"
+    def _missed(self, schedule: ScheduleConfig, since: datetime, fire_at: datetime) -> list[datetime]:
+        """The fire times after ``since`` and before ``fire_at`` that ``catch_up: all`` runs."""
+        window = schedule.catch_up_window
+        oldest = self.clock() - timedelta(seconds=window) if window is not None else None
+        times, left_out = missed_fires(self.crons[schedule.name], since, fire_at, schedule.catch_up_limit, oldest)
+        if times:
+            log.warning("schedule %s: catching up %d missed fire(s), %s to %s", schedule.name, len(times),
+                        times[0].isoformat(), times[-1].isoformat())
+        if left_out:
+            log.warning("schedule %s: older missed fires (after %s) skipped: beyond catch_up_limit %d or "
+                        "catch_up_window", schedule.name, since.isoformat(), schedule.catch_up_limit)
+        return times
+
+    def _run(self, conn: psycopg.Connection, schedule: ScheduleConfig,
+             fires: list[datetime]) -> list[tuple[datetime, str]]:
+        """Record a run per fire time, then enqueue their jobs in that order (so they are
+        claimed in it); a fire time recorded already is not ours."""
+        rows = conn.execute(sql.START_RUNS, {"name": schedule.name, "fires": fires, "holder": self.holder})
+        runs = {when: run_id for run_id, when in rows.fetchall()}
+        out: list[tuple[datetime, str]] = []
+        error: str | None = None
+        for when in fires:
+            run_id = runs.get(when)
+            if run_id is None:
+                out.append((when, "not-ours"))  # recorded already (the lease row was reset by hand)
+            elif error is not None:  # an earlier enqueue failed: so would this one
+                conn.execute(sql.COMPLETE_RUN, {"id": run_id, "status": "failed", "error": error})
+                out.append((when, "failed"))
+            else:
+                try:
+                    out.append((when, self._enqueue(conn, schedule, run_id, when, missed=when != fires[-1])))
+                except Exception as exc:
+                    error = f"could not enqueue: {type(exc).__name__}: {exc}"
+                    conn.execute(sql.COMPLETE_RUN, {"id": run_id, "status": "failed", "error": error})
+                    log.error("schedule %s: could not enqueue %s: %s", schedule.name, schedule.actor, exc)
+                    out.append((when, "failed"))
+        return out
+
+    def _enqueue(self, conn: psycopg.Connection, schedule: ScheduleConfig, run_id: int, fire_at: datetime, *,
+                 missed: bool) -> str:
+        options: dict[str, Any] = {"schedule": schedule.name, "scheduled_for": fire_at.isoformat()}
+        if not missed:  # a fire while the previous fire's job is live is skipped; each missed one runs
+            options["dedupe_key"] = f"schedule:{schedule.name}"
+        if schedule.catch_up == "all":  # caught-up jobs and the schedule's own run one at a time
+            options["concurrency_key"] = f"schedule:{schedule.name}"
+        message: Message[Any] = Message(queue_name=schedule.queue, actor_name=schedule.actor,
+                                        args=tuple(schedule.args or ()), kwargs=dict(schedule.kwargs or {}),
+                                        options=options)
+        # Its own transaction (the pool's), so each job's run_at is later than the one before.
+        sent = self.broker.enqueue(message)
         if sent.message_id != message.message_id:
             conn.execute(sql.COMPLETE_RUN, {
                 "id": run_id, "status": "skipped",
@@ -129,8 +189,8 @@ class Scheduler(threading.Thread):
                         schedule.name, sent.message_id, fire_at.isoformat())
             return "skipped"
         conn.execute(sql.SET_RUN_JOB, {"id": run_id, "job_id": message.message_id})
-        log.info("schedule %s fired for %s: %s job %s", schedule.name, fire_at.isoformat(), schedule.actor,
-                 message.message_id)
+        log.info("schedule %s %s for %s: %s job %s", schedule.name, "caught up" if missed else "fired",
+                 fire_at.isoformat(), schedule.actor, message.message_id)
         return "fired"
 
     # --- bookkeeping ------------------------------------------------------------
@@ -169,31 +229,75 @@ class Scheduler(threading.Thread):
         with threads.lifetime(self.name, self._halt.is_set):
             self._run_forever()
 
+    def _first_due(self, schedule: ScheduleConfig, now: datetime) -> datetime:
+        """A starting scheduler's first fire time: the next one; with catch_up, the latest
+        one if it came after the last fire any host took (it was missed: fire() runs it,
+        or finds it fired already)."""
+        cron_expr = self.crons[schedule.name]
+        if schedule.catch_up == "none":
+            return cron_expr.next_after(now)
+        with self.broker.pool.connection() as conn:
+            conn.execute(sql.KNOW, {"name": schedule.name, "holder": self.holder, "now": now})
+            since = conn.execute(sql.SINCE, {"name": schedule.name}).fetchone()
+        latest = cron_expr.last_at_or_before(now)
+        return latest if since is None or since[0] is None or latest > since[0] else cron_expr.next_after(now)
+
+    def _due(self, schedule: ScheduleConfig, fire_at: datetime, now: datetime) -> datetime:
+        """Fire ``fire_at``, now due; a missed one as the schedule's catch_up says.
+        Returns the fire time handled (with catch_up, the latest one due)."""
+        late = now - fire_at
+        if late > self.grace and schedule.catch_up != "none":
+            fire_at = self.crons[schedule.name].last_at_or_before(now)  # the latest missed fire
+            late = now - fire_at
+        window = schedule.catch_up_window
+        if late > self.grace and (schedule.catch_up == "none" or window is not None and late.total_seconds() > window):
+            log.warning("schedule %s: missed %s (late by %s, catch_up: %s); waiting for the next time",
+                        schedule.name, fire_at.isoformat(), late, schedule.catch_up)
+            self.fired.append((schedule.name, fire_at, "missed"))
+        elif self._safely(f"firing {schedule.name}", functools.partial(self.fire, schedule, fire_at)) is None:
+            self.fired.append((schedule.name, fire_at, "failed"))
+        return fire_at
+
     def _run_forever(self) -> None:
         recovered = self._safely("recovery", self.recover) is not None
         now = self.clock()
-        due = {s.name: self.crons[s.name].next_after(now) for s in self.schedules}
+        due = self.due
         last_sync = last_purge = now
         while not self._halt.is_set():
             now = self.clock()
             for s in self.schedules:
                 fire_at = due[s.name]
-                if fire_at > now:
+                if fire_at is None:
+                    fire_at = due[s.name] = self._safely(f"starting {s.name}",
+                                                         functools.partial(self._first_due, s, now))
+                if fire_at is None or fire_at > now:
                     continue
-                if now - fire_at > self.grace:
-                    log.warning("schedule %s: missed %s (late by %s); waiting for the next time",
-                                s.name, fire_at.isoformat(), now - fire_at)
-                    outcome = "missed"
-                else:
-                    outcome = self._safely(f"firing {s.name}", functools.partial(self.fire, s, fire_at)) or "failed"
-                self.fired.append((s.name, fire_at, outcome))
-                due[s.name] = self.crons[s.name].next_after(max(fire_at, now - self.grace))
+                handled = self._due(s, fire_at, now)
+                # Not before now - grace: fires missed by more were handled as such just now.
+                due[s.name] = self.crons[s.name].next_after(max(handled, now - self.grace))
             if (now - last_sync).total_seconds() >= self.sync_seconds:
                 self._safely("syncing runs", self.sync)
                 last_sync = now
             if not recovered or (now - last_purge) > timedelta(days=1):
                 recovered = self._safely("recovery", self.recover) is not None or recovered
                 last_purge = now
-            wake = min(due.values(), default=now + timedelta(seconds=self.sync_seconds))
+            known = [d for d in due.values() if d is not None]
+            wake = min(known, default=now + timedelta(seconds=self.sync_seconds))
             wait = min(self.sync_seconds, max(0.0, (wake - self.clock()).total_seconds()))
             self._halt.wait(wait)
+
+
+def missed_fires(cron_expr: cron.CronExpr, since: datetime, until: datetime, limit: int,
+                 oldest: datetime | None) -> tuple[list[datetime], bool]:
+    """The fire times after ``since`` and before ``until``, not before ``oldest``: the
+    latest ``limit`` of them, oldest first; and whether earlier ones were left out.
+    Counted back from ``until``, so a long outage costs ``limit`` steps, not one per fire."""
+    times: list[datetime] = []
+    t = until
+    while True:
+        t = cron_expr.last_at_or_before(t - timedelta(microseconds=1))
+        if t <= since or (oldest is not None and t < oldest):
+            return times[::-1], oldest is not None and t > since
+        if len(times) == limit:
+            return times[::-1], True
+        times.append(t)

@@ -18,6 +18,31 @@ UPDATE scheduler_locks SET expires_at = now()
  WHERE job_name = %(name)s AND lock_holder = %(holder)s AND fire_at = %(fire_at)s
 """
 
+# Where a catch-up counts missed fires from: the last fire time any host took, else when
+# the schedule became known (KNOW). Read with FOR UPDATE in the ACQUIRE's transaction, so
+# it is the fire time that ACQUIRE replaces.
+SINCE = "SELECT coalesce(fire_at, locked_at) FROM scheduler_locks WHERE job_name = %(name)s"
+SINCE_LOCKED = SINCE + " FOR UPDATE"
+
+# A schedule that catches up is known from its first start, before its first fire: a row
+# with no fire time whose locked_at is when it became known (and whose lease never held),
+# so fires missed between then and its first fire are caught up too.
+KNOW = """
+INSERT INTO scheduler_locks (job_name, lock_holder, locked_at, expires_at, fire_at)
+VALUES (%(name)s, %(holder)s, %(now)s, '-infinity', NULL)
+ON CONFLICT (job_name) DO NOTHING
+"""
+
+# One run per fire time this lease covers (the fire and, with catch_up: all, the missed
+# ones before it); a fire time recorded already comes back with no row.
+START_RUNS = """
+INSERT INTO job_runs (job_name, scheduled_for, holder)
+SELECT %(name)s, f, %(holder)s FROM unnest(%(fires)s::timestamptz[]) AS f
+ON CONFLICT (job_name, scheduled_for) DO NOTHING
+RETURNING id, scheduled_for
+"""
+
+# A run outside cron (`run now` from the dashboard).
 START_RUN = """
 INSERT INTO job_runs (job_name, scheduled_for, holder)
 VALUES (%(name)s, %(fire_at)s, %(holder)s)

@@ -31,7 +31,6 @@ from .history import (
 )
 from .outcomes import (
     CANCEL,
-    FAIL_UNREADABLE,
     FINISH,
     HEARTBEAT,
     REAP_EXPIRED,
@@ -79,7 +78,6 @@ __all__ = [
     "RELEASE_NODE",
     "REAP_EXPIRED",
     "CANCEL",
-    "FAIL_UNREADABLE",
     "FINISH",
     "RETRY_FAILED",
     "ADD_DAY",

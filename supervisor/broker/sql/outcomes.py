@@ -157,44 +157,27 @@ SELECT out.id, out.status, out.owner
   FROM out CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', out.queue)) AS wake
 """
 
-RELEASE_OWNER = (
-    """
+def _release(where: str, tail: str = "") -> str:
+    """A release of the running rows ``where`` selects (as ``lost``), then _RELEASE_BODY.
+    Every running row is claimed: ``claimed_at IS NOT NULL`` lets jobs_running serve (027)."""
+    return ("""
 WITH lost AS (
     SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM job_queue
-     WHERE lease_owner = %(owner)s AND status = 'running'
-       AND claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
+     WHERE status = 'running' AND claimed_at IS NOT NULL AND """ + where + tail + """
        FOR UPDATE SKIP LOCKED
-)"""
-    + _RELEASE_BODY
-)
+)""" + _RELEASE_BODY)
+
+
+RELEASE_OWNER = _release("lease_owner = %(owner)s")
 
 # `supervisor nodes forget NODE`: an operator says a host is gone (one whose processes
 # no beat rule covers, e.g. all connections pooled): every job leased to one of its
 # processes (owner ids are "node:pid:token", identity.owner_id) goes back at once. The
 # node name is compared as a prefix by length, not LIKE: '_' is a valid name character.
-RELEASE_NODE = (
-    """
-WITH lost AS (
-    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM job_queue
-     WHERE status = 'running' AND claimed_at IS NOT NULL  -- jobs_running serves (027)
-       AND left(lease_owner, length(%(node)s) + 1) = %(node)s || ':'
-       FOR UPDATE SKIP LOCKED
-)"""
-    + _RELEASE_BODY
-)
+RELEASE_NODE = _release("left(lease_owner, length(%(node)s) + 1) = %(node)s || ':'")
 
-REAP_EXPIRED = (
-    """
-WITH lost AS (
-    SELECT id, lease_owner AS owner, """ + _LOSS_BUDGET + """ FROM job_queue
-     WHERE status = 'running' AND lease_expires_at < now() - %(margin_s)s * interval '1 second'
-       AND claimed_at IS NOT NULL  -- true of every running row; it lets jobs_running serve (027)
-     ORDER BY lease_expires_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)"""
-    + _RELEASE_BODY
-)
+REAP_EXPIRED = _release("lease_expires_at < now() - %(margin_s)s * interval '1 second'",
+                        "\n     ORDER BY lease_expires_at\n     LIMIT %(limit)s")
 
 # A dead process is noticed by its beat, not its lease (worker/liveness.py). Its rows go
 # back once all of these hold:
@@ -241,27 +224,6 @@ WITH done AS (
 INSERT INTO job_events (job_id, who, from_status, to_status, reason)
 SELECT id, %(who)s, status, 'cancelled', %(reason)s FROM done, (SELECT count(*) FROM told) AS t
 RETURNING job_id
-"""
-
-# A row that cannot become a message fails alone, at once, fenced like a nack.
-FAIL_UNREADABLE = """
-WITH locked AS (
-    SELECT j.id, a.error
-      FROM job_queue j
-      JOIN unnest(%(ids)s::uuid[], %(attempts)s::int[], %(errors)s::text[]) AS a(id, attempts, error)
-        ON j.id = a.id
-     WHERE j.attempts = a.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
-     ORDER BY j.id
-       FOR UPDATE OF j
-), done AS (
-    DELETE FROM job_queue j USING locked WHERE j.id = locked.id
- RETURNING j.*, locked.error AS why
-), kept AS (
-    """ + archive("done", status="'failed'", finished_at="now()", lease_expires_at="NULL",
-                  last_error="done.why") + """
-)
-INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
-SELECT id, %(owner)s, 'running', 'failed', why, actor, 'Unreadable', '' FROM done
 """
 
 # An operator retries a finished (failed or cancelled) job: it moves back to job_queue,

@@ -1,0 +1,333 @@
+"""Pressure: a steady stream of no-op jobs while the xmin horizon is held back (issue 18 item 3).
+
+    python bench/pressure.py [--mode pin|readers|both] [--rate JOBS_PER_S] [--baseline 60]
+                             [--pin 90] [--after 60] [--interval 60] [--threads 16]
+                             [--reader-xact 30] [--reader-pause 0.5] [--database-url URL]
+
+1. One worker process of --threads (16) threads on a fresh migrated database. Without
+   --rate, a warm-up drains 10,000 no-op jobs first and the stream runs at half that
+   drain rate; with --rate, 500 jobs warm it up.
+2. A producer enqueues --rate jobs/s (bench/soak.py's Producer, a batch every 20 ms on a
+   fixed schedule); after --settle s, three phases: baseline for --baseline s, pressure for --pin s,
+   after for --after s. The pressure is
+   - pin: one session holds `BEGIN; SELECT txid_current();` open, then commits;
+   - readers: 4 REPEATABLE READ sessions, each scanning the tables (count(*) of jobs
+     and job_events, jobs by status) every --reader-pause s in transactions of
+     --reader-xact s, started a quarter of that apart, so they overlap and one of them
+     always holds the horizon;
+   - both: the two at once.
+3. Each second: dead tuples and size (table + indexes + toast) of the live table
+   (job_queue; jobs on the old storage, which holds finished rows too), job_history (all
+   its partitions) and job_events, vacuums of the live table (the workers' upkeep vacuums
+   it; autovacuum may too), the backlog (runnable rows not yet claimed), the age of
+   the oldest transaction holding a snapshot or an xid. Throughput and enqueue-to-start (started_at -
+   created_at of the jobs that finished in the interval: the claim stamps started_at, both
+   are the database's clock) are read through the `jobs` name, which both storages have,
+   LAG seconds after an interval ends so every ack in it has committed. (The claim's own
+   duration is not visible from outside without pg_stat_statements; this is its effect.)
+4. A line per --interval s, a summary per phase, and the checks of the issue: p99 under
+   pressure within 2x of the baseline's, throughput held (within 10 %), and back within 2x
+   of the baseline p99 (10 s in a row) within 60 s of the release; and when the backlog
+   was back to the baseline's.
+
+To measure another checkout (its supervisor, migrations and bench helpers), put it first
+on PYTHONPATH: `PYTHONPATH=/work/wt/old python bench/pressure.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+# The checkout measured: PYTHONPATH's when given, else this one.
+if not os.environ.get("PYTHONPATH"):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import LIVE, WorkerPool, bench_database, code_state, say, server_url  # noqa: E402
+from bench.soak import Producer  # noqa: E402
+
+LAG_S = 2.0
+READERS = 4
+WITHIN = 2.0  # the issue's bound: p99 under pressure at most this times the baseline's
+HELD = 0.9  # throughput under pressure at least this share of the baseline's
+STEADY = 10  # seconds in a row within WITHIN x the baseline p99: recovered
+
+# Dead tuples and bytes of the live table, history (every partition) and events, on either
+# storage: before migration 035 `jobs` is the table that holds every row; after, a view.
+GAUGES = """
+SELECT CASE WHEN s.relname IN ('job_queue', 'jobs') THEN 'queue'
+            WHEN s.relname = 'job_events' THEN 'events' ELSE 'history' END,
+       sum(s.n_dead_tup)::bigint, sum(pg_total_relation_size(s.relid))::bigint,
+       sum(s.vacuum_count + s.autovacuum_count)::bigint
+  FROM pg_stat_user_tables s
+ WHERE s.relname IN ('job_queue', 'jobs', 'job_events')
+    OR s.relid IN (SELECT relid FROM pg_partition_tree(to_regclass('job_history')) WHERE isleaf)
+ GROUP BY 1
+"""
+BACKLOG = "SELECT count(*) FROM jobs WHERE status IN ('pending', 'retryable') AND run_at <= now()"
+OLDEST = """
+SELECT coalesce(max(extract(epoch FROM now() - xact_start)), 0) FROM pg_stat_activity
+ WHERE datname = current_database() AND pid <> pg_backend_pid()
+   AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)  -- the pin holds an xid, no snapshot
+"""
+FINISHED = "status IN ('succeeded', 'failed', 'cancelled') AND finished_at >= to_timestamp(%(lo)s) AND finished_at < to_timestamp(%(hi)s)"
+# Jobs finished in [lo, hi): how many, enqueue-to-start p50 / p99 / max in ms.
+WAITS = f"""
+SELECT count(*), percentile_disc(0.5) WITHIN GROUP (ORDER BY w), percentile_disc(0.99) WITHIN GROUP (ORDER BY w), max(w)
+  FROM (SELECT extract(epoch FROM started_at - created_at) * 1000 AS w FROM jobs WHERE {FINISHED}) j
+"""
+# The same p99 for each second since lo.
+P99_BY_SECOND = f"""
+SELECT floor(extract(epoch FROM finished_at) - %(lo)s)::int,
+       percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at) * 1000)
+  FROM jobs WHERE {FINISHED} GROUP BY 1
+"""
+SCANS = ("SELECT count(*) FROM jobs", "SELECT count(*) FROM job_events",
+         "SELECT status, count(*) FROM jobs GROUP BY status")
+
+
+def one(conn: psycopg.Connection, query: str, params: dict[str, float] | None = None) -> tuple[Any, ...]:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None  # an aggregate always returns its row
+    return row
+
+
+@dataclass
+class Span:
+    """An interval or a phase: wall-clock bounds and what the per-second gauges saw."""
+
+    phase: str
+    lo: float
+    hi: float = 0.0
+    dead: dict[str, int] = field(default_factory=dict)  # max over the span, per table
+    size: dict[str, int] = field(default_factory=dict)  # the last seen
+    backlog: int = 0
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (when, backlog) each second
+    oldest: float = 0.0  # s: the oldest transaction holding the horizon
+    vacuums: int = 0  # of the live table, finished in the span
+
+    def add(self, gauges: dict[str, tuple[int, int]], backlog: int, oldest: float, vacuums: int) -> None:
+        self.samples.append((time.time(), backlog))
+        self.vacuums += vacuums
+        for what, (dead, size) in gauges.items():
+            self.dead[what] = max(self.dead.get(what, 0), dead)
+            self.size[what] = size
+        self.backlog, self.oldest = max(self.backlog, backlog), max(self.oldest, oldest)
+
+    def waits(self, conn: psycopg.Connection) -> tuple[float, float, float, float]:
+        """jobs/s, enqueue-to-start p50, p99, max (ms)."""
+        n, p50, p99, top = one(conn, WAITS, {"lo": self.lo, "hi": self.hi})
+        return n / (self.hi - self.lo), float(p50 or 0), float(p99 or 0), float(top or 0)
+
+
+class Reader(threading.Thread):
+    """A REPEATABLE READ session scanning the tables in transactions of ``xact_s``."""
+
+    def __init__(self, url: str, xact_s: float, pause_s: float, delay_s: float) -> None:
+        super().__init__(name="reader", daemon=True)
+        self.url, self.xact_s, self.pause_s, self.delay_s = url, xact_s, pause_s, delay_s
+        self.halt = threading.Event()
+        self.scans = 0
+
+    def run(self) -> None:
+        with psycopg.connect(self.url) as conn:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            self.halt.wait(self.delay_s)
+            while not self.halt.is_set():
+                began = time.monotonic()
+                while not self.halt.is_set() and time.monotonic() - began < self.xact_s:
+                    for scan in SCANS:
+                        conn.execute(scan).fetchall()
+                    self.scans += 1
+                    self.halt.wait(self.pause_s)
+                conn.commit()
+
+
+class Pressure:
+    """The pin and/or the readers, started and stopped with the pressure phase."""
+
+    def __init__(self, url: str, mode: str, args: argparse.Namespace, t0: float) -> None:
+        self.url, self.mode, self.args, self.t0 = url, mode, args, t0
+        self.pin: psycopg.Connection | None = None
+        self.readers: list[Reader] = []
+
+    def say(self, what: str) -> None:
+        say(f"{time.time() - self.t0:>5.0f} {what}")
+
+    def start(self) -> None:
+        if self.mode in ("pin", "both"):
+            self.pin = psycopg.connect(self.url)
+            xid = one(self.pin, "SELECT txid_current()")[0]  # BEGIN is implicit
+            self.say(f"pin: transaction {xid} open")
+        if self.mode in ("readers", "both"):
+            step = self.args.reader_xact / READERS
+            self.readers = [Reader(self.url, self.args.reader_xact, self.args.reader_pause, i * step)
+                            for i in range(READERS)]
+            for reader in self.readers:
+                reader.start()
+
+    def stop(self) -> None:
+        if self.pin is not None:
+            self.pin.commit()
+            self.pin.close()
+            self.say("pin: released")
+        for reader in self.readers:
+            reader.halt.set()
+        for reader in self.readers:
+            reader.join()
+        if self.readers:
+            self.say(f"readers: {sum(r.scans for r in self.readers):,} rounds of scans, released")
+
+
+def sample(conn: psycopg.Connection) -> tuple[dict[str, tuple[int, int]], int, float, int]:
+    """The gauges, the backlog, the oldest transaction's age, and the live table's vacuum count."""
+    rows = conn.execute(GAUGES).fetchall()
+    vacuums = next(v for what, _, _, v in rows if what == "queue")
+    return {what: (dead, size) for what, dead, size, _ in rows}, one(conn, BACKLOG)[0], float(one(conn, OLDEST)[0]), vacuums
+
+
+HEADER = (f"{'t s':>5} {'phase':<11} {'jobs/s':>7} {'e2s p50':>8} {'e2s p99':>8} {'e2s max':>8} {'backlog':>8} "
+          f"{'queue dead':>10} {'queue MB':>8} {'hist dead':>9} {'hist MB':>8} {'ev dead':>8} {'ev MB':>6} {'vac':>3} "
+          f"{'oldest s':>8} {'load':>5}")
+
+
+def line(t0: float, span: Span, conn: psycopg.Connection) -> str:
+    rate, p50, p99, top = span.waits(conn)
+    d, s = span.dead, span.size
+    return (f"{span.hi - t0:>5.0f} {span.phase:<11} {rate:>7,.0f} {p50:>8.1f} {p99:>8.1f} {top:>8.1f} {span.backlog:>8,} "
+            f"{d.get('queue', 0):>10,} {s.get('queue', 0) / 1e6:>8.1f} {d.get('history', 0):>9,} "
+            f"{s.get('history', 0) / 1e6:>8.1f} {d.get('events', 0):>8,} {s.get('events', 0) / 1e6:>6.1f} {span.vacuums:>3} "
+            f"{span.oldest:>8.0f} {os.getloadavg()[0]:>5.1f}")
+
+
+def warm_up(conn: psycopg.Connection, broker, actor, jobs: int) -> float:
+    """Enqueue ``jobs`` at once; the worker's drain rate (jobs/s)."""
+    broker.enqueue_many([actor.message() for _ in range(jobs)])
+    started = time.monotonic()
+    while one(conn, LIVE)[0]:
+        if time.monotonic() - started > 600:
+            raise RuntimeError("warm-up jobs did not finish in 600 s")
+        time.sleep(0.01)
+    return jobs / (time.monotonic() - started)
+
+
+def recovery(conn: psycopg.Connection, after: Span, bound: float) -> tuple[int | None, int]:
+    """The first second after the release that starts STEADY seconds in a row whose p99 is
+    within ``bound`` (a second with no job finished counts as over), or None; and how many
+    seconds from then on are over (one slow second on a shared machine is not a relapse)."""
+    by_second: dict[int, Any] = dict(conn.execute(P99_BY_SECOND, {"lo": after.lo, "hi": after.hi}).fetchall())
+    ok = [by_second.get(s) is not None and float(by_second[s]) <= bound for s in range(int(after.hi - after.lo))]
+    back = next((s for s in range(len(ok) - STEADY + 1) if all(ok[s:s + STEADY])), None)
+    return back, 0 if back is None else ok[back:].count(False)
+
+
+def run(url: str, args: argparse.Namespace) -> int:
+    import supervisor
+
+    broker = supervisor.setup_broker(url)
+    from bench import bench_actors as actors  # binds to the broker set up just above
+
+    with psycopg.connect(url, autocommit=True) as conn, WorkerPool(url, count=1, threads=args.threads):
+        rate = args.rate
+        if rate is None:
+            drain = warm_up(conn, broker, actors.noop, 10_000)
+            rate = drain / 2
+            say(f"warm-up: 1 x {args.threads} threads drained 10,000 no-op jobs at {drain:,.0f} jobs/s")
+        else:
+            warm_up(conn, broker, actors.noop, 500)
+        pressure_name = {"pin": "pinned", "readers": "readers", "both": "pin+readers"}[args.mode]
+        phases = [("baseline", args.baseline), (pressure_name, args.pin), ("after", args.after)]
+        say(f"stream {rate:,.0f} jobs/s; {' / '.join(f'{n} {s:.0f} s' for n, s in phases)}; "
+            f"1 x {args.threads} threads (load {os.getloadavg()[0]:.1f})")
+        producer = Producer(broker, actors.noop, rate)
+        producer.start()
+        time.sleep(args.settle)  # the worker catches up with the stream's start before the baseline
+        say(HEADER)
+        t0 = time.time()
+        vacuumed = sample(conn)[3]
+        pressure = Pressure(url, args.mode, args, t0)
+        spans: list[Span] = []  # closed intervals not printed yet (waiting LAG_S)
+        done: list[Span] = []
+        for name, seconds in phases:
+            lo = time.time()
+            if name == pressure_name:
+                pressure.start()
+            phase = Span(name, lo)
+            interval = Span(name, lo)
+            while (now := time.time()) < lo + seconds:
+                gauges, backlog, oldest, vacuums = sample(conn)
+                vacuums, vacuumed = vacuums - vacuumed, vacuums
+                phase.add(gauges, backlog, oldest, vacuums)
+                interval.add(gauges, backlog, oldest, vacuums)
+                time.sleep(max(0.0, min(1.0 - (time.time() - now), lo + seconds - time.time())))
+                if (end := time.time()) >= interval.lo + args.interval or end >= lo + seconds:
+                    interval.hi = end
+                    spans.append(interval)
+                    interval = Span(name, end)
+                while spans and spans[0].hi + LAG_S <= time.time():
+                    say(line(t0, spans.pop(0), conn))
+            phase.hi = time.time()
+            if name == pressure_name:
+                pressure.stop()
+            done.append(phase)
+        producer.halt.set()
+        producer.join()
+        time.sleep(LAG_S)
+        for span in spans:
+            say(line(t0, span, conn))
+        say(f"producer: {producer.sent:,} jobs sent, {producer.late:,} of its ticks started late")
+
+        say("")
+        say(f"{'phase':<11} {'s':>4} {'jobs/s':>7} {'e2s p50 ms':>10} {'e2s p99 ms':>10} {'max backlog':>11} "
+            f"{'queue dead max':>14} {'queue MB':>8} {'hist MB':>8}")
+        figures = {}
+        for phase in done:
+            figures[phase.phase] = phase.waits(conn)
+            rate_, p50, p99, _ = figures[phase.phase]
+            say(f"{phase.phase:<11} {phase.hi - phase.lo:>4.0f} {rate_:>7,.0f} {p50:>10.1f} {p99:>10.1f} "
+                f"{phase.backlog:>11,} {phase.dead.get('queue', 0):>14,} {phase.size.get('queue', 0) / 1e6:>8.1f} "
+                f"{phase.size.get('history', 0) / 1e6:>8.1f}")
+        base, under = figures["baseline"], figures[pressure_name]
+        drained = next((at - done[2].lo for at, n in done[2].samples if n <= done[0].backlog), None)
+        back, relapses = recovery(conn, done[2], WITHIN * base[2])
+        say(f"p99 under {pressure_name} {under[2]:.1f} ms vs baseline {base[2]:.1f} ms ({under[2] / base[2]:.1f}x): "
+            f"within {WITHIN:.0f}x: {'yes' if under[2] <= WITHIN * base[2] else 'NO'}")
+        say(f"throughput under {pressure_name} {under[0]:,.0f} vs baseline {base[0]:,.0f} jobs/s: "
+            f"held (>= {HELD:.0%}): {'yes' if under[0] >= HELD * base[0] else 'NO'}")
+        say(f"after the release: p99 within {WITHIN:.0f}x of the baseline's for {STEADY} s in a row from "
+            f"{f'never (in {args.after:.0f} s)' if back is None else f'{back} s (then {relapses} s over)'}: "
+            f"within 60 s: {'yes' if back is not None and back <= 60 else 'NO'}; backlog back to the "
+            f"baseline's max ({done[0].backlog:,}) after {'never' if drained is None else f'{drained:.0f} s'}")
+    broker.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("pin", "readers", "both"), default="pin")
+    p.add_argument("--rate", type=float, default=None, help="jobs/s (default: half a warm-up drain)")
+    p.add_argument("--baseline", type=float, default=60.0, help="seconds unpinned first")
+    p.add_argument("--pin", type=float, default=90.0, help="seconds under pressure (pin and/or readers)")
+    p.add_argument("--after", type=float, default=60.0, help="seconds after the release")
+    p.add_argument("--settle", type=float, default=10.0, help="seconds of stream before the baseline")
+    p.add_argument("--interval", type=float, default=60.0, help="seconds per timeline line")
+    p.add_argument("--threads", type=int, default=16, help="threads of the one worker process")
+    p.add_argument("--reader-xact", type=float, default=30.0, help="seconds each reader's transaction lasts")
+    p.add_argument("--reader-pause", type=float, default=0.5, help="seconds between a reader's rounds of scans")
+    p.add_argument("--database-url", default=None)
+    args = p.parse_args(argv)
+    say(code_state())
+    with bench_database(server_url(args.database_url)) as url:
+        return run(url, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
