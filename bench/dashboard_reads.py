@@ -13,10 +13,10 @@ connections record each statement and its parameters (``Recorded``).
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime, timedelta
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, LiteralString, cast
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -162,7 +162,3 @@ def uncovered(made: Starlette, urls: list[str]) -> list[str]:
     return [p for p, regex in get_routes(made)
             if not p.startswith(NOT_READS) and not any(regex.match(u) for u in paths)]
 
-
-def statement(text: str) -> LiteralString:
-    """A recorded statement's text, to run again as it was (it came from the app's code)."""
-    return cast(LiteralString, text)

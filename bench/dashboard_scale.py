@@ -6,9 +6,10 @@
 
 Fills a fresh database (``dashboard_fill.py`` says with what), then times each page and
 API read of ``dashboard_reads.READS`` through the real app, served in process
-(rendering included): p50 and p95 of --runs requests after one to warm up. Then each
-statement those requests ran, on its own connection with the same parameters: p50 and
-p95, the slowest first. ``--keep`` leaves the filled database (its name is printed);
+(rendering included): p50 and p95 of --runs rounds (each round requests every one in
+turn, after one round to warm up), with the machine's load average. Then each
+statement those requests ran, on its own connection (the HTTP child's session settings)
+with the same parameters, in rounds likewise: p50 and p95, the slowest first. ``--keep`` leaves the filled database (its name is printed);
 ``--reuse NAME`` times a database a run kept, with no fill. Prints only; asserts nothing.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import statistics
 import sys
 import time
@@ -45,15 +47,6 @@ def percentiles(times: list[float]) -> tuple[float, float]:
     """(p50, p95) in ms, p95 by the nearest rank."""
     ordered = sorted(times)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.95 * len(ordered)) - 1)]
-
-
-def timed(runs: int, fn: Callable[[], Any]) -> tuple[float, float]:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000)
-    return percentiles(times)
 
 
 def statement_names() -> dict[str, str]:
@@ -108,25 +101,46 @@ def main() -> None:
             say(f"kept: --reuse {conninfo_to_dict(url)['dbname']}")
 
 
+def rounds(runs: int, calls: list[Callable[[], Any]]) -> list[tuple[float, float]]:
+    """(p50, p95) ms of each call over ``runs`` rounds, each round calling each once in
+    turn: a burst of load from elsewhere on the machine falls on every call alike."""
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(runs):
+        for i, fn in enumerate(calls):
+            t0 = time.perf_counter()
+            fn()
+            times[i].append((time.perf_counter() - t0) * 1000)
+    return [percentiles(t) for t in times]
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def run(url: str, args: argparse.Namespace) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        counts = conn.execute("SELECT (SELECT reltuples::bigint FROM pg_class WHERE relname = 'job_queue'),"
-                              " (SELECT sum(reltuples)::bigint FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid"
-                              "   WHERE c.relkind = 'r' AND c.relname LIKE 'job_history_%')").fetchone()
-        say(f"about {counts[1]:,} finished and {counts[0]:,} live jobs")
+        live, finished = conn.execute(
+            "SELECT (SELECT reltuples::bigint FROM pg_class WHERE relname = 'job_queue'),"
+            " (SELECT sum(reltuples)::bigint FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid"
+            "   WHERE c.relkind = 'r' AND c.relname LIKE 'job_history_%')").fetchone() or (0, 0)
+        say(f"about {finished:,} finished and {live:,} live jobs")
         filled = dashboard_reads.values(conn, args.rows)
     recorded = dashboard_reads.Recorded()
     client = TestClient(dashboard_reads.app(url, recorded))
+    paths = [(name, template.format(**filled)) for name, template in dashboard_reads.READS]
     by_route: list[tuple[str, list[tuple[str, Any]]]] = []
-    print(f"\n{'page or route':<30} {'p50 ms':>8} {'p95 ms':>8}  status")
-    for name, template in dashboard_reads.READS:
-        path = template.format(**filled)
-        status = client.get(path).status_code  # warm up; what it runs is recorded
+    statuses = []
+    for name, path in paths:  # once each to warm up; what each runs is recorded
+        statuses.append(client.get(path).status_code)
         by_route.append((name, recorded.taken()))
-        p50, p95 = timed(args.runs, lambda p=path: client.get(p))  # type: ignore[misc]
-        recorded.taken()
-        print(f"{name:<30} {p50:>8.1f} {p95:>8.1f}  {status}", flush=True)
+    say(f"timing {len(paths)} pages and routes, {args.runs} rounds ({load()})")
+    timings = rounds(args.runs, [lambda p=path: client.get(p) for _, path in paths])  # type: ignore[misc]
+    recorded.taken()
     client.app.state.supervisor.close()  # type: ignore[attr-defined]
+    print(f"\n{'page or route':<30} {'p50 ms':>8} {'p95 ms':>8}  status")
+    for (name, _), (p50, p95), status in zip(paths, timings, statuses, strict=True):
+        print(f"{name:<30} {p50:>8.1f} {p95:>8.1f}  {status}")
+    say(f"({load()})")
 
     names = statement_names()
     seen: dict[tuple[str, str], tuple[str, str, Any]] = {}
@@ -134,14 +148,15 @@ def run(url: str, args: argparse.Namespace) -> None:
         for text, params in statements:
             if "job" in text and not text.lstrip().upper().startswith("EXPLAIN"):
                 seen.setdefault((text, repr(params)), (route, text, params))
-    results = []
     with psycopg.connect(url, autocommit=True, options=state.SESSION_OPTIONS) as conn:
-        for route, text, params in seen.values():
-            p50, p95 = timed(args.runs, lambda t=text, p=params: conn.execute(dashboard_reads.statement(t), p).fetchall())  # type: ignore[misc]
-            results.append((p95, p50, label(text, names), route))
+        timed_statements = rounds(args.runs, [lambda t=text, p=params: conn.execute(t, p).fetchall()  # type: ignore[misc]
+                                              for _, text, params in seen.values()])
+    results = [(p95, p50, label(text, names), route)
+               for (route, text, _), (p50, p95) in zip(seen.values(), timed_statements, strict=True)]
     print(f"\n{'statement':<96} {'first route that runs it':<26} {'p50 ms':>7} {'p95 ms':>7}")
     for p95, p50, name, route in sorted(results, reverse=True):
         print(f"{name[:96]:<96} {route[:26]:<26} {p50:>7.1f} {p95:>7.1f}")
+    say(f"({load()})")
     print(f"\ncaps: error_groups.SCAN_CAP={error_groups.SCAN_CAP:,}, jobsearch.SCAN_ROWS={jobsearch.SCAN_ROWS:,}")
 
 

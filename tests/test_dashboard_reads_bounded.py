@@ -16,14 +16,17 @@ only when a count_upto has found COUNT_EXACT_UPTO failed jobs or fewer."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from markupsafe import escape
 from starlette.testclient import TestClient
 
 from bench import dashboard_fill, dashboard_reads
+from supervisor import admin, jobsearch
 from tests.conftest import _throwaway, scalar
 
 ROWS, LIVE = 120_000, 500
@@ -103,11 +106,53 @@ def test_every_page_and_api_read_reads_a_bounded_slice_of_the_jobs(filled):
                 # as the planner reads tables of millions (a small table is read whole whatever
                 # its indexes): a scan that still reads past the budget has no bounded way
                 conn.execute("SET LOCAL enable_seqscan = off")
-                plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + dashboard_reads.statement(text),
-                                    capped(params)).fetchone()[0][0]
+                plan = scalar(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + text, capped(params))[0]
             read = rows_read(plan)
             # finished jobs and events: a window's worth at most; live rows: the backlog at
             # most, once for each arm of jobs_live (runnable rows, running rows)
             if read["job_history"] > BUDGET or read["job_events"] > BUDGET or read["job_queue"] > 2 * LIVE:
                 over.append((url, read, " ".join(text.split())[:300]))
     assert not over, "\n".join(map(str, over))
+
+
+def test_counts_past_what_can_be_counted_say_about_and_how(filled):
+    """On the same fill: a count past COUNT_EXACT_UPTO is the planner's estimate and says
+    so (JSON and pages), a search's count is what its window holds, the failed jobs kept
+    per queue are estimated from statistics, and the queue choices need no read of the jobs."""
+    app = dashboard_reads.app(filled, dashboard_reads.Recorded())
+    client = TestClient(app)
+    with psycopg.connect(filled, autocommit=True) as conn:
+        total = scalar(conn, "SELECT count(*) FROM jobs")
+        by_status = dict(conn.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall())
+        failed = dict(conn.execute("SELECT queue, count(*) FROM jobs WHERE status = 'failed' GROUP BY queue").fetchall())
+        rare = scalar(conn, "SELECT count(*) FILTER (WHERE queue = 'rare') FROM (SELECT queue FROM jobs"
+                            " ORDER BY created_at DESC, id DESC LIMIT %s) AS w", (jobsearch.SCAN_ROWS,))
+    try:
+        count = client.get("/api/v1/jobs").json()["count"]
+        assert (count["exact"], count["estimated_by"]) == (False, admin.BY_PLANNER)
+        assert abs(count["count"] - total) < total / 20, (count, total)
+        state = client.get("/api/v1/system/state").json()["jobs"]
+        assert state["running"] == {"count": by_status["running"], "exact": True, "estimated_by": None}
+        assert (state["succeeded"]["exact"], state["succeeded"]["estimated_by"]) == (False, admin.BY_PLANNER)
+        assert abs(state["succeeded"]["count"] - by_status["succeeded"]) < by_status["succeeded"] / 20
+        # a queue has no index: its count is the matches among the newest SCAN_ROWS jobs, at least
+        window = client.get("/api/v1/jobs?queue=rare").json()
+        assert window["count"]["count"] == rare and window["count"]["exact"] is False
+        assert window["count"]["estimated_by"] == admin.BY_WINDOW and window["count"]["counted_to"]
+        assert window["scan"]["rows"] == jobsearch.SCAN_ROWS
+
+        page = client.get("/jobs").text
+        assert '<p id="count">about ' in page and str(escape(admin.BY_PLANNER)) in page
+        # the queue choices: those with live rows and those in the recorder's samples (rare)
+        assert re.findall(r"<option[^>]*>([a-z]+)</option>", page.split('name="queue"')[1].split("</select>")[0]) \
+            == sorted([*dashboard_fill.QUEUES, "rare"])
+        queues = client.get("/queues").text
+        for queue, n in failed.items():
+            cell = re.search(rf'<tr data-queue="{queue}">.*?<td class="n failed"[^>]*>about (\d+)</td>', queues, re.S)
+            assert cell and abs(int(cell[1]) - n) <= n / 20, (queue, n, cell and cell[1])
+        # the rare group's sample, found by its own index
+        groups = client.get("/api/v1/errors?since=7d").json()["groups"]
+        monthly = next(g for g in groups if g["actor"] == "report_monthly")
+        assert monthly["attempts"] == 1 and monthly["sample"]["message"] == "LookupError: no ledger for 1999-12"
+    finally:
+        app.state.supervisor.close()

@@ -3,9 +3,10 @@ errors` and /metrics' start waits): failed attempts grouped, and figures per act
 
 Each is bounded by its time window through an index: failed attempts by
 ``job_events_errors`` / ``job_events_error_groups`` (032), finished rows by
-``jobs_finished``, running rows by ``jobs_running`` (through ``jobs_live``). A window
-holding more than ``%(cap)s`` rows is read newest first up to the cap, and the caller
-says its figures cover only those (tests/test_table_health.py checks the plans).
+``job_history_finished`` on the window's days, running rows by ``jobs_running`` (through
+``jobs_live``). A window holding more than ``%(cap)s`` rows is read newest first up to
+the cap, and the caller says its figures cover only those (tests/test_table_health.py
+and tests/test_dashboard_reads_bounded.py check the plans).
 """
 
 from .reads import ERROR_LINE, WAIT_S
@@ -102,8 +103,8 @@ SELECT actor,
                CASE WHEN status IN ('succeeded', 'failed') THEN extract(epoch FROM finished_at - started_at)::float8
                     END AS run,
                CASE WHEN status IN ('succeeded', 'failed') THEN {WAIT_S} END AS wait
-          FROM jobs
-         WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - %(window_s)s * interval '1 second'
+          FROM job_history
+         WHERE finished_at > now() - %(window_s)s * interval '1 second'
          ORDER BY finished_at DESC
          LIMIT %(cap)s) AS f
  GROUP BY actor
