@@ -202,8 +202,8 @@ SELECT v.queue, round(sum(c.reltuples * v.freq * pg_relation_size(c.oid)
                           / (current_setting('block_size')::int * c.relpages)))::bigint AS failed
   FROM pg_inherits i
   JOIN pg_class c ON c.oid = i.inhrelid AND c.relpages > 0 AND c.reltuples > 0
-  JOIN pg_stats s ON s.schemaname = c.relnamespace::regnamespace::text AND s.tablename = c.relname
-                 AND s.attname = 'queue'
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'queue'
  CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(queue, freq)
  WHERE i.inhparent = 'job_history_failed'::regclass
  GROUP BY v.queue
