@@ -100,7 +100,7 @@ SELECT actor,
        {_PCT.format(col="run")}, {_PCT.format(col="wait")},
        min(finished_at) AS oldest
   FROM (SELECT actor, status, finished_at,
-               CASE WHEN status IN ('succeeded', 'failed') THEN extract(epoch FROM finished_at - started_at)::float8
+               CASE WHEN status IN ('succeeded', 'failed') THEN date_part('epoch', finished_at - started_at)
                     END AS run,
                CASE WHEN status IN ('succeeded', 'failed') THEN {WAIT_S} END AS wait
           FROM job_history

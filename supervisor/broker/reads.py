@@ -159,9 +159,10 @@ SELECT date_bin(%(step_s)s * interval '1 second', finished_at, timestamptz 'epoc
 # How long an attempt waited to start: from when it could run (enqueued, or due: run_at,
 # which a retry, a lease loss and a requeue move) to when it began running in a thread
 # (started_at, the attempt's own). In seconds, never below 0; NULL for a job that never
-# ran (greatest() alone would make that a wait of 0: it skips NULLs).
+# ran (greatest() alone would make that a wait of 0: it skips NULLs). date_part, not
+# extract: extract's numeric is a third of the Actors page's time over 100,000 rows.
 _WAIT_S = """CASE WHEN started_at IS NOT NULL
-            THEN greatest(extract(epoch FROM started_at - greatest(created_at, run_at))::float8, 0) END"""
+            THEN greatest(date_part('epoch', started_at - greatest(created_at, run_at)), 0) END"""
 WAIT_S = _WAIT_S  # for the other modules of reads (actor_reads)
 
 # The start waits of jobs finished in the last window (a running attempt's start is
@@ -226,7 +227,7 @@ SELECT queue, failed_1h, finished_1h, avg_s, p95_s, owners_1h,
                count(DISTINCT lease_owner) FILTER (WHERE status IN ('succeeded', 'failed')) AS owners_1h,
                percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY wait_s) AS waits
           FROM (SELECT queue, status, lease_owner,
-                       extract(epoch FROM finished_at - started_at)::float8 AS dur_s,
+                       date_part('epoch', finished_at - started_at) AS dur_s,
                        CASE WHEN status IN ('succeeded', 'failed') THEN {_WAIT_S} END AS wait_s
                   FROM job_history
                  WHERE finished_at > now() - interval '1 hour') AS f
