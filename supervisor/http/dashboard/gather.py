@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import psutil
 import psycopg
 
-from ... import admin, cron, db, jobsearch, ratelimit
+from ... import actor_stats, admin, cron, db, jobsearch, ratelimit
 from ...broker import reads
 from ...worker import registry, scheduler_sql
 from .. import data
@@ -32,8 +32,6 @@ T = TypeVar("T")
 
 # window name -> (seconds, bucket seconds)
 WINDOWS = {"1h": (3600, 60), "6h": (6 * 3600, 300), "24h": (24 * 3600, 900)}
-# The overview's start waits are those of the window's newest jobs, this many at most.
-LATENCY_CAP = 100_000
 RAW_WINDOW_S = 3600
 PAGE_SIZE = 50
 BULK_LIMIT = 10_000
@@ -69,11 +67,12 @@ def overview(state: AppState, window: str) -> dict[str, Any]:
         series = reads.FINISHED_PER_BUCKET if span <= RAW_WINDOW_S else recorder.FINISHED_SERIES
         finished = db.dicts(conn, series, {"step_s": step, "window_s": span})
         depth = db.dicts(conn, recorder.QUEUE_SERIES, {"step_s": step, "window_s": span})
-        lat = conn.execute(reads.START_LATENCY, {"window_s": span, "cap": LATENCY_CAP}).fetchone()
+        # the start waits of the window's newest jobs, as many as the Actors page reads at most
+        lat = conn.execute(reads.START_LATENCY, {"window_s": span, "cap": actor_stats.SCAN_CAP}).fetchone()
     q = queues(state, detail=False)
     now = time.time()
     pct = (lat[1] if lat and lat[1] else None) or [None, None, None]
-    capped = lat is not None and lat[0] >= LATENCY_CAP
+    capped = lat is not None and lat[0] >= actor_stats.SCAN_CAP
     return {
         "window": window, "t0": now - span, "t1": now, "step": step,
         "finished": [(r["t"].timestamp(), (int(r["succeeded"]), int(r["failed"]))) for r in finished],
