@@ -1,124 +1,163 @@
-"""The dashboard's reads at scale: a jobs table of --rows rows (default 1,000,000).
+"""The dashboard's pages and the API's reads at scale: --rows finished jobs (default
+10,000,000) over --days days of history (7), --live live ones (100,000).
 
-    python bench/dashboard_scale.py [--rows 1000000] [--runs 20] [--database-url URL]
+    python bench/dashboard_scale.py [--rows N] [--live N] [--days N] [--runs 30]
+                                    [--keep] [--reuse DBNAME] [--database-url URL]
 
-Fills a fresh database with finished jobs spread over the last 2 days (10 % failed)
-plus 1 % live ones, and a day of the recorder's rollup rows for 4 queues, then prints the median and worst time of each statement the
-dashboard's pages run: the Jobs page (first page, the 100th page by cursor, a
-status filter, a text filter, the count with its threshold; finding a job by id, id prefix,
-a value inside its arguments or a dedupe key), the Queues page and the
-Overview's 24 h charts. Prints only; asserts nothing.
+Fills a fresh database (``dashboard_fill.py`` says with what), then times each page and
+API read of ``dashboard_reads.READS`` through the real app, served in process
+(rendering included): p50 and p95 of --runs rounds (each round requests every one in
+turn, after one round to warm up), with the machine's load average. Then each
+statement those requests ran, on its own connection (the HTTP child's session settings)
+with the same parameters, in rounds likewise: p50 and p95, the slowest first. ``--keep`` leaves the filled database (its name is printed);
+``--reuse NAME`` times a database a run kept, with no fill. Prints only; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_database, code_state, say, server_url  # noqa: E402
-from supervisor import admin, jobsearch  # noqa: E402
-from supervisor.broker import reads  # noqa: E402
-from supervisor.http.dashboard import gather, recorder  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
 
-CHUNK = 250_000
-
-INSERT = """
-INSERT INTO jobs (queue, actor, status, attempts, max_attempts, args, run_at, created_at, started_at,
-                  finished_at, lease_owner, last_error)
-SELECT 'q' || (g %% 4), 'actor_' || (g %% 20),
-       CASE WHEN g %% 100 = 0 THEN 'pending' WHEN g %% 10 = 0 THEN 'failed' ELSE 'succeeded' END,
-       1, 1, jsonb_build_array(g, 'item-' || g), t, t,
-       CASE WHEN g %% 100 = 0 THEN NULL ELSE t + interval '20 ms' END,
-       CASE WHEN g %% 100 = 0 THEN NULL ELSE t + interval '70 ms' END,
-       CASE WHEN g %% 100 = 0 THEN NULL ELSE 'bench-' || (g %% 8) END,
-       CASE WHEN g %% 10 = 0 AND g %% 100 <> 0 THEN 'RuntimeError: planned' END
-  FROM (SELECT g, now() - interval '2 days' + g * (interval '2 days' / %(rows)s) AS t
-          FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g) AS s
-"""
+from bench import dashboard_fill, dashboard_reads  # noqa: E402
+from bench.basics import with_dbname  # noqa: E402
+from bench.common import code_state, say, server_url  # noqa: E402
+from supervisor import apps, error_groups, jobsearch  # noqa: E402
+from supervisor.broker import actor_reads, reads  # noqa: E402
+from supervisor.http import state  # noqa: E402
+from supervisor.http.dashboard import recorder  # noqa: E402
+from supervisor.migrate import migrate  # noqa: E402
+from supervisor.worker import registry, scheduler_sql  # noqa: E402
 
 
-ROLLUP = """
-INSERT INTO queue_samples (at, queue, ready, scheduled, running, retryable, succeeded, failed)
-SELECT date_bin(%(step_s)s * interval '1 second', now() - p * %(step_s)s * interval '1 second', timestamptz 'epoch'),
-       'q' || q, 0, 0, 0, 0, 50, 5
-  FROM generate_series(0, 86400 / %(step_s)s - 1) AS p, generate_series(0, 3) AS q
-"""
+def percentiles(times: list[float]) -> tuple[float, float]:
+    """(p50, p95) in ms, p95 by the nearest rank."""
+    ordered = sorted(times)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.95 * len(ordered)) - 1)]
 
 
-def timed(conn: psycopg.Connection, runs: int, fn: Any) -> tuple[float, float]:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn(conn)
-        times.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(times), max(times)
+def statement_names() -> dict[str, str]:
+    """A constant statement's text -> its module and name (others are named by their text)."""
+    out = {}
+    for module in (reads, actor_reads, recorder, registry, scheduler_sql):
+        for name, value in inspect.getmembers(module, lambda v: isinstance(v, str)):
+            if name.isupper():
+                out[value] = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
+    return out
+
+
+def label(text: str, names: dict[str, str]) -> str:
+    """A constant's name, else the statement's start and its conditions, on one line."""
+    if text in names:
+        return names[text]
+    flat = " ".join(text.split())
+    cut = flat.find(" WHERE ")
+    return flat[:30] + (" ..." + flat[cut:cut + 60] if cut > 0 else "")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--live", type=int, default=100_000)
+    ap.add_argument("--days", type=int, default=7)
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--keep", action="store_true", help="leave the filled database")
+    ap.add_argument("--reuse", metavar="DBNAME", help="time a database a run kept (no fill)")
     ap.add_argument("--database-url")
     args = ap.parse_args()
     say(code_state())
-    with bench_database(server_url(args.database_url), prefix="as_dash") as url, \
-            psycopg.connect(url, autocommit=True) as conn:
-        t0 = time.perf_counter()
-        for lo in range(1, args.rows + 1, CHUNK):
-            conn.execute(INSERT, {"rows": args.rows, "lo": lo, "hi": min(lo + CHUNK - 1, args.rows)})
-        conn.execute(ROLLUP, {"step_s": recorder.SAMPLE_SECONDS})  # a day of rollup rows, as the recorder leaves
-        conn.execute("VACUUM ANALYZE jobs")
-        conn.execute("VACUUM ANALYZE queue_samples")
-        say(f"{args.rows:,} jobs in {time.perf_counter() - t0:.1f}s")
+    server = server_url(args.database_url)
+    if args.reuse:
+        url = with_dbname(server, args.reuse)
+    else:
+        name = f"as_dash_{args.rows}_{int(time.time())}"
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        url = with_dbname(server, name)
+    try:
+        if not args.reuse:
+            migrate(url, apps.installed())
+            with psycopg.connect(url, autocommit=True) as conn:
+                dashboard_fill.fill(conn, rows=args.rows, live=args.live, days=args.days)
+        run(url, args)
+    finally:
+        if not args.reuse and not args.keep:
+            with psycopg.connect(server, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        elif not args.reuse:
+            say(f"kept: --reuse {conninfo_to_dict(url)['dbname']}")
 
-        def page(where: admin.JobFilter, after: tuple[Any, Any] | None = None) -> admin.JobsPage:
-            return admin.jobs_page(conn, where, limit=gather.PAGE_SIZE, after=after,
-                                   columns=reads.PAGE_COLUMNS)
 
-        cursor: tuple[Any, Any] | None = None
-        for _ in range(99):  # walk to the 100th page once; then time that page
-            cursor = page(admin.JobFilter(), cursor).after
-        deep = cursor
-        some_id = str(conn.execute("SELECT id FROM jobs WHERE created_at < now() - interval '1 day' LIMIT 1").fetchone()[0])
+def rounds(runs: int, calls: list[Callable[[], Any]]) -> list[tuple[float, float]]:
+    """(p50, p95) ms of each call over ``runs`` rounds, each round calling each once in
+    turn: a burst of load from elsewhere on the machine falls on every call alike."""
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(runs):
+        for i, fn in enumerate(calls):
+            t0 = time.perf_counter()
+            fn()
+            times[i].append((time.perf_counter() - t0) * 1000)
+    return [percentiles(t) for t in times]
 
-        def search(**fields: str) -> admin.JobFilter:
-            return admin.JobFilter(search=jobsearch.Search.parse(fields))
-        cases: list[tuple[str, Any]] = [
-            ("jobs: first page", lambda c: page(admin.JobFilter())),
-            ("jobs: 100th page (cursor)", lambda c: page(admin.JobFilter(), deep)),
-            ("jobs: status=failed page", lambda c: page(admin.JobFilter(status="failed"))),
-            ("jobs: text filter page", lambda c: page(admin.JobFilter(text="item-4242"))),
-            ("jobs: count, no filter", lambda c: gather.count_jobs(c, admin.JobFilter())),
-            ("jobs: count, status=failed", lambda c: gather.count_jobs(c, admin.JobFilter(status="failed"))),
-            ("find: whole id", lambda c: page(search(id=some_id))),
-            ("find: id prefix (6 digits)", lambda c: page(search(id=some_id[:6]))),
-            ("find: id prefix, count", lambda c: gather.count_jobs(c, search(id=some_id[:6]))),
-            ("find: match, a day old (window)", lambda c: page(search(match="args[1] = item-42"))),
-            ("find: match, one recent hit", lambda c: page(search(match=f"args[0] = {args.rows - 7}"))),
-            ("find: match, count (window)", lambda c: gather.count_jobs(c, search(match="args[1] = item-42"))),
-            ("find: dedupe key (window)", lambda c: page(search(dedupe_key="order-1"))),
-            ("queues: live rows", lambda c: c.execute(reads.LIVE_BY_QUEUE).fetchall()),
-            ("queues: finished 1 h", lambda c: c.execute(reads.FINISHED_BY_QUEUE).fetchall()),
-            ("queues: failed kept", lambda c: c.execute(reads.FAILED_BY_QUEUE).fetchall()),
-            ("queues: 6 h / 24 h rollup", lambda c: c.execute(recorder.OUTCOMES_BY_QUEUE).fetchall()),
-            ("overview: finished per bucket 1 h (rows)",
-             lambda c: c.execute(reads.FINISHED_PER_BUCKET, {"step_s": 60, "window_s": 3600}).fetchall()),
-            ("overview: finished per bucket 24 h (rollup)",
-             lambda c: c.execute(recorder.FINISHED_SERIES, {"step_s": 900, "window_s": 86400}).fetchall()),
-            ("overview: start latency 1 h", lambda c: c.execute(reads.START_LATENCY, {"window_s": 3600}).fetchall()),
-        ]
-        print(f"\n{'statement':<38} {'median ms':>10} {'max ms':>10}")
-        for name, fn in cases:
-            med, worst = timed(conn, args.runs, fn)
-            print(f"{name:<38} {med:>10.1f} {worst:>10.1f}")
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def run(url: str, args: argparse.Namespace) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        live, finished = conn.execute(
+            "SELECT (SELECT reltuples::bigint FROM pg_class WHERE relname = 'job_queue'),"
+            " (SELECT sum(reltuples)::bigint FROM pg_class c JOIN pg_inherits i ON i.inhrelid = c.oid"
+            "   WHERE c.relkind = 'r' AND c.relname LIKE 'job_history_%')").fetchone() or (0, 0)
+        say(f"about {finished:,} finished and {live:,} live jobs")
+        filled = dashboard_reads.values(conn, args.rows)
+    recorded = dashboard_reads.Recorded()
+    client = TestClient(dashboard_reads.app(url, recorded))
+    paths = [(name, template.format(**filled)) for name, template in dashboard_reads.READS]
+    by_route: list[tuple[str, list[tuple[str, Any]]]] = []
+    statuses = []
+    for name, path in paths:  # once each to warm up; what each runs is recorded
+        statuses.append(client.get(path).status_code)
+        by_route.append((name, recorded.taken()))
+    say(f"timing {len(paths)} pages and routes, {args.runs} rounds ({load()})")
+    timings = rounds(args.runs, [lambda p=path: client.get(p) for _, path in paths])  # type: ignore[misc]
+    recorded.taken()
+    client.app.state.supervisor.close()  # type: ignore[attr-defined]
+    print(f"\n{'page or route':<30} {'p50 ms':>8} {'p95 ms':>8}  status")
+    for (name, _), (p50, p95), status in zip(paths, timings, statuses, strict=True):
+        print(f"{name:<30} {p50:>8.1f} {p95:>8.1f}  {status}")
+    say(f"({load()})")
+
+    names = statement_names()
+    seen: dict[tuple[str, str], tuple[str, str, Any]] = {}
+    for route, statements in by_route:
+        for text, params in statements:
+            if "job" in text and not text.lstrip().upper().startswith("EXPLAIN"):
+                seen.setdefault((text, repr(params)), (route, text, params))
+    with psycopg.connect(url, autocommit=True, options=state.SESSION_OPTIONS) as conn:
+        timed_statements = rounds(args.runs, [lambda t=text, p=params: conn.execute(t, p).fetchall()  # type: ignore[misc]
+                                              for _, text, params in seen.values()])
+    results = [(p95, p50, label(text, names), route)
+               for (route, text, _), (p50, p95) in zip(seen.values(), timed_statements, strict=True)]
+    print(f"\n{'statement':<96} {'first route that runs it':<26} {'p50 ms':>7} {'p95 ms':>7}")
+    for p95, p50, name, route in sorted(results, reverse=True):
+        print(f"{name[:96]:<96} {route[:26]:<26} {p50:>7.1f} {p95:>7.1f}")
+    say(f"({load()})")
+    print(f"\ncaps: error_groups.SCAN_CAP={error_groups.SCAN_CAP:,}, jobsearch.SCAN_ROWS={jobsearch.SCAN_ROWS:,}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ from .broker import actor_reads, sql
 WINDOWS = {"15m": 900, "1h": 3600, "6h": 6 * 3600}
 DEFAULT_WINDOW = "1h"
 SCAN_CAP = 100_000
+# What the figures of a window that held more than SCAN_CAP finished jobs stand on.
+BY_CAP = (f"the window's newest {SCAN_CAP:,} finished jobs, from covered_since: counts are at least these, "
+          "rates per the time they cover")
 # /metrics' start waits per actor: over jobs finished this recently (read at each scrape).
 METRICS_WINDOW_S = 300
 PERCENTILES = ("p50", "p95", "p99")
@@ -55,6 +58,7 @@ def actor_stats(conn: psycopg.Connection, *, window_s: float) -> dict[str, Any]:
         })
     out.sort(key=lambda a: (-a["busy_s"], -a["finished"], a["actor"]))
     return {"window_s": window_s, "now": now, "complete": covered_since is None, "covered_since": covered_since,
+            "exact": covered_since is None, "estimated_by": None if covered_since is None else BY_CAP,
             "actors": out}
 
 

@@ -114,9 +114,9 @@ class JobFilter:
 
     @property
     def scans(self) -> bool:
-        """No index serves it (text, a key, a value inside the arguments): a page reads a
-        window of the newest jobs only (jobsearch.SCAN_ROWS)."""
-        return self.text is not None or self.search.scans
+        """Some filter no index serves (a queue, an actor, text, a key, a value inside the
+        arguments): a page reads a window of the newest jobs only (jobsearch.SCAN_ROWS)."""
+        return bool(self.names() - reads.INDEXED)
 
 
 @dataclass(frozen=True)
@@ -134,37 +134,90 @@ class JobsPage:
 def jobs_page(conn: psycopg.Connection, where: JobFilter, *, limit: int, after: tuple[datetime, str] | None = None,
               columns: str = reads.LIST_COLUMNS, scan_rows: int = jobsearch.SCAN_ROWS) -> JobsPage:
     """Newest first, ``limit`` rows after the (created_at, id) cursor ``after``. A search no
-    index serves reads at most ``scan_rows`` jobs (see ``JobsPage``)."""
+    index serves reads at most ``scan_rows`` jobs, in one statement (see ``JobsPage``)."""
     after_at, after_id = after or (None, None)
     params = {**where.params(), "after_at": after_at, "after_id": after_id, "limit": limit + 1,
               "scan_rows": scan_rows}
     names, has_after = where.names(), after is not None
-    statement = reads.window_page if where.scans else reads.jobs_page
-    rows = db.dicts(conn, statement(columns, names, has_after), params)
-    if len(rows) > limit:
-        last = rows[limit - 1]
-        return JobsPage(rows[:limit], (last["created_at"], str(last["id"])), scan_rows if where.scans else None)
     if not where.scans:
+        rows = db.dicts(conn, reads.jobs_page(columns, names, has_after), params)
+        if len(rows) > limit:
+            return JobsPage(rows[:limit], _cursor(rows[limit - 1]))
         return JobsPage(rows, None)
-    edge = _window_cut(conn, names, has_after, params)
-    return JobsPage(rows, edge, scan_rows, edge[0] if edge else None)
+    got = db.dicts(conn, reads.window_page(columns, names, has_after), params)
+    rows = [r for r in got if r["hit"] and r["i"] <= scan_rows]
+    if len(rows) > limit:
+        page = JobsPage(rows[:limit], _cursor(rows[limit - 1]), scan_rows)
+    else:
+        # The page read its whole window; the window's last row and the one after it came
+        # last: with the second, older jobs were left unread and the next page starts there.
+        cut = any(r["i"] > scan_rows for r in got)
+        edge = next((r for r in got if r["i"] == scan_rows), None) if cut else None
+        page = JobsPage(rows, _cursor(edge) if edge else None, scan_rows, edge["created_at"] if edge else None)
+    for r in got:
+        del r["hit"], r["i"]
+    return page
 
 
-def _window_cut(conn: psycopg.Connection, names: frozenset[str], after: bool,
-                params: dict[str, Any]) -> tuple[datetime, str] | None:
-    """The window's last row when older rows were left unread, else None."""
-    edge = conn.execute(reads.window_edge(names, after), params).fetchall()
-    return (edge[0][0], edge[0][1]) if len(edge) == 2 else None
+def _cursor(row: dict[str, Any]) -> tuple[datetime, str]:
+    return row["created_at"], str(row["id"])
 
 
-def count_in_window(conn: psycopg.Connection, where: JobFilter, *, scan_rows: int = jobsearch.SCAN_ROWS
-                    ) -> tuple[int, datetime | None]:
-    """A search's matches among the newest ``scan_rows`` jobs, and the creation time of the
-    last job read when older ones were left unread (None: it read back to the oldest)."""
-    params = {**where.params(), "scan_rows": scan_rows, "after_at": None, "after_id": None}
-    row = conn.execute(reads.window_count(where.names()), params).fetchone()
-    edge = _window_cut(conn, where.names(), False, params)
-    return (int(row[0]) if row else 0), (edge[0] if edge else None)
+# A count past this is the planner's estimate: an exact one would read every matching row.
+COUNT_EXACT_UPTO = 10_000
+# How a count that is not exact was made (the API's "estimated_by", the pages' notes).
+BY_PLANNER = (f"the planner's estimate from the tables' statistics (pg_class.reltuples, pg_stats), "
+              f"past an exact count of {COUNT_EXACT_UPTO:,}")
+BY_WINDOW = f"the matches among the newest {jobsearch.SCAN_ROWS:,} jobs: at least this many"
+BY_DAY_STATISTICS = ("each failed day's statistics: its rows (pg_class.reltuples) times the queue's "
+                     "frequency among them (pg_stats), as the planner estimates")
+
+
+@dataclass(frozen=True)
+class Count:
+    """How many jobs match; past what can be counted at once, an estimate that says how
+    it was made (``estimated_by``, None when exact)."""
+
+    n: int
+    estimated_by: str | None = None
+    # A search's count (the matches in its window) when older jobs were left uncounted:
+    # the creation time of the last job it read. The count is then a lower bound.
+    counted_to: datetime | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.estimated_by is None
+
+    def json(self) -> dict[str, Any]:
+        return {"count": self.n, "exact": self.exact, "estimated_by": self.estimated_by,
+                **({"counted_to": self.counted_to} if self.counted_to is not None else {})}
+
+
+def count_jobs(conn: psycopg.Connection, where: JobFilter, *, scan_rows: int = jobsearch.SCAN_ROWS) -> Count:
+    """Exact up to COUNT_EXACT_UPTO (indexed filters: every row read matches, so that many
+    at most are read), the planner's estimate past it. A search no index serves counts
+    its matches in its window of the newest ``scan_rows`` jobs (a lower bound when older
+    ones were left uncounted)."""
+    names, params = where.names(), where.params()
+    if where.scans:
+        matches, edge = conn.execute(reads.window_count(names), {**params, "scan_rows": scan_rows}).fetchone() or (0, None)
+        return Count(int(matches), None if edge is None else BY_WINDOW, edge)
+    row = conn.execute(reads.count_upto(names), {**params, "upto": COUNT_EXACT_UPTO + 1}).fetchone()
+    exact = int(row[0]) if row else 0
+    if exact <= COUNT_EXACT_UPTO:
+        return Count(exact)
+    with psycopg.ClientCursor(conn) as cur:  # EXPLAIN takes no bind parameters
+        plan = cur.execute(reads.count_plan(names), params).fetchone()
+    estimate = int(plan[0][0]["Plan"]["Plan Rows"]) if plan else exact
+    return Count(max(estimate, exact), BY_PLANNER)
+
+
+def page_count(conn: psycopg.Connection, where: JobFilter, page: JobsPage, *, first: bool) -> Count:
+    """The count beside a page: a search's first page that read its whole window has
+    counted its matches already (no second read); otherwise ``count_jobs``."""
+    if first and page.scan_rows is not None and (page.after is None or page.scanned_to is not None):
+        return Count(len(page.rows), None if page.scanned_to is None else BY_WINDOW, page.scanned_to)
+    return count_jobs(conn, where)
 
 
 def change_matching(conn: psycopg.Connection, where: JobFilter, change: Callable[[psycopg.Connection, str], bool],
@@ -184,8 +237,22 @@ def matching_ids(conn: psycopg.Connection, where: JobFilter, *, limit: int,
     return [r[0] for r in conn.execute(reads.matching_ids(where.names(), where.scans), params).fetchall()]
 
 
-def counts_by_queue_and_status(conn: psycopg.Connection) -> list[tuple[str, str, int]]:
-    return [(q, s, n) for q, s, n in conn.execute(reads.COUNT_BY_QUEUE_AND_STATUS).fetchall()]
+def counts_by_status(conn: psycopg.Connection) -> dict[str, Count]:
+    """Jobs per status (JOB_STATUSES), each exact up to COUNT_EXACT_UPTO."""
+    return {s: count_jobs(conn, JobFilter(status=s)) for s in JOB_STATUSES}
+
+
+def failed_by_queue(conn: psycopg.Connection) -> tuple[dict[str, int], str | None]:
+    """Failed jobs kept per queue, and how they were estimated (None: counted): counted
+    while the failed days hold COUNT_EXACT_UPTO rows or fewer, else from their statistics."""
+    few = count_jobs(conn, JobFilter(status="failed")).exact
+    statement, how = (reads.FAILED_BY_QUEUE, None) if few else (reads.FAILED_BY_QUEUE_ESTIMATE, BY_DAY_STATISTICS)
+    return {q: int(n) for q, n in conn.execute(statement).fetchall()}, how
+
+
+def queue_names(conn: psycopg.Connection) -> list[str]:
+    """The queues a filter may name (reads.QUEUE_NAMES: never a read of the jobs)."""
+    return [q for (q,) in conn.execute(reads.QUEUE_NAMES).fetchall()]
 
 
 def workers(conn: psycopg.Connection) -> list[dict[str, Any]]:

@@ -27,6 +27,8 @@ DEFAULT_WINDOW = "24h"
 MAX_WINDOW_S = 30 * 24 * 3600  # job_events are kept 30 days by default
 SPARK_BUCKETS = 24
 SCAN_CAP = 100_000
+# What a count of a window that held more than SCAN_CAP failed attempts stands on.
+BY_CAP = f"the window's newest {SCAN_CAP:,} failed attempts, from covered_since: at least this many"
 DEFAULT_GROUPS = 100
 MAX_GROUPS = 500
 # Jobs one action on a group changes at most (one statement per job, like the bulk actions).
@@ -100,6 +102,7 @@ def error_groups(conn: psycopg.Connection, *, window_s: float, actor: str | None
         })
     return {"window_s": window_s, "since": start, "now": now, "step_s": step, "actor": actor,
             "attempts": total, "groups_total": len(found), "complete": complete,
+            "exact": complete, "estimated_by": None if complete else BY_CAP,
             "covered_since": None if complete else min(g["first_in_window"] for g in found.values()),
             "groups": groups}
 

@@ -64,8 +64,8 @@ def test_a_search_reads_a_window_of_the_newest_jobs_and_goes_on_from_where_it_st
     assert [str(r["id"]) for r in page.rows] == [ids[29]] and page.after == (T0 + timedelta(minutes=30), ids[29])
     assert page.scanned_to is None
     # The count and a bulk action cover the first window: at least 2 (of the newest 12).
-    assert admin.count_in_window(conn, where, scan_rows=12) == (2, T0 + timedelta(minutes=19))
-    assert admin.count_in_window(conn, where, scan_rows=30) == (3, None)
+    assert admin.count_jobs(conn, where, scan_rows=12) == admin.Count(2, admin.BY_WINDOW, T0 + timedelta(minutes=19))
+    assert admin.count_jobs(conn, where, scan_rows=30) == admin.Count(3)
     assert sorted(admin.matching_ids(conn, where, limit=100, scan_rows=12)) == sorted([ids[19], ids[29]])
 
 

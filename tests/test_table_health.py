@@ -241,7 +241,7 @@ def test_reads_of_live_or_failed_rows_never_read_the_succeeded_ones(conn):
     conn.execute("ANALYZE job_queue")
     for name, statement, params in (("LIVE_BY_QUEUE", reads.LIVE_BY_QUEUE, {}), ("CAPACITY", reads.CAPACITY, {}),
                                     ("SAMPLE_QUEUES", recorder.SAMPLE_QUEUES, {"step_s": 10}),
-                                    ("START_LATENCY", reads.START_LATENCY, {"window_s": 60}),
+                                    ("START_LATENCY", reads.START_LATENCY, {"window_s": 60, "cap": 100}),
                                     ("LIVE_IN_QUEUE", jobs_sql.LIVE_IN_QUEUE, {"queue": "q"}),
                                     # failed rows, kept for days beside the succeeded ones
                                     ("FAILED_BY_QUEUE", reads.FAILED_BY_QUEUE, {}),

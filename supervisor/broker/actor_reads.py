@@ -3,9 +3,10 @@ errors` and /metrics' start waits): failed attempts grouped, and figures per act
 
 Each is bounded by its time window through an index: failed attempts by
 ``job_events_errors`` / ``job_events_error_groups`` (032), finished rows by
-``jobs_finished``, running rows by ``jobs_running`` (through ``jobs_live``). A window
-holding more than ``%(cap)s`` rows is read newest first up to the cap, and the caller
-says its figures cover only those (tests/test_table_health.py checks the plans).
+``job_history_finished`` on the window's days, running rows by ``jobs_running`` (through
+``jobs_live``). A window holding more than ``%(cap)s`` rows is read newest first up to
+the cap, and the caller says its figures cover only those (tests/test_table_health.py
+and tests/test_dashboard_reads_bounded.py check the plans).
 """
 
 from .reads import ERROR_LINE, WAIT_S
@@ -39,7 +40,11 @@ SELECT actor, error_type, error_where,
 # kept (it may predate the window: a new error shows as new), and a sample: the newest
 # attempt in the window whose traceback is still its job's last_error (no later
 # exception overwrote it; of the newest 20, else none). A lost lease has no traceback
-# of its own: its event's reason stands for it.
+# of its own: its event's reason stands for it. The newest 20 need only what the
+# group's own index holds (job_events_error_groups: an index-only scan), and the job is
+# read once, for the one picked: with the job joined beside them, the planner costed the
+# pick's LIMIT 1 as a tiny fraction of the join's rows and read the group's newest
+# attempts from job_events_at, filtered: every attempt of the window for a rare group.
 GROUP_DETAILS = f"""
 SELECT g.i, f.first_seen, s.job_id, s.reason, s.traceback, s.last_error AS message
   FROM unnest(%(actors)s::text[], %(types)s::text[], %(wheres)s::text[])
@@ -47,15 +52,20 @@ SELECT g.i, f.first_seen, s.job_id, s.reason, s.traceback, s.last_error AS messa
  CROSS JOIN LATERAL (SELECT min(e.at) AS first_seen FROM job_events e WHERE {_GROUP.format(g="g")}) AS f
   LEFT JOIN LATERAL (
     SELECT one.job_id, one.reason, one.last_error AS traceback, {ERROR_LINE.format(width=300)}
-      FROM (SELECT c.job_id, c.reason, CASE WHEN c.to_status <> 'pending' THEN j.last_error END AS last_error
-              FROM (SELECT e.job_id, e.at, e.reason, e.to_status FROM job_events e
-                     WHERE {_GROUP.format(g="g")} AND e.{_IN_WINDOW}
-                     ORDER BY e.at DESC LIMIT 20) AS c
-              JOIN jobs j ON j.id = c.job_id
-             WHERE NOT EXISTS (SELECT 1 FROM job_events l
-                                WHERE l.job_id = c.job_id AND l.at > c.at AND l.error_type IS NOT NULL
-                                  AND l.to_status IN ('retryable', 'failed'))
-             ORDER BY c.at DESC LIMIT 1) AS one) AS s ON true
+      FROM (SELECT pick.job_id, x.reason, CASE WHEN x.to_status <> 'pending' THEN j.last_error END AS last_error
+              FROM (SELECT c.job_id, c.at
+                      FROM (SELECT e.job_id, e.at FROM job_events e
+                             WHERE {_GROUP.format(g="g")} AND e.{_IN_WINDOW}
+                             ORDER BY e.at DESC LIMIT 20) AS c
+                     WHERE NOT EXISTS (SELECT 1 FROM job_events l
+                                        WHERE l.job_id = c.job_id AND l.at > c.at AND l.error_type IS NOT NULL
+                                          AND l.to_status IN ('retryable', 'failed'))
+                       AND EXISTS (SELECT 1 FROM jobs k WHERE k.id = c.job_id)
+                     ORDER BY c.at DESC LIMIT 1) AS pick
+             CROSS JOIN LATERAL (SELECT x.reason, x.to_status FROM job_events x
+                                  WHERE x.job_id = pick.job_id AND x.at = pick.at AND x.error_type IS NOT NULL
+                                  LIMIT 1) AS x
+              JOIN jobs j ON j.id = pick.job_id) AS one) AS s ON true
  ORDER BY g.i
 """
 
@@ -90,11 +100,11 @@ SELECT actor,
        {_PCT.format(col="run")}, {_PCT.format(col="wait")},
        min(finished_at) AS oldest
   FROM (SELECT actor, status, finished_at,
-               CASE WHEN status IN ('succeeded', 'failed') THEN extract(epoch FROM finished_at - started_at)::float8
+               CASE WHEN status IN ('succeeded', 'failed') THEN date_part('epoch', finished_at - started_at)
                     END AS run,
                CASE WHEN status IN ('succeeded', 'failed') THEN {WAIT_S} END AS wait
-          FROM jobs
-         WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - %(window_s)s * interval '1 second'
+          FROM job_history
+         WHERE finished_at > now() - %(window_s)s * interval '1 second'
          ORDER BY finished_at DESC
          LIMIT %(cap)s) AS f
  GROUP BY actor

@@ -1,4 +1,4 @@
-"""The operator's and the dashboard's reads of ``jobs`` and ``job_events``.
+"""The operator's and the dashboard's reads of ``jobs``, ``job_history`` and ``job_events``.
 
 The jobs table's SQL is this module and ``sql/`` (claims, outcomes, leases:
 what workers run); these statements only read, for the CLI, the HTTP API and
@@ -48,9 +48,14 @@ FILTERS = {
     "match_args": "args #> %(match_args)s::text[] = %(match_value)s::jsonb",
     "match_kwargs": "kwargs #> %(match_kwargs)s::text[] = %(match_value)s::jsonb",
 }
-# Filters an index serves (jobs_created_id, the primary key): a search's window of the
-# newest rows is read through them; every other filter is checked on the window's rows.
-WINDOW_FILTERS = frozenset({"created_after", "created_before", "id_lo"})
+# Filters an index or a partition bound serves: a status prunes to its days of
+# job_history (or to job_queue), a time range to its days or to a range of
+# job_history_created, an id range to the primary keys. Rows read through them all
+# match, so a listing stops after its page and a count after COUNT_EXACT_UPTO rows.
+# Every other filter (a queue, an actor, text, a key, a value inside the arguments) has
+# no index on job_history (each would cost every finished job an entry: ARCHITECTURE.md,
+# "Storage"): it is checked on a window of the newest %(scan_rows)s jobs only.
+INDEXED = frozenset({"status", "created_after", "created_before", "finished_after", "finished_before", "id_lo"})
 AFTER = "(created_at, id) < (%(after_at)s, %(after_id)s::uuid)"
 
 LIST_COLUMNS = f"""id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at, started_at,
@@ -77,47 +82,48 @@ SELECT {columns}
 
 
 def _window(names: frozenset[str], after: bool) -> str:
-    """The newest %(scan_rows)s jobs (after the cursor) within the index-served filters."""
-    return f"""(SELECT * FROM jobs
-         WHERE {where(names & WINDOW_FILTERS, after=after)}
-         ORDER BY created_at DESC, id DESC
-         LIMIT %(scan_rows)s) AS w"""
+    """The newest %(scan_rows)s jobs (after the cursor) within the indexed filters, and the
+    one after them (it tells whether older jobs were left unread), numbered newest first
+    (``i``), each with whether the other filters match it (``hit``)."""
+    return f"""(SELECT j.*, ({where(names - INDEXED)}) AS hit,
+               row_number() OVER (ORDER BY created_at DESC, id DESC) AS i
+          FROM (SELECT * FROM jobs
+                 WHERE {where(names & INDEXED, after=after)}
+                 ORDER BY created_at DESC, id DESC
+                 LIMIT %(scan_rows)s + 1) AS j) AS w"""
 
 
 @functools.cache
 def window_page(columns: str, names: frozenset[str], after: bool) -> str:
-    """A search no index serves: its matches among a window of the newest jobs only, so a
-    page reads at most %(scan_rows)s rows however rare the match (read lazily: it stops at
-    %(limit)s matches)."""
+    """A search no index serves, in one read of its window: the matches (up to
+    %(limit)s), then, once the window's rows run out, the window's last row and the one
+    after it (``i`` >= %(scan_rows)s: where the next page starts). Read lazily: a page
+    that fills stops there, however large the window."""
     return f"""
-SELECT {columns}
+SELECT {columns}, hit, i
   FROM {_window(names, after)}
- WHERE {where(names - WINDOW_FILTERS)}
+ WHERE hit OR i >= %(scan_rows)s
  ORDER BY created_at DESC, id DESC
- LIMIT %(limit)s"""
-
-
-@functools.cache
-def window_edge(names: frozenset[str], after: bool) -> str:
-    """The last row of the window and the first after it: with both, older rows were left unread."""
-    return f"""
-SELECT created_at, id::text FROM jobs
- WHERE {where(names & WINDOW_FILTERS, after=after)}
- ORDER BY created_at DESC, id DESC
- OFFSET %(scan_rows)s - 1 LIMIT 2"""
+ LIMIT %(limit)s + 2"""
 
 
 @functools.cache
 def window_count(names: frozenset[str]) -> str:
-    return f"SELECT count(*) FROM {_window(names, False)} WHERE {where(names - WINDOW_FILTERS)}"
+    """A search's matches in its (first) window, and the window's last row when older
+    jobs were left unread (else NULLs): one read of the window."""
+    return f"""
+SELECT count(*) FILTER (WHERE hit AND i <= %(scan_rows)s) AS matches,
+       CASE WHEN count(*) > %(scan_rows)s THEN min(created_at) FILTER (WHERE i = %(scan_rows)s) END AS edge_at
+  FROM {_window(names, False)}"""
 
 
 @functools.cache
 def matching_ids(names: frozenset[str], window: bool) -> str:
     """Ids of the jobs a bulk action covers, oldest first (a search: within its window)."""
-    source = _window(names, False) if window else "jobs"
-    rest = names - WINDOW_FILTERS if window else names
-    return f"SELECT id::text FROM {source} WHERE {where(rest)} ORDER BY created_at, id LIMIT %(limit)s"
+    if window:
+        return f"""SELECT id::text FROM {_window(names, False)}
+ WHERE hit AND i <= %(scan_rows)s ORDER BY created_at, id LIMIT %(limit)s"""
+    return f"SELECT id::text FROM jobs WHERE {where(names)} ORDER BY created_at, id LIMIT %(limit)s"
 
 
 # An exact count stops at the threshold; past it the planner's estimate stands in.
@@ -132,6 +138,12 @@ def count_plan(names: frozenset[str]) -> str:
 
 
 # --- the dashboard's reads: only indexed slices (live rows, rows finished lately) ---
+#
+# Each read of finished rows names job_history and a window of finished_at: it reads
+# only the days of its window (partition pruning), through job_history_finished, newest
+# first; a window longer than an hour reads at most its newest %(cap)s rows, and says
+# from when they start. Live rows are read through jobs_live (the claim and running
+# indexes): as many as the backlog.
 
 # Jobs finished per time bucket over the last window_s seconds, from the rows (the
 # dashboard reads the recorder's rollup for windows longer than an hour).
@@ -139,27 +151,32 @@ FINISHED_PER_BUCKET = """
 SELECT date_bin(%(step_s)s * interval '1 second', finished_at, timestamptz 'epoch') AS t,
        count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
        count(*) FILTER (WHERE status = 'failed')    AS failed
-  FROM jobs
- WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - %(window_s)s * interval '1 second'
+  FROM job_history
+ WHERE finished_at > now() - %(window_s)s * interval '1 second'
  GROUP BY 1 ORDER BY 1
 """
 
 # How long an attempt waited to start: from when it could run (enqueued, or due: run_at,
 # which a retry, a lease loss and a requeue move) to when it began running in a thread
 # (started_at, the attempt's own). In seconds, never below 0; NULL for a job that never
-# ran (greatest() alone would make that a wait of 0: it skips NULLs).
+# ran (greatest() alone would make that a wait of 0: it skips NULLs). date_part, not
+# extract: extract's numeric is a third of the Actors page's time over 100,000 rows.
 _WAIT_S = """CASE WHEN started_at IS NOT NULL
-            THEN greatest(extract(epoch FROM started_at - greatest(created_at, run_at))::float8, 0) END"""
+            THEN greatest(date_part('epoch', started_at - greatest(created_at, run_at)), 0) END"""
 WAIT_S = _WAIT_S  # for the other modules of reads (actor_reads)
 
 # The start waits of jobs finished in the last window (a running attempt's start is
-# written with its outcome, so only finished ones are known).
+# written with its outcome, so only finished ones are known): of its newest %(cap)s jobs
+# at most, and the finish of the oldest one read (the window's start unless capped).
 START_LATENCY = f"""
-SELECT count(*) AS n,
-       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY {_WAIT_S}) AS pct
-  FROM jobs
- WHERE status IN ('succeeded', 'failed') AND finished_at > now() - %(window_s)s * interval '1 second'
-   AND started_at IS NOT NULL
+SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY wait) AS pct,
+       min(finished_at) AS oldest
+  FROM (SELECT {_WAIT_S} AS wait, finished_at
+          FROM job_history
+         WHERE status IN ('succeeded', 'failed') AND finished_at > now() - %(window_s)s * interval '1 second'
+           AND started_at IS NOT NULL
+         ORDER BY finished_at DESC
+         LIMIT %(cap)s) AS f
 """
 
 # Live rows per queue (jobs_live: the claim and running indexes, never the finished rows).
@@ -175,32 +192,71 @@ SELECT queue,
  GROUP BY queue
 """
 
-# Failed rows kept, per queue (retention prunes them; the jobs_finished index holds them).
-FAILED_BY_QUEUE = "SELECT queue, count(*) AS failed FROM jobs WHERE status = 'failed' GROUP BY queue"
+# Failed rows kept, per queue: counted when the failed days hold few (a count_upto of
+# status = 'failed' says so), else estimated from each failed day's statistics as the
+# planner would: its row count (reltuples, scaled to the table's size now) times the
+# queue's frequency among the most common values of its sample (pg_stats). A day not yet
+# analyzed, or a queue too rare to be among them, adds nothing.
+FAILED_BY_QUEUE = "SELECT queue, count(*) AS failed FROM job_history WHERE status = 'failed' GROUP BY queue"
+FAILED_BY_QUEUE_ESTIMATE = """
+SELECT v.queue, round(sum(c.reltuples * v.freq * pg_relation_size(c.oid)
+                          / (current_setting('block_size')::int * c.relpages)))::bigint AS failed
+  FROM pg_inherits i
+  JOIN pg_class c ON c.oid = i.inhrelid AND c.relpages > 0 AND c.reltuples > 0
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'queue'
+ CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(queue, freq)
+ WHERE i.inhparent = 'job_history_failed'::regclass
+ GROUP BY v.queue
+"""
 
 # Per queue over the last hour of finished rows: outcomes, durations (the last
 # attempt's run time; rows that never ran have none), the processes that finished
 # them (for throughput per worker-hour) and the start waits, p50 / p95 / p99, in
-# seconds rounded to the millisecond. An attempt's wait is not its duration.
+# seconds rounded to the millisecond. An attempt's wait is not its duration. One sort
+# per column (an ordered-set aggregate sorts its group again for each call).
 FINISHED_BY_QUEUE = f"""
-SELECT queue,
-       count(*) FILTER (WHERE status = 'failed')                 AS failed_1h,
-       count(*) FILTER (WHERE status IN ('succeeded', 'failed')) AS finished_1h,
-       avg(dur_s) FILTER (WHERE status = 'succeeded')            AS avg_s,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY dur_s) FILTER (WHERE status = 'succeeded') AS p95_s,
-       count(DISTINCT lease_owner) FILTER (WHERE status IN ('succeeded', 'failed')) AS owners_1h,
-       round(percentile_cont(0.5) WITHIN GROUP (ORDER BY wait_s)::numeric, 3)::float8 AS wait_p50_s,
-       round(percentile_cont(0.95) WITHIN GROUP (ORDER BY wait_s)::numeric, 3)::float8 AS wait_p95_s,
-       round(percentile_cont(0.99) WITHIN GROUP (ORDER BY wait_s)::numeric, 3)::float8 AS wait_p99_s
-  FROM (SELECT queue, status, lease_owner,
-               extract(epoch FROM finished_at - started_at)::float8 AS dur_s,
-               CASE WHEN status IN ('succeeded', 'failed') THEN {_WAIT_S} END AS wait_s
-          FROM jobs
-         WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - interval '1 hour') AS f
- GROUP BY queue
+SELECT queue, failed_1h, finished_1h, avg_s, p95_s, owners_1h,
+       round(waits[1]::numeric, 3)::float8 AS wait_p50_s, round(waits[2]::numeric, 3)::float8 AS wait_p95_s,
+       round(waits[3]::numeric, 3)::float8 AS wait_p99_s
+  FROM (SELECT queue,
+               count(*) FILTER (WHERE status = 'failed')                 AS failed_1h,
+               count(*) FILTER (WHERE status IN ('succeeded', 'failed')) AS finished_1h,
+               avg(dur_s) FILTER (WHERE status = 'succeeded')            AS avg_s,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY dur_s) FILTER (WHERE status = 'succeeded') AS p95_s,
+               count(DISTINCT lease_owner) FILTER (WHERE status IN ('succeeded', 'failed')) AS owners_1h,
+               percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY wait_s) AS waits
+          FROM (SELECT queue, status, lease_owner,
+                       date_part('epoch', finished_at - started_at) AS dur_s,
+                       CASE WHEN status IN ('succeeded', 'failed') THEN {_WAIT_S} END AS wait_s
+                  FROM job_history
+                 WHERE finished_at > now() - interval '1 hour') AS f
+         GROUP BY queue) AS q
 """
 
-
-COUNT_BY_QUEUE_AND_STATUS = "SELECT queue, status, count(*) FROM jobs GROUP BY queue, status"
+# The queues a filter may name, without reading the jobs: those with waiting rows (a
+# skip scan of jobs_claim: one descent per queue), running rows (jobs_running), rows in
+# the recorder's samples of the last day (a skip scan of their primary key), pauses and
+# live processes. (The Jobs page took them from the Queues page's reads: 650 ms at 3 M.)
+QUEUE_NAMES = """
+WITH RECURSIVE waiting(queue) AS (
+    (SELECT queue FROM job_queue WHERE status IN ('pending', 'retryable') ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM job_queue j WHERE j.status IN ('pending', 'retryable') AND j.queue > w.queue
+             ORDER BY j.queue LIMIT 1)
+      FROM waiting w WHERE w.queue IS NOT NULL
+), sampled(queue) AS (
+    (SELECT queue FROM queue_samples ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.queue FROM queue_samples s WHERE s.queue > p.queue ORDER BY s.queue LIMIT 1)
+      FROM sampled p WHERE p.queue IS NOT NULL
+)
+SELECT queue FROM waiting WHERE queue IS NOT NULL
+UNION SELECT queue FROM sampled WHERE queue IS NOT NULL
+UNION SELECT queue FROM jobs_live WHERE status = 'running'
+UNION SELECT queue FROM queue_pauses
+UNION SELECT unnest(queues) FROM workers WHERE stopped_at IS NULL
+ORDER BY 1
+"""
 
 CAPACITY = "SELECT * FROM v_queue_capacity ORDER BY queue"

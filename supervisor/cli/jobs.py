@@ -86,7 +86,7 @@ def jobs() -> None:
               help="A value inside the arguments: 'kwargs.user_id = 7', 'args[0] = 42'.")
 @click.option("--text", default=None, help="A substring of the arguments' JSON.")
 @click.option("--scan-rows", default=jobsearch.SCAN_ROWS, show_default=True, type=click.IntRange(min=1),
-              help="Jobs a search by key, --match or --text reads at most, newest first (no index serves it).")
+              help="Jobs a search by queue, actor, key, --match or --text reads at most, newest first (no index serves it).")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1, max=100_000))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context

@@ -157,9 +157,11 @@ def queues(request: Request) -> Json:
 def jobs(request: Request) -> Json:
     """
     ---
-    summary: "Jobs, newest first, filtered; page with next_cursor (keyset paging). A search by text, key or
-      match reads the newest 100,000 jobs per page: `scan` says where it stopped, and next_cursor goes on
-      from there"
+    summary: "Jobs, newest first, filtered; page with next_cursor (keyset paging). A filter by queue, actor,
+      text, key or match reads the newest 100,000 jobs per page: `scan` says where it stopped, and
+      next_cursor goes on from there. The first page (no cursor) has the count of the jobs that match:
+      {count, exact, estimated_by} (exact up to 10,000; past it the planner's estimate; a search's: the
+      matches in its window, counted_to when older jobs were left uncounted)"
     parameters:
       - {name: status, in: query, schema: {type: string}}
       - {name: queue, in: query, schema: {type: string}}
@@ -177,7 +179,7 @@ def jobs(request: Request) -> Json:
       - {name: limit, in: query, schema: {type: integer, maximum: 500}}
       - {name: cursor, in: query, schema: {type: string}}
     responses:
-      200: {description: "{jobs: [...], next_cursor}"}
+      200: {description: "{jobs: [...], next_cursor, count: {count, exact, estimated_by}, scan}"}
       400: {description: a bad filter}
     """
     params = dict(request.query_params)
@@ -229,7 +231,8 @@ def schedules(request: Request) -> Json:
 def system_state(request: Request) -> Json:
     """
     ---
-    summary: The master (when local), the database, job counts by status, paused queues, the apps in use
+    summary: "The master (when local), the database, job counts by status ({status: {count, exact,
+      estimated_by}}: exact up to 10,000, past it the planner's estimate), paused queues, the apps in use"
     responses:
       200: {description: the state}
     """

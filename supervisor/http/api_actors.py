@@ -43,15 +43,16 @@ def errors(request: Request) -> Json:
     summary: "Failed attempts (retried or failed for good) of the last `since` grouped by actor,
       exception type and where (the innermost frame of the actor's own code, file:function): per group
       attempts, retried, failed, first_seen (earliest kept), first_in_window, last_seen, buckets
-      ([start, attempts] oldest first) and a sample (job_id, message, traceback, reason). complete is
-      false when the window held more than 100,000 failed attempts: then the newest ones from
-      covered_since are counted"
+      ([start, attempts] oldest first) and a sample (job_id, message, traceback, reason). complete and
+      exact are false when the window held more than 100,000 failed attempts: then the newest ones from
+      covered_since are counted (estimated_by says so)"
     parameters:
       - {name: since, in: query, description: "a duration up to 30d (default 24h)", schema: {type: string}}
       - {name: actor, in: query, schema: {type: string}}
       - {name: limit, in: query, description: groups (most attempts first), schema: {type: integer, maximum: 500}}
     responses:
-      200: {description: "{window_s, since, complete, covered_since, attempts, groups_total, groups: [...]}"}
+      200: {description: "{window_s, since, complete, exact, estimated_by, covered_since, attempts, groups_total,
+        groups: [...]}"}
       400: {description: a bad parameter}
     """
     params = _params(request, ("since", "actor", "limit"))
@@ -114,12 +115,12 @@ def actors(request: Request) -> Json:
     ---
     summary: "Per actor over the last `since` (default 1h): finished, failed, per_minute, failure_rate,
       busy_s (time spent), run_p50_s / p95 / p99 and wait_p50_s / p95 / p99 (from due to running), in_flight,
-      retries; most time spent first. complete is false when more than 100,000 jobs finished in the window:
-      then the newest ones from covered_since are counted"
+      retries; most time spent first. complete and exact are false when more than 100,000 jobs finished in
+      the window: then the newest ones from covered_since are counted (estimated_by says so)"
     parameters:
       - {name: since, in: query, description: "a duration up to 30d (default 1h)", schema: {type: string}}
     responses:
-      200: {description: "{window_s, complete, covered_since, actors: [...]}"}
+      200: {description: "{window_s, complete, exact, estimated_by, covered_since, actors: [...]}"}
       400: {description: a bad parameter}
     """
     params = _params(request, ("since",))

@@ -106,13 +106,17 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def jobs_page(state: AppState, where: admin.JobFilter, *, limit: int, cursor: str | None) -> dict[str, Any]:
-    """A page and the cursor of the next. A search no index serves adds ``scan``: the jobs
-    it reads at most per page, and (``scanned_to``) the creation time of the last one read
-    when older jobs were left for the next page."""
+    """A page and the cursor of the next; the first page (no cursor) also the ``count`` of
+    the jobs that match (``admin.Count``: exact, or how it was estimated). A search no
+    index serves adds ``scan``: the jobs it reads at most per page, and (``scanned_to``)
+    the creation time of the last one read when older jobs were left for the next page."""
     after = decode_cursor(cursor) if cursor else None
     with state.connection() as conn:
         page = admin.jobs_page(conn, where, limit=limit, after=after)
+        count = admin.page_count(conn, where, page, first=True) if cursor is None else None
     out: dict[str, Any] = {"jobs": page.rows, "next_cursor": encode_cursor(*page.after) if page.after else None}
+    if count is not None:
+        out["count"] = count.json()
     if page.scan_rows is not None:
         out["scan"] = {"rows": page.scan_rows, "scanned_to": page.scanned_to}
     return out
@@ -163,18 +167,16 @@ def schedules(state: AppState) -> list[dict[str, Any]]:
 
 
 def system_state(state: AppState) -> dict[str, Any]:
-    """The master (when local), the database, job counts by status, the apps in use
-    (their pages, alerts and gauges are shown), and this server."""
+    """The master (when local), the database, job counts by status (each exact up to
+    admin.COUNT_EXACT_UPTO, else estimated: ``admin.Count``), the apps in use (their
+    pages, alerts and gauges are shown), and this server."""
     out: dict[str, Any] = {"host": node_name(), "http": {"read_only": state.http.read_only,
                                                       "token_required": state.http.auth_required}}
     out["master"] = master_status(state)
     try:
         with state.connection() as conn:
             out["database"] = {"reachable": True, "server_version": conn.info.server_version}
-            counts: dict[str, int] = dict.fromkeys(admin.JOB_STATUSES, 0)
-            for _queue, status, n in admin.counts_by_queue_and_status(conn):
-                counts[status] = counts.get(status, 0) + n
-            out["jobs"] = counts
+            out["jobs"] = {status: c.json() for status, c in admin.counts_by_status(conn).items()}
             out["paused_queues"] = admin.paused_queues(conn)
             in_use = state.apps_in_use()
             out["apps"] = [a.name for a in in_use]

@@ -21,6 +21,15 @@ from ..migrate import migrated_apps
 
 # A scrape or an API call must never hold a connection (or a lock) for long.
 STATEMENT_TIMEOUT_MS = 5000
+# Pages read windows of up to 100,000 rows (the newest jobs of a search, of an hour, of
+# the Actors and Errors pages) and sort or group them: within 4 MB (the server's default)
+# those sorts spill to disk, 2-5x slower (bench/README.md, "Dashboard at 10 M"). At most
+# POOL_SIZE sessions, each one sort or hash at a time in these plans.
+WORK_MEM = "64MB"
+# JIT compiles a plan whose estimated cost passes jit_above_cost: the Errors page's
+# samples (a probe per day partition per group, each costed as if it found 37 rows)
+# compiled for 118 ms to run for 9. Nothing here runs long enough to repay it.
+SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c work_mem={WORK_MEM} -c jit=off"
 POOL_SIZE = 4
 # Seconds a request waits for a connection: a database that is away answers 503 quickly.
 POOL_WAIT = 2.0
@@ -68,7 +77,7 @@ class AppState:
     def open(self) -> None:
         if self.pool is None:
             self.pool = db.make_pool(self.url, min_size=0, max_size=POOL_SIZE, name="http",
-                                     options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
+                                     options=SESSION_OPTIONS)
 
     def producer(self) -> PostgresBroker:
         """A broker that only sends (the API's POST /jobs, an app's actions): made on

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import psutil
 import psycopg
 
-from ... import admin, cron, db, jobsearch, ratelimit
+from ... import actor_stats, admin, cron, db, jobsearch, ratelimit
 from ...broker import reads
 from ...worker import registry, scheduler_sql
 from .. import data
@@ -33,7 +33,6 @@ T = TypeVar("T")
 # window name -> (seconds, bucket seconds)
 WINDOWS = {"1h": (3600, 60), "6h": (6 * 3600, 300), "24h": (24 * 3600, 900)}
 RAW_WINDOW_S = 3600
-COUNT_EXACT_UPTO = 10_000
 PAGE_SIZE = 50
 BULK_LIMIT = 10_000
 RUNS_SHOWN = 30
@@ -68,16 +67,20 @@ def overview(state: AppState, window: str) -> dict[str, Any]:
         series = reads.FINISHED_PER_BUCKET if span <= RAW_WINDOW_S else recorder.FINISHED_SERIES
         finished = db.dicts(conn, series, {"step_s": step, "window_s": span})
         depth = db.dicts(conn, recorder.QUEUE_SERIES, {"step_s": step, "window_s": span})
-        lat = conn.execute(reads.START_LATENCY, {"window_s": span}).fetchone()
-    q = queues(state)
+        # the start waits of the window's newest jobs, as many as the Actors page reads at most
+        lat = conn.execute(reads.START_LATENCY, {"window_s": span, "cap": actor_stats.SCAN_CAP}).fetchone()
+    q = queues(state, detail=False)
     now = time.time()
     pct = (lat[1] if lat and lat[1] else None) or [None, None, None]
+    capped = lat is not None and lat[0] >= actor_stats.SCAN_CAP
     return {
         "window": window, "t0": now - span, "t1": now, "step": step,
         "finished": [(r["t"].timestamp(), (int(r["succeeded"]), int(r["failed"]))) for r in finished],
         "depth": [(name, [(r["t"].timestamp(), float(r[name])) for r in depth])
                   for name in ("waiting", "running", "scheduled")],
-        "latency": {"n": lat[0] if lat else 0, "p50": pct[0], "p95": pct[1], "p99": pct[2]},
+        "latency": {"n": lat[0] if lat else 0, "p50": pct[0], "p95": pct[1], "p99": pct[2],
+                    # a window with more finished jobs than the cap: its newest, from this finish on
+                    "covered_since": lat[2] if capped and lat else None},
         "roles": roles(state),
         "alerts": alerts(state, q),
         "totals": {k: sum(r[k] for r in q) for k in ("ready", "scheduled", "running", "retryable")},
@@ -180,12 +183,16 @@ def workers(state: AppState) -> dict[str, Any]:
 # --- queues -------------------------------------------------------------------------------
 
 
-def queues(state: AppState) -> list[dict[str, Any]]:
+def queues(state: AppState, *, detail: bool = True) -> list[dict[str, Any]]:
+    """Per queue: live counts, the last hour's throughput and the workers needed; with
+    ``detail`` (the Queues page), also run times and waits, failure rates over 6 h and
+    24 h (the recorder's rollup) and the failed jobs kept (estimated when many:
+    ``failed_estimated_by``)."""
     with state.connection() as conn:
         live = {r["queue"]: r for r in db.dicts(conn, reads.LIVE_BY_QUEUE)}
         done = {r["queue"]: r for r in db.dicts(conn, reads.FINISHED_BY_QUEUE)}
-        rolled = {r["queue"]: r for r in db.dicts(conn, recorder.OUTCOMES_BY_QUEUE)}
-        failed = {r["queue"]: r["failed"] for r in db.dicts(conn, reads.FAILED_BY_QUEUE)}
+        rolled = {r["queue"]: r for r in db.dicts(conn, recorder.OUTCOMES_BY_QUEUE)} if detail else {}
+        failed, failed_how = admin.failed_by_queue(conn) if detail else ({}, None)
         paused = {r["queue"]: r for r in admin.paused_queues(conn)}
         procs = [r for r in db.dicts(conn, registry.LIST) if _claims(r)]
     names = set(live) | set(done) | set(failed) | set(paused) | {q for p in procs for q in (p["queues"] or [])}
@@ -202,7 +209,7 @@ def queues(state: AppState) -> list[dict[str, Any]]:
                   for h in ("1h", "4h", "8h")}
         out.append({
             "queue": name, **count,
-            "failed": int(failed.get(name, 0)),
+            "failed": int(failed.get(name, 0)), "failed_estimated_by": failed_how,
             "oldest_wait_s": lv.get("oldest_wait_s"),
             "throughput_1h": int(dn.get("finished_1h") or 0),
             "avg_s": dn.get("avg_s"), "p95_s": dn.get("p95_s"),
@@ -213,6 +220,16 @@ def queues(state: AppState) -> list[dict[str, Any]]:
             "paused": paused.get(name),
         })
     return out
+
+
+def queue_names(state: AppState) -> list[str]:
+    """The Jobs page's queue choices: the queues the database knows of without reading
+    the jobs (``admin.queue_names``), and the config's."""
+    with state.connection() as conn:
+        found = set(admin.queue_names(conn))
+    if state.config is not None:
+        found |= {q for rc in state.config.roles for q in rc.queues}
+    return sorted(found)
 
 
 # --- jobs ---------------------------------------------------------------------------------
@@ -247,37 +264,13 @@ def form_fields(where: admin.JobFilter) -> dict[str, str]:
                for k, v in own.items() if v is not None}, **where.search.query()}
 
 
-def count_jobs(conn: psycopg.Connection, where: admin.JobFilter) -> tuple[int, bool, datetime | None]:
-    """(count, exact, scanned_to): exact up to COUNT_EXACT_UPTO, the planner's estimate past
-    it. A search no index serves counts its matches among the newest jobs only
-    (jobsearch.SCAN_ROWS); ``scanned_to``: the creation time of the last job it read, when
-    older ones were left uncounted (the count is then a lower bound)."""
-    if where.scans:
-        n, scanned_to = admin.count_in_window(conn, where)
-        return n, scanned_to is None, scanned_to
-    names, params = where.names(), where.params()
-    row = conn.execute(reads.count_upto(names), {**params, "upto": COUNT_EXACT_UPTO + 1}).fetchone()
-    exact = int(row[0]) if row else 0
-    if exact <= COUNT_EXACT_UPTO:
-        return exact, True, None
-    with psycopg.ClientCursor(conn) as cur:  # EXPLAIN takes no bind parameters
-        plan = cur.execute(reads.count_plan(names), params).fetchone()
-    estimate = int(plan[0][0]["Plan"]["Plan Rows"]) if plan else exact
-    return max(estimate, exact), False, None
-
-
 def jobs(state: AppState, where: admin.JobFilter, cursor: str | None) -> dict[str, Any]:
     after = data.decode_cursor(cursor) if cursor else None
     with state.connection() as conn:
         found = admin.jobs_page(conn, where, limit=PAGE_SIZE, after=after, columns=reads.PAGE_COLUMNS)
-        short = found.scan_rows is not None and (found.after is None or found.scanned_to is not None)
-        if short and cursor is None:  # the first page read the count's whole window: no second read
-            total, exact, counted_to = len(found.rows), found.scanned_to is None, found.scanned_to
-        else:
-            total, exact, counted_to = count_jobs(conn, where)
+        total = admin.page_count(conn, where, found, first=cursor is None)
     return {"jobs": found.rows, "next": data.encode_cursor(*found.after) if found.after else None, "total": total,
-            "exact": exact, "counted_to": counted_to, "scan_rows": found.scan_rows, "scanned_to": found.scanned_to,
-            "queues": [q["queue"] for q in queues(state)]}
+            "scan_rows": found.scan_rows, "scanned_to": found.scanned_to, "queues": queue_names(state)}
 
 
 def matching_ids(conn: psycopg.Connection, where: admin.JobFilter) -> list[str]:

@@ -1,0 +1,145 @@
+"""The fill of ``dashboard_scale.py``: --rows finished jobs over --days of history days,
+--live live ones, their failed attempts' events, a day of the recorder's rollup.
+
+Written straight into the tables (``INSERT ... SELECT generate_series``), never through
+the ``jobs`` view (its trigger is a row at a time): the days' partitions first
+(``job_history_add_day``), then each chunk of rows lands in the day it finished on.
+Ids are ``md5`` of the row number, so the events of a failed job are written from the
+same numbers without reading the history back.
+
+What is made (g: the row number, newest last):
+  history   finished evenly over the last --days; 10 % failed (3 attempts, a traceback,
+            3 job_events: 2 retried, 1 failed), 1 % cancelled, the rest succeeded (1 in 50
+            of those after a retried attempt: 1 job_event); 20 actors, each of one of the
+            queues default / mail / reports / images, and 1 in 10,000 in the queue `rare`;
+            3 error groups per actor; a dedupe key on 1 in 50, a concurrency key on 1 in 7;
+            and one failure of a rare group (report_monthly) six days ago
+  live      created over the last 30 minutes: 200 running, 5 % retryable, 10 % delayed by an
+            hour, the rest pending and due
+  rollup    queue_samples of the last 25 h at the fill's rate, as the recorder leaves them
+  workers   8 live worker processes serving every queue
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+
+from bench.common import say
+from supervisor.http.dashboard import recorder
+
+CHUNK = 500_000
+QUEUES = ("default", "mail", "reports", "images")
+ERRORS = (("ValueError", "tasks.py:charge"), ("KeyError", "tasks.py:lookup"), ("TimeoutError", "tasks.py:fetch"))
+
+# One row number's columns, shared by the history and the events.
+_ROWS = """
+  FROM (SELECT g, now() - %(days)s * interval '1 day' + g * (%(days)s * interval '1 day' / %(rows)s) AS t,
+               CASE WHEN g %% 10 = 0 THEN 'failed' WHEN g %% 100 = 5 THEN 'cancelled' ELSE 'succeeded' END AS status,
+               CASE WHEN g %% 10000 = 3 THEN 'rare' ELSE (%(queues)s::text[])[1 + g / 10 %% 4] END AS queue,
+               g / 10 %% 20 AS actor,
+               (%(types)s::text[])[1 + g / 200 %% 3] AS error_type, (%(wheres)s::text[])[1 + g / 200 %% 3] AS error_where
+          FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) AS g) AS s"""
+
+HISTORY = """
+INSERT INTO job_history (id, queue, actor, args, kwargs, options, status, priority, run_at, attempts, max_attempts,
+                         lease_owner, claimed_at, dedupe_key, concurrency_key, last_error, created_at, started_at,
+                         finished_at, lease_losses)
+SELECT md5('h' || g)::uuid, queue, 'actor_' || actor, jsonb_build_array(g, 'item-' || g),
+       jsonb_build_object('user_id', g %% 1000), '{}', status, 0, t - interval '300 ms',
+       CASE status WHEN 'failed' THEN 3 WHEN 'cancelled' THEN 0 ELSE 1 END, 3,
+       CASE WHEN status <> 'cancelled' THEN 'bench-' || (g %% 8) END,
+       CASE WHEN status <> 'cancelled' THEN t - interval '60 ms' END,
+       CASE WHEN g %% 50 = 0 THEN 'order-' || g END, CASE WHEN g %% 7 = 0 THEN 'user-' || (g %% 1000) END,
+       CASE WHEN status = 'failed' THEN format(E'Traceback (most recent call last):\\n'
+            '  File "/srv/app/%%s", line %%s, in %%s\\n    raise %%s(...)\\n%%s: item-%%s went wrong',
+            split_part(error_where, ':', 1), 10 + g %% 90, split_part(error_where, ':', 2), error_type, error_type, g) END,
+       t - interval '300 ms', CASE WHEN status <> 'cancelled' THEN t - interval '50 ms' END, t, 0
+""" + _ROWS
+
+# A failed job's three attempts (two retried a second apart, the last failed for good);
+# one in 50 succeeded jobs after one retried attempt.
+EVENTS = """
+INSERT INTO job_events (job_id, at, who, from_status, to_status, actor, error_type, error_where)
+SELECT md5('h' || g)::uuid, t - k * interval '1 second', 'bench-' || (g %% 8), 'running',
+       CASE WHEN k = 0 AND status = 'failed' THEN 'failed' ELSE 'retryable' END,
+       'actor_' || actor, error_type, error_where
+""" + _ROWS + """
+ CROSS JOIN LATERAL generate_series(CASE status WHEN 'failed' THEN 0 ELSE 1 END,
+                                    CASE status WHEN 'failed' THEN 2 ELSE 1 END) AS k
+ WHERE status = 'failed' OR (status = 'succeeded' AND g %% 50 = 1)
+"""
+
+LIVE = """
+INSERT INTO job_queue (id, queue, actor, args, kwargs, status, run_at, attempts, max_attempts, lease_owner,
+                       claimed_at, heartbeat_at, lease_expires_at, created_at, started_at)
+SELECT md5('l' || g)::uuid, (%(queues)s::text[])[1 + g %% 4], 'actor_' || (g %% 20),
+       jsonb_build_array(g, 'live-' || g), '{}', status,
+       CASE WHEN g %% 10 = 1 THEN now() + interval '1 hour' ELSE t END,
+       CASE WHEN status = 'pending' THEN 0 ELSE 1 END, 3,
+       CASE WHEN status = 'running' THEN 'bench-' || (g %% 8) END,
+       CASE WHEN status = 'running' THEN now() END, CASE WHEN status = 'running' THEN now() END,
+       CASE WHEN status = 'running' THEN now() + interval '30 s' END, t,
+       CASE WHEN status = 'running' THEN now() END
+  FROM (SELECT g, now() - interval '30 minutes' + g * (interval '30 minutes' / %(live)s) AS t,
+               CASE WHEN g <= 200 THEN 'running' WHEN g %% 20 = 2 THEN 'retryable' ELSE 'pending' END AS status
+          FROM generate_series(1, %(live)s) AS g) AS s
+"""
+
+# What the recorder leaves: a row per queue and 10 s period, with the period's finished jobs.
+ROLLUP = """
+INSERT INTO queue_samples (at, queue, ready, scheduled, running, retryable, succeeded, failed)
+SELECT date_bin(%(step_s)s * interval '1 second', now() - p * %(step_s)s * interval '1 second', timestamptz 'epoch'),
+       q, %(live)s / 5, %(live)s / 40, 50, %(live)s / 80, round(%(per_step)s * 0.89), round(%(per_step)s * 0.1)
+  FROM generate_series(0, %(keep_s)s / %(step_s)s - 1) AS p, unnest(%(queues)s::text[]) AS q
+ON CONFLICT DO NOTHING
+"""
+
+# One failure of its own kind six days ago: a rare group, whose sample must be found by
+# the group's index, not by reading the week's events before it.
+RARE = """
+WITH j AS (
+    INSERT INTO job_history (id, queue, actor, status, attempts, max_attempts, last_error, created_at, started_at,
+                             finished_at, lease_owner)
+    VALUES (md5('rare')::uuid, 'reports', 'report_monthly', 'failed', 1, 1,
+            E'Traceback (most recent call last):\n  File "/srv/app/reports.py", line 7, in monthly\n'
+            '    raise LookupError(...)\nLookupError: no ledger for 1999-12',
+            now() - interval '6 days 1 minute', now() - interval '6 days 1 minute', now() - interval '6 days', 'bench-0')
+    RETURNING id, finished_at
+)
+INSERT INTO job_events (job_id, at, who, from_status, to_status, actor, error_type, error_where)
+SELECT id, finished_at, 'bench-0', 'running', 'failed', 'report_monthly', 'LookupError', 'reports.py:monthly' FROM j
+"""
+
+WORKERS = """
+INSERT INTO workers (id, host, pid, role, queues, started_at, heartbeat_at, state, capacity, jobs_in_flight)
+SELECT 'bench-' || w, 'bench-host', 1000 + w, 'default', %(queues)s::text[], now() - interval '1 hour', now(),
+       'running', 32, 25
+  FROM generate_series(0, 7) AS w
+"""
+
+
+def fill(conn: psycopg.Connection, *, rows: int, live: int, days: int) -> None:
+    """Fill an empty, migrated database (autocommit connection)."""
+    t0 = time.perf_counter()
+    conn.execute("SET synchronous_commit = off")  # a fill: losing its last moments on a crash is fine
+    for status in ("succeeded", "failed", "cancelled"):
+        for d in range(-days - 1, 3):
+            conn.execute("SELECT job_history_add_day(%s, current_date + %s)", (status, d))
+    params = {"rows": rows, "days": days, "queues": list(QUEUES), "types": [t for t, _ in ERRORS],
+              "wheres": [w for _, w in ERRORS]}
+    for lo in range(1, rows + 1, CHUNK):
+        chunk = {**params, "lo": lo, "hi": min(lo + CHUNK - 1, rows)}
+        conn.execute(HISTORY, chunk)
+        conn.execute(EVENTS, chunk)
+        say(f"  {chunk['hi']:,} of {rows:,} finished jobs ({time.perf_counter() - t0:.0f}s)")
+    conn.execute(RARE)
+    conn.execute(LIVE, {"live": live, "queues": list(QUEUES)})
+    per_step = rows / (days * 86400) * recorder.SAMPLE_SECONDS / len(QUEUES)
+    conn.execute(ROLLUP, {"step_s": recorder.SAMPLE_SECONDS, "keep_s": recorder.KEEP_HOURS * 3600, "live": live,
+                          "per_step": per_step, "queues": [*QUEUES, "rare"]})
+    conn.execute(WORKERS, {"queues": [*QUEUES, "rare"]})
+    for table in ("job_history", "job_queue", "job_events", "queue_samples", "workers"):
+        conn.execute(f"VACUUM ANALYZE {table}")
+    say(f"{rows:,} finished and {live:,} live jobs in {time.perf_counter() - t0:.0f}s")

@@ -1,0 +1,164 @@
+"""Every read of the dashboard's pages and of the API's GET routes, as URLs, and the
+statements they run, recorded.
+
+``READS`` names each page and route with the queries that reach its distinct reads (each
+window, each kind of jobs filter). ``dashboard_scale.py`` times them at 10 M jobs;
+``tests/test_dashboard_reads_bounded.py`` EXPLAINs every statement they run and checks
+that ``READS`` covers every GET route the app has.
+
+The app is the real one (``create_app``), served in process; only its pool is ours: its
+connections record each statement and its parameters (``Recorded``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route, compile_path
+
+from supervisor.config import HttpConfig
+from supervisor.http import data, state
+from supervisor.http.app import create_app
+
+# Path templates; {job} (a failed job with events), {prefix} (its first 6 hex digits),
+# {cursor} (the Jobs page's 100th page), {match} (a value inside one job's args), {since}
+# and {since_z} (10 minutes ago, as the page's form and the API take it) are filled by
+# ``values``. Names are what the bench prints.
+READS: tuple[tuple[str, str], ...] = (
+    ("page /", "/"),
+    ("page / 6h", "/?window=6h"),
+    ("page / 24h", "/?window=24h"),
+    ("page /queues", "/queues"),
+    ("page /jobs", "/jobs"),
+    ("page /jobs 100th page", "/jobs?cursor={cursor}"),
+    ("page /jobs status=failed", "/jobs?status=failed"),
+    ("page /jobs status=pending", "/jobs?status=pending"),
+    ("page /jobs queue=rare", "/jobs?queue=rare"),
+    ("page /jobs actor", "/jobs?actor=actor_7"),
+    ("page /jobs failed, actor", "/jobs?status=failed&actor=actor_7"),
+    ("page /jobs text", "/jobs?text=item-4242"),
+    ("page /jobs created since", "/jobs?since={since}"),
+    ("page /jobs id prefix", "/jobs?id={prefix}"),
+    ("page /jobs dedupe key", "/jobs?dedupe_key=order-50"),
+    ("page /jobs match", "/jobs?match={match}"),
+    ("page /jobs/{id}", "/jobs/{job}"),
+    ("page /workers", "/workers"),
+    ("page /schedules", "/schedules"),
+    ("page /limits", "/limits"),
+    ("page /errors 1h", "/errors?window=1h"),
+    ("page /errors 24h", "/errors"),
+    ("page /errors 7d", "/errors?window=7d"),
+    ("page /actors 15m", "/actors?window=15m"),
+    ("page /actors 1h", "/actors"),
+    ("page /actors 6h", "/actors?window=6h"),
+    ("page /audit", "/audit"),
+    ("page /apps/tracker", "/apps/tracker"),
+    ("api queues", "/api/v1/queues"),
+    ("api jobs", "/api/v1/jobs"),
+    ("api jobs next page", "/api/v1/jobs?cursor={cursor}"),
+    ("api jobs status=failed", "/api/v1/jobs?status=failed"),
+    ("api jobs queue=rare", "/api/v1/jobs?queue=rare"),
+    ("api jobs finished after", "/api/v1/jobs?finished_after={since_z}"),
+    ("api jobs id prefix", "/api/v1/jobs?id={prefix}"),
+    ("api jobs match", "/api/v1/jobs?match={match}"),
+    ("api jobs/{id}", "/api/v1/jobs/{job}"),
+    ("api workers", "/api/v1/workers"),
+    ("api schedules", "/api/v1/schedules"),
+    ("api system/state", "/api/v1/system/state"),
+    ("api errors 24h", "/api/v1/errors"),
+    ("api errors 7d", "/api/v1/errors?since=7d"),
+    ("api actors 1h", "/api/v1/actors"),
+    ("api actors 6h", "/api/v1/actors?since=6h"),
+    ("api audit", "/api/v1/audit"),
+    ("api whoami", "/api/v1/whoami"),
+    ("api openapi", "/api/v1/openapi.json"),
+    ("/metrics", "/metrics"),
+    ("/healthz", "/healthz"),
+    ("/readyz", "/readyz"),
+)
+
+# GET routes that are no read of the jobs: the event stream (it only watches a counter)
+# and the static files.
+NOT_READS = ("/events", "/static")
+
+
+@dataclass
+class Recorded:
+    """Statements run on the app's pool, in order: (text, parameters)."""
+
+    statements: list[tuple[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def taken(self) -> list[tuple[str, Any]]:
+        """What was recorded since the last call."""
+        with self.lock:
+            out, self.statements = self.statements, []
+        return out
+
+
+def recording_pool(url: str, recorded: Recorded) -> ConnectionPool:
+    """A pool for the app whose connections record what they run (the HTTP child's own
+    settings otherwise: autocommit, its statement timeout)."""
+
+    class Recording(psycopg.Cursor[Any]):
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            text = query if isinstance(query, str) else query.as_string(self)
+            with recorded.lock:
+                recorded.statements.append((text, params))
+            return super().execute(query, params, **kwargs)
+
+    pool: ConnectionPool = ConnectionPool(url, min_size=1, max_size=4, open=True,
+                                          kwargs={"autocommit": True, "cursor_factory": Recording,
+                                                  "options": state.SESSION_OPTIONS})
+    return pool
+
+
+def app(url: str, recorded: Recorded) -> Starlette:
+    """The dashboard and the API on ``url``, every installed app in use (as `supervisor
+    http`), its statements recorded. Serve it with ``TestClient(app(...))``: no lifespan,
+    so no recorder thread writes samples between the reads."""
+    made = create_app(url=url, http=HttpConfig(), apps_from="database", listen_url="")
+    made.state.supervisor.pool = recording_pool(url, recorded)
+    return made
+
+
+def values(conn: psycopg.Connection, rows: int) -> dict[str, str]:
+    """What the READS templates need, from a database ``dashboard_fill`` filled with ``rows``."""
+    job = conn.execute("SELECT id::text FROM job_history WHERE status = 'failed'"
+                       " AND finished_at < now() - interval '1 day' LIMIT 1").fetchone()
+    at, last = conn.execute("SELECT created_at, id::text FROM jobs ORDER BY created_at DESC, id DESC"
+                            " OFFSET 99 * 50 - 1 LIMIT 1").fetchone() or (None, None)
+    since = datetime.now(UTC) - timedelta(minutes=10)
+    return {"job": job[0] if job else "00000000-0000-0000-0000-000000000000",
+            "prefix": job[0][:6] if job else "000000",
+            "cursor": data.encode_cursor(at, last) if at else "",
+            "match": f"args[0] = {max(rows - 7, 1)}",
+            "since": since.replace(tzinfo=None).isoformat(timespec="minutes"),
+            "since_z": since.isoformat().replace("+00:00", "Z")}
+
+
+def get_routes(made: Starlette) -> Iterator[tuple[str, Any]]:
+    """(path template, compiled regex) of every GET route, Mounts flattened."""
+    def walk(routes: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+        for r in routes:
+            if isinstance(r, Mount) and r.routes:
+                yield from walk(r.routes, prefix + r.path)
+            elif isinstance(r, Route) and "GET" in (r.methods or ()):
+                path = prefix + r.path
+                yield path, compile_path(path)[0]
+    yield from walk(made.routes, "")
+
+
+def uncovered(made: Starlette, urls: list[str]) -> list[str]:
+    """The GET routes (reads) no URL of ``urls`` reaches."""
+    paths = [u.split("?")[0] for u in urls]
+    return [p for p, regex in get_routes(made)
+            if not p.startswith(NOT_READS) and not any(regex.match(u) for u in paths)]
+

@@ -1,0 +1,158 @@
+"""Every read of the dashboard's pages and of the API's GET routes is bounded: none reads
+the jobs tables whole, however many finished jobs they hold (issue 21, "Fast at 10 M").
+
+Each page and route of ``bench/dashboard_reads.READS`` is served once by the real app (in
+process, its pool's statements recorded) over a fill where most finished jobs lie outside
+every window (``bench/dashboard_fill.py``: 120,000 over 7 days, 500 live). Each statement
+that reads the jobs is then run again under EXPLAIN ANALYZE, its caps (a window's
+``cap``, a search's ``scan_rows``, an exact count's ``upto``) set to CAP, and the rows
+each scan of job_history, job_events and job_queue read are added up. As in
+tests/test_table_health.py, sequential scans are priced out (a small table would be
+read whole whatever its indexes); what counts is what is read rather than the plan's
+shape: an index scan over every day is as unbounded as a Seq Scan.
+
+Not EXPLAINed here: the exact count of failed jobs per queue (reads.FAILED_BY_QUEUE), run
+only when a count_upto has found COUNT_EXACT_UPTO failed jobs or fewer."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from markupsafe import escape
+from starlette.testclient import TestClient
+
+from bench import dashboard_fill, dashboard_reads
+from supervisor import admin, jobsearch
+from tests.conftest import _throwaway, scalar
+
+ROWS, LIVE = 120_000, 500
+CAP = 300
+# Rows a statement may read from job_history, and from job_events: an hour of the fill
+# (about 700 finished jobs), a capped window (CAP), and the Errors page's samples (20
+# attempts for each of its 60 groups, each checked for a later attempt) fit in it; a
+# day of the fill (17,000) or every failed attempt (36,000) does not.
+BUDGET = 5_000
+JOB_TABLES = ("job_history", "job_events", "job_queue")
+
+
+@pytest.fixture(scope="module")
+def filled(worker_id: str) -> Iterator[str]:
+    """A database of its own: the fill makes day partitions other tests do not expect."""
+    with _throwaway(f"as_bounded_{worker_id}") as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            dashboard_fill.fill(conn, rows=ROWS, live=LIVE, days=7)
+        yield url
+
+
+def rows_read(plan: dict[str, Any]) -> dict[str, int]:
+    """Rows each of JOB_TABLES gave its scans (those kept and those a filter removed), over
+    every loop of every scan node."""
+    out = dict.fromkeys(JOB_TABLES, 0)
+
+    def walk(node: dict[str, Any]) -> None:
+        relation = node.get("Relation Name", "")
+        table = next((t for t in JOB_TABLES if relation.startswith(t)), None)
+        if table is not None:
+            per_loop = (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+                        + node.get("Rows Removed by Index Recheck", 0))
+            out[table] += per_loop * node.get("Actual Loops", 1)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan["Plan"])
+    return out
+
+
+def capped(params: Any) -> Any:
+    if not isinstance(params, dict):
+        return params
+    return {**params, **{k: CAP for k in ("cap", "scan_rows") if k in params},
+            **({"upto": CAP + 1} if "upto" in params else {})}
+
+
+def test_every_page_and_api_read_reads_a_bounded_slice_of_the_jobs(filled):
+    recorded = dashboard_reads.Recorded()
+    app = dashboard_reads.app(filled, recorded)
+    with psycopg.connect(filled, autocommit=True) as conn:
+        values = dashboard_reads.values(conn, ROWS)
+        history = scalar(conn, "SELECT count(*) FROM job_history")
+        events = scalar(conn, "SELECT count(*) FROM job_events")
+    assert history == ROWS + 1 and events > 30_000  # (the rare failure too) so that a whole read is far past BUDGET
+    urls = [template.format(**values) for _, template in dashboard_reads.READS]
+    # READS reaches every GET route the app has (an added page or route must be listed)
+    assert dashboard_reads.uncovered(app, urls) == []
+
+    client = TestClient(app)
+    by_url: dict[str, list[tuple[str, Any]]] = {}
+    try:
+        for url in urls:
+            answer = client.get(url)
+            assert answer.status_code == 200 or (url == "/healthz" and answer.status_code == 503), (url, answer.text)
+            by_url[url] = [(t, p) for t, p in recorded.taken()
+                           if any(table in t for table in ("jobs", "job_")) and not t.lstrip().startswith("EXPLAIN")]
+    finally:
+        app.state.supervisor.close()
+    statements = {(t, repr(p)): (url, t, p) for url, found in by_url.items() for t, p in found}
+    assert len(statements) > 40  # the pages' and routes' distinct reads (each window, each kind of filter)
+
+    over = []
+    with psycopg.connect(filled, autocommit=True) as conn:
+        for url, text, params in statements.values():
+            with conn.transaction(force_rollback=True):
+                # as the planner reads tables of millions (a small table is read whole whatever
+                # its indexes): a scan that still reads past the budget has no bounded way
+                conn.execute("SET LOCAL enable_seqscan = off")
+                plan = scalar(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + text, capped(params))[0]
+            read = rows_read(plan)
+            # finished jobs and events: a window's worth at most; live rows: the backlog at
+            # most, once for each arm of jobs_live (runnable rows, running rows)
+            if read["job_history"] > BUDGET or read["job_events"] > BUDGET or read["job_queue"] > 2 * LIVE:
+                over.append((url, read, " ".join(text.split())[:300]))
+    assert not over, "\n".join(map(str, over))
+
+
+def test_counts_past_what_can_be_counted_say_about_and_how(filled):
+    """On the same fill: a count past COUNT_EXACT_UPTO is the planner's estimate and says
+    so (JSON and pages), a search's count is what its window holds, the failed jobs kept
+    per queue are estimated from statistics, and the queue choices need no read of the jobs."""
+    app = dashboard_reads.app(filled, dashboard_reads.Recorded())
+    client = TestClient(app)
+    with psycopg.connect(filled, autocommit=True) as conn:
+        total = scalar(conn, "SELECT count(*) FROM jobs")
+        by_status = dict(conn.execute("SELECT status, count(*) FROM jobs GROUP BY status").fetchall())
+        failed = dict(conn.execute("SELECT queue, count(*) FROM jobs WHERE status = 'failed' GROUP BY queue").fetchall())
+        rare = scalar(conn, "SELECT count(*) FILTER (WHERE queue = 'rare') FROM (SELECT queue FROM jobs"
+                            " ORDER BY created_at DESC, id DESC LIMIT %s) AS w", (jobsearch.SCAN_ROWS,))
+    try:
+        count = client.get("/api/v1/jobs").json()["count"]
+        assert (count["exact"], count["estimated_by"]) == (False, admin.BY_PLANNER)
+        assert abs(count["count"] - total) < total / 20, (count, total)
+        state = client.get("/api/v1/system/state").json()["jobs"]
+        assert state["running"] == {"count": by_status["running"], "exact": True, "estimated_by": None}
+        assert (state["succeeded"]["exact"], state["succeeded"]["estimated_by"]) == (False, admin.BY_PLANNER)
+        assert abs(state["succeeded"]["count"] - by_status["succeeded"]) < by_status["succeeded"] / 20
+        # a queue has no index: its count is the matches among the newest SCAN_ROWS jobs, at least
+        window = client.get("/api/v1/jobs?queue=rare").json()
+        assert window["count"]["count"] == rare and window["count"]["exact"] is False
+        assert window["count"]["estimated_by"] == admin.BY_WINDOW and window["count"]["counted_to"]
+        assert window["scan"]["rows"] == jobsearch.SCAN_ROWS
+
+        page = client.get("/jobs").text
+        assert '<p id="count">about ' in page and str(escape(admin.BY_PLANNER)) in page
+        # the queue choices: those with live rows and those in the recorder's samples (rare)
+        assert re.findall(r"<option[^>]*>([a-z]+)</option>", page.split('name="queue"')[1].split("</select>")[0]) \
+            == sorted([*dashboard_fill.QUEUES, "rare"])
+        queues = client.get("/queues").text
+        for queue, n in failed.items():
+            cell = re.search(rf'<tr data-queue="{queue}">.*?<td class="n failed"[^>]*>about (\d+)</td>', queues, re.S)
+            assert cell and abs(int(cell[1]) - n) <= n / 20, (queue, n, cell and cell[1])
+        # the rare group's sample, found by its own index
+        groups = client.get("/api/v1/errors?since=7d").json()["groups"]
+        monthly = next(g for g in groups if g["actor"] == "report_monthly")
+        assert monthly["attempts"] == 1 and monthly["sample"]["message"] == "LookupError: no ledger for 1999-12"
+    finally:
+        app.state.supervisor.close()
