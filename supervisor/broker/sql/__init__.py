@@ -1,6 +1,7 @@
 """Every SQL statement on ``job_queue``, ``job_history``, ``job_concurrency``, ``job_events``,
 ``job_progress`` and ``queue_pauses``: the one place for these tables, in one module
-per concern, all read as ``sql.NAME``.
+per concern, all read as ``sql.NAME`` (the claim's and FINISH's takes from and blocks of
+``rate_limiter_state`` too: flow.py, outcomes.py; its other statements are ratelimit.py's).
 
 All statements take parameters; none is built from input. Live statuses are
 'pending', 'retryable' and 'running'.
@@ -9,13 +10,19 @@ All statements take parameters; none is built from input. Live statuses are
 from .claiming import (
     _CLAIMED,
     CLAIM,
+    CURSOR_COLUMN,
+    KEYED_COLUMN,
     NEXT_DUE,
+    WAIT_COLUMN,
     claim,
 )
 from .enqueue import (
     BULK_COLUMNS,
+    COPY_FLOW_JOBS,
+    COPY_FLOW_JOBS_AT,
     COPY_JOBS,
     COPY_JOBS_AT,
+    FLOW_COLUMNS,
     INSERT,
     INSERT_MANY,
     LIVE_BY_DEDUPE_KEYS,
@@ -66,11 +73,17 @@ __all__ = [
     "INSERT_MANY",
     "COPY_JOBS",
     "COPY_JOBS_AT",
+    "COPY_FLOW_JOBS",
+    "COPY_FLOW_JOBS_AT",
+    "FLOW_COLUMNS",
     "RUN_AT",
     "LIVE_BY_DEDUPE_KEYS",
     "_CLAIMED",
     "CLAIM",
     "claim",
+    "KEYED_COLUMN",
+    "WAIT_COLUMN",
+    "CURSOR_COLUMN",
     "NEXT_DUE",
     "HEARTBEAT",
     "RELEASE_OWNER",

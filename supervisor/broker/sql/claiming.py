@@ -3,6 +3,8 @@ wake-up timer's next due time."""
 
 import functools
 
+from .flow import CLAIMABLE, KEYED, META
+
 # Columns a consumer needs to rebuild a Dramatiq message and fence its lease.
 # args, kwargs and options travel as one JSON text: one json.loads per row on
 # the client instead of three jsonb decodes (the claim's largest client cost).
@@ -10,6 +12,9 @@ _CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, 
     j.attempts, j.max_attempts, j.concurrency_key, j.lease_losses,
     coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload,
     j.priority, j.run_at"""  # the last two: where this process's next claims may start (broker/floors.py)
+# After them in a claim's rows: whether the row waited for its limit key (no floor moves
+# for it), and the keyed part's wait and cursor (NULL but in its META row: sql/flow.py).
+KEYED_COLUMN, WAIT_COLUMN, CURSOR_COLUMN = 12, 13, 14
 
 _ABOVE_ANY_PRIORITY = 2**31  # jobs.priority is an integer
 # Priority levels the claim reads one by one before it reads the rest in one scan.
@@ -104,9 +109,9 @@ WITH RECURSIVE floors AS (
      LIMIT %(n)s
        FOR UPDATE SKIP LOCKED) y
      LIMIT %(n)s
-), keyed AS (
+),{KEYED}, keyed AS (
     SELECT DISTINCT ON (concurrency_key) id, concurrency_key
-      FROM cand WHERE concurrency_key IS NOT NULL
+      FROM pick WHERE part = 0 AND concurrency_key IS NOT NULL
      ORDER BY concurrency_key, priority DESC, run_at, id
 ), slots AS (
     -- sorted so two claimers never take the same keys in opposite orders (no deadlock)
@@ -134,12 +139,15 @@ UPDATE job_queue j
        heartbeat_at = now(),
        lease_expires_at = now() + %(lease_s)s * interval '1 second',
        started_at = NULL  -- set by the outcome: when this attempt began running in a thread
- WHERE j.ctid = ANY(ARRAY(SELECT tid FROM cand
-                           WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)))
+ WHERE j.ctid = ANY(ARRAY(SELECT p.tid FROM pick p
+                           WHERE {CLAIMABLE}))
 RETURNING j.*
 )
--- a TID scan returns rows in ctid order: hand them out in claim order again
-SELECT {_CLAIMED} FROM claimed j ORDER BY j.priority DESC, j.run_at, j.id
+-- a TID scan returns rows in ctid order: hand them out in claim order again (the META
+-- row, with no priority, first)
+SELECT {_CLAIMED}, j.flow_key IS NOT NULL, NULL::float8, NULL::text FROM claimed j
+UNION ALL{META}
+ORDER BY 11 DESC, 12, 1
 """
 
 @functools.lru_cache(maxsize=64)
@@ -165,7 +173,9 @@ def claim(n: int) -> str:
 
 # Seconds until the earliest future run_at of each of a process's queues (its
 # wake-up timer). One index descent per priority level present in the queue
-# (a loose index scan over jobs_claim), so a deep backlog costs nothing extra.
+# (a loose index scan over jobs_claim), so a deep backlog costs nothing extra; and one
+# into jobs_waiting_due for the rows that wait for a limit key (a key's own gate, a
+# token or a block, comes from the claims: sql/flow.py).
 NEXT_DUE = """
 WITH RECURSIVE levels AS (
     SELECT q.queue, (SELECT max(j.priority) FROM job_queue j
@@ -177,13 +187,22 @@ WITH RECURSIVE levels AS (
       FROM levels l
      WHERE l.priority IS NOT NULL
 )
-SELECT l.queue, extract(epoch FROM min(d.run_at) - now())::float8
-  FROM levels l
- CROSS JOIN LATERAL (
-    SELECT j.run_at FROM job_queue j
-     WHERE j.queue = l.queue AND j.status IN ('pending', 'retryable') AND j.priority = l.priority
-       AND j.run_at > now()
-     ORDER BY j.run_at
-     LIMIT 1) d
- GROUP BY l.queue
+SELECT due.queue, extract(epoch FROM min(due.run_at) - now())::float8
+  FROM (SELECT l.queue, d.run_at
+          FROM levels l
+         CROSS JOIN LATERAL (
+            SELECT j.run_at FROM job_queue j
+             WHERE j.queue = l.queue AND j.status IN ('pending', 'retryable') AND j.priority = l.priority
+               AND j.run_at > now()
+             ORDER BY j.run_at
+             LIMIT 1) d
+        UNION ALL
+        SELECT q.queue, w.run_at
+          FROM unnest(%(queues)s::text[]) AS q(queue)
+         CROSS JOIN LATERAL (
+            SELECT j.run_at FROM job_queue j
+             WHERE j.queue = q.queue AND j.status = 'waiting' AND j.run_at > now()
+             ORDER BY j.run_at
+             LIMIT 1) w) due
+ GROUP BY due.queue
 """

@@ -33,6 +33,14 @@ from .history import JOB_COLUMNS, archive
 #       now (consumers claim at once) and '@' || queue when later (timers move, timer.py).
 #   requeue: back to 'pending' in its place in line (run_at kept), the claim not counted
 #       as an attempt (nothing ran), an event; NOTIFY '!' || queue (floors.py).
+#   limited: the actor raised RateLimited (supervisor/flow.py): as a requeue, the claim not
+#       counted, and its limit key blocked for delay_ms on every process (rate_limiter_state,
+#       its bucket emptied so the first starts after the block do not come as a burst);
+#       NOTIFY '~queue seconds' so every process's timer wakes when the block ends. A job
+#       with no limit key is put back for delay_ms instead ('@' || queue).
+# A row with a limit key goes back to 'waiting' (retry, requeue, limited), not 'pending'
+# or 'retryable': it waits for its key again (sql/flow.py); its wake-up is the queue's
+# own (the keyed part has no floors) or '@' || queue for a later retry.
 # A job's latest unwritten progress report rides along with a success (progress NULL:
 # none); started_us / ended_us say how long ago the attempt started and ended running in
 # its thread, and the server sets started_at / finished_at from its own now() (no host's
@@ -55,18 +63,31 @@ WITH o AS (
        FOR UPDATE OF j
 ), stays AS (
     UPDATE job_queue j
-       SET status = CASE l.kind WHEN 'retry' THEN 'retryable' ELSE 'pending' END,
-           attempts = CASE l.kind WHEN 'requeue' THEN j.attempts - 1 ELSE j.attempts END,
-           lease_owner = CASE l.kind WHEN 'requeue' THEN NULL ELSE j.lease_owner END,
+       SET status = CASE WHEN j.flow_key IS NOT NULL THEN 'waiting' WHEN l.kind = 'retry' THEN 'retryable'
+                         ELSE 'pending' END,
+           attempts = CASE WHEN l.kind IN ('requeue', 'limited') THEN j.attempts - 1 ELSE j.attempts END,
+           lease_owner = CASE WHEN l.kind IN ('requeue', 'limited') THEN NULL ELSE j.lease_owner END,
            options = coalesce(l.options, j.options), payload = CASE l.kind WHEN 'retry' THEN l.payload ELSE j.payload END,
            last_error = coalesce(l.error, j.last_error),
            started_at = CASE l.kind WHEN 'retry' THEN now() - l.started_us * interval '1 microsecond'
                                     ELSE j.started_at END,
-           run_at = CASE l.kind WHEN 'retry' THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
+           run_at = CASE WHEN l.kind = 'retry' OR (l.kind = 'limited' AND j.flow_key IS NULL)
+                         THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
            lease_expires_at = NULL
       FROM locked l
-     WHERE j.id = l.id AND l.kind IN ('retry', 'requeue')
- RETURNING j.id, j.queue, j.actor, j.status, j.run_at <= now() AS due, l.reason, l.error_type, l.error_where
+     WHERE j.id = l.id AND l.kind IN ('retry', 'requeue', 'limited')
+ RETURNING j.id, j.queue, j.actor, j.status, j.run_at <= now() AS due, l.reason, l.error_type, l.error_where,
+           l.kind, j.flow_key, l.delay_ms
+), blocked AS (
+    -- in key order, as every statement that may wait for several rows of one table
+    INSERT INTO rate_limiter_state AS s (key, tokens, burst, rate_per_second, updated_at, blocked_until)
+    SELECT flow_key, 0, 1, 1, now(), now() + max(delay_ms) * interval '1 millisecond'
+      FROM stays WHERE kind = 'limited' AND flow_key IS NOT NULL
+     GROUP BY flow_key ORDER BY flow_key
+    ON CONFLICT (key) DO UPDATE
+       SET blocked_until = greatest(coalesce(s.blocked_until, '-infinity'), EXCLUDED.blocked_until),
+           tokens = 0, updated_at = greatest(s.updated_at, EXCLUDED.updated_at)
+    RETURNING key
 ), done AS (
     DELETE FROM job_queue j USING locked l
      WHERE j.id = l.id AND l.kind IN ('succeeded', 'failed')
@@ -86,11 +107,16 @@ WITH o AS (
 ), wake AS (
     -- a requeued row kept its run_at, its place in line, which may be behind the floors of
     -- every process's claims: '!' || queue makes them sweep (broker/floors.py)
-    SELECT pg_notify('actor_supervisor_jobs', CASE WHEN status = 'pending' THEN '!' || queue
-                                                   WHEN due THEN queue ELSE '@' || queue END)
-      FROM (SELECT DISTINCT queue, due, status FROM stays) AS w
+    SELECT pg_notify('actor_supervisor_jobs',
+                     CASE WHEN kind = 'limited' AND flow_key IS NOT NULL
+                          THEN '~' || queue || ' ' || round(delay_ms / 1000.0, 3)::text
+                          WHEN status = 'pending' AND kind <> 'limited' THEN '!' || queue
+                          WHEN due THEN queue ELSE '@' || queue END)
+      FROM (SELECT DISTINCT queue, due, status, kind, flow_key IS NOT NULL AS flow_key,
+                            CASE WHEN kind = 'limited' THEN delay_ms END AS delay_ms FROM stays) AS w
 )
-SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM stays), (SELECT count(*) FROM wake)
+SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM stays), (SELECT count(*) FROM wake),
+       (SELECT count(*) FROM blocked)
 """
 
 # Renews only the rows the process knows it holds: a row whose claim committed
@@ -124,7 +150,8 @@ _LOSS_BUDGET = """coalesce(max_lease_losses, %(default_max_losses)s) AS budget,
 _RELEASE_BODY = """
 , upd AS (
     UPDATE job_queue j
-       SET status = 'pending', lease_losses = j.lease_losses + 1,
+       SET status = CASE WHEN j.flow_key IS NULL THEN 'pending' ELSE 'waiting' END,
+           lease_losses = j.lease_losses + 1,
            lease_owner = NULL, lease_expires_at = NULL, run_at = now()
       FROM lost
      WHERE j.id = lost.id AND NOT lost.poison
@@ -238,15 +265,16 @@ WITH done AS (
  RETURNING *
 ), back AS (
     INSERT INTO job_queue (""" + ", ".join(JOB_COLUMNS) + """)
-    SELECT """ + ", ".join({"status": "'pending'", "run_at": "now()", "finished_at": "NULL",
+    SELECT """ + ", ".join({"status": "CASE WHEN flow_key IS NULL THEN 'pending' ELSE 'waiting' END",
+                            "run_at": "now()", "finished_at": "NULL",
                             "max_attempts": "greatest(max_attempts, attempts - lease_losses + 1)",
                             "max_lease_losses": "greatest(max_lease_losses, lease_losses + 1)"}.get(c, c)
                            for c in JOB_COLUMNS) + """
       FROM done
-    RETURNING id, queue
+    RETURNING id, queue, status
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(who)s, NULL, 'pending', 'retried by operator' FROM back
+    SELECT id, %(who)s, NULL, status, 'retried by operator' FROM back
 )
 SELECT id FROM back
 """

@@ -1,0 +1,68 @@
+"""What a process keeps between claims for the keyed part of the claim (sql/flow.py): per
+queue, the key it served last (its turn cursor) and the wake-up it announced last.
+
+A claim that finds keys gated by time (no token, the day's quota used, a block) says how
+many seconds until the first opens. The process sets its own timer for then
+(``DueTimer.due_in``) and, when that is sooner than what it announced last, the claim
+itself announces it (NOTIFY '~queue seconds'): every process serving the queue wakes when
+a token is due, whichever of them is free then, with no poll.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+# Prefix of the NOTIFY payload '~queue seconds' (sql/flow.py's kannounce, sql.FINISH's limited).
+GATE = "~"
+# Keys a claim may visit: enough for half of them gated at each claim, and a bound on
+# what one claim reads when most are (the rest is for the next claim, at once).
+EXTRA_KEYS = 16
+
+
+def max_keys(n: int) -> int:
+    """How many keys a claim of ``n`` rows may visit."""
+    return 2 * n + EXTRA_KEYS
+
+
+def parse(payload: str) -> tuple[str, float] | None:
+    """The queue and seconds of a '~queue seconds' payload; None if it is not one."""
+    if not payload.startswith(GATE):
+        return None
+    queue, _, seconds = payload[len(GATE):].rpartition(" ")
+    try:
+        return queue, max(0.0, float(seconds))
+    except ValueError:
+        return None
+
+
+class Gates:
+    """Per queue: the cursor (last key served) and the announced wake-up (monotonic)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._cursor: dict[str, str] = {}
+        self._announced: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def params(self, queue: str, n: int) -> dict[str, Any]:
+        """The claim's keyed parameters for ``queue``."""
+        with self._lock:
+            cursor = self._cursor.get(queue, "")
+            at = self._announced.get(queue)
+        now = self.clock()
+        return {"cursor": cursor, "max_keys": max_keys(n),
+                "announced": None if at is None or at <= now else at - now}
+
+    def learned(self, queue: str, wait: float | None, cursor: str | None) -> None:
+        """What a claim's META row said (sql.WAIT_COLUMN, sql.CURSOR_COLUMN)."""
+        with self._lock:
+            if cursor is not None:
+                self._cursor[queue] = cursor
+            if wait is not None and wait > 0:
+                at = self.clock() + wait
+                known = self._announced.get(queue)
+                if known is None or known <= self.clock() or at < known:
+                    self._announced[queue] = at
