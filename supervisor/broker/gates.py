@@ -27,6 +27,12 @@ def max_keys(n: int) -> int:
     return 2 * n + EXTRA_KEYS
 
 
+def first_turn(n: int) -> dict[str, object]:
+    """The keyed parameters of a claim of ``n`` rows by a process that knows nothing yet
+    (its first, or a one-off claim: tests, benchmarks)."""
+    return {"cursor": "", "max_keys": max_keys(n), "announced": None}
+
+
 def parse(payload: str) -> tuple[str, float] | None:
     """The queue and seconds of a '~queue seconds' payload; None if it is not one."""
     if not payload.startswith(GATE):
@@ -53,8 +59,7 @@ class Gates:
             cursor = self._cursor.get(queue, "")
             at = self._announced.get(queue)
         now = self.clock()
-        return {"cursor": cursor, "max_keys": max_keys(n),
-                "announced": None if at is None or at <= now else at - now}
+        return {**first_turn(n), "cursor": cursor, "announced": None if at is None or at <= now else at - now}
 
     def learned(self, queue: str, wait: float | None, cursor: str | None) -> None:
         """What a claim's META row said (sql.WAIT_COLUMN, sql.CURSOR_COLUMN)."""
