@@ -356,7 +356,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
         try:
             with self._conn(pool=self.pool, timeout=timeout) as c:
-                rows = c.execute(sql.claim(n), params).fetchall()
+                rows = c.execute(sql.claim(n, keyed=self.gates.keyed(queue)), params).fetchall()
         except BrokerConnectionError:
             self._claims_failing = True
             with contextlib.suppress(Exception):
@@ -377,10 +377,11 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         return out
 
     def _gated(self, queue: str, meta: tuple[Any, ...]) -> None:
-        """A claim's word on the queue's limit keys: where its next turn starts, and when a
-        gated key opens (0: keys it could not reach or rows it left, so claim again now)."""
+        """A claim's word on the queue's limit keys: whether it has waiting rows, where its
+        next turn starts, and when a gated key opens (0: the plain claim saw waiting rows,
+        or the keyed one could not reach every key or left rows: claim again now)."""
         wait, cursor = meta[sql.WAIT_COLUMN], meta[sql.CURSOR_COLUMN]
-        self.gates.learned(queue, wait, cursor)
+        self.gates.learned(queue, wait, cursor, meta[sql.KEYS_COLUMN])
         if wait is None:
             return
         if wait <= 0:

@@ -45,13 +45,19 @@ def parse(payload: str) -> tuple[str, float] | None:
 
 
 class Gates:
-    """Per queue: the cursor (last key served) and the announced wake-up (monotonic)."""
+    """Per queue: whether it has waiting rows (its claims are sql.CLAIM_KEYED then), the
+    cursor (last key served) and the announced wake-up (monotonic)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        self._keyed: set[str] = set()
         self._cursor: dict[str, str] = {}
         self._announced: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    def keyed(self, queue: str) -> bool:
+        """Whether the queue's next claim reads its waiting rows too (it had some lately)."""
+        return queue in self._keyed
 
     def params(self, queue: str, n: int) -> dict[str, Any]:
         """The claim's keyed parameters for ``queue``."""
@@ -61,9 +67,14 @@ class Gates:
         now = self.clock()
         return {**first_turn(n), "cursor": cursor, "announced": None if at is None or at <= now else at - now}
 
-    def learned(self, queue: str, wait: float | None, cursor: str | None) -> None:
-        """What a claim's META row said (sql.WAIT_COLUMN, sql.CURSOR_COLUMN)."""
+    def learned(self, queue: str, wait: float | None, cursor: str | None, keys: int) -> None:
+        """What a claim's META row said (sql.WAIT_COLUMN, sql.CURSOR_COLUMN, sql.KEYS_COLUMN:
+        keys with waiting rows seen, none sends the queue back to the plain claim)."""
         with self._lock:
+            if keys:
+                self._keyed.add(queue)
+            else:
+                self._keyed.discard(queue)
             if cursor is not None:
                 self._cursor[queue] = cursor
             if wait is not None and wait > 0:

@@ -13,8 +13,9 @@ _CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, 
     coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload,
     j.priority, j.run_at"""  # the last two: where this process's next claims may start (broker/floors.py)
 # After them in a claim's rows: whether the row waited for its limit key (no floor moves
-# for it), and the keyed part's wait and cursor (NULL but in its META row: sql/flow.py).
-KEYED_COLUMN, WAIT_COLUMN, CURSOR_COLUMN = 12, 13, 14
+# for it), and the keyed part's wait, cursor and keys seen (NULL but in its META row, the
+# first, whose id is NULL: sql/flow.py).
+KEYED_COLUMN, WAIT_COLUMN, CURSOR_COLUMN, KEYS_COLUMN = 12, 13, 14, 15
 
 _ABOVE_ANY_PRIORITY = 2**31  # jobs.priority is an integer
 # Priority levels the claim reads one by one before it reads the rest in one scan.
@@ -37,7 +38,7 @@ _RUNNABLE = """j.queue = %(queue)s
 # this statement locked, which nobody else can change before it commits; a row updated
 # and committed by another transaction between this statement's snapshot and its lock
 # is locked but not visible to the UPDATE: it stays pending for the next claim.
-CLAIM = f"""
+_HEAD = f"""
 WITH RECURSIVE floors AS (
     -- Where this process's claims of each priority level start reading (broker/floors.py):
     -- every runnable row before it was claimed already (or is a straggler, which the
@@ -109,18 +110,23 @@ WITH RECURSIVE floors AS (
      LIMIT %(n)s
        FOR UPDATE SKIP LOCKED) y
      LIMIT %(n)s
-),{KEYED}, keyed AS (
-    SELECT DISTINCT ON (concurrency_key) id, concurrency_key
-      FROM pick WHERE part = 0 AND concurrency_key IS NOT NULL
-     ORDER BY concurrency_key, priority DESC, run_at, id
-), slots AS (
-    -- sorted so two claimers never take the same keys in opposite orders (no deadlock)
+)"""
+
+# A row with a concurrency key (written by hand: a producer's waits for its key) takes its
+# key's one slot: sorted so two claimers never take the same keys in opposite orders (no
+# deadlock).
+_SLOTS = """
     INSERT INTO job_concurrency (key, job_id)
     SELECT concurrency_key, id FROM keyed ORDER BY concurrency_key
     ON CONFLICT DO NOTHING
-    RETURNING job_id
+    RETURNING job_id"""
+
+
+def _update(tids: str) -> str:
+    """The claimed rows (found by ``tids``) become running rows of this process; ``budget``:
+    the budgets of the actors this process knows, for rows that carry none."""
+    return f"""
 ), budget AS (
-    -- the budgets of the actors this process knows, for rows that carry none
     SELECT * FROM unnest(%(actors)s::text[], %(actor_max_attempts)s::int[], %(actor_max_losses)s::int[])
         AS b(actor, max_attempts, max_lease_losses)
 ), claimed AS (
@@ -139,20 +145,44 @@ UPDATE job_queue j
        heartbeat_at = now(),
        lease_expires_at = now() + %(lease_s)s * interval '1 second',
        started_at = NULL  -- set by the outcome: when this attempt began running in a thread
- WHERE j.ctid = ANY(ARRAY(SELECT p.tid FROM pick p
-                           WHERE {CLAIMABLE}))
+ WHERE j.ctid = ANY(ARRAY({tids}))
 RETURNING j.*
 )
--- a TID scan returns rows in ctid order: hand them out in claim order again (the META
--- row, with no priority, first)
-SELECT {_CLAIMED}, j.flow_key IS NOT NULL, NULL::float8, NULL::text FROM claimed j
-UNION ALL{META}
+-- a TID scan returns rows in ctid order: hand them out in claim order again (a META row,
+-- with no priority, first)
+SELECT {_CLAIMED}, j.flow_key IS NOT NULL, NULL::float8, NULL::text, NULL::int FROM claimed j
+UNION ALL"""
+
+
+# A queue with no waiting rows: the plain rows only, and a META row if the queue has
+# waiting rows now (its process claims again at once, with CLAIM_KEYED). One index probe
+# is all that a queue whose jobs carry no limit pays for flow control.
+CLAIM = f"""{_HEAD}, keyed AS (
+    SELECT DISTINCT ON (concurrency_key) id, concurrency_key
+      FROM cand WHERE concurrency_key IS NOT NULL
+     ORDER BY concurrency_key, priority DESC, run_at, id
+), slots AS ({_SLOTS}{_update("SELECT tid FROM cand WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)")}
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 1
+ WHERE EXISTS (SELECT 1 FROM job_queue w WHERE w.queue = %(queue)s AND w.status = 'waiting')
 ORDER BY 11 DESC, 12, 1
 """
 
+# A queue with waiting rows: the plain rows and the keyed ones (sql/flow.py), and always a
+# META row (its last column: how many keys with waiting rows the claim saw; none sends the
+# process back to CLAIM).
+CLAIM_KEYED = f"""{_HEAD},{KEYED}, keyed AS (
+    SELECT DISTINCT ON (concurrency_key) id, concurrency_key
+      FROM pick WHERE part = 0 AND concurrency_key IS NOT NULL
+     ORDER BY concurrency_key, priority DESC, run_at, id
+), slots AS ({_SLOTS}{_update("SELECT p.tid FROM pick p WHERE " + CLAIMABLE)}{META}
+ORDER BY 11 DESC, 12, 1
+"""
+
+
 @functools.lru_cache(maxsize=64)
-def claim(n: int) -> str:
-    """The claim for up to ``n`` rows; its parameters are CLAIM's, ``n`` among them.
+def claim(n: int, keyed: bool = False) -> str:
+    """The claim for up to ``n`` rows (``keyed``: CLAIM_KEYED, for a queue with waiting
+    rows); its parameters are CLAIM_KEYED's (CLAIM reads fewer), ``n`` among them.
 
     With ``LIMIT $n`` the server prices a generic plan at a tenth of the table; whether
     it then keeps a generic plan or plans every claim afresh (0.3-0.7 ms, a third of the
@@ -166,9 +196,10 @@ def claim(n: int) -> str:
     and in the W1 drain 314 of a process's 319 claims asked for 32. Other sizes share CLAIM. Only an int goes into the text, never input."""
     if type(n) is not int or n < 1:
         raise ValueError(f"a claim takes a positive number of rows, not {n!r}")
+    statement = CLAIM_KEYED if keyed else CLAIM
     if n & (n - 1):
-        return CLAIM
-    return CLAIM.replace("%(n)s", str(n))
+        return statement
+    return statement.replace("%(n)s", str(n))
 
 
 # Seconds until the earliest future run_at of each of a process's queues (its

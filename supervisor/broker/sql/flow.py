@@ -214,8 +214,10 @@ CLAIMABLE = """(p.part = 0 AND (p.concurrency_key IS NULL OR p.id IN (SELECT job
                               OR (p.part = 1 AND p.flow_key IN (SELECT key FROM kok)
                                   AND (p.conc IS NULL OR p.id IN (SELECT job_id FROM kslots)))"""
 
-# The claim's last row (no job: its id is NULL): the wait and the cursor of kmeta.
+# The claim's META row (no job: its id is NULL): kmeta's wait and cursor, and how many keys
+# with waiting rows it saw (none: the queue has none now).
 META = """
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, m.wait, m.cursor
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, m.wait, m.cursor,
+       (SELECT count(*) FROM kscan)::int
   FROM kmeta m
- WHERE (m.wait IS NOT NULL OR m.cursor IS NOT NULL) AND (SELECT count(*) FROM kannounce) >= 0"""
+ WHERE (SELECT count(*) FROM kannounce) >= 0"""
