@@ -181,7 +181,7 @@ class WorkerProc:
 
     def __init__(self, url: str, *, queues="tests", actors="tests.sample_actors", threads=4,
                  lease=30.0, heartbeat=10.0, shutdown_timeout=30.0, extra_env=None, argv=None,
-                 log_level="WARNING"):
+                 log_level="WARNING", extra_args=()):
         fd, signals = tempfile.mkstemp(prefix="signals-", suffix=".jsonl")
         os.close(fd)
         self.signals = Recorded(Path(signals))
@@ -189,7 +189,7 @@ class WorkerProc:
         argv = argv or [
             sys.executable, "-m", "supervisor.cli", "worker", "--queues", queues, "--actors", actors,
             "--threads", str(threads), "--lease", str(lease), "--heartbeat", str(heartbeat),
-            "--shutdown-timeout", str(shutdown_timeout), "--no-migrate", "--log-level", log_level,
+            "--shutdown-timeout", str(shutdown_timeout), "--no-migrate", "--log-level", log_level, *extra_args,
         ]
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the process)
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=self.log, text=True)

@@ -164,6 +164,13 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
 
     # --- producer side ------------------------------------------------------
 
+    def declare_actor(self, actor: dramatiq.Actor[..., Any]) -> None:
+        """Dramatiq's, after checking the actor's flow-control options: a bad one fails the
+        definition with one LimitOptionError naming the actor and the option (a middleware's
+        before_declare_actor could not: Dramatiq logs what a hook raises and goes on)."""
+        bulk.actor_plan(actor)
+        super().declare_actor(actor)
+
     def declare_queue(self, queue_name: str) -> None:
         if queue_name not in self.queues:
             self.emit_before("declare_queue", queue_name)

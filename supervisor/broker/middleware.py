@@ -23,20 +23,15 @@ from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
 from .. import db, defaults, flow
-from . import bulk
 
 
 class JobOptions(Middleware):
-    """Declares the broker's own options so actors may set them as defaults, and checks
-    an actor's flow-control options when it is declared (one error naming the actor and
-    the option: supervisor/flow.py)."""
+    """Declares the broker's own options so actors may set them as defaults (the flow
+    control's are checked when an actor is declared: PostgresBroker.declare_actor)."""
 
     @property
     def actor_options(self) -> set[str]:
         return {"dedupe_key", "max_attempts", "max_lease_losses", *flow.OPTIONS}
-
-    def before_declare_actor(self, broker: Broker, actor: Actor[..., Any]) -> None:
-        bulk.actor_plan(actor)
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
