@@ -122,9 +122,12 @@ _SLOTS = """
     RETURNING job_id"""
 
 
-def _update(tids: str) -> str:
+def _update(tids: str, keyed: bool) -> str:
     """The claimed rows (found by ``tids``) become running rows of this process; ``budget``:
-    the budgets of the actors this process knows, for rows that carry none."""
+    the budgets of the actors this process knows, for rows that carry none. They come back
+    in claim order: (priority, run_at, id), or with ``keyed`` the order ``pick`` chose
+    (turns between keys), its last column."""
+    seq = "p.seq FROM claimed j JOIN pick p ON p.id = j.id" if keyed else "NULL::bigint FROM claimed j"
     return f"""
 ), budget AS (
     SELECT * FROM unnest(%(actors)s::text[], %(actor_max_attempts)s::int[], %(actor_max_losses)s::int[])
@@ -150,7 +153,7 @@ RETURNING j.*
 )
 -- a TID scan returns rows in ctid order: hand them out in claim order again (a META row,
 -- with no priority, first)
-SELECT {_CLAIMED}, j.flow_key IS NOT NULL, NULL::float8, NULL::text, NULL::int FROM claimed j
+SELECT {_CLAIMED}, j.flow_key IS NOT NULL, NULL::float8, NULL::text, NULL::int, {seq}
 UNION ALL"""
 
 
@@ -161,8 +164,9 @@ CLAIM = f"""{_HEAD}, keyed AS (
     SELECT DISTINCT ON (concurrency_key) id, concurrency_key
       FROM cand WHERE concurrency_key IS NOT NULL
      ORDER BY concurrency_key, priority DESC, run_at, id
-), slots AS ({_SLOTS}{_update("SELECT tid FROM cand WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)")}
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 1
+), slots AS ({_SLOTS}{_update("SELECT tid FROM cand WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)",
+                                keyed=False)}
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 1, NULL
  WHERE EXISTS (SELECT 1 FROM job_queue w WHERE w.queue = %(queue)s AND w.status = 'waiting')
 ORDER BY 11 DESC, 12, 1
 """
@@ -174,8 +178,8 @@ CLAIM_KEYED = f"""{_HEAD},{KEYED}, keyed AS (
     SELECT DISTINCT ON (concurrency_key) id, concurrency_key
       FROM pick WHERE part = 0 AND concurrency_key IS NOT NULL
      ORDER BY concurrency_key, priority DESC, run_at, id
-), slots AS ({_SLOTS}{_update("SELECT p.tid FROM pick p WHERE " + CLAIMABLE)}{META}
-ORDER BY 11 DESC, 12, 1
+), slots AS ({_SLOTS}{_update("SELECT p.tid FROM pick p WHERE " + CLAIMABLE, keyed=True)}{META}
+ORDER BY 11 DESC, 17, 1
 """
 
 

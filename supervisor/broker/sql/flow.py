@@ -70,6 +70,9 @@ def _next_key(cond: str, pass_no: str) -> str:
       ORDER BY j.flow_key, j.priority DESC, j.run_at, j.id LIMIT 1)"""
 
 
+# Seconds a claim that read max_keys keys, every one gated, waits before it reads on.
+CUT_PAUSE = 0.05
+
 # CTEs of the claim (after the plain part's ``cand``); the claim's UPDATE takes the rows of
 # ``pick`` that ``claimable`` lets through and returns ``kmeta`` last.
 KEYED = f"""
@@ -132,8 +135,11 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
            FOR UPDATE SKIP LOCKED) x
      WHERE f.lim > 0
 ), pick AS (
-    -- the plain rows (in claim order) and the keyed ones (turn after turn), by priority
-    SELECT m.* FROM (
+    -- the plain rows (in claim order) and the keyed ones (turn after turn), by priority;
+    -- seq numbers them in that order (the order the claim hands them out)
+    SELECT m.priority, m.tid, m.id, m.concurrency_key, m.flow_key, m.conc, m.run_at, m.part,
+           row_number() OVER (ORDER BY m.priority DESC, m.seq, m.part) AS seq
+      FROM (
         SELECT c.tid, c.id, c.concurrency_key, NULL::text AS flow_key, NULL::int AS conc, c.priority, c.run_at,
                row_number() OVER (ORDER BY c.priority DESC, c.run_at, c.id) AS seq, 0 AS part
           FROM cand c
@@ -187,20 +193,35 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
      ORDER BY s.key, s.slot
     ON CONFLICT DO NOTHING
  RETURNING job_id
+), kcut AS (
+    -- the scan stopped at max_keys short of what the claim could take: keys beyond may
+    -- allow rows; keyed rows taken: whether this claim made progress
+    SELECT (SELECT max(i) FROM kscan) >= %(max_keys)s AND (SELECT max(cum) FROM kscan) < %(n)s AS cut,
+           (SELECT count(*) FROM ktake) > 0 AS took,
+           (SELECT max(i) FROM kfinal) AS used
 ), kmeta AS (
-    SELECT CASE WHEN (SELECT count(*) FROM pick) < %(n)s
-                     AND ((SELECT max(i) FROM kscan) >= %(max_keys)s AND (SELECT max(cum) FROM kscan) < %(n)s
-                          OR EXISTS (SELECT 1 FROM kfinal f
-                                      WHERE f.lim < f.allow
-                                        AND f.lim <= (SELECT count(*) FROM kcand c WHERE c.flow_key = f.key)))
+    -- wait: 0 to claim again at once (progress made, and keys not reached or rows left);
+    -- else the first time gate to open, at most CUT_PAUSE away when keys were not reached
+    -- (a scan that found every key it read gated waits a little before reading on).
+    -- cursor: where the next turn starts: after the last key served, unless every key read
+    -- after it was gated: then after the last key read.
+    SELECT CASE WHEN (SELECT count(*) FROM pick) < %(n)s AND x.took
+                     AND (x.cut OR EXISTS (SELECT 1 FROM kfinal f
+                                            WHERE f.lim < f.allow
+                                              AND f.lim <= (SELECT count(*) FROM kcand c WHERE c.flow_key = f.key)))
                 THEN 0::float8
                 ELSE (SELECT min(w.s) FROM (
                         SELECT wake AS s FROM kscan WHERE allow = 0
                         UNION ALL
                         SELECT (1 - (f.tokens - t.n)) / f.rate FROM kfinal f JOIN ktake t ON t.key = f.key
-                         WHERE f.rate IS NOT NULL AND f.tokens - t.n < 1) w WHERE w.s > 0)
+                         WHERE f.rate IS NOT NULL AND f.tokens - t.n < 1
+                        UNION ALL
+                        SELECT {CUT_PAUSE} WHERE x.cut) w WHERE w.s > 0)
            END AS wait,
-           (SELECT key FROM kfinal ORDER BY i DESC LIMIT 1) AS cursor
+           CASE WHEN EXISTS (SELECT 1 FROM kscan k WHERE k.allow > 0 AND k.i > coalesce(x.used, 0))
+                THEN (SELECT key FROM kscan WHERE i = x.used)
+                ELSE (SELECT key FROM kscan ORDER BY i DESC LIMIT 1) END AS cursor
+      FROM kcut x
 ), kannounce AS (
     SELECT pg_notify('actor_supervisor_jobs', '~' || %(queue)s || ' ' || round(m.wait::numeric, 3)::text)
       FROM kmeta m
@@ -218,6 +239,6 @@ CLAIMABLE = """(p.part = 0 AND (p.concurrency_key IS NULL OR p.id IN (SELECT job
 # with waiting rows it saw (none: the queue has none now).
 META = """
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, m.wait, m.cursor,
-       (SELECT count(*) FROM kscan)::int
+       (SELECT count(*) FROM kscan)::int, NULL
   FROM kmeta m
  WHERE (SELECT count(*) FROM kannounce) >= 0"""
