@@ -167,7 +167,9 @@ CLAIM = f"""{_HEAD}, keyed AS (
 ), slots AS ({_SLOTS}{_update("SELECT tid FROM cand WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)",
                                 keyed=False)}
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 1, NULL
- WHERE EXISTS (SELECT 1 FROM job_queue w WHERE w.queue = %(queue)s AND w.status = 'waiting')
+ -- min(): one descent of jobs_waiting whatever the planner guesses (EXISTS became a scan of
+ -- the whole table when half its rows were some other queue's waiting ones)
+ WHERE (SELECT min(w.flow_key) FROM job_queue w WHERE w.queue = %(queue)s AND w.status = 'waiting') IS NOT NULL
 ORDER BY 11 DESC, 12, 1
 """
 
