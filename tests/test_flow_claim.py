@@ -26,11 +26,12 @@ def add(conn, key: str | None, n: int = 1, *, limits: dict | None = None, priori
          "pending" if key is None else "waiting", delay_s, n))
 
 
-def claim(conn, n: int, *, keyed: bool = True, cursor: str = "", owner: str = "me") -> tuple[list, tuple | None]:
+def claim(conn, n: int, *, keyed: bool = True, probe: bool = False, cursor: str = "",
+          owner: str = "me") -> tuple[list, tuple | None]:
     """The rows a claim of n took ((flow_key, priority) each, in claim order) and its META row."""
     params = {"queue": QUEUE, "n": n, "owner": owner, "lease_s": 30.0, "relaxed": False, "floor_levels": None,
               "floor_at": None, **first_turn(n), "cursor": cursor, **claim_budgets({}, None)}
-    rows = conn.execute(sql.claim(n, keyed=keyed), params).fetchall()
+    rows = conn.execute(sql.claim(n, keyed=keyed, probe=probe), params).fetchall()
     meta = rows.pop(0) if rows and rows[0][0] is None else None
     keys = {r[0]: r for r in conn.execute("SELECT id::text, flow_key, priority FROM job_queue WHERE status = 'running'"
                                           " AND claimed_at = now()")}
@@ -144,14 +145,17 @@ def test_plain_rows_run_while_every_key_is_gated(conn):
     assert took == [(None, 0)] * 4 and meta_of(meta)[0] > 900  # the gated key: a token in ~1000 s
 
 
-def test_the_plain_claim_says_when_the_queue_has_waiting_rows(conn):
+def test_the_probing_claim_says_when_the_queue_has_waiting_rows(conn):
     add(conn, None, 2)
     with conn.transaction():
-        took, meta = claim(conn, 4, keyed=False)
+        took, meta = claim(conn, 4, keyed=False, probe=True)
     assert len(took) == 2 and meta is None
     add(conn, "k", 1)
     with conn.transaction():
         took, meta = claim(conn, 4, keyed=False)
+    assert took == [] and meta is None  # the plain claim does not ask
+    with conn.transaction():
+        took, meta = claim(conn, 4, keyed=False, probe=True)
     assert took == [] and meta_of(meta) == (0, None, 1)  # claim again now, with the keyed claim
     with conn.transaction():
         took, meta = claim(conn, 4)

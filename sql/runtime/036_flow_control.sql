@@ -24,12 +24,25 @@ ALTER TABLE job_concurrency ADD COLUMN slot integer NOT NULL DEFAULT 0;
 ALTER TABLE job_concurrency DROP CONSTRAINT job_concurrency_pkey;
 ALTER TABLE job_concurrency ADD PRIMARY KEY (key, slot);
 
+-- Wake-ups for waiting rows say so: '+' || queue (a process that claims the queue without
+-- reading waiting rows starts to: broker/gates.py), and '@' || queue too for one due later.
+CREATE OR REPLACE FUNCTION jobs_notify_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('actor_supervisor_jobs', w.payload)
+       FROM (SELECT DISTINCT CASE WHEN q.waiting THEN '+' || q.queue WHEN q.due THEN q.queue END AS payload
+               FROM (SELECT DISTINCT queue, run_at <= now() AS due, status = 'waiting' AS waiting FROM new_rows) AS q
+             UNION
+             SELECT DISTINCT '@' || queue FROM new_rows WHERE run_at > now()) AS w
+      WHERE w.payload IS NOT NULL;
+    RETURN NULL;
+END $$;
+
 -- A slot freed wakes the queue's consumers: a waiting job of its key may run now.
 CREATE OR REPLACE FUNCTION jobs_release_concurrency() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     DELETE FROM job_concurrency WHERE key = coalesce(OLD.flow_key, OLD.concurrency_key) AND job_id = OLD.id;
     IF FOUND AND OLD.flow_key IS NOT NULL THEN
-        PERFORM pg_notify('actor_supervisor_jobs', OLD.queue);
+        PERFORM pg_notify('actor_supervisor_jobs', '+' || OLD.queue);
     END IF;
     RETURN NULL;
 END $$;

@@ -304,7 +304,8 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 self._acks.start()
             if self._timer is None:
                 self._timer = DueTimer(self.pool)
-                self._listener.on_gate = self._timer.due_in  # a peer's '~queue seconds'
+                self._listener.on_gate = self._gate_opens  # a peer's '~queue seconds'
+                self._listener.on_waiting = self.gates.waiting  # '+queue'
                 self._timer.start()
             if self._keeper is not None and self._keeper.ident is None:
                 self._keeper.start()
@@ -363,7 +364,8 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
         try:
             with self._conn(pool=self.pool, timeout=timeout) as c:
-                rows = c.execute(sql.claim(n, keyed=self.gates.keyed(queue)), params).fetchall()
+                keyed, probe = self.gates.statement(queue)
+                rows = c.execute(sql.claim(n, keyed=keyed, probe=probe), params).fetchall()
         except BrokerConnectionError:
             self._claims_failing = True
             with contextlib.suppress(Exception):
@@ -382,6 +384,12 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 if str(row[0]) in failed and row[2] not in self.actors:
                     self.failures.record(str(row[0]), ActorNotFound(row[2]))
         return out
+
+    def _gate_opens(self, queue: str, seconds: float) -> None:
+        """A peer's '~queue seconds': a limit key of the queue opens then (it has waiting rows)."""
+        self.gates.waiting(queue)
+        if self._timer is not None:
+            self._timer.due_in(queue, seconds)
 
     def _gated(self, queue: str, meta: tuple[Any, ...]) -> None:
         """A claim's word on the queue's limit keys: whether it has waiting rows, where its

@@ -17,6 +17,13 @@ from typing import Any
 
 # Prefix of the NOTIFY payload '~queue seconds' (sql/flow.py's kannounce, sql.FINISH's limited).
 GATE = "~"
+# Prefix of the NOTIFY payload '+queue': the queue has waiting rows now (the insert trigger,
+# sql.FINISH, the releases, a freed slot): its claims read them (sql.CLAIM_KEYED).
+WAITING = "+"
+# A queue claimed without reading waiting rows asks whether it has some this often (and at
+# its first claim): the notices above may have been missed (a listener away, a pooled URL
+# with no LISTEN).
+PROBE_SECONDS = 2.0
 # Keys a claim may visit: enough for half of them gated at each claim, and a bound on
 # what one claim reads when most are (the rest is for the next claim, at once).
 EXTRA_KEYS = 16
@@ -33,6 +40,11 @@ def first_turn(n: int) -> dict[str, object]:
     return {"cursor": "", "max_keys": max_keys(n), "announced": None}
 
 
+def waiting_queue(payload: str) -> str | None:
+    """The queue of a '+queue' payload; None if it is not one."""
+    return payload[len(WAITING):] if payload.startswith(WAITING) else None
+
+
 def parse(payload: str) -> tuple[str, float] | None:
     """The queue and seconds of a '~queue seconds' payload; None if it is not one."""
     if not payload.startswith(GATE):
@@ -45,19 +57,35 @@ def parse(payload: str) -> tuple[str, float] | None:
 
 
 class Gates:
-    """Per queue: whether it has waiting rows (its claims are sql.CLAIM_KEYED then), the
-    cursor (last key served) and the announced wake-up (monotonic)."""
+    """Per queue: whether it has waiting rows (its claims are sql.CLAIM_KEYED then), when it
+    was last probed for them, the cursor (last key served) and the announced wake-up
+    (monotonic)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._keyed: set[str] = set()
+        self._probed: dict[str, float] = {}
         self._cursor: dict[str, str] = {}
         self._announced: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def keyed(self, queue: str) -> bool:
-        """Whether the queue's next claim reads its waiting rows too (it had some lately)."""
-        return queue in self._keyed
+    def statement(self, queue: str) -> tuple[bool, bool]:
+        """(keyed, probe) for the queue's next claim (sql.claim): keyed while it has waiting
+        rows, else a probe every PROBE_SECONDS."""
+        if queue in self._keyed:
+            return True, False
+        now = self.clock()
+        with self._lock:
+            last = self._probed.get(queue)
+            if last is not None and now - last < PROBE_SECONDS:
+                return False, False
+            self._probed[queue] = now
+        return False, True
+
+    def waiting(self, queue: str) -> None:
+        """A notice: the queue has waiting rows now ('+queue', or a gate of it opens)."""
+        with self._lock:
+            self._keyed.add(queue)
 
     def params(self, queue: str, n: int) -> dict[str, Any]:
         """The claim's keyed parameters for ``queue``."""

@@ -160,7 +160,13 @@ class Outcomes:
         row = Finish(message.message_id, message.attempts, "limited", message.started, None,
                      delay_ms=int(seconds * 1000),
                      reason=f"rate limited upstream: waits {seconds:g}s, retries untouched")
-        self._write_until_done("record rate limit", row)
+
+        def write() -> None:
+            with self._conn() as c, c.transaction():
+                if self._finish(c, [row]):  # still ours: its key is blocked with it
+                    c.execute(sql.BLOCK_JOB_KEY, {"id": message.message_id, "seconds": seconds})
+
+        backoff.retry(write, f"record rate limit of job {row.id}", retry_on=(BrokerConnectionError,), logger=log)
         self.leases.let_go(message.message_id)
         return message
 

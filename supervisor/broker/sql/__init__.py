@@ -30,6 +30,7 @@ from .enqueue import (
     LIVE_BY_DEDUPE_KEYS,
     RUN_AT,
 )
+from .flow import BLOCK_JOB_KEY
 from .history import (
     ADD_DAY,
     DAYS_AHEAD,
@@ -96,6 +97,7 @@ __all__ = [
     "REAP_EXPIRED",
     "CANCEL",
     "FINISH",
+    "BLOCK_JOB_KEY",
     "RETRY_FAILED",
     "ADD_DAY",
     "DAYS_AHEAD",

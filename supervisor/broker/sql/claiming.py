@@ -157,15 +157,22 @@ SELECT {_CLAIMED}, j.flow_key IS NOT NULL, NULL::float8, NULL::text, NULL::int, 
 UNION ALL"""
 
 
-# A queue with no waiting rows: the plain rows only, and a META row if the queue has
-# waiting rows now (its process claims again at once, with CLAIM_KEYED). One index probe
-# is all that a queue whose jobs carry no limit pays for flow control.
-CLAIM = f"""{_HEAD}, keyed AS (
+# A queue with no waiting rows known: the plain rows only. A queue's first waiting rows
+# are announced ('+' || queue: the insert trigger, sql.FINISH, the releases), which sends
+# the process to CLAIM_KEYED; CLAIM_PROBE, now and then (broker/gates.py), also answers with
+# a META row when the queue has waiting rows that no notice reached this process about.
+# So a queue whose jobs carry no limit pays nothing for flow control but an index descent
+# every PROBE_SECONDS.
+_PLAIN = f"""{_HEAD}, keyed AS (
     SELECT DISTINCT ON (concurrency_key) id, concurrency_key
       FROM cand WHERE concurrency_key IS NOT NULL
      ORDER BY concurrency_key, priority DESC, run_at, id
 ), slots AS ({_SLOTS}{_update("SELECT tid FROM cand WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)",
-                                keyed=False)}
+                                keyed=False)}"""
+
+CLAIM = _PLAIN.removesuffix("\nUNION ALL") + "\nORDER BY 11 DESC, 12, 1\n"
+
+CLAIM_PROBE = _PLAIN + """
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 1, NULL
  -- min(): one descent of jobs_waiting whatever the planner guesses (EXISTS became a scan of
  -- the whole table when half its rows were some other queue's waiting ones)
@@ -186,9 +193,10 @@ ORDER BY 11 DESC, 17, 1
 
 
 @functools.lru_cache(maxsize=64)
-def claim(n: int, keyed: bool = False) -> str:
-    """The claim for up to ``n`` rows (``keyed``: CLAIM_KEYED, for a queue with waiting
-    rows); its parameters are CLAIM_KEYED's (CLAIM reads fewer), ``n`` among them.
+def claim(n: int, keyed: bool = False, probe: bool = False) -> str:
+    """The claim for up to ``n`` rows: CLAIM, CLAIM_PROBE (``probe``) or, for a queue with
+    waiting rows, CLAIM_KEYED (``keyed``); its parameters are CLAIM_KEYED's (the others
+    read fewer), ``n`` among them.
 
     With ``LIMIT $n`` the server prices a generic plan at a tenth of the table; whether
     it then keeps a generic plan or plans every claim afresh (0.3-0.7 ms, a third of the
@@ -202,7 +210,7 @@ def claim(n: int, keyed: bool = False) -> str:
     and in the W1 drain 314 of a process's 319 claims asked for 32. Other sizes share CLAIM. Only an int goes into the text, never input."""
     if type(n) is not int or n < 1:
         raise ValueError(f"a claim takes a positive number of rows, not {n!r}")
-    statement = CLAIM_KEYED if keyed else CLAIM
+    statement = CLAIM_KEYED if keyed else CLAIM_PROBE if probe else CLAIM
     if n & (n - 1):
         return statement
     return statement.replace("%(n)s", str(n))

@@ -242,3 +242,18 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
        (SELECT count(*) FROM kscan)::int, NULL
   FROM kmeta m
  WHERE (SELECT count(*) FROM kannounce) >= 0"""
+
+
+# RateLimited (in sql.FINISH's transaction, after its 'limited' row): the job's limit key
+# blocked for ``seconds`` on every process, its bucket emptied so the first starts after
+# the block do not come as a burst (as supervisor.ratelimit.block). Nothing for a job with
+# no key.
+BLOCK_JOB_KEY = """
+INSERT INTO rate_limiter_state AS s (key, tokens, burst, rate_per_second, updated_at, blocked_until)
+SELECT j.flow_key, 0, 1, 1, now(), now() + %(seconds)s * interval '1 second'
+  FROM job_queue j WHERE j.id = %(id)s AND j.flow_key IS NOT NULL
+ON CONFLICT (key) DO UPDATE
+   SET blocked_until = greatest(coalesce(s.blocked_until, '-infinity'), EXCLUDED.blocked_until),
+       tokens = 0, updated_at = greatest(s.updated_at, EXCLUDED.updated_at)
+RETURNING key
+"""

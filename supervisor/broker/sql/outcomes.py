@@ -34,13 +34,13 @@ from .history import JOB_COLUMNS, archive
 #   requeue: back to 'pending' in its place in line (run_at kept), the claim not counted
 #       as an attempt (nothing ran), an event; NOTIFY '!' || queue (floors.py).
 #   limited: the actor raised RateLimited (supervisor/flow.py): as a requeue, the claim not
-#       counted, and its limit key blocked for delay_ms on every process (rate_limiter_state,
-#       its bucket emptied so the first starts after the block do not come as a burst);
-#       NOTIFY '~queue seconds' so every process's timer wakes when the block ends. A job
-#       with no limit key is put back for delay_ms instead ('@' || queue).
+#       counted; NOTIFY '~queue seconds' so every process's timer wakes when the block ends
+#       (the block itself: sql.BLOCK_JOB_KEY, in the same transaction, kept out of this
+#       statement so an ack batch pays nothing for it). A job with no limit key is put
+#       back for delay_ms instead ('@' || queue).
 # A row with a limit key goes back to 'waiting' (retry, requeue, limited), not 'pending'
-# or 'retryable': it waits for its key again (sql/flow.py); its wake-up is the queue's
-# own (the keyed part has no floors) or '@' || queue for a later retry.
+# or 'retryable': it waits for its key again (sql/flow.py); its wake-up is '+' || queue
+# (the keyed part has no floors; broker/gates.py) or '@' || queue for a later retry.
 # A job's latest unwritten progress report rides along with a success (progress NULL:
 # none); started_us / ended_us say how long ago the attempt started and ended running in
 # its thread, and the server sets started_at / finished_at from its own now() (no host's
@@ -78,16 +78,6 @@ WITH o AS (
      WHERE j.id = l.id AND l.kind IN ('retry', 'requeue', 'limited')
  RETURNING j.id, j.queue, j.actor, j.status, j.run_at <= now() AS due, l.reason, l.error_type, l.error_where,
            l.kind, j.flow_key, l.delay_ms
-), blocked AS (
-    -- in key order, as every statement that may wait for several rows of one table
-    INSERT INTO rate_limiter_state AS s (key, tokens, burst, rate_per_second, updated_at, blocked_until)
-    SELECT flow_key, 0, 1, 1, now(), now() + max(delay_ms) * interval '1 millisecond'
-      FROM stays WHERE kind = 'limited' AND flow_key IS NOT NULL
-     GROUP BY flow_key ORDER BY flow_key
-    ON CONFLICT (key) DO UPDATE
-       SET blocked_until = greatest(coalesce(s.blocked_until, '-infinity'), EXCLUDED.blocked_until),
-           tokens = 0, updated_at = greatest(s.updated_at, EXCLUDED.updated_at)
-    RETURNING key
 ), done AS (
     DELETE FROM job_queue j USING locked l
      WHERE j.id = l.id AND l.kind IN ('succeeded', 'failed')
@@ -111,12 +101,12 @@ WITH o AS (
                      CASE WHEN kind = 'limited' AND flow_key IS NOT NULL
                           THEN '~' || queue || ' ' || round(delay_ms / 1000.0, 3)::text
                           WHEN status = 'pending' AND kind <> 'limited' THEN '!' || queue
-                          WHEN due THEN queue ELSE '@' || queue END)
+                          WHEN NOT due THEN '@' || queue
+                          WHEN status = 'waiting' THEN '+' || queue ELSE queue END)
       FROM (SELECT DISTINCT queue, due, status, kind, flow_key IS NOT NULL AS flow_key,
                             CASE WHEN kind = 'limited' THEN delay_ms END AS delay_ms FROM stays) AS w
 )
-SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM stays), (SELECT count(*) FROM wake),
-       (SELECT count(*) FROM blocked)
+SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM stays), (SELECT count(*) FROM wake)
 """
 
 # Renews only the rows the process knows it holds: a row whose claim committed
@@ -181,7 +171,8 @@ _RELEASE_BODY = """
       FROM out
 )
 SELECT out.id, out.status, out.owner
-  FROM out CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', out.queue)) AS wake
+  FROM out CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs',
+                                                CASE WHEN out.status = 'waiting' THEN '+' ELSE '' END || out.queue)) AS wake
 """
 
 def _release(where: str, tail: str = "") -> str:
