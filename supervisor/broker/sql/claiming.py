@@ -122,12 +122,10 @@ _SLOTS = """
     RETURNING job_id"""
 
 
-def _update(tids: str, keyed: bool) -> str:
+def _update(tids: str, out: str) -> str:
     """The claimed rows (found by ``tids``) become running rows of this process; ``budget``:
     the budgets of the actors this process knows, for rows that carry none. They come back
-    in claim order: (priority, run_at, id), or with ``keyed`` the order ``pick`` chose
-    (turns between keys), its last column."""
-    seq = "p.seq FROM claimed j JOIN pick p ON p.id = j.id" if keyed else "NULL::bigint FROM claimed j"
+    in claim order, with the columns ``out`` adds to _CLAIMED (and its FROM)."""
     return f"""
 ), budget AS (
     SELECT * FROM unnest(%(actors)s::text[], %(actor_max_attempts)s::int[], %(actor_max_losses)s::int[])
@@ -153,8 +151,14 @@ RETURNING j.*
 )
 -- a TID scan returns rows in ctid order: hand them out in claim order again (a META row,
 -- with no priority, first)
-SELECT {_CLAIMED}, j.flow_key IS NOT NULL, NULL::float8, NULL::text, NULL::int, {seq}
-UNION ALL"""
+SELECT {_CLAIMED}, {out}"""
+
+# The plain claim's rows: no META row can follow, none of its columns.
+_PLAIN_OUT = "j.flow_key IS NOT NULL FROM claimed j"
+# A probing or keyed claim's rows: the META row's columns (NULL), then the claim order
+# (pick's: turns between keys) for the keyed one.
+_META_OUT = "j.flow_key IS NOT NULL, NULL::float8, NULL::text, NULL::int, NULL::bigint FROM claimed j"
+_KEYED_OUT = "j.flow_key IS NOT NULL, NULL::float8, NULL::text, NULL::int, p.seq FROM claimed j JOIN pick p ON p.id = j.id"
 
 
 # A queue with no waiting rows known: the plain rows only. A queue's first waiting rows
@@ -168,11 +172,12 @@ _PLAIN = f"""{_HEAD}, keyed AS (
       FROM cand WHERE concurrency_key IS NOT NULL
      ORDER BY concurrency_key, priority DESC, run_at, id
 ), slots AS ({_SLOTS}{_update("SELECT tid FROM cand WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)",
-                                keyed=False)}"""
+                                "{out}")}"""
 
-CLAIM = _PLAIN.removesuffix("\nUNION ALL") + "\nORDER BY 11 DESC, 12, 1\n"
+CLAIM = _PLAIN.replace("{out}", _PLAIN_OUT) + "\nORDER BY 11 DESC, 12, 1\n"
 
-CLAIM_PROBE = _PLAIN + """
+CLAIM_PROBE = _PLAIN.replace("{out}", _META_OUT) + """
+UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 1, NULL
  -- min(): one descent of jobs_waiting whatever the planner guesses (EXISTS became a scan of
  -- the whole table when half its rows were some other queue's waiting ones)
@@ -187,7 +192,8 @@ CLAIM_KEYED = f"""{_HEAD},{KEYED}, keyed AS (
     SELECT DISTINCT ON (concurrency_key) id, concurrency_key
       FROM pick WHERE part = 0 AND concurrency_key IS NOT NULL
      ORDER BY concurrency_key, priority DESC, run_at, id
-), slots AS ({_SLOTS}{_update("SELECT p.tid FROM pick p WHERE " + CLAIMABLE, keyed=True)}{META}
+), slots AS ({_SLOTS}{_update("SELECT p.tid FROM pick p WHERE " + CLAIMABLE, _KEYED_OUT)}
+UNION ALL{META}
 ORDER BY 11 DESC, 17, 1
 """
 
