@@ -10,6 +10,10 @@
 -- allow. jobs_waiting_due finds a queue's next delayed waiting row for the due timer.
 
 ALTER TABLE job_queue ADD COLUMN flow_key text, ADD COLUMN flow jsonb;
+
+-- A claim updates the bucket of each key it takes from: room on the page keeps that a HOT
+-- update (no new index entry), as the heartbeat's.
+ALTER TABLE rate_limiter_state SET (fillfactor = 50);
 ALTER TABLE job_history ADD COLUMN flow_key text, ADD COLUMN flow jsonb;
 
 ALTER TABLE job_queue DROP CONSTRAINT job_queue_live;

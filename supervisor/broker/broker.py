@@ -306,6 +306,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 self._timer = DueTimer(self.pool)
                 self._listener.on_gate = self._gate_opens  # a peer's '~queue seconds'
                 self._listener.on_waiting = self.gates.waiting  # '+queue'
+                self._timer.on_fire = self.gates.wake
                 self._timer.start()
             if self._keeper is not None and self._keeper.ident is None:
                 self._keeper.start()
@@ -396,7 +397,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         next turn starts, and when a gated key opens (0: the plain claim saw waiting rows,
         or the keyed one could not reach every key or left rows: claim again now)."""
         wait, cursor = meta[sql.WAIT_COLUMN], meta[sql.CURSOR_COLUMN]
-        self.gates.learned(queue, wait, cursor, meta[sql.KEYS_COLUMN])
+        self.gates.learned(queue, wait, cursor, meta[sql.KEYS_COLUMN], meta[sql.TOOK_COLUMN])
         if wait is None:
             return
         if wait <= 0:

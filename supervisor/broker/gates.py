@@ -64,6 +64,7 @@ class Gates:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._keyed: set[str] = set()
+        self._dormant: dict[str, float] = {}  # keyed, but every key read was gated: until then
         self._probed: dict[str, float] = {}
         self._cursor: dict[str, str] = {}
         self._announced: dict[str, float] = {}
@@ -71,10 +72,13 @@ class Gates:
 
     def statement(self, queue: str) -> tuple[bool, bool]:
         """(keyed, probe) for the queue's next claim (sql.claim): keyed while it has waiting
-        rows, else a probe every PROBE_SECONDS."""
-        if queue in self._keyed:
-            return True, False
+        rows, except while the last keyed claim found every key it read gated (its plain
+        rows are claimed meanwhile at a plain claim's cost); else a probe every
+        PROBE_SECONDS."""
         now = self.clock()
+        if queue in self._keyed:
+            until = self._dormant.get(queue)
+            return (until is None or until <= now), False
         with self._lock:
             last = self._probed.get(queue)
             if last is not None and now - last < PROBE_SECONDS:
@@ -86,6 +90,13 @@ class Gates:
         """A notice: the queue has waiting rows now ('+queue', or a gate of it opens)."""
         with self._lock:
             self._keyed.add(queue)
+            self._dormant.pop(queue, None)
+
+    def wake(self, queue: str) -> None:
+        """A deadline of the queue passed (its timer): a gated key, or a delayed waiting row,
+        may be claimable now."""
+        with self._lock:
+            self._dormant.pop(queue, None)
 
     def params(self, queue: str, n: int) -> dict[str, Any]:
         """The claim's keyed parameters for ``queue``."""
@@ -95,14 +106,22 @@ class Gates:
         now = self.clock()
         return {**first_turn(n), "cursor": cursor, "announced": None if at is None or at <= now else at - now}
 
-    def learned(self, queue: str, wait: float | None, cursor: str | None, keys: int) -> None:
+    def learned(self, queue: str, wait: float | None, cursor: str | None, keys: int, took: int | None) -> None:
         """What a claim's META row said (sql.WAIT_COLUMN, sql.CURSOR_COLUMN, sql.KEYS_COLUMN:
-        keys with waiting rows seen, none sends the queue back to the plain claim)."""
+        keys with waiting rows seen, none sends the queue back to the plain claim;
+        sql.TOOK_COLUMN: rows taken from keys, none from a keyed claim means every key it
+        read was gated: it reads them again when the first opens (``wait``, at most
+        PROBE_SECONDS), at a notice, or when a deadline of the queue passes)."""
+        now = self.clock()
         with self._lock:
             if keys:
                 self._keyed.add(queue)
             else:
                 self._keyed.discard(queue)
+            if keys and took == 0:
+                self._dormant[queue] = now + min(PROBE_SECONDS, wait if wait is not None and wait > 0 else PROBE_SECONDS)
+            else:
+                self._dormant.pop(queue, None)
             if cursor is not None:
                 self._cursor[queue] = cursor
             if wait is not None and wait > 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from psycopg_pool import ConnectionPool
 
@@ -61,6 +62,8 @@ class DueTimer(threading.Thread):
         self._gates: dict[str, float] = {}
         self._lock = threading.Lock()
         self._halt = False
+        # Told each queue whose deadline passed, before its consumers are woken (gates.py).
+        self.on_fire: Callable[[str], None] | None = None
 
     def serve(self, queue: str, listener: Wakeups) -> threading.Event:
         """Time ``queue`` too; returns its wake-up event (set by NOTIFY 'queue' and by
@@ -101,11 +104,12 @@ class DueTimer(threading.Thread):
             opened = [q for q, at in self._gates.items() if at <= now]
             for queue in opened:
                 del self._gates[queue]
-        for queue in opened:
-            self._wakeups[queue].set()
         fired = [q for q, at in self._deadlines.items() if at <= now]
         for queue in fired:
             del self._deadlines[queue]
+        for queue in {*opened, *fired}:
+            if self.on_fire is not None:
+                self.on_fire(queue)
             self._wakeups[queue].set()
         return bool(fired)
 

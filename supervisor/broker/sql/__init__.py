@@ -15,6 +15,7 @@ from .claiming import (
     KEYED_COLUMN,
     KEYS_COLUMN,
     NEXT_DUE,
+    TOOK_COLUMN,
     WAIT_COLUMN,
     claim,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "claim",
     "KEYED_COLUMN",
     "KEYS_COLUMN",
+    "TOOK_COLUMN",
     "CLAIM_KEYED",
     "WAIT_COLUMN",
     "CURSOR_COLUMN",

@@ -13,9 +13,10 @@ _CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, 
     coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload,
     j.priority, j.run_at"""  # the last two: where this process's next claims may start (broker/floors.py)
 # After them in a claim's rows: whether the row waited for its limit key (no floor moves
-# for it), and the keyed part's wait, cursor and keys seen (NULL but in its META row, the
-# first, whose id is NULL: sql/flow.py).
-KEYED_COLUMN, WAIT_COLUMN, CURSOR_COLUMN, KEYS_COLUMN = 12, 13, 14, 15
+# for it), and the keyed part's wait, cursor, keys seen and rows taken from keys (NULL but
+# in its META row, the first, whose id is NULL: sql/flow.py; a claimed row's last column
+# is its place in the claim order).
+KEYED_COLUMN, WAIT_COLUMN, CURSOR_COLUMN, KEYS_COLUMN, TOOK_COLUMN = 12, 13, 14, 15, 16
 
 _ABOVE_ANY_PRIORITY = 2**31  # jobs.priority is an integer
 # Priority levels the claim reads one by one before it reads the rest in one scan.

@@ -31,6 +31,15 @@ last. A wait earlier than the one this process announced last goes out as NOTIFY
 starts its job without a poll (a freed slot wakes the queue through the release trigger).
 """
 
+# A bucket fills up to its burst, plus what it refills in CARRY_SECONDS (at most half a
+# token): the time between a token falling due and the claim that takes it (the timer's
+# slack, a round trip) is not lost. With a burst of 1, a bucket capped at the burst lost it
+# at every token: 20/s gave 18.4 starts a second (bench_limits.py L1). Whole tokens are
+# taken, so the most starts in any window of W seconds stay burst + rate x W, rounded down.
+CARRY_SECONDS = 0.025
+_CARRY = "least(0.5, {rate} * " + str(CARRY_SECONDS) + ")"
+
+
 # What one key allows now, read (not locked) as this claim's snapshot sees it: key and
 # flow are the expressions naming the key and its limits (the row's flow jsonb).
 # Columns: weight, needs_bucket, has_bucket, allow (rows, up to n), wake (seconds until a
@@ -57,7 +66,8 @@ def _gate(key: str, flow: str) -> str:
      CROSS JOIN LATERAL (
         SELECT CASE WHEN s.rate IS NULL THEN NULL
                     WHEN b.key IS NULL THEN s.burst
-                    ELSE least(s.burst, b.tokens + s.rate * greatest(0, extract(epoch FROM now() - b.updated_at)))
+                    ELSE least(s.burst + {_CARRY.format(rate="s.rate")},
+                               b.tokens + s.rate * greatest(0, extract(epoch FROM now() - b.updated_at)))
                END AS tokens,
                CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used ELSE 0 END AS used) t)"""
 
@@ -117,7 +127,8 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
       FROM kuse u
       LEFT JOIN LATERAL (
         SELECT CASE WHEN u.rate IS NOT NULL
-                    THEN least(u.burst, b.tokens + u.rate * greatest(0, extract(epoch FROM now() - b.updated_at)))
+                    THEN least(u.burst + {_CARRY.format(rate="u.rate")},
+                               b.tokens + u.rate * greatest(0, extract(epoch FROM now() - b.updated_at)))
                END AS tokens,
                CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used ELSE 0 END AS used,
                true AS held
@@ -150,39 +161,42 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
      ORDER BY m.priority DESC, m.seq, m.part
      LIMIT %(n)s
 ), ktake AS (
-    SELECT flow_key AS key, count(*)::int AS n FROM pick WHERE part = 1 GROUP BY flow_key
+    -- each key's rows in the pick, with its limits and bucket as read (one hash join)
+    SELECT f.key, t.n, f.rate, f.burst, f.quota, f.conc, f.tokens, f.used, f.needs_bucket, f.has_bucket
+      FROM (SELECT flow_key, count(*)::int AS n FROM pick WHERE part = 1 GROUP BY flow_key) t
+      JOIN kfinal f ON f.key = t.flow_key
 ), kupd AS (
     UPDATE rate_limiter_state b
-       SET tokens = CASE WHEN f.rate IS NULL THEN b.tokens ELSE f.tokens - t.n END,
-           burst = coalesce(f.burst, b.burst), rate_per_second = coalesce(f.rate, b.rate_per_second),
-           daily_quota = f.quota, updated_at = greatest(b.updated_at, now()),
-           quota_day = (now() AT TIME ZONE 'UTC')::date, quota_used = f.used + t.n,
+       SET tokens = CASE WHEN t.rate IS NULL THEN b.tokens ELSE t.tokens - t.n END,
+           burst = coalesce(t.burst, b.burst), rate_per_second = coalesce(t.rate, b.rate_per_second),
+           daily_quota = t.quota, updated_at = greatest(b.updated_at, now()),
+           quota_day = (now() AT TIME ZONE 'UTC')::date, quota_used = t.used + t.n,
            granted_total = b.granted_total + t.n
-      FROM ktake t JOIN kfinal f ON f.key = t.key
-     WHERE b.key = t.key AND f.needs_bucket AND f.has_bucket
+      FROM ktake t
+     WHERE b.key = t.key AND t.needs_bucket AND t.has_bucket
  RETURNING b.key
 ), knew AS (
     -- a key's first bucket, full less what this claim takes; a claim that made it first wins
     INSERT INTO rate_limiter_state AS b (key, tokens, burst, rate_per_second, updated_at, daily_quota,
                                          quota_day, quota_used, granted_total)
-    SELECT t.key, coalesce(f.burst, 1) - CASE WHEN f.rate IS NULL THEN 0 ELSE t.n END, coalesce(f.burst, 1),
-           coalesce(f.rate, 1), now(), f.quota, (now() AT TIME ZONE 'UTC')::date, t.n, t.n
-      FROM ktake t JOIN kfinal f ON f.key = t.key
-     WHERE f.needs_bucket AND NOT f.has_bucket
+    SELECT t.key, coalesce(t.burst, 1) - CASE WHEN t.rate IS NULL THEN 0 ELSE t.n END, coalesce(t.burst, 1),
+           coalesce(t.rate, 1), now(), t.quota, (now() AT TIME ZONE 'UTC')::date, t.n, t.n
+      FROM ktake t
+     WHERE t.needs_bucket AND NOT t.has_bucket
      ORDER BY t.key
     ON CONFLICT DO NOTHING
  RETURNING b.key
 ), kok AS (
-    SELECT key FROM kfinal WHERE NOT needs_bucket UNION ALL SELECT key FROM kupd UNION ALL SELECT key FROM knew
+    SELECT key FROM ktake WHERE NOT needs_bucket UNION ALL SELECT key FROM kupd UNION ALL SELECT key FROM knew
 ), kfree AS (
     -- free slots of each concurrency-limited key, as many as it takes
-    SELECT f.key, s.slot, row_number() OVER (PARTITION BY f.key ORDER BY s.slot) AS r
-      FROM kfinal f JOIN ktake t ON t.key = f.key
+    SELECT t.key, s.slot, row_number() OVER (PARTITION BY t.key ORDER BY s.slot) AS r
+      FROM ktake t
      CROSS JOIN LATERAL (
-        SELECT g.slot FROM generate_series(0, f.conc - 1) AS g(slot)
-         WHERE NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = f.key AND c.slot = g.slot)
+        SELECT g.slot FROM generate_series(0, t.conc - 1) AS g(slot)
+         WHERE NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = t.key AND c.slot = g.slot)
          LIMIT t.n) s
-     WHERE f.conc IS NOT NULL AND f.key IN (SELECT key FROM kok)
+     WHERE t.conc IS NOT NULL AND t.key IN (SELECT key FROM kok)
 ), kslots AS (
     -- sorted so two claimers never take the same slots in opposite orders (no deadlock)
     INSERT INTO job_concurrency (key, slot, job_id)
@@ -213,8 +227,8 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
                 ELSE (SELECT min(w.s) FROM (
                         SELECT wake AS s FROM kscan WHERE allow = 0
                         UNION ALL
-                        SELECT (1 - (f.tokens - t.n)) / f.rate FROM kfinal f JOIN ktake t ON t.key = f.key
-                         WHERE f.rate IS NOT NULL AND f.tokens - t.n < 1
+                        SELECT (1 - (t.tokens - t.n)) / t.rate FROM ktake t
+                         WHERE t.rate IS NOT NULL AND t.tokens - t.n < 1
                         UNION ALL
                         SELECT {CUT_PAUSE} WHERE x.cut) w WHERE w.s > 0)
            END AS wait,
@@ -235,11 +249,11 @@ CLAIMABLE = """(p.part = 0 AND (p.concurrency_key IS NULL OR p.id IN (SELECT job
                               OR (p.part = 1 AND p.flow_key IN (SELECT key FROM kok)
                                   AND (p.conc IS NULL OR p.id IN (SELECT job_id FROM kslots)))"""
 
-# The claim's META row (no job: its id is NULL): kmeta's wait and cursor, and how many keys
-# with waiting rows it saw (none: the queue has none now).
+# The claim's META row (no job: its id is NULL): kmeta's wait and cursor, how many keys with
+# waiting rows it saw (none: the queue has none now) and how many of its rows came from keys.
 META = """
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, m.wait, m.cursor,
-       (SELECT count(*) FROM kscan)::int, NULL
+       (SELECT count(*) FROM kscan)::int, (SELECT coalesce(sum(n), 0) FROM ktake)::bigint
   FROM kmeta m
  WHERE (SELECT count(*) FROM kannounce) >= 0"""
 
