@@ -178,7 +178,7 @@ def test_a_claim_reads_at_most_max_keys_keys_and_goes_on_from_there(conn, eligib
         took, meta = claim(conn, 4)
     wait, cursor, keys = meta_of(meta)
     assert took == [] and keys == max_keys(4) and cursor == f"g{max_keys(4) - 1:03d}"
-    assert wait == pytest.approx(0.05)  # every key read was gated: a short pause, then read on
+    assert wait > 900  # every key read was gated, the first opens in ~1000 s (beyond: gates.py)
     with conn.transaction():
         took, meta = claim(conn, 4, cursor=cursor)
     assert took == ([("z", 0), ("z", 0)] if eligible_last else [])

@@ -374,7 +374,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
             raise
         self._claims_failing = False
         if rows and rows[0][0] is None:  # the keyed part's META row (sql/flow.py)
-            self._gated(queue, rows.pop(0))
+            self._gated(queue, n, rows.pop(0))
         self.floors.claimed(queue, rows, sweep)
         out, bad = decode_claimed(rows, self.actors)
         self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
@@ -392,12 +392,12 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         if self._timer is not None:
             self._timer.due_in(queue, seconds)
 
-    def _gated(self, queue: str, meta: tuple[Any, ...]) -> None:
+    def _gated(self, queue: str, n: int, meta: tuple[Any, ...]) -> None:
         """A claim's word on the queue's limit keys: whether it has waiting rows, where its
         next turn starts, and when a gated key opens (0: the plain claim saw waiting rows,
         or the keyed one could not reach every key or left rows: claim again now)."""
         wait, cursor = meta[sql.WAIT_COLUMN], meta[sql.CURSOR_COLUMN]
-        self.gates.learned(queue, wait, cursor, meta[sql.KEYS_COLUMN], meta[sql.TOOK_COLUMN])
+        self.gates.learned(queue, n, wait, cursor, meta[sql.KEYS_COLUMN], meta[sql.TOOK_COLUMN])
         if wait is None:
             return
         if wait <= 0:

@@ -22,8 +22,13 @@ GATE = "~"
 WAITING = "+"
 # A queue claimed without reading waiting rows asks whether it has some this often (and at
 # its first claim): the notices above may have been missed (a listener away, a pooled URL
-# with no LISTEN).
+# with no LISTEN). The longest a queue's keys, all found gated, go unread too.
 PROBE_SECONDS = 2.0
+# A keyed claim cut at max_keys that found every key it read gated: the queue's next keyed
+# claim (reading on from there) comes this long after, doubling while they all are, up to
+# PROBE_SECONDS; meanwhile its plain rows are claimed at a plain claim's cost. A gate of a
+# key read opens on time (the timer), a notice ('+queue') ends the pause.
+CUT_PAUSE = 0.05
 # Keys a claim may visit: enough for half of them gated at each claim, and a bound on
 # what one claim reads when most are (the rest is for the next claim, at once).
 EXTRA_KEYS = 16
@@ -65,6 +70,11 @@ class Gates:
         self.clock = clock
         self._keyed: set[str] = set()
         self._dormant: dict[str, float] = {}  # keyed, but every key read was gated: until then
+        self._streak: dict[str, int] = {}  # keyed claims in a row that found every key gated
+        # Notices and deadlines per queue, counted: a claim that was under way when one came
+        # read the queue before it, so what it found does not undo it (learned()).
+        self._notices: dict[str, int] = {}
+        self._asked: dict[str, int] = {}
         self._probed: dict[str, float] = {}
         self._cursor: dict[str, str] = {}
         self._announced: dict[str, float] = {}
@@ -76,6 +86,8 @@ class Gates:
         rows are claimed meanwhile at a plain claim's cost); else a probe every
         PROBE_SECONDS."""
         now = self.clock()
+        with self._lock:
+            self._asked[queue] = self._notices.get(queue, 0)
         if queue in self._keyed:
             until = self._dormant.get(queue)
             return (until is None or until <= now), False
@@ -89,13 +101,16 @@ class Gates:
     def waiting(self, queue: str) -> None:
         """A notice: the queue has waiting rows now ('+queue', or a gate of it opens)."""
         with self._lock:
+            self._notices[queue] = self._notices.get(queue, 0) + 1
             self._keyed.add(queue)
             self._dormant.pop(queue, None)
+            self._streak.pop(queue, None)
 
     def wake(self, queue: str) -> None:
         """A deadline of the queue passed (its timer): a gated key, or a delayed waiting row,
         may be claimable now."""
         with self._lock:
+            self._notices[queue] = self._notices.get(queue, 0) + 1
             self._dormant.pop(queue, None)
 
     def params(self, queue: str, n: int) -> dict[str, Any]:
@@ -106,21 +121,31 @@ class Gates:
         now = self.clock()
         return {**first_turn(n), "cursor": cursor, "announced": None if at is None or at <= now else at - now}
 
-    def learned(self, queue: str, wait: float | None, cursor: str | None, keys: int, took: int | None) -> None:
-        """What a claim's META row said (sql.WAIT_COLUMN, sql.CURSOR_COLUMN, sql.KEYS_COLUMN:
-        keys with waiting rows seen, none sends the queue back to the plain claim;
-        sql.TOOK_COLUMN: rows taken from keys, none from a keyed claim means every key it
-        read was gated: it reads them again when the first opens (``wait``, at most
-        PROBE_SECONDS), at a notice, or when a deadline of the queue passes)."""
+    def learned(self, queue: str, n: int, wait: float | None, cursor: str | None, keys: int,
+                took: int | None) -> None:
+        """What a claim of ``n`` rows said in its META row (sql.WAIT_COLUMN, CURSOR_COLUMN,
+        KEYS_COLUMN: keys with waiting rows seen, none sends the queue back to the plain
+        claim; TOOK_COLUMN: rows taken from keys). A keyed claim that took none found every
+        key it read gated: the keys are read again when the first opens (``wait``), after
+        CUT_PAUSE (doubling) if the scan stopped at max_keys, at most PROBE_SECONDS later,
+        or at a notice or a deadline of the queue."""
         now = self.clock()
         with self._lock:
-            if keys:
+            noticed = self._notices.get(queue, 0) != self._asked.get(queue, 0)  # during the claim
+            if keys or noticed:
                 self._keyed.add(queue)
             else:
                 self._keyed.discard(queue)
-            if keys and took == 0:
-                self._dormant[queue] = now + min(PROBE_SECONDS, wait if wait is not None and wait > 0 else PROBE_SECONDS)
+            if keys and took == 0 and not noticed:
+                streak = self._streak[queue] = self._streak.get(queue, 0) + 1
+                pause = PROBE_SECONDS
+                if wait is not None and wait > 0:
+                    pause = min(pause, wait)
+                if keys >= max_keys(n):  # cut: keys beyond it not read yet
+                    pause = min(pause, CUT_PAUSE * 2 ** min(streak - 1, 16))
+                self._dormant[queue] = now + pause
             else:
+                self._streak.pop(queue, None)
                 self._dormant.pop(queue, None)
             if cursor is not None:
                 self._cursor[queue] = cursor

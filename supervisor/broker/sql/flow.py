@@ -80,9 +80,6 @@ def _next_key(cond: str, pass_no: str) -> str:
       ORDER BY j.flow_key, j.priority DESC, j.run_at, j.id LIMIT 1)"""
 
 
-# Seconds a claim that read max_keys keys, every one gated, waits before it reads on.
-CUT_PAUSE = 0.05
-
 # CTEs of the claim (after the plain part's ``cand``); the claim's UPDATE takes the rows of
 # ``pick`` that ``claimable`` lets through and returns ``kmeta`` last.
 KEYED = f"""
@@ -215,8 +212,8 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
            (SELECT max(i) FROM kfinal) AS used
 ), kmeta AS (
     -- wait: 0 to claim again at once (progress made, and keys not reached or rows left);
-    -- else the first time gate to open, at most CUT_PAUSE away when keys were not reached
-    -- (a scan that found every key it read gated waits a little before reading on).
+    -- else the first time gate to open among the keys read (a scan cut at max_keys that
+    -- found every key it read gated: the process reads on a little later, gates.py).
     -- cursor: where the next turn starts: after the last key served, unless every key read
     -- after it was gated: then after the last key read.
     SELECT CASE WHEN (SELECT count(*) FROM pick) < %(n)s AND x.took
@@ -228,9 +225,7 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
                         SELECT wake AS s FROM kscan WHERE allow = 0
                         UNION ALL
                         SELECT (1 - (t.tokens - t.n)) / t.rate FROM ktake t
-                         WHERE t.rate IS NOT NULL AND t.tokens - t.n < 1
-                        UNION ALL
-                        SELECT {CUT_PAUSE} WHERE x.cut) w WHERE w.s > 0)
+                         WHERE t.rate IS NOT NULL AND t.tokens - t.n < 1) w WHERE w.s > 0)
            END AS wait,
            CASE WHEN EXISTS (SELECT 1 FROM kscan k WHERE k.allow > 0 AND k.i > coalesce(x.used, 0))
                 THEN (SELECT key FROM kscan WHERE i = x.used)
