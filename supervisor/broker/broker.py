@@ -388,7 +388,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
 
     def _gate_opens(self, queue: str, seconds: float) -> None:
         """A peer's '~queue seconds': a limit key of the queue opens then (it has waiting rows)."""
-        self.gates.waiting(queue)
+        self.gates.gated(queue)
         if self._timer is not None:
             self._timer.due_in(queue, seconds)
 

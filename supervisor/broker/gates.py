@@ -29,6 +29,10 @@ PROBE_SECONDS = 2.0
 # PROBE_SECONDS; meanwhile its plain rows are claimed at a plain claim's cost. A gate of a
 # key read opens on time (the timer), a notice ('+queue') ends the pause.
 CUT_PAUSE = 0.05
+# A gate's opening is announced again only when sooner by this much than the one announced
+# (the claims of several processes see the same time give or take their clocks' jitter:
+# re-announcing it would wake every process for nothing). sql/flow.py's kannounce.
+ANNOUNCE_MARGIN = 0.01
 # Keys a claim may visit: enough for half of them gated at each claim, and a bound on
 # what one claim reads when most are (the rest is for the next claim, at once).
 EXTRA_KEYS = 16
@@ -106,6 +110,12 @@ class Gates:
             self._dormant.pop(queue, None)
             self._streak.pop(queue, None)
 
+    def gated(self, queue: str) -> None:
+        """A peer's '~queue seconds': the queue has waiting rows, one of its keys opens later
+        (the timer wakes it then): its claims read waiting rows, no pause is cut short."""
+        with self._lock:
+            self._keyed.add(queue)
+
     def wake(self, queue: str) -> None:
         """A deadline of the queue passed (its timer): a gated key, or a delayed waiting row,
         may be claimable now."""
@@ -152,5 +162,5 @@ class Gates:
             if wait is not None and wait > 0:
                 at = self.clock() + wait
                 known = self._announced.get(queue)
-                if known is None or known <= self.clock() or at < known:
+                if known is None or known <= self.clock() or at < known - ANNOUNCE_MARGIN:
                     self._announced[queue] = at

@@ -31,6 +31,8 @@ last. A wait earlier than the one this process announced last goes out as NOTIFY
 starts its job without a poll (a freed slot wakes the queue through the release trigger).
 """
 
+from ..gates import ANNOUNCE_MARGIN  # a wait is announced only when sooner than the last by this
+
 # A bucket fills up to its burst, plus what it refills in CARRY_SECONDS (at most half a
 # token): the time between a token falling due and the claim that takes it (the timer's
 # slack, a round trip) is not lost. With a burst of 1, a bucket capped at the burst lost it
@@ -234,7 +236,7 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
 ), kannounce AS (
     SELECT pg_notify('actor_supervisor_jobs', '~' || %(queue)s || ' ' || round(m.wait::numeric, 3)::text)
       FROM kmeta m
-     WHERE m.wait > 0 AND (%(announced)s::float8 IS NULL OR m.wait < %(announced)s::float8 - 0.001)
+     WHERE m.wait > 0 AND (%(announced)s::float8 IS NULL OR m.wait < %(announced)s::float8 - {ANNOUNCE_MARGIN})
 )"""
 
 # Which rows of ``pick`` the claim's UPDATE takes: a plain row with no concurrency key, or
