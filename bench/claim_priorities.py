@@ -28,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Figure, bench_database, code_state, print_table, reset, say, server_url  # noqa: E402
 from supervisor.broker import sql  # noqa: E402
+from supervisor.broker.gates import first_turn  # noqa: E402
 from supervisor.broker.middleware import claim_budgets  # noqa: E402
 
-PARAMS = {"queue": "bench", "owner": "claim-priorities", "lease_s": 30.0, "relaxed": False,
+PARAMS = {"queue": "bench", "owner": "claim-priorities", "lease_s": 30.0, "relaxed": False, **first_turn(2048),
           **claim_budgets({}, None)}
 
 

@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import WorkerPool, bench_database, code_state, percentile, say, server_url  # noqa: E402
 from supervisor import defaults  # noqa: E402
 from supervisor.broker import PostgresBroker, sql  # noqa: E402
+from supervisor.broker.gates import first_turn  # noqa: E402
 from supervisor.broker.outcomes import Finish, finish_params  # noqa: E402
 from supervisor.worker.registry import Registration  # noqa: E402
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings  # noqa: E402
@@ -122,7 +123,7 @@ def vacuum(conn: psycopg.Connection, options: str = "ANALYZE") -> float:
 
 
 def claim_params(n: int, owner: str = "claim-scale-probe") -> dict:
-    return {"queue": "bench", "n": n, "owner": owner, "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, "actors": [],
+    return {"queue": "bench", "n": n, "owner": owner, "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, **first_turn(n), "actors": [],
             "actor_max_attempts": [], "actor_max_losses": [], "default_max_attempts": 21, "default_max_losses": 3}
 
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import bench_database, code_state, reset  # noqa: E402
 from bench.floor import Conn, JobPath, main  # noqa: E402
 from supervisor.broker import sql
+from supervisor.broker.gates import first_turn  # noqa: E402
 from supervisor.broker.middleware import claim_budgets  # noqa: E402
 from supervisor.broker.outcomes import Finish, finish_params  # noqa: E402
 
@@ -39,11 +40,12 @@ NO_BUDGETS = claim_budgets({}, None)  # no actors known: the rows carry their ow
 
 def build_rows(n: int) -> list[Any]:
     """INSERT_MANY's parameters for n no-op messages, as bulk.py sends them: the delay,
-    then one list per column in sql.BULK_COLUMNS order, rows sorted by id."""
+    then one list per column in sql.BULK_COLUMNS order, rows sorted by id, and no limit
+    keys (sql.FLOW_COLUMNS' arrays NULL)."""
     now_ms = int(time.time() * 1000)
     rows = sorted((str(uuid.uuid4()), QUEUE, "noop", "[]", "{}", "{}", None, 0, 1, None, None, now_ms)
                   for _ in range(n))
-    return [0, *map(list, zip(*rows, strict=True))]
+    return [0, *map(list, zip(*rows, strict=True)), None, None]
 
 
 def enqueue_rows(conn: Conn, params: list[Any]) -> None:
@@ -52,7 +54,8 @@ def enqueue_rows(conn: Conn, params: list[Any]) -> None:
 
 def claim_rows(conn: Conn, batch: int, owner: str) -> list[Any]:
     """The worker's claim of up to ``batch`` rows of the queue."""
-    params = {"queue": QUEUE, "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, **NO_BUDGETS}
+    params = {"queue": QUEUE, "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, **NO_BUDGETS,
+              **first_turn(batch)}
     return conn.execute(sql.claim(batch), params).fetchall()
 
 

@@ -58,13 +58,14 @@ from bench import soak_trace  # noqa: E402
 from bench.bench_broker import w1  # noqa: E402
 from bench.common import WorkerPool, bench_database, code_state, reset, say, server_url  # noqa: E402
 from supervisor.broker import sql  # noqa: E402
+from supervisor.broker.gates import first_turn  # noqa: E402
 from supervisor.config import load  # noqa: E402
 
 TICK = 0.02
 LAG_S = 2.0
 PROBES_PER_SECOND = 5
 # The probe's claim: 16 rows (a worker's batch) of the live queue, as owner soak-probe.
-PROBE = {"queue": "bench", "n": 16, "owner": "soak-probe", "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, "actors": [], "actor_max_attempts": [],
+PROBE = {"queue": "bench", "n": 16, "owner": "soak-probe", "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, **first_turn(16), "actors": [], "actor_max_attempts": [],
          "actor_max_losses": [], "default_max_attempts": 1, "default_max_losses": 3}
 
 CONFIG = """\

@@ -3,5 +3,7 @@
 from .broker import PostgresBroker, PostgresConsumer, setup_broker
 from .broker.jobfields import log_fields
 from .broker.progress import progress
+from .flow import LimitOptionError, RateLimited
 
-__all__ = ["PostgresBroker", "PostgresConsumer", "log_fields", "progress", "setup_broker"]
+__all__ = ["LimitOptionError", "PostgresBroker", "PostgresConsumer", "RateLimited", "log_fields", "progress",
+           "setup_broker"]

@@ -70,7 +70,7 @@ def queue_capacity(conn: psycopg.Connection, *, waits: bool = True) -> list[dict
 
 
 # Every status a job row can have (the jobs table's check constraint), in a job's order.
-JOB_STATUSES = ("pending", "running", "retryable", "succeeded", "failed", "cancelled")
+JOB_STATUSES = ("pending", "waiting", "running", "retryable", "succeeded", "failed", "cancelled")
 
 
 def job_status(value: object) -> str | None:

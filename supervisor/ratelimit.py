@@ -16,7 +16,9 @@ from typing import Any
 
 import psycopg
 
-# --- every SQL statement on rate_limiter_state ---------------------------------
+# --- SQL on rate_limiter_state: a caller's takes and blocks ----------------------
+# (The runtime's claim takes from the same rows, and RateLimited blocks them, in their own
+# statements: broker/sql/flow.py. One table of buckets, whoever takes.)
 # One statement: refill, check block/quota/tokens, take, and report (see 004_rate_limits.sql).
 _TAKE = """
 SELECT granted, wait_seconds, reason, tokens_left, used_today

@@ -183,7 +183,7 @@ class WorkerProc:
 
     def __init__(self, url: str, *, queues="tests", actors="tests.sample_actors", threads=4,
                  lease=30.0, heartbeat=10.0, shutdown_timeout=30.0, extra_env=None, argv=None,
-                 log_level="WARNING", executor: str | None = None):
+                 log_level="WARNING", executor: str | None = None, extra_args=()):
         fd, signals = tempfile.mkstemp(prefix="signals-", suffix=".jsonl")
         os.close(fd)
         self.signals = Recorded(Path(signals))
@@ -192,7 +192,7 @@ class WorkerProc:
             sys.executable, "-m", "supervisor.cli", "worker", "--queues", queues, "--actors", actors,
             "--threads", str(threads), "--lease", str(lease), "--heartbeat", str(heartbeat),
             "--shutdown-timeout", str(shutdown_timeout), "--no-migrate", "--log-level", log_level,
-            *(["--executor", executor] if executor else []),
+            *(["--executor", executor] if executor else []), *extra_args,
         ]
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (lives as long as the process)
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=self.log, text=True)

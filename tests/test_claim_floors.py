@@ -13,6 +13,7 @@ import pytest
 
 from supervisor.broker import PostgresBroker, sql
 from supervisor.broker.floors import SWEEP, ClaimFloors, SweepSignal
+from supervisor.broker.gates import first_turn
 from tests.conftest import scalar
 
 QUEUE = "floors"
@@ -110,7 +111,7 @@ def test_under_a_pinned_horizon_a_floored_claim_reads_a_few_pages_where_a_sweep_
         _insert(conn, 10)
         floors, sweep = floored.floors.params(QUEUE)
         assert not sweep
-        params = {"queue": QUEUE, "n": 16, "owner": floored.owner, "lease_s": 30.0, "relaxed": False,
+        params = {"queue": QUEUE, "n": 16, "owner": floored.owner, "lease_s": 30.0, "relaxed": False, **first_turn(16),
                   **floored._budgets()}
         read = {name: _buffers(conn, {**params, **f}) for name, f in (("floored", floors), ("sweep", SWEEP))}
         pin.rollback()

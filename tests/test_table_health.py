@@ -16,6 +16,7 @@ from psycopg_pool import ConnectionPool
 from supervisor import db, error_groups
 from supervisor.broker import PostgresBroker, actor_reads, reads
 from supervisor.broker import sql as jobs_sql
+from supervisor.broker.gates import first_turn
 from supervisor.broker.outcomes import Finish, finish_params
 from supervisor.config import Retention
 from supervisor.http.dashboard import recorder
@@ -23,7 +24,7 @@ from supervisor.worker.registry import Registration
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 from tests.conftest import scalar, wait_for
 
-CLAIM = {"queue": "health", "n": 5, "owner": "t", "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, "actors": [], "actor_max_attempts": [],
+CLAIM = {"queue": "health", "n": 5, "owner": "t", "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, **first_turn(64), "actors": [], "actor_max_attempts": [],
          "actor_max_losses": [], "default_max_attempts": 1, "default_max_losses": 1}
 STATS = "SELECT n_dead_tup, vacuum_count FROM pg_stat_user_tables WHERE relid = 'job_queue'::regclass"
 pytestmark = pytest.mark.broker(lease_seconds=30, poll_interval=0.2, pool_size=4)

@@ -35,6 +35,7 @@ from .capacity import Capacity
 from .consumer import PostgresConsumer
 from .fencing import Fence
 from .floors import REQUEUED, ClaimFloors, SweepSignal
+from .gates import Gates
 from .joining import Failures, QueueHelpers
 from .keeper import LeaseKeeper
 from .leases import Leases
@@ -142,6 +143,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self.claiming.set()
         self.leases = Leases(self.pool, self.owner, lease_seconds)
         self.floors = ClaimFloors()  # where this process's next claim of each queue starts
+        self.gates = Gates()  # the keyed part's turn cursor and announced wake-up, per queue
         # Last, so its after_process_message runs first (see Fence).
         self.fence = Fence(self.leases)
         self.add_middleware(self.fence)
@@ -162,6 +164,13 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
 
     # --- producer side ------------------------------------------------------
 
+    def declare_actor(self, actor: dramatiq.Actor[..., Any]) -> None:
+        """Dramatiq's, after checking the actor's flow-control options: a bad one fails the
+        definition with one LimitOptionError naming the actor and the option (a middleware's
+        before_declare_actor could not: Dramatiq logs what a hook raises and goes on)."""
+        bulk.actor_plan(actor)
+        super().declare_actor(actor)
+
     def declare_queue(self, queue_name: str) -> None:
         if queue_name not in self.queues:
             self.emit_before("declare_queue", queue_name)
@@ -180,8 +189,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
             _transaction.reset(token)
 
     def _row(self, message: Message[Any], delay: int | None) -> dict[str, Any]:
-        priority, max_attempts, dedupe_key, concurrency_key = bulk.job_fields(
-            message, self.actors.get(message.actor_name), self._retries(), self.queue_priorities)
+        actor = self.actors.get(message.actor_name)
+        priority, max_attempts, dedupe_key = bulk.job_fields(message, actor, self._retries(), self.queue_priorities)
+        message, concurrency_key, flow_key, limits = bulk.flow_fields(message, actor)
         return {
             "id": message.message_id,
             "queue": message.queue_name,
@@ -193,6 +203,8 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
             "max_attempts": max_attempts,
             "dedupe_key": dedupe_key,
             "concurrency_key": concurrency_key,
+            "flow_key": flow_key,
+            "flow": limits,
         }
 
     def _retries(self) -> Retries | None:
@@ -292,6 +304,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 self._acks.start()
             if self._timer is None:
                 self._timer = DueTimer(self.pool)
+                self._listener.on_gate = self._gate_opens  # a peer's '~queue seconds'
+                self._listener.on_waiting = self.gates.waiting  # '+queue'
+                self._timer.on_fire = self.gates.wake
                 self._timer.start()
             if self._keeper is not None and self._keeper.ident is None:
                 self._keeper.start()
@@ -343,20 +358,23 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         are returned (the consumer frees the capacity the bad ones reserved)."""
         floors, sweep = self.floors.params(queue)
         params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
-                  **self._budgets(), **floors}
+                  **self._budgets(), **floors, **self.gates.params(queue, n)}
         sent = time.monotonic()
         # In an outage, ask for a connection only briefly: the consumer tries again
         # at once, and each try makes the pool attempt a fresh connection.
         timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
         try:
             with self._conn(pool=self.pool, timeout=timeout) as c:
-                rows = c.execute(sql.claim(n), params).fetchall()
+                keyed, probe = self.gates.statement(queue)
+                rows = c.execute(sql.claim(n, keyed=keyed, probe=probe), params).fetchall()
         except BrokerConnectionError:
             self._claims_failing = True
             with contextlib.suppress(Exception):
                 self.pool.check()  # drop every broken idle connection now, not one per try
             raise
         self._claims_failing = False
+        if rows and rows[0][0] is None:  # the keyed part's META row (sql/flow.py)
+            self._gated(queue, n, rows.pop(0))
         self.floors.claimed(queue, rows, sweep)
         out, bad = decode_claimed(rows, self.actors)
         self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
@@ -367,6 +385,26 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 if str(row[0]) in failed and row[2] not in self.actors:
                     self.failures.record(str(row[0]), ActorNotFound(row[2]))
         return out
+
+    def _gate_opens(self, queue: str, seconds: float) -> None:
+        """A peer's '~queue seconds': a limit key of the queue opens then (it has waiting rows)."""
+        self.gates.gated(queue)
+        if self._timer is not None:
+            self._timer.due_in(queue, seconds)
+
+    def _gated(self, queue: str, n: int, meta: tuple[Any, ...]) -> None:
+        """A claim's word on the queue's limit keys: whether it has waiting rows, where its
+        next turn starts, and when a gated key opens (0: the plain claim saw waiting rows,
+        or the keyed one could not reach every key or left rows: claim again now)."""
+        wait, cursor = meta[sql.WAIT_COLUMN], meta[sql.CURSOR_COLUMN]
+        self.gates.learned(queue, n, wait, cursor, meta[sql.KEYS_COLUMN], meta[sql.TOOK_COLUMN])
+        if wait is None:
+            return
+        if wait <= 0:
+            if self._listener is not None:
+                self._listener.event_for(queue).set()
+        elif self._timer is not None:
+            self._timer.due_in(queue, float(wait))
 
     def progress_buffer(self) -> ProgressBuffer:
         """This process's progress reports, written by their own thread, started on

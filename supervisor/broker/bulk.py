@@ -18,6 +18,7 @@ one-statement path every smaller batch takes.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Iterable
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ import psycopg
 from dramatiq.message import Message
 from psycopg.pq import TransactionStatus
 
+from .. import flow
 from . import sql
 from .message import body_text, readable_body
 
@@ -39,20 +41,55 @@ if TYPE_CHECKING:
 # rows, in and outside a caller's transaction; at 128 COPY takes 0.6 x the time.
 COPY_MIN_ROWS = 32
 
-# A row's dedupe key (its index in sql.BULK_COLUMNS).
+# A row's dedupe key (its index in sql.BULK_COLUMNS); its limit key and limits follow the
+# BULK_COLUMNS (sql.FLOW_COLUMNS).
 KEY = 9
+FLOW_KEY = 12
 
 # The message options job_fields reads; a message with none of them has its actor's fields.
-_FIELD_OPTIONS = frozenset({"priority", "max_attempts", "max_retries", "dedupe_key", "concurrency_key"})
+_FIELD_OPTIONS = frozenset({"priority", "max_attempts", "max_retries", "dedupe_key"})
+
+# Each actor's flow control (supervisor/flow.py), planned once (None: it has none).
+_plans: weakref.WeakKeyDictionary[Any, flow.Plan | None] = weakref.WeakKeyDictionary()
+
+
+def actor_plan(actor: Actor[..., Any]) -> flow.Plan | None:
+    """The flow control an actor's options declare; LimitOptionError if one is bad."""
+    try:
+        return _plans[actor]
+    except KeyError:
+        found = _plans[actor] = flow.plan(actor.actor_name, actor.options, getattr(actor, "fn", None))
+        return found
+
+
+def flow_fields(message: Message[Any], actor: Actor[..., Any] | None) -> tuple[Message[Any], Any, Any, Any]:
+    """A new row's message, concurrency_key, flow_key and flow (JSON text), from the
+    message's flow options over its actor's. A bad option raises LimitOptionError (the
+    send fails); a key this message cannot fill makes a row with no key that fails at its
+    claim with the reason (flow.KEY_ERROR in its options)."""
+    options = message.options
+    if options and not flow.OPTIONS.isdisjoint(options):
+        plan = flow.merged_plan(message.actor_name, actor.options if actor is not None else {}, options,
+                                getattr(actor, "fn", None))
+    else:
+        plan = actor_plan(actor) if actor is not None else None
+    if plan is None:
+        return message, None, None, None
+    try:
+        key = plan.key_for(message)
+    except ValueError as exc:
+        return dataclasses.replace(message, options={**options, flow.KEY_ERROR: str(exc)}), None, None, None
+    # concurrency_key keeps naming the key of a concurrency-limited job (searches, the API)
+    return message, key if plan.limits.concurrency is not None else None, key, plan.limits.json
 
 
 def job_fields(message: Message[Any], actor: Actor[..., Any] | None, retries: Retries | None,
-               priorities: dict[str, int] | None = None) -> tuple[int, int | None, Any, Any]:
-    """priority, max_attempts, dedupe_key and concurrency_key of a new row: the
-    message's option, else its actor's; the priority is else its queue's role's
-    (``priorities``, from the config), else 0. max_attempts is else the Retries budget;
-    NULL for an actor this process does not know (enqueued by name from elsewhere):
-    the worker that claims it applies its actor's budget."""
+               priorities: dict[str, int] | None = None) -> tuple[int, int | None, Any]:
+    """priority, max_attempts and dedupe_key of a new row: the message's option, else its
+    actor's; the priority is else its queue's role's (``priorities``, from the config),
+    else 0. max_attempts is else the Retries budget; NULL for an actor this process does
+    not know (enqueued by name from elsewhere): the worker that claims it applies its
+    actor's budget."""
     options = message.options
     actor_options = actor.options if actor is not None else {}
 
@@ -66,25 +103,28 @@ def job_fields(message: Message[Any], actor: Actor[..., Any] | None, retries: Re
     priority = options.get("priority")
     if priority is None:
         priority = (priorities or {}).get(message.queue_name, 0)
-    return (int(priority), None if max_attempts is None else int(max_attempts),
-            option("dedupe_key"), option("concurrency_key"))
+    return int(priority), None if max_attempts is None else int(max_attempts), option("dedupe_key")
 
 
 def rows(messages: Iterable[Message[Any]], actors: dict[str, Actor[..., Any]], retries: Retries | None,
          priorities: dict[str, int] | None = None) -> list[tuple[Any, ...]]:
-    """One tuple per message, in sql.BULK_COLUMNS order (``actors``: the broker's)."""
+    """One tuple per message, in sql.BULK_COLUMNS then sql.FLOW_COLUMNS order (``actors``:
+    the broker's)."""
     readable = readable_body()
-    by_actor: dict[tuple[str, str], tuple[int, int | None, Any, Any]] = {}
+    by_actor: dict[tuple[str, str], tuple[int, int | None, Any]] = {}
     out = []
     for m in messages:
         name = m.actor_name
+        actor = actors.get(name)
         own = bool(m.options) and not _FIELD_OPTIONS.isdisjoint(m.options)  # else its actor's fields
         fields = None if own else by_actor.get((name, m.queue_name))
         if fields is None:
-            fields = job_fields(m, actors.get(name), retries, priorities)
+            fields = job_fields(m, actor, retries, priorities)
             if not own:
                 by_actor[name, m.queue_name] = fields
-        out.append((m.message_id, m.queue_name, name, *body_text(m, readable), *fields, m.message_timestamp))
+        m, concurrency_key, flow_key, limits = flow_fields(m, actor)
+        out.append((m.message_id, m.queue_name, name, *body_text(m, readable), *fields, concurrency_key,
+                    m.message_timestamp, flow_key, limits))
     return out
 
 
@@ -131,7 +171,10 @@ def _insert(conn: psycopg.Connection, write: list[tuple[Any, ...]], delay: int) 
     """INSERT_MANY; the live job of each key whose row was not inserted."""
     if not write:
         return {}
-    inserted = {str(r[0]) for r in conn.execute(sql.INSERT_MANY, [delay, *map(list, zip(*write, strict=True))])}
+    columns = list(map(list, zip(*write, strict=True)))
+    if not any(columns[FLOW_KEY]):  # no row waits for a limit key: NULL arrays (unnest pads them)
+        columns[FLOW_KEY] = columns[FLOW_KEY + 1] = None  # type: ignore[call-overload]
+    inserted = {str(r[0]) for r in conn.execute(sql.INSERT_MANY, [delay, *columns])}
     skipped = [r[KEY] for r in write if r[KEY] is not None and r[0] not in inserted]
     return _live(conn, skipped) if skipped else {}
 
@@ -151,21 +194,25 @@ def _copy(conn: psycopg.Connection, write: list[tuple[Any, ...]], keys: list[Any
     try:
         # Ours on an autocommit connection outside a transaction, else a savepoint.
         with conn.transaction():
-            statement = sql.COPY_JOBS
+            keyed = any(r[FLOW_KEY] is not None for r in write)
+            statement = sql.COPY_FLOW_JOBS if keyed else sql.COPY_JOBS
             run_at: tuple[str, ...] = ()  # its default, now()
             if delay:
                 try:
                     run_at = (conn.execute(sql.RUN_AT, [delay]).fetchone()[0].isoformat(),)  # type: ignore[index]
                 except psycopg.DataError:
                     return None
-                statement = sql.COPY_JOBS_AT
+                statement = sql.COPY_FLOW_JOBS_AT if keyed else sql.COPY_JOBS_AT
             if keys:
                 live = _live(conn, keys)
                 if live:
                     write = [r for r in write if r[KEY] not in live]
             with conn.cursor() as cur, cur.copy(statement) as rows_in:
                 for row in write:
-                    rows_in.write_row(row + run_at)
+                    if keyed:  # with its status: a row with a limit key waits for it
+                        rows_in.write_row(row + ("pending" if row[FLOW_KEY] is None else "waiting",) + run_at)
+                    else:
+                        rows_in.write_row(row[:FLOW_KEY] + run_at)
     except psycopg.errors.UniqueViolation:
         return live | _insert(conn, write, delay)
     return live

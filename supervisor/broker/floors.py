@@ -32,8 +32,10 @@ from .. import db
 SLACK_SECONDS = 1.0
 # A sweep at least this often, for the stragglers.
 SWEEP_SECONDS = 2.0
-# Where sql.CLAIM's rows carry their priority and run_at (after the message's columns).
-PRIORITY_COLUMN, RUN_AT_COLUMN = 10, 11
+# Where sql.CLAIM's rows carry their priority and run_at (after the message's columns), and
+# whether the row waited for a limit key: those are read key by key (sql/flow.py), never
+# from a floor, and move none.
+PRIORITY_COLUMN, RUN_AT_COLUMN, KEYED_COLUMN = 10, 11, 12
 
 SWEEP: dict[str, Any] = {"floor_levels": None, "floor_at": None}
 # NOTIFY payload prefix for "rows of this queue went back in line" (sql.FINISH's requeue).
@@ -73,6 +75,8 @@ class ClaimFloors:
                 self._swept[queue] = self.clock()
             floors = self._floors.setdefault(queue, {})
             for row in rows:
+                if len(row) > KEYED_COLUMN and row[KEYED_COLUMN]:
+                    continue
                 level, run_at = row[PRIORITY_COLUMN], row[RUN_AT_COLUMN]
                 if level not in floors or run_at > floors[level]:
                     floors[level] = run_at

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 import psycopg
 
 from ..db import redact, session_kwargs
-from . import threads
+from . import gates, threads
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,10 @@ class Wakeups(threading.Thread):
     def __init__(self, name: str, *, on_notify: Mapping[str, Callable[[str], None]] | None = None) -> None:
         super().__init__(name=name, daemon=True)
         self.on_notify = dict(on_notify or {})
+        # '~queue seconds' (a limit key of the queue opens then) and '+queue' (the queue has
+        # waiting rows: gates.py) go here.
+        self.on_gate: Callable[[str, float], None] | None = None
+        self.on_waiting: Callable[[str], None] | None = None
         self._events: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._halt = threading.Event()
@@ -70,6 +74,18 @@ class Wakeups(threading.Thread):
         event = self._events.get(payload)
         if event is not None:
             event.set()
+            return
+        queue = gates.waiting_queue(payload)
+        if queue is not None:
+            if self.on_waiting is not None:
+                self.on_waiting(queue)
+            event = self._events.get(queue)
+            if event is not None:
+                event.set()
+            return
+        gate = gates.parse(payload)
+        if gate is not None and self.on_gate is not None:
+            self.on_gate(*gate)
 
     def wake_all(self) -> None:
         with self._lock:

@@ -14,6 +14,8 @@ from dramatiq.errors import ActorNotFound
 from dramatiq.message import Message, get_encoder
 from psycopg.types.json import Jsonb
 
+from ..flow import KEY_ERROR
+
 # Compact JSON (the rows stay small); one encoder for all, not one per call.
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -130,6 +132,8 @@ def _check(row: tuple[Any, ...], args: Any, kwargs: Any, options: Any, actors: C
         raise Unreadable(f"options must be a JSON object, got {json_type(options)}")
     if actor not in actors:
         raise Unreadable(unknown_actor_text(actor))
+    if options and KEY_ERROR in options:  # the producer could not make its limit key (flow.py)
+        raise Unreadable(f"its limit key could not be made at send: {options[KEY_ERROR]}")
     for name, low in _NUMERIC_OPTIONS.items() if options else ():
         value = options.get(name)
         if value is None:

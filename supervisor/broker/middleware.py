@@ -22,15 +22,16 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
-from .. import db, defaults
+from .. import db, defaults, flow
 
 
 class JobOptions(Middleware):
-    """Declares the broker's own options so actors may set them as defaults."""
+    """Declares the broker's own options so actors may set them as defaults (the flow
+    control's are checked when an actor is declared: PostgresBroker.declare_actor)."""
 
     @property
     def actor_options(self) -> set[str]:
-        return {"dedupe_key", "concurrency_key", "max_attempts", "max_lease_losses"}
+        return {"dedupe_key", "max_attempts", "max_lease_losses", *flow.OPTIONS}
 
 
 def backoff_ms(attempt: int, base_ms: int, cap_ms: int) -> int:
@@ -75,6 +76,12 @@ class Retries(dramatiq.middleware.Retries):
                               exception: BaseException | None = None) -> None:
         if exception is None or getattr(message, "fenced", None):
             return  # a fenced job is neither retried nor failed here: its process lost it
+        limited = getattr(broker, "limited", None)
+        if isinstance(exception, flow.RateLimited) and limited is not None:
+            self.logger.info("Message %r rate limited upstream: waits %gs.", message.message_id,
+                             exception.retry_after)
+            limited(message, exception.retry_after)
+            return
         actor = broker.get_actor(message.actor_name)
         throws = message.options.get("throws") or actor.options.get("throws")
         if throws and isinstance(exception, throws):

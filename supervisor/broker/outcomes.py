@@ -150,6 +150,26 @@ class Outcomes:
         self.emit_after("enqueue", message, delay)
         return message
 
+    def limited(self, message: PgMessageProxy, seconds: float) -> PgMessageProxy:
+        """The actor raised ``supervisor.RateLimited``: its limit key is blocked for
+        ``seconds`` on every process, and the job waits for it again, this attempt not
+        counted (no retry spent); a job with no key is put back for ``seconds``."""
+        message.retried = True  # an outcome is written: the ack that follows is a no-op
+        if message.fenced:
+            return message
+        row = Finish(message.message_id, message.attempts, "limited", message.started, None,
+                     delay_ms=int(seconds * 1000),
+                     reason=f"rate limited upstream: waits {seconds:g}s, retries untouched")
+
+        def write() -> None:
+            with self._conn() as c, c.transaction():
+                if self._finish(c, [row]):  # still ours: its key is blocked with it
+                    c.execute(sql.BLOCK_JOB_KEY, {"id": message.message_id, "seconds": seconds})
+
+        backoff.retry(write, f"record rate limit of job {row.id}", retry_on=(BrokerConnectionError,), logger=log)
+        self.leases.let_go(message.message_id)
+        return message
+
     def requeue(self, messages: Iterable[PgMessageProxy], reason: str = "requeued unstarted on drain") -> int:
         """Give claimed rows that never started back to their queue (pending, the claim
         not counted as an attempt); ``reason`` goes to their history."""

@@ -179,14 +179,15 @@ SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDE
          LIMIT %(cap)s) AS f
 """
 
-# Live rows per queue (jobs_live: the claim and running indexes, never the finished rows).
+# Live rows per queue (jobs_live: the claim, waiting and running indexes, never the finished
+# rows); a row waiting for its limit key counts as ready (or scheduled), as a pending one.
 LIVE_BY_QUEUE = """
 SELECT queue,
-       count(*) FILTER (WHERE status = 'pending' AND run_at <= now())                AS ready,
-       count(*) FILTER (WHERE status IN ('pending', 'retryable') AND run_at > now()) AS scheduled,
+       count(*) FILTER (WHERE status IN ('pending', 'waiting') AND run_at <= now())   AS ready,
+       count(*) FILTER (WHERE status IN ('pending', 'retryable', 'waiting') AND run_at > now()) AS scheduled,
        count(*) FILTER (WHERE status = 'running')                                    AS running,
        count(*) FILTER (WHERE status = 'retryable' AND run_at <= now())              AS retryable,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE status IN ('pending', 'retryable')
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status IN ('pending', 'retryable', 'waiting')
                                                       AND run_at <= now()))::float8 AS oldest_wait_s
   FROM jobs_live
  GROUP BY queue

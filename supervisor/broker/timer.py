@@ -1,10 +1,13 @@
-"""Wake a queue's consumers when its earliest future job becomes due (retries, delays)."""
+"""Wake a queue's consumers when its earliest future job becomes due (retries, delays), or
+when a limit key a claim found gated opens again (a token, the next day's quota, the end
+of a block: broker/gates.py)."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from psycopg_pool import ConnectionPool
 
@@ -26,6 +29,18 @@ MIN_GAP_SECONDS = 0.01
 REFRESH_SECONDS = 30.0
 
 
+class _Flag(threading.Event):
+    """An event whose ``set`` also sets another (the timer waits on one event for all)."""
+
+    def __init__(self, also: threading.Event) -> None:
+        super().__init__()
+        self.also = also
+
+    def set(self) -> None:
+        super().set()
+        self.also.set()
+
+
 class DueTimer(threading.Thread):
     """One per worker process: keeps a deadline per served queue and sets that
     queue's wake-up event (the one NOTIFY sets) when it passes.
@@ -33,17 +48,22 @@ class DueTimer(threading.Thread):
     The deadlines come from one query over every served queue (``sql.NEXT_DUE``:
     queue -> seconds until its earliest future run_at), run again when
     ``refresh`` is set (a NOTIFY '@queue', or a queue newly served), after each
-    wake-up it gives, and every ``REFRESH_SECONDS``.
+    wake-up it gives, and every ``REFRESH_SECONDS``. Gates (``due_in``: a claim's
+    or a peer's NOTIFY '~queue seconds') are kept apart: no query knows them.
     """
 
     def __init__(self, pool: ConnectionPool) -> None:
         super().__init__(name="due-timer", daemon=True)
         self.pool = pool
-        self.refresh = threading.Event()
+        self._poke = threading.Event()  # what the thread waits on: a refresh or a new gate
+        self.refresh = _Flag(self._poke)
         self._wakeups: dict[str, threading.Event] = {}
         self._deadlines: dict[str, float] = {}
+        self._gates: dict[str, float] = {}
         self._lock = threading.Lock()
         self._halt = False
+        # Told each queue whose deadline passed, before its consumers are woken (gates.py).
+        self.on_fire: Callable[[str], None] | None = None
 
     def serve(self, queue: str, listener: Wakeups) -> threading.Event:
         """Time ``queue`` too; returns its wake-up event (set by NOTIFY 'queue' and by
@@ -55,6 +75,20 @@ class DueTimer(threading.Thread):
         self.refresh.set()
         return wakeup
 
+    def due_in(self, queue: str, seconds: float) -> None:
+        """Wake ``queue``'s consumers ``seconds`` from now (a gated limit key opens then),
+        unless a gate of the queue opens sooner; a queue this process does not serve is
+        ignored."""
+        at = time.monotonic() + max(0.0, seconds) + SLACK_SECONDS
+        with self._lock:
+            if queue not in self._wakeups:
+                return
+            current = self._gates.get(queue)
+            if current is not None and current <= at:
+                return
+            self._gates[queue] = at
+        self._poke.set()
+
     def next_due(self, queues: list[str]) -> dict[str, float]:
         with self.pool.connection(timeout=10) as c:
             return dict(c.execute(sql.NEXT_DUE, {"queues": queues}).fetchall())
@@ -64,9 +98,18 @@ class DueTimer(threading.Thread):
         self.refresh.set()
 
     def _fire_due(self, now: float) -> bool:
+        """Wake the queues whose deadline passed; whether any was a row's (so what comes
+        next for the queue is not known until the deadlines are read again)."""
+        with self._lock:
+            opened = [q for q, at in self._gates.items() if at <= now]
+            for queue in opened:
+                del self._gates[queue]
         fired = [q for q, at in self._deadlines.items() if at <= now]
         for queue in fired:
             del self._deadlines[queue]
+        for queue in {*opened, *fired}:
+            if self.on_fire is not None:
+                self.on_fire(queue)
             self._wakeups[queue].set()
         return bool(fired)
 
@@ -97,6 +140,7 @@ class DueTimer(threading.Thread):
         next_refresh = 0.0
         last_reload = -MIN_GAP_SECONDS
         while not self._halt:
+            self._poke.clear()
             now = time.monotonic()
             if self._fire_due(now):
                 self.refresh.set()  # what comes next for those queues is not known yet
@@ -106,8 +150,10 @@ class DueTimer(threading.Thread):
                 last_reload = now
                 next_refresh = self._reload_or_retry()
                 continue
-            until = min([next_refresh, *self._deadlines.values()]) - now
+            with self._lock:
+                gates = list(self._gates.values())
+            until = min([next_refresh, *self._deadlines.values(), *gates]) - now
             if reload_due:  # the event is set, so waiting on it would not block
                 time.sleep(max(0.0, min(until, last_reload + MIN_GAP_SECONDS - now)))
             elif until > 0:
-                self.refresh.wait(until)
+                self._poke.wait(until)

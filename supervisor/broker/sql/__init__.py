@@ -1,6 +1,7 @@
 """Every SQL statement on ``job_queue``, ``job_history``, ``job_concurrency``, ``job_events``,
 ``job_progress`` and ``queue_pauses``: the one place for these tables, in one module
-per concern, all read as ``sql.NAME``.
+per concern, all read as ``sql.NAME`` (the claim's and FINISH's takes from and blocks of
+``rate_limiter_state`` too: flow.py, outcomes.py; its other statements are ratelimit.py's).
 
 All statements take parameters; none is built from input. Live statuses are
 'pending', 'retryable' and 'running'.
@@ -9,18 +10,28 @@ All statements take parameters; none is built from input. Live statuses are
 from .claiming import (
     _CLAIMED,
     CLAIM,
+    CLAIM_KEYED,
+    CURSOR_COLUMN,
+    KEYED_COLUMN,
+    KEYS_COLUMN,
     NEXT_DUE,
+    TOOK_COLUMN,
+    WAIT_COLUMN,
     claim,
 )
 from .enqueue import (
     BULK_COLUMNS,
+    COPY_FLOW_JOBS,
+    COPY_FLOW_JOBS_AT,
     COPY_JOBS,
     COPY_JOBS_AT,
+    FLOW_COLUMNS,
     INSERT,
     INSERT_MANY,
     LIVE_BY_DEDUPE_KEYS,
     RUN_AT,
 )
+from .flow import BLOCK_JOB_KEY
 from .history import (
     ADD_DAY,
     DAYS_AHEAD,
@@ -66,11 +77,20 @@ __all__ = [
     "INSERT_MANY",
     "COPY_JOBS",
     "COPY_JOBS_AT",
+    "COPY_FLOW_JOBS",
+    "COPY_FLOW_JOBS_AT",
+    "FLOW_COLUMNS",
     "RUN_AT",
     "LIVE_BY_DEDUPE_KEYS",
     "_CLAIMED",
     "CLAIM",
     "claim",
+    "KEYED_COLUMN",
+    "KEYS_COLUMN",
+    "TOOK_COLUMN",
+    "CLAIM_KEYED",
+    "WAIT_COLUMN",
+    "CURSOR_COLUMN",
     "NEXT_DUE",
     "HEARTBEAT",
     "RELEASE_OWNER",
@@ -79,6 +99,7 @@ __all__ = [
     "REAP_EXPIRED",
     "CANCEL",
     "FINISH",
+    "BLOCK_JOB_KEY",
     "RETRY_FAILED",
     "ADD_DAY",
     "DAYS_AHEAD",

@@ -4,6 +4,8 @@ wake-up timer's next due time."""
 import functools
 import re
 
+from .flow import CLAIMABLE, KEYED, META
+
 # Columns a consumer needs to rebuild a Dramatiq message and fence its lease.
 # args, kwargs and options travel as one JSON text: one json.loads per row on
 # the client instead of three jsonb decodes (the claim's largest client cost).
@@ -11,6 +13,11 @@ _CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, 
     j.attempts, j.max_attempts, j.concurrency_key, j.lease_losses,
     coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload,
     j.priority, j.run_at"""  # the last two: where this process's next claims may start (broker/floors.py)
+# After them in a claim's rows: whether the row waited for its limit key (no floor moves
+# for it), and the keyed part's wait, cursor, keys seen and rows taken from keys (NULL but
+# in its META row, the first, whose id is NULL: sql/flow.py; a claimed row's last column
+# is its place in the claim order).
+KEYED_COLUMN, WAIT_COLUMN, CURSOR_COLUMN, KEYS_COLUMN, TOOK_COLUMN = 12, 13, 14, 15, 16
 
 _ABOVE_ANY_PRIORITY = 2**31  # jobs.priority is an integer
 # Priority levels the claim reads one by one before it reads the rest in one scan.
@@ -44,7 +51,7 @@ def _compact(text: str) -> str:
 # this statement locked, which nobody else can change before it commits; a row updated
 # and committed by another transaction between this statement's snapshot and its lock
 # is locked but not visible to the UPDATE: it stays pending for the next claim.
-CLAIM = _compact(f"""
+_HEAD = f"""
 WITH RECURSIVE floors AS (
     -- Where this process's claims of each priority level start reading (broker/floors.py):
     -- every runnable row before it was claimed already (or is a straggler, which the
@@ -116,18 +123,24 @@ WITH RECURSIVE floors AS (
      LIMIT %(n)s
        FOR UPDATE SKIP LOCKED) y
      LIMIT %(n)s
-), keyed AS (
-    SELECT DISTINCT ON (concurrency_key) id, concurrency_key
-      FROM cand WHERE concurrency_key IS NOT NULL
-     ORDER BY concurrency_key, priority DESC, run_at, id
-), slots AS (
-    -- sorted so two claimers never take the same keys in opposite orders (no deadlock)
+)"""
+
+# A row with a concurrency key (written by hand: a producer's waits for its key) takes its
+# key's one slot: sorted so two claimers never take the same keys in opposite orders (no
+# deadlock).
+_SLOTS = """
     INSERT INTO job_concurrency (key, job_id)
     SELECT concurrency_key, id FROM keyed ORDER BY concurrency_key
     ON CONFLICT DO NOTHING
-    RETURNING job_id
+    RETURNING job_id"""
+
+
+def _update(tids: str, out: str) -> str:
+    """The claimed rows (found by ``tids``) become running rows of this process; ``budget``:
+    the budgets of the actors this process knows, for rows that carry none. They come back
+    in claim order, with the columns ``out`` adds to _CLAIMED (and its FROM)."""
+    return f"""
 ), budget AS (
-    -- the budgets of the actors this process knows, for rows that carry none
     SELECT * FROM unnest(%(actors)s::text[], %(actor_max_attempts)s::int[], %(actor_max_losses)s::int[])
         AS b(actor, max_attempts, max_lease_losses)
 ), claimed AS (
@@ -146,17 +159,63 @@ UPDATE job_queue j
        heartbeat_at = now(),
        lease_expires_at = now() + %(lease_s)s * interval '1 second',
        started_at = NULL  -- set by the outcome: when this attempt began running in a thread
- WHERE j.ctid = ANY(ARRAY(SELECT tid FROM cand
-                           WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)))
+ WHERE j.ctid = ANY(ARRAY({tids}))
 RETURNING j.*
 )
--- a TID scan returns rows in ctid order: hand them out in claim order again
-SELECT {_CLAIMED} FROM claimed j ORDER BY j.priority DESC, j.run_at, j.id
-""")
+-- a TID scan returns rows in ctid order: hand them out in claim order again (a META row,
+-- with no priority, first)
+SELECT {_CLAIMED}, {out}"""
+
+# The plain claim's rows: no META row can follow, none of its columns.
+_PLAIN_OUT = "j.flow_key IS NOT NULL FROM claimed j"
+# A probing or keyed claim's rows: the META row's columns (NULL), then the claim order
+# (pick's: turns between keys) for the keyed one.
+_META_OUT = "j.flow_key IS NOT NULL, NULL::float8, NULL::text, NULL::int, NULL::bigint FROM claimed j"
+_KEYED_OUT = "j.flow_key IS NOT NULL, NULL::float8, NULL::text, NULL::int, p.seq FROM claimed j JOIN pick p ON p.id = j.id"
+
+
+# A queue with no waiting rows known: the plain rows only. A queue's first waiting rows
+# are announced ('+' || queue: the insert trigger, sql.FINISH, the releases), which sends
+# the process to CLAIM_KEYED; CLAIM_PROBE, now and then (broker/gates.py), also answers with
+# a META row when the queue has waiting rows that no notice reached this process about.
+# So a queue whose jobs carry no limit pays nothing for flow control but an index descent
+# every PROBE_SECONDS.
+_PLAIN = f"""{_HEAD}, keyed AS (
+    SELECT DISTINCT ON (concurrency_key) id, concurrency_key
+      FROM cand WHERE concurrency_key IS NOT NULL
+     ORDER BY concurrency_key, priority DESC, run_at, id
+), slots AS ({_SLOTS}{_update("SELECT tid FROM cand WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)",
+                                "{out}")}"""
+
+CLAIM = _compact(_PLAIN.replace("{out}", _PLAIN_OUT) + "\nORDER BY 11 DESC, 12, 1\n")
+
+CLAIM_PROBE = _PLAIN.replace("{out}", _META_OUT) + """
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 1, NULL
+ -- min(): one descent of jobs_waiting whatever the planner guesses (EXISTS became a scan of
+ -- the whole table when half its rows were some other queue's waiting ones)
+ WHERE (SELECT min(w.flow_key) FROM job_queue w WHERE w.queue = %(queue)s AND w.status = 'waiting') IS NOT NULL
+ORDER BY 11 DESC, 12, 1
+"""
+
+# A queue with waiting rows: the plain rows and the keyed ones (sql/flow.py), and always a
+# META row (its last column: how many keys with waiting rows the claim saw; none sends the
+# process back to CLAIM).
+CLAIM_KEYED = f"""{_HEAD},{KEYED}, keyed AS (
+    SELECT DISTINCT ON (concurrency_key) id, concurrency_key
+      FROM pick WHERE part = 0 AND concurrency_key IS NOT NULL
+     ORDER BY concurrency_key, priority DESC, run_at, id
+), slots AS ({_SLOTS}{_update("SELECT p.tid FROM pick p WHERE " + CLAIMABLE, _KEYED_OUT)}
+UNION ALL{META}
+ORDER BY 11 DESC, 17, 1
+"""
+
 
 @functools.lru_cache(maxsize=64)
-def claim(n: int) -> str:
-    """The claim for up to ``n`` rows; its parameters are CLAIM's, ``n`` among them.
+def claim(n: int, keyed: bool = False, probe: bool = False) -> str:
+    """The claim for up to ``n`` rows: CLAIM, CLAIM_PROBE (``probe``) or, for a queue with
+    waiting rows, CLAIM_KEYED (``keyed``); its parameters are CLAIM_KEYED's (the others
+    read fewer), ``n`` among them.
 
     With ``LIMIT $n`` the server prices a generic plan at a tenth of the table; whether
     it then keeps a generic plan or plans every claim afresh (0.3-0.7 ms, a third of the
@@ -170,14 +229,17 @@ def claim(n: int) -> str:
     and in the W1 drain 314 of a process's 319 claims asked for 32. Other sizes share CLAIM. Only an int goes into the text, never input."""
     if type(n) is not int or n < 1:
         raise ValueError(f"a claim takes a positive number of rows, not {n!r}")
+    statement = CLAIM_KEYED if keyed else CLAIM_PROBE if probe else CLAIM
     if n & (n - 1):
-        return CLAIM
-    return CLAIM.replace("%(n)s", str(n))
+        return statement
+    return statement.replace("%(n)s", str(n))
 
 
 # Seconds until the earliest future run_at of each of a process's queues (its
 # wake-up timer). One index descent per priority level present in the queue
-# (a loose index scan over jobs_claim), so a deep backlog costs nothing extra.
+# (a loose index scan over jobs_claim), so a deep backlog costs nothing extra; and one
+# into jobs_waiting_due for the rows that wait for a limit key (a key's own gate, a
+# token or a block, comes from the claims: sql/flow.py).
 NEXT_DUE = """
 WITH RECURSIVE levels AS (
     SELECT q.queue, (SELECT max(j.priority) FROM job_queue j
@@ -189,13 +251,22 @@ WITH RECURSIVE levels AS (
       FROM levels l
      WHERE l.priority IS NOT NULL
 )
-SELECT l.queue, extract(epoch FROM min(d.run_at) - now())::float8
-  FROM levels l
- CROSS JOIN LATERAL (
-    SELECT j.run_at FROM job_queue j
-     WHERE j.queue = l.queue AND j.status IN ('pending', 'retryable') AND j.priority = l.priority
-       AND j.run_at > now()
-     ORDER BY j.run_at
-     LIMIT 1) d
- GROUP BY l.queue
+SELECT due.queue, extract(epoch FROM min(due.run_at) - now())::float8
+  FROM (SELECT l.queue, d.run_at
+          FROM levels l
+         CROSS JOIN LATERAL (
+            SELECT j.run_at FROM job_queue j
+             WHERE j.queue = l.queue AND j.status IN ('pending', 'retryable') AND j.priority = l.priority
+               AND j.run_at > now()
+             ORDER BY j.run_at
+             LIMIT 1) d
+        UNION ALL
+        SELECT q.queue, w.run_at
+          FROM unnest(%(queues)s::text[]) AS q(queue)
+         CROSS JOIN LATERAL (
+            SELECT j.run_at FROM job_queue j
+             WHERE j.queue = q.queue AND j.status = 'waiting' AND j.run_at > now()
+             ORDER BY j.run_at
+             LIMIT 1) w) due
+ GROUP BY due.queue
 """

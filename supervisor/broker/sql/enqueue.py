@@ -1,11 +1,13 @@
 """Writing jobs: one message, or a batch (INSERT of arrays, or COPY)."""
 
+# A row with a limit key (flow control, supervisor/flow.py) waits for its key: 'waiting'.
 INSERT = """
 INSERT INTO job_queue (id, queue, actor, args, kwargs, options, priority, run_at,
-                  max_attempts, dedupe_key, concurrency_key, message_timestamp, payload)
+                  max_attempts, dedupe_key, concurrency_key, message_timestamp, payload, flow_key, flow, status)
 VALUES (%(id)s, %(queue)s, %(actor)s, %(args)s, %(kwargs)s, %(options)s, %(priority)s,
         now() + %(delay_ms)s * interval '1 millisecond', %(max_attempts)s,
-        %(dedupe_key)s, %(concurrency_key)s, %(message_timestamp)s, %(payload)s)
+        %(dedupe_key)s, %(concurrency_key)s, %(message_timestamp)s, %(payload)s, %(flow_key)s, %(flow)s::jsonb,
+        CASE WHEN %(flow_key)s::text IS NULL THEN 'pending' ELSE 'waiting' END)
 ON CONFLICT DO NOTHING
 RETURNING id
 """
@@ -15,13 +17,19 @@ RETURNING id
 BULK_COLUMNS = """id, queue, actor, args, kwargs, options, payload, priority, max_attempts, dedupe_key,
     concurrency_key, message_timestamp"""
 
+# A batch with rows that wait for a limit key carries two more columns (FLOW_COLUMNS).
+FLOW_COLUMNS = "flow_key, flow"
+
 # A small batch, or one the COPY could not take: one statement, arrays in
-# (one per column, in BULK_COLUMNS order, after the delay), ids of new rows out.
+# (one per column, in BULK_COLUMNS then FLOW_COLUMNS order, after the delay; the flow
+# arrays NULL when no row has a limit key), ids of new rows out.
 INSERT_MANY = f"""
-INSERT INTO job_queue ({BULK_COLUMNS}, run_at)
-SELECT m.*, now() + %s * interval '1 millisecond'
+INSERT INTO job_queue ({BULK_COLUMNS}, {FLOW_COLUMNS}, status, run_at)
+SELECT m.*, CASE WHEN m.flow_key IS NULL THEN 'pending' ELSE 'waiting' END, now() + %s * interval '1 millisecond'
   FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::jsonb[], %s::jsonb[], %s::jsonb[], %s::bytea[],
-              %s::int[], %s::int[], %s::text[], %s::text[], %s::bigint[]) AS m
+              %s::int[], %s::int[], %s::text[], %s::text[], %s::bigint[], %s::text[], %s::jsonb[])
+       AS m(id, queue, actor, args, kwargs, options, payload, priority, max_attempts, dedupe_key,
+            concurrency_key, message_timestamp, flow_key, flow)
 ON CONFLICT DO NOTHING
 RETURNING id
 """
@@ -34,6 +42,11 @@ RETURNING id
 COPY_JOBS = f"COPY job_queue ({BULK_COLUMNS}) FROM STDIN"
 
 COPY_JOBS_AT = f"COPY job_queue ({BULK_COLUMNS}, run_at) FROM STDIN"
+
+# A batch with rows that wait for a limit key: each row carries its key, limits and status.
+COPY_FLOW_JOBS = f"COPY job_queue ({BULK_COLUMNS}, {FLOW_COLUMNS}, status) FROM STDIN"
+
+COPY_FLOW_JOBS_AT = f"COPY job_queue ({BULK_COLUMNS}, {FLOW_COLUMNS}, status, run_at) FROM STDIN"
 
 RUN_AT = "SELECT now() + %s * interval '1 millisecond'"
 

@@ -6,7 +6,7 @@ JOB_COLUMNS = (
     "id", "queue", "actor", "args", "kwargs", "options", "status", "priority", "run_at", "attempts",
     "max_attempts", "lease_owner", "claimed_at", "heartbeat_at", "lease_expires_at", "dedupe_key",
     "concurrency_key", "last_error", "result", "progress", "created_at", "started_at", "finished_at",
-    "lease_losses", "max_lease_losses", "message_timestamp", "payload",
+    "lease_losses", "max_lease_losses", "message_timestamp", "payload", "flow_key", "flow",
 )
 
 

@@ -33,6 +33,14 @@ from .history import JOB_COLUMNS, archive
 #       now (consumers claim at once) and '@' || queue when later (timers move, timer.py).
 #   requeue: back to 'pending' in its place in line (run_at kept), the claim not counted
 #       as an attempt (nothing ran), an event; NOTIFY '!' || queue (floors.py).
+#   limited: the actor raised RateLimited (supervisor/flow.py): as a requeue, the claim not
+#       counted; NOTIFY '~queue seconds' so every process's timer wakes when the block ends
+#       (the block itself: sql.BLOCK_JOB_KEY, in the same transaction, kept out of this
+#       statement so an ack batch pays nothing for it). A job with no limit key is put
+#       back for delay_ms instead ('@' || queue).
+# A row with a limit key goes back to 'waiting' (retry, requeue, limited), not 'pending'
+# or 'retryable': it waits for its key again (sql/flow.py); its wake-up is '+' || queue
+# (the keyed part has no floors; broker/gates.py) or '@' || queue for a later retry.
 # A job's latest unwritten progress report rides along with a success (progress NULL:
 # none); started_us / ended_us say how long ago the attempt started and ended running in
 # its thread, and the server sets started_at / finished_at from its own now() (no host's
@@ -55,18 +63,21 @@ WITH o AS (
        FOR UPDATE OF j
 ), stays AS (
     UPDATE job_queue j
-       SET status = CASE l.kind WHEN 'retry' THEN 'retryable' ELSE 'pending' END,
-           attempts = CASE l.kind WHEN 'requeue' THEN j.attempts - 1 ELSE j.attempts END,
-           lease_owner = CASE l.kind WHEN 'requeue' THEN NULL ELSE j.lease_owner END,
+       SET status = CASE WHEN j.flow_key IS NOT NULL THEN 'waiting' WHEN l.kind = 'retry' THEN 'retryable'
+                         ELSE 'pending' END,
+           attempts = CASE WHEN l.kind IN ('requeue', 'limited') THEN j.attempts - 1 ELSE j.attempts END,
+           lease_owner = CASE WHEN l.kind IN ('requeue', 'limited') THEN NULL ELSE j.lease_owner END,
            options = coalesce(l.options, j.options), payload = CASE l.kind WHEN 'retry' THEN l.payload ELSE j.payload END,
            last_error = coalesce(l.error, j.last_error),
            started_at = CASE l.kind WHEN 'retry' THEN now() - l.started_us * interval '1 microsecond'
                                     ELSE j.started_at END,
-           run_at = CASE l.kind WHEN 'retry' THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
+           run_at = CASE WHEN l.kind = 'retry' OR (l.kind = 'limited' AND j.flow_key IS NULL)
+                         THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
            lease_expires_at = NULL
       FROM locked l
-     WHERE j.id = l.id AND l.kind IN ('retry', 'requeue')
- RETURNING j.id, j.queue, j.actor, j.status, j.run_at <= now() AS due, l.reason, l.error_type, l.error_where
+     WHERE j.id = l.id AND l.kind IN ('retry', 'requeue', 'limited')
+ RETURNING j.id, j.queue, j.actor, j.status, j.run_at <= now() AS due, l.reason, l.error_type, l.error_where,
+           l.kind, j.flow_key, l.delay_ms
 ), done AS (
     DELETE FROM job_queue j USING locked l
      WHERE j.id = l.id AND l.kind IN ('succeeded', 'failed')
@@ -86,9 +97,14 @@ WITH o AS (
 ), wake AS (
     -- a requeued row kept its run_at, its place in line, which may be behind the floors of
     -- every process's claims: '!' || queue makes them sweep (broker/floors.py)
-    SELECT pg_notify('actor_supervisor_jobs', CASE WHEN status = 'pending' THEN '!' || queue
-                                                   WHEN due THEN queue ELSE '@' || queue END)
-      FROM (SELECT DISTINCT queue, due, status FROM stays) AS w
+    SELECT pg_notify('actor_supervisor_jobs',
+                     CASE WHEN kind = 'limited' AND flow_key IS NOT NULL
+                          THEN '~' || queue || ' ' || round(delay_ms / 1000.0, 3)::text
+                          WHEN status = 'pending' AND kind <> 'limited' THEN '!' || queue
+                          WHEN NOT due THEN '@' || queue
+                          WHEN status = 'waiting' THEN '+' || queue ELSE queue END)
+      FROM (SELECT DISTINCT queue, due, status, kind, flow_key IS NOT NULL AS flow_key,
+                            CASE WHEN kind = 'limited' THEN delay_ms END AS delay_ms FROM stays) AS w
 )
 SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM stays), (SELECT count(*) FROM wake)
 """
@@ -124,7 +140,8 @@ _LOSS_BUDGET = """coalesce(max_lease_losses, %(default_max_losses)s) AS budget,
 _RELEASE_BODY = """
 , upd AS (
     UPDATE job_queue j
-       SET status = 'pending', lease_losses = j.lease_losses + 1,
+       SET status = CASE WHEN j.flow_key IS NULL THEN 'pending' ELSE 'waiting' END,
+           lease_losses = j.lease_losses + 1,
            lease_owner = NULL, lease_expires_at = NULL, run_at = now()
       FROM lost
      WHERE j.id = lost.id AND NOT lost.poison
@@ -154,7 +171,8 @@ _RELEASE_BODY = """
       FROM out
 )
 SELECT out.id, out.status, out.owner
-  FROM out CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs', out.queue)) AS wake
+  FROM out CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jobs',
+                                                CASE WHEN out.status = 'waiting' THEN '+' ELSE '' END || out.queue)) AS wake
 """
 
 def _release(where: str, tail: str = "") -> str:
@@ -238,15 +256,16 @@ WITH done AS (
  RETURNING *
 ), back AS (
     INSERT INTO job_queue (""" + ", ".join(JOB_COLUMNS) + """)
-    SELECT """ + ", ".join({"status": "'pending'", "run_at": "now()", "finished_at": "NULL",
+    SELECT """ + ", ".join({"status": "CASE WHEN flow_key IS NULL THEN 'pending' ELSE 'waiting' END",
+                            "run_at": "now()", "finished_at": "NULL",
                             "max_attempts": "greatest(max_attempts, attempts - lease_losses + 1)",
                             "max_lease_losses": "greatest(max_lease_losses, lease_losses + 1)"}.get(c, c)
                            for c in JOB_COLUMNS) + """
       FROM done
-    RETURNING id, queue
+    RETURNING id, queue, status
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(who)s, NULL, 'pending', 'retried by operator' FROM back
+    SELECT id, %(who)s, NULL, status, 'retried by operator' FROM back
 )
 SELECT id FROM back
 """

@@ -48,7 +48,7 @@ PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses OR
 # Broker.flush / Broker.join (Dramatiq's test and admin helpers).
 FLUSH_QUEUE = """
 DELETE FROM job_queue j
- USING (SELECT id FROM job_queue WHERE queue = %(queue)s AND status IN ('pending', 'retryable')
+ USING (SELECT id FROM job_queue WHERE queue = %(queue)s AND status IN ('pending', 'retryable', 'waiting')
          ORDER BY id FOR UPDATE) AS f  -- in id order (see sql/outcomes.py)
  WHERE j.id = f.id
 """

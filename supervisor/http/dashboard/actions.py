@@ -67,7 +67,8 @@ def run_schedule_now(state: AppState, name: str) -> dict[str, Any]:
             # No budget here: the worker gives the row its actor's budgets at the first claim.
             "priority": 0, "delay_ms": 0, "max_attempts": None,
             "dedupe_key": f"schedule:{name}", "concurrency_key": None,
-            "message_timestamp": int(now.timestamp() * 1000), "payload": None}).fetchone()
+            "message_timestamp": int(now.timestamp() * 1000), "payload": None,
+            "flow_key": None, "flow": None}).fetchone()  # no limits: a schedule's job as the config names it
         if inserted is None:
             conn.execute(scheduler_sql.COMPLETE_RUN, {"id": row[0], "status": "skipped",
                                                       "error": "the previous run's job is still pending or running"})

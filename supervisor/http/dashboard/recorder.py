@@ -36,13 +36,14 @@ SELECT date_bin(%(step_s)s * interval '1 second', now(), timestamptz 'epoch'), i
 ON CONFLICT DO NOTHING
 """
 
-# Live rows now, plus the jobs that finished in the period before last.
+# Live rows now (a row waiting for its limit key as a pending one), plus the jobs that
+# finished in the period before last.
 SAMPLE_QUEUES = """
 WITH p AS (SELECT date_bin(%(step_s)s * interval '1 second', now(), timestamptz 'epoch') AS at),
 live AS (
     SELECT queue,
-           count(*) FILTER (WHERE status = 'pending' AND run_at <= now())                AS ready,
-           count(*) FILTER (WHERE status IN ('pending', 'retryable') AND run_at > now()) AS scheduled,
+           count(*) FILTER (WHERE status IN ('pending', 'waiting') AND run_at <= now())   AS ready,
+           count(*) FILTER (WHERE status IN ('pending', 'retryable', 'waiting') AND run_at > now()) AS scheduled,
            count(*) FILTER (WHERE status = 'running')                                    AS running,
            count(*) FILTER (WHERE status = 'retryable' AND run_at <= now())              AS retryable
       FROM jobs_live GROUP BY queue

@@ -1,0 +1,221 @@
+"""Flow control (supervisor/flow.py, broker/sql/flow.py): rate limits, concurrency limits per
+key, fair shares and RateLimited, with real worker processes on the real database.
+
+Each fleet-wide test runs two `supervisor worker` processes under two node names, with a
+poll interval far longer than any wait it checks: a job that starts on time was woken by
+a NOTIFY or a timer, never by a poll."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from datetime import timedelta
+
+import dramatiq
+import pytest
+
+from supervisor import LimitOptionError
+from supervisor.broker import PostgresBroker
+from supervisor.broker.sql.flow import CARRY_SECONDS
+from tests.conftest import in_process_worker, scalar, wait_for
+
+QUEUE = "flow"
+SLOW_POLL = ("--poll-interval", "60")
+
+
+@pytest.fixture(scope="session")
+def producer(database_url: str) -> Iterator[PostgresBroker]:
+    """The broker tests.flow_actors bind to (the global one when they are first imported):
+    the producer applies an actor's limits, so it must know the actor."""
+    b = PostgresBroker(database_url, lease_seconds=30, poll_interval=0.2)
+    dramatiq.set_broker(b)
+    importlib.import_module("tests.flow_actors")
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def flow(producer):
+    import tests.flow_actors as f
+
+    return f
+
+
+@pytest.fixture
+def fleet(workers):
+    """Two worker processes on two node names serving the flow queue; returns them once both run."""
+    def start(conn, threads: int = 4) -> list:
+        procs = [workers(queues=QUEUE, actors="tests.flow_actors", threads=threads, extra_args=SLOW_POLL,
+                         extra_env={"SUPERVISOR_NODE_NAME": f"node-{i}"}) for i in (1, 2)]
+        for p in procs:
+            p.wait_ready(conn)
+        return procs
+    return start
+
+
+def runs(conn, tag: str | None = None) -> list[tuple]:
+    """(n, pid, started, finished) of each run, in start order."""
+    where, params = ("WHERE tag = %s", (tag,)) if tag else ("", ())
+    return conn.execute(f"SELECT n, pid, started, finished FROM test_results {where} ORDER BY started, id",
+                        params).fetchall()
+
+
+def succeeded(conn, count: int, timeout: float = 60) -> None:
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE queue = %s AND status = 'succeeded'",
+                            (QUEUE,)) >= count, timeout, message=f"{count} flow jobs to succeed")
+
+
+# --- options: checked at definition and at send --------------------------------------------
+
+
+@pytest.mark.parametrize(("options", "option", "why"), [
+    ({"rate_limit": "ten per minute"}, "rate_limit", "not a rate"),
+    ({"rate_limit": "0/s"}, "rate_limit", "above 0"),
+    ({"daily_quota": 0}, "daily_quota", "whole number"),
+    ({"concurrency_limit": "3"}, "concurrency_limit", "whole number"),
+    ({"rate_limit": "5/s", "rate_limit_key": "shop:{kwargs[store]}"}, "rate_limit_key", "no parameter 'store'"),
+    ({"rate_limit_key": "{args[3]}"}, "rate_limit_key", "takes 1 positional"),
+    ({"rate_limit_key": "{kwargs.shop}"}, "rate_limit_key", "name args[i]"),
+    ({"rate_limit_key": "a", "fairness_key": "b"}, "fairness_key", "one key"),
+])
+def test_a_bad_option_fails_at_the_actors_definition_naming_actor_and_option(producer, options, option, why):
+    def shop_job(shop: str) -> None:
+        pass
+
+    with pytest.raises(LimitOptionError) as failed:
+        dramatiq.actor(shop_job, broker=producer, queue_name="defs", **options)
+    text = str(failed.value)
+    assert text.startswith(f"actor 'shop_job': {option}=") and why in text, text
+    assert "shop_job" not in producer.actors
+
+
+def test_a_bad_message_option_fails_at_send(conn, flow):
+    with pytest.raises(LimitOptionError, match=r"actor 'plain': rate_limit='fast': not a rate"):
+        flow.plain.send_with_options(args=(1,), rate_limit="fast")
+    with pytest.raises(LimitOptionError, match="a callable key is an actor option only"):
+        flow.plain.send_with_options(args=(1,), rate_limit_key=len)
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 0
+
+
+def test_a_key_one_message_cannot_fill_fails_that_job_alone(conn, producer, flow):
+    sent = producer.enqueue_many([flow.upstream.message(n=1),  # no shop: its key cannot be made
+                                  flow.upstream.message(shop="a", n=2)])
+    with in_process_worker(producer, [QUEUE], threads=2):
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status IN ('succeeded', 'failed')") == 2)
+    bad = conn.execute("SELECT status, last_error, flow_key FROM jobs WHERE id = %s", (sent[0].message_id,)).fetchone()
+    assert bad[0] == "failed" and bad[2] is None
+    assert "limit key could not be made at send" in bad[1] and "kwargs[shop]" in bad[1], bad[1]
+    assert conn.execute("SELECT status, flow_key FROM jobs WHERE id = %s", (sent[1].message_id,)).fetchone() \
+        == ("succeeded", "shop:a")
+
+
+def test_the_row_carries_its_key_and_limits_and_waits(conn, flow):
+    flow.upstream.send(shop="x", n=1)
+    flow.capped.send(1)
+    flow.tenant_job.send_with_options(kwargs={"tenant": "t1", "n": 1}, fairness_weight=3)
+    rows = conn.execute("SELECT actor, status, flow_key, flow, concurrency_key FROM jobs ORDER BY actor").fetchall()
+    assert rows == [
+        ("capped", "waiting", "pool", {"c": 3}, "pool"),
+        ("tenant_job", "waiting", "tenant:t1", {"w": 3}, None),
+        ("upstream", "waiting", "shop:x", {"r": 100.0, "b": 100}, None),
+    ]
+
+
+# --- fleet-wide, with real worker processes ------------------------------------------------
+
+
+def claims(conn, actor: str) -> list[tuple]:
+    """(claimed_at, lease_owner, kwargs) of each finished job of ``actor``, in claim order:
+    a claim takes the key's token, so this is when each start was allowed."""
+    return conn.execute("SELECT claimed_at, lease_owner, kwargs, args FROM jobs WHERE actor = %s"
+                        " AND status = 'succeeded' ORDER BY claimed_at, id", (actor,)).fetchall()
+
+
+def test_a_rate_limit_holds_across_two_processes_and_is_used(conn, flow, fleet):
+    fleet(conn)
+    jobs = 14
+    dramatiq.get_broker().enqueue_many([flow.paced.message(n) for n in range(jobs)])
+    succeeded(conn, jobs, timeout=30)
+    at = [row[0] for row in claims(conn, "paced")]
+    rate, burst = 4.0, 2  # paced: "4/s burst 2"
+    carry = min(0.5, rate * CARRY_SECONDS)  # a token's lag is not lost (sql/flow.py)
+    slack = timedelta(milliseconds=5)  # claims of two processes commit in either order
+    for i in range(len(at)):
+        for j in range(i, len(at)):
+            window = (at[j] - at[i] + slack).total_seconds()
+            assert j - i + 1 <= burst + carry + rate * window, (i, j, window)
+    for i in range(len(at)):  # per second: never more than the limit plus the burst
+        assert sum(at[i] <= t < at[i] + timedelta(seconds=1) for t in at) <= rate + burst
+    # the limit is used: the last start comes as soon as the tokens allow, no poll between
+    span = (at[-1] - at[0]).total_seconds()
+    assert (jobs - burst) / rate - 0.01 <= span <= (jobs - burst) / rate + 0.5, span
+    assert len({row[1] for row in claims(conn, "paced")}) == 2  # both processes took from the one bucket
+
+
+def test_a_freed_token_starts_the_waiting_job_at_once(conn, flow, fleet):
+    fleet(conn)
+    for n in range(3):
+        flow.token.send(n)
+    succeeded(conn, 3, timeout=20)
+    at = [row[0] for row in claims(conn, "token")]  # "1/s", burst 1: one a second
+    gaps = [(b - a).total_seconds() for a, b in zip(at, at[1:], strict=False)]
+    assert all(0.99 <= gap <= 1.25 for gap in gaps), gaps  # a poll (60 s here) would be far later
+
+
+def test_rate_limited_blocks_the_key_on_every_process_without_spending_a_retry(conn, flow, fleet):
+    fleet(conn)
+    first = flow.upstream.send(shop="s", n=1, block_s=2.0)
+    told = wait_for(lambda: conn.execute("SELECT started FROM test_results WHERE tag = '429'").fetchone(), 10)[0]
+    same, other = flow.upstream.send(shop="s", n=2), flow.upstream.send(shop="t", n=3)
+    succeeded(conn, 3, timeout=20)
+    started = {n: at for n, _, at, _ in runs(conn)}
+    assert started[3] - told < timedelta(seconds=1)  # another key: not held up
+    for n in (1, 2):  # the key's jobs: none before the block ends, both promptly after it
+        assert timedelta(seconds=2) <= started[n] - told <= timedelta(seconds=2.6), (n, started[n] - told)
+    # max_retries=0, yet it ran again and succeeded: the block spent no retry
+    row = conn.execute("SELECT status, attempts, max_attempts FROM jobs WHERE id = %s", (first.message_id,)).fetchone()
+    assert row == ("succeeded", 1, 1)
+    reasons = [r[0] for r in conn.execute("SELECT reason FROM job_events WHERE job_id = %s AND to_status = 'waiting'",
+                                          (first.message_id,))]
+    assert len(reasons) == 1 and "rate limited upstream" in reasons[0]
+    assert scalar(conn, "SELECT blocked_until > now() - interval '1 minute' FROM rate_limiter_state"
+                        " WHERE key = 'shop:s'") is True
+    assert {same.message_id, other.message_id} <= {r[0] for r in conn.execute("SELECT id::text FROM jobs")}
+
+
+def test_a_concurrency_limit_is_never_exceeded_under_load(conn, flow, fleet):
+    fleet(conn)
+    jobs = 40
+    for n in range(jobs):
+        flow.capped.send(n, sleep_s=0.05)
+    succeeded(conn, jobs, timeout=60)
+    spans = [(start, end) for _, _, start, end in runs(conn, "capped")]
+    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda e: (e[0], e[1]))
+    running = most = 0
+    for _, step in events:
+        running += step
+        most = max(most, running)
+    assert most == 3  # never more than its limit, and the limit used (8 threads were free)
+    assert scalar(conn, "SELECT count(*) FROM job_concurrency") == 0
+
+
+def test_a_backlog_of_one_key_delays_another_keys_job_by_one_job_per_turn(conn, flow, fleet):
+    fleet(conn)
+    backlog = 400
+    producer = dramatiq.get_broker()
+    producer.enqueue_many([flow.tenant_job.message(tenant="a", n=n) for n in range(backlog)])
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results WHERE tag = 'a'") >= 20, 20)
+    sent = scalar(conn, "SELECT clock_timestamp()")
+    producer.enqueue_many([flow.tenant_job.message(tenant="b", n=n) for n in range(5)])
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results WHERE tag = 'b'") == 5, 20)
+    b_claims = [r[0] for r in conn.execute("SELECT claimed_at FROM jobs WHERE flow_key = 'tenant:b'"
+                                           " AND status IN ('running', 'succeeded') ORDER BY claimed_at")]
+    assert len(b_claims) == 5
+    for k, at in enumerate(b_claims):
+        ahead = scalar(conn, "SELECT count(*) FROM jobs WHERE flow_key = 'tenant:a' AND claimed_at > %s"
+                             " AND claimed_at < %s", (sent, at))
+        # each claim takes the keys in turn: before b's k-th job, at most one a-job per turn
+        # in each of the two processes' claims
+        assert ahead <= 2 * (k + 1), (k, ahead)
+    assert (b_claims[-1] - sent) < timedelta(seconds=2)
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE flow_key = 'tenant:a' AND status = 'waiting'") > 100
