@@ -14,6 +14,8 @@ BAD_INPUT = [
     ("enqueue", "x", "--kwargs", "[1]"),
     ("enqueue", "x", "--kwargs", '{"a": Infinity}'),
     ("enqueue", "x", "--max-retries", "99999999999"),
+    ("enqueue", "x", "--rate-limit", "ten per minute"),
+    ("enqueue", "x", "--rate-limit", "1/s", "--rate-limit-key", "{kwargs[a"),
     ("jobs", "retry", "not-a-uuid"),
     ("jobs", "cancel", "not-a-uuid"),
     ("jobs", "show", "not-a-uuid"),

@@ -8,6 +8,7 @@ a NOTIFY or a timer, never by a poll."""
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -219,3 +220,44 @@ def test_a_backlog_of_one_key_delays_another_keys_job_by_one_job_per_turn(conn, 
         assert ahead <= 2 * (k + 1), (k, ahead)
     assert (b_claims[-1] - sent) < timedelta(seconds=2)
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE flow_key = 'tenant:a' AND status = 'waiting'") > 100
+
+
+def test_a_job_its_producer_did_not_key_waits_for_its_actors_limits(conn, database_url, flow, fleet):
+    """`supervisor jobs enqueue` (and the API, any program sending by name) does not import
+    the actor, so it writes a plain row; the worker that claims it knows the actor's
+    rate_limit and writes it back waiting on its key instead of running it."""
+    from dramatiq import Message
+
+    from tests.conftest import cli
+
+    blind = PostgresBroker(database_url)  # knows no actor
+    try:
+        sent = [blind.enqueue(Message(queue_name=QUEUE, actor_name="token", args=(n,), kwargs={}, options={}))
+                for n in range(2)]
+    finally:
+        blind.close()
+    done = cli("enqueue", "token", "--queue", QUEUE, "--args", "[2]", url=database_url)
+    assert done.returncode == 0, done.stderr
+    ids = [m.message_id for m in sent] + [done.stdout.strip()]
+    assert conn.execute("SELECT count(*) FROM jobs WHERE flow_key IS NULL AND status = 'pending'").fetchone()[0] == 3
+    fleet(conn)
+    succeeded(conn, 3, timeout=20)
+    at = [row[0] for row in claims(conn, "token")]  # "1/s", burst 1, key "one-a-second"
+    gaps = [(b - a).total_seconds() for a, b in zip(at, at[1:], strict=False)]
+    assert all(gap >= 0.99 for gap in gaps), gaps
+    rows = conn.execute("SELECT flow_key, attempts FROM jobs WHERE id = ANY(%s::uuid[])", (ids,)).fetchall()
+    assert rows == [("one-a-second", 1)] * 3  # keyed; the claim that keyed it not counted as an attempt
+    reasons = {r[0] for r in conn.execute("SELECT reason FROM job_events WHERE job_id = ANY(%s::uuid[])"
+                                          " AND to_status = 'waiting'", (ids,))}
+    assert reasons == {"keyed by its actor's limits (its producer did not know them)"}
+
+
+def test_the_cli_sends_a_job_with_its_own_limits(conn, database_url):
+    from tests.conftest import cli
+
+    done = cli("enqueue", "anything", "--queue", QUEUE, "--args", "[7]", "--rate-limit", "5/s burst 2",
+               "--rate-limit-key", "cli:{args[0]}", "--daily-quota", "50", "--json", url=database_url)
+    assert done.returncode == 0, done.stderr
+    job = json.loads(done.stdout)["id"]
+    assert conn.execute("SELECT status, flow_key, flow FROM jobs WHERE id = %s", (job,)).fetchone() \
+        == ("waiting", "cli:7", {"r": 5.0, "b": 2, "q": 50})

@@ -405,6 +405,20 @@ def test_create_a_job_over_http_with_one_clear_error_per_bad_field(conn, api):
         assert r.status_code == 400 and r.json()["error"].startswith(field), (bad, r.text)
     assert api.client.post("/api/v1/jobs", content=b"[1]", headers=AUTH).status_code == 400
     assert scalar(conn, "SELECT count(*) FROM jobs") == 2
+
+    # A job's own limits, checked as at send: a bad one is one 400 naming the option.
+    limited = {"actor": "noop", "kwargs": {"shop": "s1"},
+               "options": {"rate_limit": "20/s burst 5", "rate_limit_key": "shop:{kwargs[shop]}", "daily_quota": 100}}
+    r = api.client.post("/api/v1/jobs", json=limited, headers=AUTH)
+    assert r.status_code == 201, r.text
+    assert conn.execute("SELECT status, flow_key, flow FROM jobs WHERE id = %s", (r.json()["id"],)).fetchone() \
+        == ("waiting", "shop:s1", {"r": 20.0, "b": 5, "q": 100})
+    for bad, field in (({"rate_limit": "ten per minute"}, "options.rate_limit: actor 'noop'"),
+                       ({"rate_limit": "1/s", "rate_limit_key": "{kwargs[missing"}, "options.rate_limit_key:"),
+                       ({"concurrency_limit": 0}, "options.concurrency_limit: actor 'noop': concurrency_limit=0")):
+        r = api.client.post("/api/v1/jobs", json={"actor": "noop", "options": bad}, headers=AUTH)
+        assert r.status_code == 400 and r.json()["error"].startswith(field), (bad, r.text)
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 3
     assert "/api/v1/jobs" in api.client.get("/api/v1/openapi.json").json()["paths"]
 
 

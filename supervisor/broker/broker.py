@@ -29,11 +29,12 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import db, defaults
 from ..identity import owner_id
-from . import bulk, sending, sql
+from . import bulk, late_keys, sending, sql
 from .acks import AckBatcher
 from .capacity import Capacity
 from .consumer import PostgresConsumer
 from .fencing import Fence
+from .finish import Finish
 from .floors import REQUEUED, ClaimFloors, SweepSignal
 from .gates import Gates
 from .joining import Failures, QueueHelpers
@@ -156,6 +157,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self.jobs_done = 0
         self._claims_failing = False
         self._budget_cache: tuple[int, dict[str, Any]] | None = None
+        self._limited_cache: tuple[int, frozenset[str]] | None = None
 
     def _connection_failed(self, pool: ConnectionPool) -> None:
         leases = getattr(self, "leases", None)  # the pool opens (and may fail) before the leases exist
@@ -377,7 +379,13 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
             self._gated(queue, n, rows.pop(0))
         self.floors.claimed(queue, rows, sweep)
         out, bad = decode_claimed(rows, self.actors)
-        self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
+        late: list[late_keys.LateKey] = []
+        if self._with_limits():
+            out, late, unkeyable = late_keys.split(rows, out, self.actors, self._with_limits())
+            bad += unkeyable
+        self.leases.hold([(m.message_id, m.attempts) for m in (*out, *(k.message for k in late))], since=sent)
+        if late:
+            self._key_late(late)
         if bad:
             self.leases.fail_unreadable(bad)
             failed = {job_id for job_id, _, _ in bad}
@@ -385,6 +393,22 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 if str(row[0]) in failed and row[2] not in self.actors:
                     self.failures.record(str(row[0]), ActorNotFound(row[2]))
         return out
+
+    def _with_limits(self) -> frozenset[str]:
+        """The actors this process knows that have flow control (again only when an actor
+        was declared since)."""
+        if self._limited_cache is None or self._limited_cache[0] != len(self.actors):
+            self._limited_cache = (len(self.actors), late_keys.planned(self.actors))
+        return self._limited_cache[1]
+
+    def _key_late(self, late: list[late_keys.LateKey]) -> None:
+        """Claimed rows their producer did not key: written back waiting on their actor's key."""
+        rows = [Finish(k.message.message_id, k.message.attempts, "requeue",
+                       reason="keyed by its actor's limits (its producer did not know them)") for k in late]
+        with self._conn(pool=self.pool) as c, c.transaction():
+            c.execute(sql.KEY_LATE, late_keys.params(self.owner, late))
+            self._finish(c, rows)
+        self.leases.let_go(*(k.message.message_id for k in late))
 
     def _gate_opens(self, queue: str, seconds: float) -> None:
         """A peer's '~queue seconds': a limit key of the queue opens then (it has waiting rows)."""

@@ -30,13 +30,25 @@ MAX_DELAY_SECONDS = 10 * 365 * 86400.0  # ten years: further than any real sched
 @click.option("--dedupe-key", default=None)
 @click.option("--concurrency-key", default=None)
 @click.option("--max-retries", type=click.IntRange(min=0, max=1_000_000), default=None)
+@click.option("--rate-limit", default=None, help="This job's rate limit: '30/m', '20/s burst 5'.")
+@click.option("--rate-limit-key", default=None, help="Its limit key (a template: 'shop:{kwargs[shop]}').")
+@click.option("--daily-quota", type=click.IntRange(min=1), default=None, help="Starts per UTC day of its key.")
+@click.option("--concurrency-limit", type=click.IntRange(min=1), default=None, help="Running at once per key.")
+@click.option("--fairness-key", default=None, help="Keys take turns (a template, as --rate-limit-key).")
+@click.option("--fairness-weight", type=click.IntRange(min=1), default=None, help="The key's share of turns.")
 @json_option
 @click.pass_context
 def enqueue(ctx: click.Context, actor: str, queue: str, args_json: str, kwargs_json: str, delay: float,
             priority: int | None, dedupe_key: str | None, concurrency_key: str | None, max_retries: int | None,
+            rate_limit: str | None, rate_limit_key: str | None, daily_quota: int | None,
+            concurrency_limit: int | None, fairness_key: str | None, fairness_weight: int | None,
             as_json: bool) -> None:
-    """Enqueue one job for ACTOR (its module need not be importable here)."""
+    """Enqueue one job for ACTOR (its module need not be importable here: the limits its
+    actor declares are applied by the worker that claims it; the --rate-limit... options
+    give this job its own)."""
     from dramatiq.message import Message
+
+    from .. import flow
 
     args = _json_option("--args", args_json, list, "a JSON list")
     kwargs = _json_option("--kwargs", kwargs_json, dict, "a JSON object")
@@ -47,6 +59,14 @@ def enqueue(ctx: click.Context, actor: str, queue: str, args_json: str, kwargs_j
         options["concurrency_key"] = concurrency_key
     if max_retries is not None:
         options["max_attempts"] = max_retries + 1
+    limits = {flow.RATE_LIMIT: rate_limit, "rate_limit_key": rate_limit_key, flow.DAILY_QUOTA: daily_quota,
+              flow.CONCURRENCY_LIMIT: concurrency_limit, "fairness_key": fairness_key,
+              flow.FAIRNESS_WEIGHT: fairness_weight}
+    options.update({name: value for name, value in limits.items() if value is not None})
+    try:
+        flow.merged_plan(actor, {}, options)
+    except flow.LimitOptionError as exc:
+        die(f"--{exc.option.replace('_', '-')}: {exc}", exit_codes.USAGE)
     message: Message[Any] = Message(queue_name=queue, actor_name=actor, args=tuple(args), kwargs=kwargs, options=options)
     with producer(ctx) as broker:
         sent = broker.enqueue(message, delay=int(delay * 1000))

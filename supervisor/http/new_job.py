@@ -13,6 +13,7 @@ from typing import Any
 
 from dramatiq import Message
 
+from .. import flow
 from ..config.reader import NAME
 
 FIELDS = ("actor", "queue", "args", "kwargs", "options")
@@ -23,6 +24,14 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "dedupe_key": (str, "a non-empty string; a live job with the same key is returned instead"),
     "concurrency_key": (str, "a non-empty string; at most one job per key runs at a time"),
     "max_retries": (int, "an integer >= 0"),
+    # flow control (supervisor/flow.py), checked as at send; an actor's own limits apply too,
+    # added by the worker that claims the job (broker/late_keys.py)
+    "rate_limit": (str, "a rate: '30/m', '20/s burst 5' (N/s, N/m, N/h or N/d)"),
+    "rate_limit_key": (str, "a key template over the message, e.g. 'shop:{kwargs[shop]}'"),
+    "daily_quota": (int, "an integer >= 1: starts per UTC day"),
+    "concurrency_limit": (int, "an integer >= 1: running at once per key"),
+    "fairness_key": (str, "a key template over the message: keys take turns"),
+    "fairness_weight": (int, "an integer >= 1: the key's share of the turns"),
 }
 
 
@@ -73,6 +82,10 @@ def parse(body: dict[str, Any]) -> NewJob:
         if not ok:
             raise InvalidJob(f"options.{key}: must be {what} (got {value!r})")
         checked[key] = value
+    try:
+        flow.merged_plan(actor, {}, checked)
+    except flow.LimitOptionError as exc:
+        raise InvalidJob(f"options.{exc.option}: {exc}") from None
     delay = int(checked.pop("delay", 0))
     if "max_retries" in checked:  # the row's budget: attempts = retries + 1
         checked["max_attempts"] = checked.pop("max_retries") + 1

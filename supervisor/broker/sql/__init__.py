@@ -31,7 +31,7 @@ from .enqueue import (
     LIVE_BY_DEDUPE_KEYS,
     RUN_AT,
 )
-from .flow import BLOCK_JOB_KEY
+from .flow import BLOCK_JOB_KEY, KEY_LATE
 from .history import (
     ADD_DAY,
     DAYS_AHEAD,
@@ -100,6 +100,7 @@ __all__ = [
     "CANCEL",
     "FINISH",
     "BLOCK_JOB_KEY",
+    "KEY_LATE",
     "RETRY_FAILED",
     "ADD_DAY",
     "DAYS_AHEAD",

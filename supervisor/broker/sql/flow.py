@@ -268,3 +268,16 @@ ON CONFLICT (key) DO UPDATE
        tokens = 0, updated_at = greatest(s.updated_at, EXCLUDED.updated_at)
 RETURNING key
 """
+
+
+# A plain row claimed for an actor with flow control whose producer did not key it
+# (broker/late_keys.py): its key and limits written in, fenced by owner and attempt, still
+# running; the requeue that follows in the same transaction (sql.FINISH) sends it to
+# 'waiting' (a row with a key waits for it) with the claim not counted.
+KEY_LATE = """
+UPDATE job_queue j
+   SET flow_key = k.flow_key, flow = k.flow::jsonb, concurrency_key = k.concurrency_key
+  FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(keys)s::text[], %(flows)s::text[],
+              %(concurrency_keys)s::text[]) AS k(id, attempt, flow_key, flow, concurrency_key)
+ WHERE j.id = k.id AND j.lease_owner = %(owner)s AND j.attempts = k.attempt AND j.status = 'running'
+"""

@@ -1,0 +1,79 @@
+"""Jobs whose producer did not know their actor's limits, keyed by the first worker that
+claims them.
+
+A producer writes a job's limit key and limits from its actor's options (bulk.flow_fields)
+only when it has the actor: ``POST /api/v1/jobs``, ``supervisor jobs enqueue``, the
+dashboard, or any program that sends by actor name without importing the actor's module
+write a plain row, which the plain claim takes. Run as claimed, such a job would pass by
+every limit its actor declares. The worker knows the actor: a plain row of an actor with
+flow control is not run but written back as ``waiting`` with its key and limits (fenced by
+owner and attempt, the claim not counted: sql.KEY_LATE then a requeue through sql.FINISH,
+one transaction), so it waits for its key as if its producer had keyed it. A key its
+message cannot fill fails that job alone, with the reason, as at send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dramatiq import Actor, Message
+
+from .. import flow
+from . import bulk
+from .message import PgMessageProxy
+from .sql import KEYED_COLUMN
+
+# A claimed row's concurrency_key column: a row written by hand with one took its slot in
+# the claim, which a requeue would give up; it runs as claimed.
+_CONCURRENCY_KEY_COLUMN = 6
+
+
+@dataclass(frozen=True)
+class LateKey:
+    """A claimed message to write back as waiting on its actor's key."""
+
+    message: PgMessageProxy
+    flow_key: str
+    flow: str
+    concurrency_key: str | None
+
+
+def planned(actors: Mapping[str, Actor[..., Any]]) -> frozenset[str]:
+    """The names of the actors with flow control (a bad option raised at their definition)."""
+    return frozenset(name for name, actor in actors.items() if bulk.actor_plan(actor) is not None)
+
+
+def split(rows: list[tuple[Any, ...]], out: list[PgMessageProxy], actors: Mapping[str, Actor[..., Any]],
+          with_limits: frozenset[str]) -> tuple[list[PgMessageProxy], list[LateKey], list[tuple[str, int, str]]]:
+    """The claimed messages to run, those to write back keyed, and (id, attempt, why) of
+    those whose key cannot be made."""
+    unkeyed = {str(r[0]) for r in rows if not r[KEYED_COLUMN] and r[_CONCURRENCY_KEY_COLUMN] is None}
+    run: list[PgMessageProxy] = []
+    late: list[LateKey] = []
+    bad: list[tuple[str, int, str]] = []
+    for m in out:
+        if m.actor_name not in with_limits or m.message_id not in unkeyed:
+            run.append(m)
+            continue
+        sent: Message[Any] = Message(queue_name=m.queue_name, actor_name=m.actor_name, args=m.args,
+                                     kwargs=m.kwargs, options=m.options, message_id=m.message_id,
+                                     message_timestamp=m.message_timestamp)
+        message, concurrency_key, flow_key, limits = bulk.flow_fields(sent, actors[m.actor_name])
+        if flow_key is not None:
+            late.append(LateKey(m, flow_key, limits, concurrency_key))
+        elif flow.KEY_ERROR in message.options:
+            bad.append((m.message_id, m.attempts,
+                        f"its limit key could not be made: {message.options[flow.KEY_ERROR]}"))
+        else:
+            run.append(m)
+    return run, late, bad
+
+
+def params(owner: str, late: list[LateKey]) -> dict[str, Any]:
+    """sql.KEY_LATE's parameters."""
+    return {"owner": owner,
+            "ids": [k.message.message_id for k in late], "attempts": [k.message.attempts for k in late],
+            "keys": [k.flow_key for k in late], "flows": [k.flow for k in late],
+            "concurrency_keys": [k.concurrency_key for k in late]}
