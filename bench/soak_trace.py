@@ -6,13 +6,16 @@ could stall a claim, each with its wall-clock span (bench/soak.py reads the line
 - the process's own stalls: a thread that sleeps 5 ms and wakes 20 ms late or more (the
   GIL held by another thread, or no CPU for the process);
 - pace changes (the process's capacity limit), rows given back for want of a thread;
-- the broker pool's waits, once a second when any request had to queue.
+- the broker pool's waits, once a second when any request had to queue;
+- with BENCH_CLAIM_TRACE=1, every claim (`claim N US`: the rows it took, its microseconds), timed around
+  `PostgresBroker.claim` as the worker calls it: bench/pressure.py's claim latency.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
 import time
 
@@ -46,6 +49,17 @@ def main() -> None:
     for name in ("beat", "prune", "_maintain"):
         setattr(upkeep.Upkeep, name, timed(name.strip("_"), getattr(upkeep.Upkeep, name)))
     Leases.reap_expired = timed("reap", Leases.reap_expired)  # type: ignore[method-assign]
+    if os.environ.get("BENCH_CLAIM_TRACE") == "1":
+        from supervisor.broker import PostgresBroker
+
+        claim = PostgresBroker.claim
+
+        def traced_claim(self, queue, n, **kwargs):
+            start, began = time.time(), time.perf_counter()
+            got = claim(self, queue, n, **kwargs)
+            event(start, f"claim {len(got)} {(time.perf_counter() - began) * 1e6:.0f}")
+            return got
+        PostgresBroker.claim = traced_claim  # type: ignore[method-assign]
     give_back = PostgresConsumer.give_back
 
     def traced_give_back(self, messages, waited):
