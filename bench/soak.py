@@ -19,12 +19,14 @@
      producer's INSERT, started_at the claim; both the database clock), kept as a
      0.1 ms histogram so each window's p99 is exact;
    - the backlog: runnable rows not yet claimed (read through the claim index);
-   - claim p99: no pg_stat_statements here, so a probe: 5 CLAIMs of 16 rows a
-     second on the live queue, each rolled back (it holds rows for about a
-     millisecond; the workers skip them), timed by the client. It steps over the
-     same dead index entries the workers' claims do;
-   - n_dead_tup of jobs, the table's and its indexes' size, and what ran meanwhile:
-     vacuums of jobs, rows deleted (retention), checkpoints (pg_stat_bgwriter).
+   - claim p99: a probe, 5 CLAIMs of 16 rows a second on the live queue, each rolled
+     back (it holds rows for about a millisecond; the workers skip them), timed by the
+     client. It has no claim floors (broker/floors.py): a sweep, stepping over every
+     dead index entry a worker's floored claims skip. The workers' own claims are
+     timed too (soak_trace's BENCH_CLAIM_TRACE): "worker claim p99" in the comparison;
+   - n_dead_tup of job_queue, its size and its indexes', history's size (it grows
+     with the retention, by design: a day goes as a whole), and what ran meanwhile:
+     vacuums of job_queue, rows deleted from it (finished), checkpoints (pg_stat_bgwriter).
 4. Prints one line per --window seconds (a spike shows beside what ran in its window),
    the windows whose p99 is over 3 x the median window's, and the first-5 vs last-5
    minute comparison against the target: last 5 within 10 % of the first 5 on
@@ -92,10 +94,12 @@ SELECT round(extract(epoch FROM started_at - created_at) * 10000)::bigint, count
 
 HEALTH = """
 SELECT s.n_dead_tup,
-       -- the live table and all of history (every day's partition, with its indexes)
-       pg_table_size('job_queue') + (SELECT coalesce(sum(pg_total_relation_size(relid)), 0)
-                                       FROM pg_partition_tree('job_history') WHERE isleaf)::bigint,
-       pg_indexes_size('job_queue'), s.vacuum_count, s.autovacuum_count,
+       -- the live table; its indexes; all of history (every day's partition, with its
+       -- indexes: it grows with the retention, by design)
+       pg_table_size('job_queue'), pg_indexes_size('job_queue'),
+       (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('job_history')
+         WHERE isleaf)::bigint,
+       s.vacuum_count, s.autovacuum_count,
        s.n_tup_del, now() - %(lag)s * interval '1 second',
        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),
        (SELECT count(*) FROM jobs WHERE queue = 'bench' AND status IN ('pending', 'retryable') AND run_at <= now()),
@@ -131,6 +135,9 @@ class Window:
     backlog: list[int] = field(default_factory=list)
     table: int = 0
     indexes: int = 0
+    history: int = 0
+    lo: float = 0.0  # wall clock: the window's bounds (the worker's traced claims in it)
+    hi: float = 0.0
     vacuums: int = 0  # in this window
     deleted: int = 0
     checkpoints: int = 0
@@ -213,7 +220,7 @@ class Sampler:
         for _ in range(PROBES_PER_SECOND):
             window.probes.append(self.probe())
         row = self.conn.execute(HEALTH, {"lag": LAG_S}).fetchone()
-        dead, table, indexes, vacs, autovacs, deleted, hi, checkpoints, backlog, oldest, query = row
+        dead, table, indexes, history, vacs, autovacs, deleted, hi, checkpoints, backlog, oldest, query = row
         if oldest > window.oldest_xact:
             window.oldest_xact, window.oldest_query = oldest, query or ""
         this: collections.Counter = collections.Counter()
@@ -228,33 +235,37 @@ class Sampler:
         self.mark = hi
         window.dead.append(dead)
         window.backlog.append(backlog)
-        window.table, window.indexes = table, indexes
-        window.vacuums += vacs + autovacs - self.last[3] - self.last[4]
-        window.deleted += deleted - self.last[5]
-        window.checkpoints += checkpoints - self.last[7]
+        window.table, window.indexes, window.history = table, indexes, history
+        window.vacuums += vacs + autovacs - self.last[4] - self.last[5]
+        window.deleted += deleted - self.last[6]
+        window.checkpoints += checkpoints - self.last[8]
         self.last = row
 
 
-def summarise(windows: list[Window]) -> dict[str, float]:
+def summarise(windows: list[Window], events: list[tuple[float, float, str]]) -> dict[str, float]:
     merged: collections.Counter = collections.Counter()
     for w in windows:
         merged.update(w.latency)
+    claims = [int(what.split()[2]) / 1000 for start, _, what in events
+              if what.startswith("claim ") and windows[0].lo <= start < windows[-1].hi]
     return {"jobs/s": sum(w.jobs for w in windows) / sum(w.seconds for w in windows),
             "enqueue->start p99 ms": hist_pct(merged, 99),
+            "worker claim p99 ms": pct(claims, 99),
             "claim probe p99 ms": pct([p for w in windows for p in w.probes], 99),
-            "table + indexes MB": sum(w.table + w.indexes for w in windows) / len(windows) / 1e6,
-            "n_dead_tup (mean)": sum(sum(w.dead) / len(w.dead) for w in windows) / len(windows)}
+            "live table + indexes MB": sum(w.table + w.indexes for w in windows) / len(windows) / 1e6,
+            "n_dead_tup (mean)": sum(sum(w.dead) / len(w.dead) for w in windows) / len(windows),
+            "history MB (grows)": windows[-1].history / 1e6}
 
 
 HEADER = (f"{'t s':>5} {'jobs/s':>7} {'e2s p50':>8} {'e2s p99':>8} {'e2s max':>8} {'backlog':>7} "
-          f"{'claim p99':>9} {'dead tup':>9} {'table MB':>8} {'index MB':>8} {'vac':>3} {'ckpt':>4} "
+          f"{'claim p99':>9} {'dead tup':>9} {'queue MB':>8} {'index MB':>8} {'hist MB':>8} {'vac':>3} {'ckpt':>4} "
           f"{'deleted':>8} {'old xact':>8} {'claim pg':>8} {'load':>5}")
 
 
 def line(at: int, w: Window) -> str:
     return (f"{at:>5} {w.jobs / w.seconds:>7,.0f} {hist_pct(w.latency, 50):>8.1f} {hist_pct(w.latency, 99):>8.1f} "
             f"{hist_pct(w.latency, 100):>8.1f} {max(w.backlog):>7,} {pct(w.probes, 99):>9.2f} {max(w.dead):>9,} "
-            f"{w.table / 1e6:>8.1f} {w.indexes / 1e6:>8.1f} {w.vacuums:>3} {w.checkpoints:>4} {w.deleted:>8,} "
+            f"{w.table / 1e6:>8.1f} {w.indexes / 1e6:>8.1f} {w.history / 1e6:>8.1f} {w.vacuums:>3} {w.checkpoints:>4} {w.deleted:>8,} "
             f"{w.oldest_xact:>8,.0f} {w.claim_buffers:>8,} {os.getloadavg()[0]:>5.1f}")
 
 
@@ -361,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"stream {rate:,.0f} jobs/s for {warmup:.0f}s warm-up + {args.minutes} min, "
             f"{args.processes} x {args.threads} threads, retention {args.retention}s (load {os.getloadavg()[0]:.1f})")
         with WorkerPool(url, count=args.processes, threads=args.threads, module="bench.soak_trace",
-                        env={"SUPERVISOR_CONFIG": str(config)}) as pool:
+                        env={"SUPERVISOR_CONFIG": str(config), "BENCH_CLAIM_TRACE": "1"}) as pool:
             producer = Producer(broker, actors.noop, rate)
             producer.start()
             time.sleep(warmup)  # the table fills to its retention's size
@@ -370,13 +381,14 @@ def main(argv: list[str] | None = None) -> int:
             say(HEADER)
             started = time.monotonic()
             for i in range(args.minutes * 60 // args.window):
-                w = Window(args.window)
+                w = Window(args.window, lo=time.time())
                 for sec in range(args.window):
                     sampler.second(w)
                     wait = started + i * args.window + sec + 1 - time.monotonic()
                     if wait > 0:
                         time.sleep(wait)
                 w.claim_buffers = sampler.buffers()
+                w.hi = time.time()
                 windows.append(w)
                 say(line((i + 1) * args.window, w))
             producer.halt.set()
@@ -388,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     attribute(sampler.seconds, events)
     per_minute = 60 // args.window
     span = min(5 * per_minute, max(1, len(windows) // 2))
-    first, last = summarise(windows[:span]), summarise(windows[-span:])
+    first, last = summarise(windows[:span], events), summarise(windows[-span:], events)
     say("")
     say(f"first {span * args.window}s vs last {span * args.window}s (target: last within 10 % of first; sizes flat)")
     say(f"  {'figure':<24} {'first':>10} {'last':>10} {'change':>8}  met")
@@ -396,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         a, b = first[key], last[key]
         change = (b / a - 1) * 100 if a else float("nan")
         better_if_higher = key == "jobs/s"
-        met = ("" if key.startswith("n_dead") else
+        met = ("" if key.startswith(("n_dead", "history", "claim probe")) else
                "yes" if (change >= -10 if better_if_higher else change <= 10) else "NO")
         say(f"  {key:<24} {a:>10,.2f} {b:>10,.2f} {change:>+7.1f}%  {met}")
     return 0
