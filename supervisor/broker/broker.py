@@ -30,11 +30,10 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from .. import db, defaults
 from ..identity import owner_id
 from . import bulk, late_keys, sending, sql
-from .acks import AckBatcher
 from .capacity import Capacity
 from .consumer import PostgresConsumer
 from .fencing import Fence
-from .finish import Finish
+from .finish import AckBatcher, Finish
 from .floors import REQUEUED, ClaimFloors, SweepSignal
 from .gates import Gates
 from .joining import Failures, QueueHelpers

@@ -18,8 +18,7 @@ from psycopg_pool import ConnectionPool
 
 from .. import backoff, db
 from . import error_key, sql
-from .acks import AckBatcher
-from .finish import Finish, ack_params, ago_us, finish_params
+from .finish import AckBatcher, Finish, ack_params, ago_us, finish_params
 from .floors import ClaimFloors
 from .joining import Failures
 from .leases import Leases

@@ -12,7 +12,7 @@ Dramatiq's worker fires it. What differs is the path of a message:
   and puts the whole batch on the work queue at once, where Dramatiq's consumer thread
   hands over one message at a time;
 - a worker thread takes the next message by (actor priority, claim order), runs it and
-  writes its outcome itself: an ack joins the broker's group commit (acks.AckBatcher),
+  writes its outcome itself: an ack joins the broker's group commit (finish.AckBatcher),
   a failure or a retry is written from this thread.
 
 ``stop`` stops the claims first, then lets the worker threads finish their current
