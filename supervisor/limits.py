@@ -66,7 +66,8 @@ def _whole(name: str, value: Any, least: int) -> int | None:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise LimitValueError(f"{name}: expected a whole number >= {least} or none, got {value!r:.60}")
+        lift = "" if name == "burst" else " or none"
+        raise LimitValueError(f"{name}: expected a whole number >= {least}{lift}, got {value!r:.60}")
     return value
 
 
@@ -104,6 +105,22 @@ def parse(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def rate_text(per_second: float | None) -> str:
+    """A rate as an actor's option writes it: 20/s, 30/m, 2/h, 5/d ("-": none)."""
+    if per_second is None:
+        return "-"
+    for unit, seconds in (("s", 1), ("m", 60), ("h", 3600)):
+        if per_second * seconds >= 1 - 1e-9:
+            return f"{per_second * seconds:.3g}/{unit}"
+    return f"{per_second * 86400:.3g}/d"
+
+
+def override_text(override: Mapping[str, Any] | None) -> str:
+    """An override (``describe``'s) in a line: rate 2/s, concurrency none."""
+    return ", ".join(f"{name.replace('_', ' ')} {'none' if value is None else rate_text(value) if name == 'rate' else f'{value:g}'}"
+                     for name, value in (override or {}).items())
+
+
 def describe(override: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """An override as the API shows it: its fields by name (None: that limit lifted)."""
     if override is None:
@@ -119,7 +136,7 @@ def set_override(conn: psycopg.Connection, key: str, override: Mapping[str, Any]
         row = db.dicts(conn, ratelimit.SET_OVERRIDE, {"key": check_key(key), "override": Jsonb(dict(override)),
                                                       "by": by})[0]
         conn.execute(sql.WAKE_WAITING, {"key": key})
-    return {**row, "override": describe(row["override"])}
+    return {**row, "override": describe(row["override"]), "previous": describe(row["previous"])}
 
 
 def clear_override(conn: psycopg.Connection, key: str, by: str | None) -> dict[str, Any] | None:

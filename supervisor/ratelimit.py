@@ -41,6 +41,7 @@ RETURNING blocked_until
 # the claim reads it through the bucket's join (broker/sql/flow.py ``_gate``). A key with no
 # bucket yet gets one holding no tokens (NULL: full, whatever burst applies).
 SET_OVERRIDE = """
+WITH old AS (SELECT override FROM rate_limiter_state WHERE key = %(key)s)
 INSERT INTO rate_limiter_state AS s (key, tokens, burst, rate_per_second, updated_at, daily_quota,
                                      override, override_by, override_at)
 VALUES (%(key)s, NULL, coalesce((%(override)s::jsonb->>'b')::float8, 1),
@@ -48,7 +49,7 @@ VALUES (%(key)s, NULL, coalesce((%(override)s::jsonb->>'b')::float8, 1),
         %(override)s, %(by)s, now())
 ON CONFLICT (key) DO UPDATE
    SET override = EXCLUDED.override, override_by = EXCLUDED.override_by, override_at = EXCLUDED.override_at
-RETURNING key, override, override_by, override_at
+RETURNING key, override, override_by, override_at, (SELECT override FROM old) AS previous
 """
 
 # Back to the limits the jobs carry; the bucket stays (its tokens, quota and block).
