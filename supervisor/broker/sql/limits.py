@@ -64,16 +64,18 @@ WITH RECURSIVE wq(queue) AS (
                  WHERE j.queue = w.queue AND j.status = 'waiting' AND j.flow_key = w.key
                  ORDER BY j.priority DESC, j.run_at, j.id LIMIT %(upto)s) x) c
      WHERE w.key IN (SELECT key FROM keys)
-), kv AS (
-    SELECT k.key,
-           coalesce((SELECT array_agg(h.queue ORDER BY h.queue) FROM wh h WHERE h.key = k.key), '{{}}') AS queues,
-           coalesce((SELECT sum(h.n) FROM wh h WHERE h.key = k.key), 0)::int AS waiting,
-           coalesce((SELECT bool_or(h.n >= %(upto)s) FROM wh h WHERE h.key = k.key), false) AS waiting_more,
-           (SELECT min(h.since) FROM wh h WHERE h.key = k.key) AS waiting_since,
-           coalesce((SELECT h.flow FROM wh h WHERE h.key = k.key ORDER BY h.queue LIMIT 1),
-                    (SELECT j.flow FROM job_queue j WHERE j.id = r.one::uuid)) AS flow,
+), wa AS (
+    SELECT h.key, array_agg(h.queue ORDER BY h.queue) AS queues, sum(h.n)::int AS waiting,
+           bool_or(h.n >= %(upto)s) AS waiting_more, min(h.since) AS since,
+           (array_agg(h.flow ORDER BY h.queue))[1] AS flow
+      FROM wh h GROUP BY h.key
+), kv AS MATERIALIZED (
+    -- (materialized: the gate names the key's flow many times; each would run its subquery)
+    SELECT k.key, coalesce(a.queues, '{{}}') AS queues, coalesce(a.waiting, 0) AS waiting,
+           coalesce(a.waiting_more, false) AS waiting_more, a.since AS waiting_since,
+           coalesce(a.flow, (SELECT j.flow FROM job_queue j WHERE j.id = r.one::uuid)) AS flow,
            coalesce(r.n, 0) AS running
-      FROM keys k LEFT JOIN running r ON r.key = k.key
+      FROM keys k LEFT JOIN wa a ON a.key = k.key LEFT JOIN running r ON r.key = k.key
 )
 SELECT v.key, v.queues, v.waiting, v.waiting_more, extract(epoch FROM now() - v.waiting_since)::float8 AS wait_s,
        v.running, (SELECT count(*) FROM job_concurrency c WHERE c.key = v.key)::int AS slots_taken,
