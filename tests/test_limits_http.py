@@ -63,7 +63,8 @@ def test_keys_are_seen_on_the_page_the_api_and_metrics_and_changed_with_an_opera
                for family in text_string_to_metric_families(text) for x in family.samples}
     assert samples[("actor_supervisor_limit_waiting", "shop:1")] == 2
     assert samples[("actor_supervisor_limit_rate_per_second", "shop:1")] == 2.0
-    assert samples[("actor_supervisor_limit_tokens", "shop:1")] < 1
+    assert samples[("actor_supervisor_limit_burst", "shop:1")] == 1  # the override's
+    assert samples[("actor_supervisor_limit_tokens", "shop:1")] <= 1
     assert samples[("actor_supervisor_limit_running", "shop/2")] == 1
     assert samples[("actor_supervisor_limit_override", "shop/2")] == 1
     assert ("actor_supervisor_limit_concurrency", "shop/2") not in samples  # lifted
