@@ -77,6 +77,7 @@ READS: tuple[tuple[str, str], ...] = (
     ("api actors 1h", "/api/v1/actors"),
     ("api actors 6h", "/api/v1/actors?since=6h"),
     ("api audit", "/api/v1/audit"),
+    ("api limits", "/api/v1/limits"),
     ("api whoami", "/api/v1/whoami"),
     ("api openapi", "/api/v1/openapi.json"),
     ("/metrics", "/metrics"),

@@ -66,6 +66,7 @@ class LimitOptionError(ValueError):
         super().__init__(f"actor {actor!r}: {option}={value!r:.80}: {why}")
         self.actor = actor
         self.option = option
+        self.why = why
 
 
 class RateLimited(dramatiq.Retry):

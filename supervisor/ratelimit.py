@@ -37,6 +37,29 @@ ON CONFLICT (key) DO UPDATE
 RETURNING blocked_until
 """
 
+# An operator's override of a key's limits (migration 037; supervisor/limits.py checks it):
+# the claim reads it through the bucket's join (broker/sql/flow.py ``_gate``). A key with no
+# bucket yet gets one holding no tokens (NULL: full, whatever burst applies).
+SET_OVERRIDE = """
+WITH old AS (SELECT override FROM rate_limiter_state WHERE key = %(key)s)
+INSERT INTO rate_limiter_state AS s (key, tokens, burst, rate_per_second, updated_at, daily_quota,
+                                     override, override_by, override_at)
+VALUES (%(key)s, NULL, coalesce((%(override)s::jsonb->>'b')::float8, 1),
+        coalesce((%(override)s::jsonb->>'r')::float8, 1), now(), (%(override)s::jsonb->>'q')::int,
+        %(override)s, %(by)s, now())
+ON CONFLICT (key) DO UPDATE
+   SET override = EXCLUDED.override, override_by = EXCLUDED.override_by, override_at = EXCLUDED.override_at
+RETURNING key, override, override_by, override_at, (SELECT override FROM old) AS previous
+"""
+
+# Back to the limits the jobs carry; the bucket stays (its tokens, quota and block).
+CLEAR_OVERRIDE = """
+UPDATE rate_limiter_state s SET override = NULL, override_by = %(by)s, override_at = now()
+  FROM (SELECT key, override FROM rate_limiter_state WHERE key = %(key)s FOR UPDATE) old
+ WHERE s.key = old.key AND old.override IS NOT NULL
+RETURNING s.key, old.override
+"""
+
 _STATE = """
 SELECT key, tokens, burst, rate_per_second, updated_at, daily_quota, quota_day, quota_used,
        blocked_until, granted_total, denied_total

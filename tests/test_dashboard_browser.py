@@ -228,6 +228,32 @@ def test_schedules_limits_and_the_tracker_page(dash: Dash, browser: Browser) -> 
     browser.screenshot("tracker")
 
 
+def test_a_keys_limits_are_seen_and_changed_from_the_limits_page(dash: Dash, browser: Browser) -> None:
+    db = dash.db
+    db.execute("INSERT INTO jobs (queue, actor, flow_key, flow) SELECT 'unserved', 'noop', 'tenant:b', '{\"c\": 1}'"
+               " FROM generate_series(1, 2)")  # waiting: no worker serves the queue
+    try:
+        browser.open(dash.base + "/limits")
+        if browser.css("#token"):
+            _use_token(browser, TOKEN)
+        row = 'tr[data-key="tenant:b"]'
+        assert browser.text(f"{row} td.waiting") == "2" and browser.text(f"{row} td.running") == "0 / 1"
+        form = browser.css("form.limit")[0]
+        form.find_element("name", "key").send_keys("tenant:b")
+        form.find_element("name", "concurrency").send_keys("3")
+        browser.click("form.limit button")
+        browser.wait_text("#flash", lambda t: "override set (concurrency 3)" in t)
+        assert scalar(db, "SELECT override FROM rate_limiter_state WHERE key = 'tenant:b'") == {"c": 3}
+        browser.wait_text(f"{row} td.running", lambda t: t == "0 / 3")
+        _click(browser, f"{row} button.act", confirm=True)
+        browser.wait_text("#flash", lambda t: "override cleared" in t)
+        assert scalar(db, "SELECT override FROM rate_limiter_state WHERE key = 'tenant:b'") is None
+        browser.screenshot("limits-override")
+    finally:
+        db.execute("DELETE FROM job_queue WHERE flow_key = 'tenant:b'")
+        db.execute("DELETE FROM rate_limiter_state WHERE key = 'tenant:b'")
+
+
 def _shown(b: Browser, selector: str) -> int:
     """How many elements match and are displayed (a hidden one has no offsetParent)."""
     return int(b.driver.execute_script(

@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import actor_stats, admin, apps, control, cron, defaults, ratelimit
+from .. import actor_stats, admin, apps, control, cron, defaults, limits, ratelimit
 from ..identity import node_name
 from .state import AppState
 
@@ -213,9 +213,9 @@ def _app_gauges(conn: Any, in_use: tuple[apps.App, ...]) -> list[apps.Gauge]:
 
 
 def metrics_snapshot(state: AppState) -> dict[str, Any]:
-    """What /metrics reports from the database and the master: one connection, four
-    short reads (capacity view, workers registry, rate limiters, the start waits per actor
-    of the last minutes' jobs), and the local
+    """What /metrics reports from the database and the master: one connection, five
+    short reads (capacity view, workers registry, rate limiters, the limit keys as the
+    claim sees them, the start waits per actor of the last minutes' jobs), and the local
     master's status when there is one. Raises if the database is away."""
     in_use = state.apps_in_use()
     with state.connection() as conn:
@@ -223,6 +223,7 @@ def metrics_snapshot(state: AppState) -> dict[str, Any]:
             "queues": admin.queue_capacity(conn, waits=False),
             "workers": [w for w in admin.workers(conn) if w["stopped_at"] is None],
             "limiters": ratelimit.states(conn),
+            "limit_keys": limits.seen(conn).keys,
             "start_waits": actor_stats.start_waits(conn),
             "app_gauges": _app_gauges(conn, in_use),
         }

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -23,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import actor_stats
+from .. import actor_stats, limits
 from ..defaults import METRICS_DIR_ENV
 from . import data
 from .state import AppState, state_of
@@ -58,6 +59,7 @@ class Snapshot:
         yield from self._queues(snap["queues"])
         yield from self._processes(snap["workers"], snap["master"])
         yield from self._limiters(snap["limiters"])
+        yield from self._limit_keys(snap["limit_keys"])
         yield self._start_waits(snap["start_waits"])
         for g in snap["app_gauges"]:
             family = GaugeMetricFamily(g.name, g.doc, labels=list(g.labels))
@@ -136,6 +138,33 @@ class Snapshot:
             denied.add_metric([lim["key"]], lim["denied_total"])
         yield from (tokens, granted, denied)
 
+    def _limit_keys(self, keys: list[dict[str, Any]]) -> Iterator[Metric]:
+        """Each limit key as the claim sees it (supervisor.limits.seen: the first
+        limits.MAX_KEYS keys by name); a gauge of a limit the key has not is left out."""
+        per_key = {
+            "tokens": ("limit_tokens", "Tokens in the key's bucket now (rate-limited keys)"),
+            "burst": ("limit_burst", "The key's burst (most tokens its bucket holds)"),
+            "rate": ("limit_rate_per_second", "The key's rate limit, tokens per second"),
+            "quota": ("limit_daily_quota", "The key's daily quota (starts per UTC day)"),
+            "quota_used": ("limit_daily_quota_used", "Starts counted against the key's quota today"),
+            "concurrency": ("limit_concurrency", "The key's concurrency limit (jobs running at once)"),
+            "running": ("limit_running", "Jobs of the key running now"),
+            "waiting": ("limit_waiting", f"Jobs waiting on the key (counted up to {limits.WAITING_UPTO} a queue)"),
+            "wait_s": ("limit_wait_seconds", "How long the key's oldest due waiting job has waited"),
+            "opens_in_s": ("limit_opens_in_seconds", "Seconds until the key's gate lets a job start (gated by time)"),
+        }
+        families = {field: _gauge(name, doc, ["key"]) for field, (name, doc) in per_key.items()}
+        blocked = _gauge("limit_blocked_seconds", "Seconds the key stays blocked (RateLimited; 0: not blocked)",
+                         ["key"])
+        override = _gauge("limit_override", "1 if an operator's override replaces the key's limits", ["key"])
+        for k in keys:
+            for field, family in families.items():
+                if k[field] is not None:
+                    family.add_metric([k["key"]], k[field])
+            until = k["blocked_until"]
+            blocked.add_metric([k["key"]], max(0.0, (until - datetime.now(UTC)).total_seconds()) if until else 0.0)
+            override.add_metric([k["key"]], 1 if k["override"] is not None else 0)
+        yield from (*families.values(), blocked, override)
 
     def _start_waits(self, waits: dict[str, dict[str, float]]) -> Metric:
         """The one figure of the Actors page that Dramatiq's metrics lack (they count

@@ -43,8 +43,8 @@ def _compiled(path: str) -> re.Pattern[str]:
     return _PATTERNS[path]
 
 
-# Each action: the lowest role that may do it, and every route (all POST) that does it.
-# A path parameter names what the action acts on.
+# Each action: the lowest role that may do it, and every route that does it (POST unless
+# the path starts with its method). A path parameter names what the action acts on.
 _ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "jobs.send": ("admin", ("/api/v1/jobs",)),
     "jobs.retry": ("operator", ("/api/v1/jobs/retry", "/api/v1/jobs/{job_id}/retry", "/ui/jobs/retry")),
@@ -55,16 +55,22 @@ _ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "errors.cancel": ("operator", ("/api/v1/errors/cancel", "/ui/errors/cancel")),
     "schedules.run": ("admin", ("/ui/schedules/{name}/run",)),
     "roles.scale": ("admin", ("/ui/roles/{role}/scale",)),
+    "limits.set": ("operator", ("PUT /api/v1/limits/{key:path}", "/ui/limits/set")),
+    "limits.clear": ("operator", ("DELETE /api/v1/limits/{key:path}", "/ui/limits/clear")),
 }
 
 
 def _target(path: str) -> str | None:
-    found = re.search(r"\{(\w+)\}", path)
+    found = re.search(r"\{(\w+)(?::\w+)?\}", path)
     return found.group(1) if found else None
 
 
-RULES = tuple(Rule("POST", path, action, role, _target(path))
-              for action, (role, paths) in _ACTIONS.items() for path in paths)
+def _rule_of(action: str, role: str, route: str) -> Rule:
+    method, _, path = route.rpartition(" ")
+    return Rule(method or "POST", path, action, role, _target(path))
+
+
+RULES = tuple(_rule_of(action, role, route) for action, (role, routes) in _ACTIONS.items() for route in routes)
 
 # The role each named action needs (one per action, whichever route asks for it).
 NEEDS: dict[str, str] = {}

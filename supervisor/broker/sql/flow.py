@@ -43,7 +43,10 @@ _CARRY = "least(0.5, {rate} * " + str(CARRY_SECONDS) + ")"
 
 
 # What one key allows now, read (not locked) as this claim's snapshot sees it: key and
-# flow are the expressions naming the key and its limits (the row's flow jsonb).
+# flow are the expressions naming the key and its limits (the row's flow jsonb). An
+# operator's override (the bucket's ``override``, migration 037) replaces the values it
+# names, read through the bucket's join (no other read per key); a null value lifts that
+# limit. Every later step (kfinal, kupd, kslots) takes the limits from here.
 # Columns: weight, needs_bucket, has_bucket, allow (rows, up to n), wake (seconds until a
 # time gate opens), rate, burst, quota, conc.
 def _gate(key: str, flow: str) -> str:
@@ -61,10 +64,16 @@ def _gate(key: str, flow: str) -> str:
                  WHEN t.tokens < 1 THEN (1 - t.tokens) / s.rate
             END)::float8 AS wake,
            s.rate, s.burst, s.quota, s.conc
-      FROM (SELECT ({flow}->>'r')::float8 AS rate, ({flow}->>'b')::float8 AS burst, ({flow}->>'q')::int AS quota,
-                   ({flow}->>'c')::int AS conc, greatest(1, coalesce(({flow}->>'w')::int, 1)) AS weight,
-                   coalesce({flow} ? 'r' OR {flow} ? 'q', false) AS needs_bucket) s
+      FROM (SELECT 1) o
       LEFT JOIN rate_limiter_state b ON b.key = {key}
+     CROSS JOIN LATERAL (
+        SELECT CASE WHEN b.override IS NULL THEN {flow} ELSE coalesce({flow}, '{{}}') || b.override END AS f) e
+     CROSS JOIN LATERAL (
+        SELECT (e.f->>'r')::float8 AS rate,
+               -- (an override's rate alone, on a key that had none: burst 1, as an option's)
+               coalesce((e.f->>'b')::float8, CASE WHEN e.f->>'r' IS NOT NULL THEN 1 END) AS burst, (e.f->>'q')::int AS quota,
+               (e.f->>'c')::int AS conc, greatest(1, coalesce((e.f->>'w')::int, 1)) AS weight,
+               (e.f->>'r') IS NOT NULL OR (e.f->>'q') IS NOT NULL AS needs_bucket) s
      CROSS JOIN LATERAL (
         SELECT CASE WHEN s.rate IS NULL THEN NULL
                     WHEN b.key IS NULL THEN s.burst

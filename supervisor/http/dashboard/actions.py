@@ -1,5 +1,6 @@
 """The dashboard's actions: retry, cancel (one, some, or all matching a filter), pause
-and resume a queue, run a schedule now, scale a role through the local master.
+and resume a queue, run a schedule now, scale a role through the local master, set or
+clear a limit key's override.
 
 Each is a POST the action guard has already let through (token, read-only); each
 answers JSON ``{"ok": ..., "message": ...}`` that the page shows.
@@ -15,7 +16,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from ... import admin, control
+from ... import admin, control, limits
 from ...broker import sql
 from ...identity import operator
 from ...worker import scheduler_sql
@@ -90,3 +91,14 @@ def scale(state: AppState, role: str, processes: int) -> dict[str, Any]:
     if not reply.get("ok"):
         return {"ok": False, "message": str(reply.get("error"))}
     return {"ok": True, "message": "; ".join(reply.get("changes") or [f"{role} scaled to {processes}"])}
+
+
+def set_limit(state: AppState, key: str, override: dict[str, Any], by: str) -> dict[str, Any]:
+    with state.connection() as conn:
+        return limits.set_override(conn, key, override, by)
+
+
+def clear_limit(state: AppState, key: str, by: str) -> dict[str, Any] | None:
+    with state.connection() as conn:
+        return limits.clear_override(conn, key, by)
+

@@ -20,6 +20,7 @@ import psutil
 import psycopg
 
 from ... import actor_stats, admin, cron, db, jobsearch, ratelimit
+from ... import limits as flow_limits
 from ...broker import reads
 from ...worker import registry, scheduler_sql
 from .. import data
@@ -322,17 +323,21 @@ def schedules(state: AppState) -> list[dict[str, Any]]:
     return out
 
 
-def limits(state: AppState) -> dict[str, Any]:
+def limits(state: AppState, after: str = "") -> dict[str, Any]:
+    """The limit keys as the claim sees them (``supervisor.limits.seen``, a page of
+    them after ``after``), the buckets, and what apps add."""
     pages = [p for p in app_pages(state) if p.limits is not None]
     tables: list[Table] = []
     with state.connection() as conn:
+        seen = flow_limits.seen(conn, after=after)
         buckets = ratelimit.states(conn)
         for page in pages:
             assert page.limits is not None
             # A failure is a table with the page's title and the failure as its note.
             tables += _contributed(page, "limits", functools.partial(page.limits, conn),
                                    functools.partial(Table, page.title, (), ()))
-    return {"buckets": buckets, "tables": tables}
+    return {"keys": seen.keys, "next_after": seen.next_after, "after": after, "buckets": buckets,
+            "tables": tables, "max_keys": flow_limits.MAX_KEYS, "upto": flow_limits.WAITING_UPTO}
 
 
 def app_page(state: AppState, slug: str) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from ... import units
+from ... import limits, units
 from .. import roles
 from ..state import state_of
 from . import charts
@@ -46,6 +46,10 @@ def duration(seconds: float | None) -> str:
     return f"{s / 86400:.1f} d"
 
 
+def rate(per_second: float | None) -> str:
+    return "—" if per_second is None else limits.rate_text(per_second)
+
+
 def size(n: float | None) -> str:
     return "—" if n is None else units.human_bytes(int(n))
 
@@ -56,7 +60,7 @@ def percent(x: float | None) -> str:
 
 env = Environment(loader=PackageLoader("supervisor.http.dashboard", "templates"),
                   autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
-env.filters.update(ago=ago, until=until, duration=duration, size=size, percent=percent)
+env.filters.update(ago=ago, until=until, duration=duration, size=size, percent=percent, rate=rate)
 env.globals.update(charts=charts)
 
 

@@ -20,6 +20,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ... import admin
+from ... import limits as flow_limits
+from .. import api_limits
 from ..auth import note
 from ..render import Json, error
 from ..state import state_of
@@ -74,7 +76,7 @@ def schedules(request: Request) -> Response:
 
 
 def limits(request: Request) -> Response:
-    return page(request, "limits.html", limits=gather.limits(state_of(request)))
+    return page(request, "limits.html", limits=gather.limits(state_of(request), request.query_params.get("after", "")))
 
 
 def errors(request: Request) -> Response:
@@ -197,6 +199,34 @@ async def scale(request: Request) -> Response:
     return Json(result, status_code=200 if result["ok"] else 409)
 
 
+async def change_limit(request: Request) -> Response:
+    """The Limits page's form (set a key's override) and its Clear buttons: JSON
+    ``{key, rate, burst, daily_quota, concurrency}`` (empty: not given; "none" lifts)."""
+    verb = request.path_params["verb"]
+    if verb not in ("set", "clear"):
+        return error(404, f"no limit action {verb!r} (set, clear)")
+    try:
+        body = await _body(request)
+        key = flow_limits.check_key(body.pop("key", None))
+        by = api_limits.who(request)
+        if verb == "set":
+            override = flow_limits.parse(body)
+            row = await _run(actions.set_limit, state_of(request), key, override, by)
+            message = f"limit {key}: override set ({flow_limits.override_text(row['override'])})"
+            note(request, target=f"limit {key}", detail={"override": row["override"], "previous": row["previous"]},
+                 outcome=message)
+        else:
+            previous = await _run(actions.clear_limit, state_of(request), key, by)
+            message = f"limit {key}: override cleared" if previous is not None else f"limit {key} had no override"
+            note(request, target=f"limit {key}", detail={"previous": previous}, outcome=message)
+    except NotJson as exc:
+        return error(415, str(exc))
+    except ValueError as exc:
+        return error(400, str(exc))
+    _changed(request)
+    return Json({"ok": True, "message": message})
+
+
 async def _run(fn: Any, *args: Any) -> Any:
     return await run_in_threadpool(fn, *args)
 
@@ -241,7 +271,8 @@ _GET = [("/", overview), ("/queues", queues), ("/jobs", jobs), ("/jobs/{job_id}"
         ("/errors", errors), ("/actors", actors)]
 _POST = [("/ui/jobs/{action:str}", change_jobs), ("/ui/queues/{queue:str}/{verb:str}", pause),
          ("/ui/errors/{action:str}", change_error_group),
-         ("/ui/schedules/{name:str}/run", run_schedule), ("/ui/roles/{role:str}/scale", scale)]
+         ("/ui/schedules/{name:str}/run", run_schedule), ("/ui/roles/{role:str}/scale", scale),
+         ("/ui/limits/{verb:str}", change_limit)]
 
 routes: list[BaseRoute] = [
     *(Route(path, fn, methods=["GET"], include_in_schema=False) for path, fn in _GET),

@@ -197,6 +197,13 @@
       const n = parseInt(form.elements.processes.value, 10);
       flash("scaling " + form.dataset.role + " to " + n + "…", true);
       post("/ui/roles/" + encodeURIComponent(form.dataset.role) + "/scale", { processes: n });
+    } else if (form.classList.contains("limit")) {
+      ev.preventDefault();
+      const body = {};
+      for (const name of ["key", "rate", "burst", "daily_quota", "concurrency"]) {
+        body[name] = form.elements[name].value.trim();
+      }
+      post("/ui/limits/set", body);
     }
   });
 

@@ -1,0 +1,123 @@
+"""The limit keys as the claim sees them, for the Limits page, ``GET /api/v1/limits``,
+``/metrics`` and ``supervisor limits list`` (read through ``supervisor.limits.seen``).
+
+One statement, bounded however many jobs wait: the keys come from a skip scan of
+``jobs_waiting`` (one descent per queue and key, at most ``max_keys`` keys a queue), the
+running rows (``jobs_running``: at most the fleet's threads) and the buckets
+(``rate_limiter_state`` by its primary key), after ``after`` in key order, ``max_keys`` of
+them (and one more, to tell that there are). Each key's waiting rows are counted up to
+``upto`` (its count is "at least" then), in the same descent that finds the oldest due
+one; each key's gate is the claim's own (``flow._gate``: the head row's limits, the
+operator's override, tokens, quota, block, slots), so the page says what the next claim
+will do.
+"""
+
+from .flow import _gate
+
+# The rows a gate is asked to allow: enough that ``allow`` says how many could start now.
+GATE_ROWS = 1_000_000
+
+LIMITS = f"""
+WITH RECURSIVE wq(queue) AS (
+    -- the queues with waiting rows (a skip scan: one descent each)
+    (SELECT queue FROM job_queue WHERE status = 'waiting' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM job_queue j WHERE j.status = 'waiting' AND j.queue > q.queue
+             ORDER BY j.queue LIMIT 1)
+      FROM wq q WHERE q.queue IS NOT NULL
+), wk(queue, key, i) AS (
+    -- each queue's keys with waiting rows, in key order, after ``after``
+    SELECT q.queue, h.flow_key, 1
+      FROM wq q CROSS JOIN LATERAL (
+        SELECT j.flow_key FROM job_queue j
+         WHERE j.queue = q.queue AND j.status = 'waiting' AND j.flow_key > %(after)s
+         ORDER BY j.flow_key LIMIT 1) h
+     WHERE q.queue IS NOT NULL
+    UNION ALL
+    SELECT w.queue, h.flow_key, w.i + 1
+      FROM wk w CROSS JOIN LATERAL (
+        SELECT j.flow_key FROM job_queue j
+         WHERE j.queue = w.queue AND j.status = 'waiting' AND j.flow_key > w.key
+         ORDER BY j.flow_key LIMIT 1) h
+     WHERE w.i < %(max_keys)s
+), running AS (
+    SELECT j.flow_key AS key, count(*)::int AS n, min(j.id::text) AS one
+      FROM job_queue j
+     WHERE j.status = 'running' AND j.claimed_at IS NOT NULL AND j.flow_key > %(after)s
+     GROUP BY j.flow_key
+), keys AS (
+    SELECT key FROM (
+        SELECT key FROM wk
+        UNION SELECT key FROM running
+        UNION SELECT key FROM (SELECT key FROM rate_limiter_state WHERE key > %(after)s
+                                ORDER BY key LIMIT %(max_keys)s + 1) b) k
+     ORDER BY key LIMIT %(max_keys)s + 1
+), wh AS (
+    -- per queue and key: its waiting rows (up to ``upto``), the oldest due, the head's limits
+    SELECT w.queue, w.key, c.n, c.since,
+           (SELECT j.flow FROM job_queue j WHERE j.queue = w.queue AND j.status = 'waiting' AND j.flow_key = w.key
+             ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1) AS flow
+      FROM wk w
+     CROSS JOIN LATERAL (
+        SELECT count(*)::int AS n, min(x.run_at) FILTER (WHERE x.run_at <= now()) AS since
+          FROM (SELECT j.run_at FROM job_queue j
+                 WHERE j.queue = w.queue AND j.status = 'waiting' AND j.flow_key = w.key
+                 ORDER BY j.priority DESC, j.run_at, j.id LIMIT %(upto)s) x) c
+     WHERE w.key IN (SELECT key FROM keys)
+), wa AS (
+    SELECT h.key, array_agg(h.queue ORDER BY h.queue) AS queues, sum(h.n)::int AS waiting,
+           bool_or(h.n >= %(upto)s) AS waiting_more, min(h.since) AS since,
+           (array_agg(h.flow ORDER BY h.queue))[1] AS flow
+      FROM wh h GROUP BY h.key
+), kv AS MATERIALIZED (
+    -- (materialized: the gate names the key's flow many times; each would run its subquery)
+    SELECT k.key, coalesce(a.queues, '{{}}') AS queues, coalesce(a.waiting, 0) AS waiting,
+           coalesce(a.waiting_more, false) AS waiting_more, a.since AS waiting_since,
+           coalesce(a.flow, (SELECT j.flow FROM job_queue j WHERE j.id = r.one::uuid)) AS flow,
+           coalesce(r.n, 0) AS running
+      FROM keys k LEFT JOIN wa a ON a.key = k.key LEFT JOIN running r ON r.key = k.key
+)
+SELECT v.key, v.queues, v.waiting, v.waiting_more, extract(epoch FROM now() - v.waiting_since)::float8 AS wait_s,
+       v.running, (SELECT count(*) FROM job_concurrency c WHERE c.key = v.key)::int AS slots_taken,
+       l.rate, l.burst, l.quota, g.conc AS concurrency, g.weight,
+       CASE WHEN l.rate IS NULL THEN NULL
+            WHEN b.key IS NULL OR b.tokens IS NULL THEN l.burst
+            ELSE least(l.burst, b.tokens + l.rate * greatest(0, extract(epoch FROM now() - b.updated_at)))
+       END::float8 AS tokens,
+       CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used ELSE 0 END AS quota_used,
+       CASE WHEN b.blocked_until > now() THEN b.blocked_until END AS blocked_until,
+       g.allow, CASE WHEN g.allow = 0 THEN g.wake END AS opens_in_s,
+       CASE WHEN b.blocked_until > now() THEN 'blocked'
+            WHEN g.allow = 0 AND g.quota IS NOT NULL
+                 AND b.quota_day = (now() AT TIME ZONE 'UTC')::date AND b.quota_used >= g.quota THEN 'quota'
+            WHEN g.allow = 0 AND g.wake IS NOT NULL THEN 'rate'
+            WHEN g.allow = 0 THEN 'concurrency'
+       END AS gated_by,
+       b.override, b.override_by, b.override_at, coalesce(b.granted_total, 0) AS granted_total,
+       coalesce(b.denied_total, 0) AS denied_total, v.flow IS NOT NULL AS from_jobs
+  FROM kv v
+ CROSS JOIN LATERAL {_gate("v.key", "v.flow")} g
+  LEFT JOIN rate_limiter_state b ON b.key = v.key
+ CROSS JOIN LATERAL (
+    -- a key no job names now (a take() caller's bucket): its bucket's own limits, under the override
+    SELECT CASE WHEN v.flow IS NOT NULL OR b.override ? 'r' THEN g.rate ELSE b.rate_per_second END AS rate,
+           CASE WHEN v.flow IS NOT NULL OR b.override ? 'b' THEN g.burst ELSE b.burst END AS burst,
+           CASE WHEN v.flow IS NOT NULL OR b.override ? 'q' THEN g.quota ELSE b.daily_quota END AS quota) l
+ ORDER BY v.key
+"""
+
+# A key's limits changed (an override set or cleared): every queue with rows waiting on it
+# claims them again now ('+queue', as a freed slot does), not at the time a gate announced.
+WAKE_WAITING = """
+WITH RECURSIVE wq(queue) AS (
+    (SELECT queue FROM job_queue WHERE status = 'waiting' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM job_queue j WHERE j.status = 'waiting' AND j.queue > q.queue
+             ORDER BY j.queue LIMIT 1)
+      FROM wq q WHERE q.queue IS NOT NULL
+)
+SELECT pg_notify('actor_supervisor_jobs', '+' || q.queue)
+  FROM wq q
+ WHERE q.queue IS NOT NULL
+   AND EXISTS (SELECT 1 FROM job_queue j WHERE j.queue = q.queue AND j.status = 'waiting' AND j.flow_key = %(key)s)
+"""
