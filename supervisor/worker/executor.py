@@ -38,9 +38,9 @@ from dramatiq.common import join_all, q_name
 from dramatiq.errors import BrokerConnectionError
 from dramatiq.middleware import Middleware
 
+from .. import defaults
 from ..broker import PostgresBroker
 from ..broker.message import PgMessageProxy
-from .. import defaults
 from .executor_async import Coroutines
 from .executor_threads import ClaimThread, WorkerThread, WorkQueue
 

@@ -13,7 +13,8 @@ the ack batcher or the nack/retry write, the work queue told it is done).
   that takes an async message while the loop is full waits for a coroutine to end (or,
   told to stop meanwhile, puts the message back for ``Worker.stop`` to give back).
 - The claim makes room for them: a running coroutine's row is set aside from the
-  capacity (``Capacity.set_aside``), so a process of 4 threads fills its async_limit.
+  capacity (``Capacity.set_aside``), and as many again as lookahead until the limit
+  (``_make_room``), so a process of 4 threads fills its async_limit in a few claims.
 - Dramatiq's middleware keyed by thread (TimeLimit, ShutdownNotifications) is applied
   to the coroutine instead: its thread entry is withdrawn as soon as the before hooks
   have run, a coroutine past its time limit is cancelled and fails with
@@ -48,6 +49,7 @@ from dramatiq.middleware.time_limit import TimeLimitExceeded
 
 from ..broker.capacity import Capacity
 from ..broker.consumer import PostgresConsumer
+from ..broker.message import PgMessageProxy
 from .executor_threads import ClaimThread, WorkerThread, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ class _Job:
     __slots__ = ("actor", "capacity", "context", "coro", "limit_ms", "message", "notify", "started", "task",
                  "timer", "why")
 
-    def __init__(self, message: MessageProxy, context: contextvars.Context) -> None:
+    def __init__(self, message: PgMessageProxy, context: contextvars.Context) -> None:
         self.message = message
         self.context = context
         self.actor: Actor[..., Any] | None = None
@@ -104,6 +106,8 @@ class Coroutines:
         self.in_flight = 0  # coroutines started and not ended
         self.most_in_flight = 0  # the highest in_flight seen (tests and the bench read it)
         self._unsettled: set[_Job] = set()  # taken by a thread, outcome not yet written
+        # Per queue capacity (by id): [the capacity, its coroutines running, rows set aside]
+        self._rooms: dict[int, list[Any]] = {}
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._own_loop: EventLoopThread | None = None
@@ -118,13 +122,13 @@ class Coroutines:
         queue if ``thread`` was told to stop while the loop was full)."""
         actor = self.broker.actors.get(message.actor_name)
         fn = coroutine_function(actor)
-        if fn is None:
+        if fn is None or actor is None or not isinstance(message, PgMessageProxy):
             return False
         job = _Job(message, contextvars.copy_context())
         with self._cond:
             while self.in_flight >= self.limit:
                 if not thread.running:  # stopping: Worker.stop gives it back, unstarted
-                    self.work_queue.put_batch([message], lambda m: int(actor.priority))  # type: ignore[list-item]
+                    self.work_queue.put_batch([message], lambda m: int(actor.priority))
                     self.work_queue.task_done()
                     return True
                 self._cond.wait(thread.timeout)
@@ -145,24 +149,38 @@ class Coroutines:
             broker.emit_before("process_message", message)
             self._untie_from_thread(job)
             if message.failed:  # a before hook failed it: nothing runs, as in a thread
-                self._ended(job)
+                self.stopped_running(job)
                 thread.settle(message, None)
-                self._settled(job)
+                self.settled(job)
                 return False
             job.actor = actor = broker.get_actor(message.actor_name)
             actor.logger.debug("Received args=%r kwargs=%r.", message.args, message.kwargs)
             job.coro = fn(*message.args, **message.kwargs)
         except BaseException as e:
-            self._ended(job)
+            self.stopped_running(job)
             thread.settle(message, job.actor, exception=e)
-            self._settled(job)
+            self.settled(job)
             return False
         consumer = self.consumers[message.queue_name].consumer
         if isinstance(consumer, PostgresConsumer):
             job.capacity = consumer.capacity
-            job.capacity.set_aside(1)  # the row holds no thread while it runs: claim another
+            with self._cond:
+                self._make_room(job.capacity, 1)
         job.started = time.monotonic()
         return True
+
+    def _make_room(self, capacity: Capacity, change: int) -> None:
+        """``capacity``'s queue has ``change`` more (or fewer) coroutines running: set
+        their rows aside (they hold no thread), and as many again as lookahead, up to
+        async_limit: each claim then takes up to twice what runs, so a process fills its
+        limit in a few claims, not one claim per thread's worth of rows. At the limit no
+        lookahead is left: the claim holds only the threads' rows beyond it. Under _cond."""
+        room = self._rooms.setdefault(id(capacity), [capacity, 0, 0])
+        room[1] += change
+        running = room[1]
+        target = running + max(0, min(running, self.limit - self.in_flight))
+        capacity.set_aside(target - room[2])
+        room[2] = target
 
     def _untie_from_thread(self, job: _Job) -> None:
         """Withdraw what Dramatiq's thread-keyed middleware just registered for this thread
@@ -170,7 +188,7 @@ class Coroutines:
         actor = self.broker.actors.get(job.message.actor_name)
         for m in self.broker.middleware:
             if isinstance(m, TimeLimit):
-                m.manager.remove_timeout(threading.get_ident())
+                m.manager.remove_timeout(threading.get_ident())  # type: ignore[no-untyped-call]
                 if actor is not None:
                     job.limit_ms = job.message.options.get("time_limit") or actor.options.get(
                         "time_limit", m.time_limit)
@@ -178,17 +196,17 @@ class Coroutines:
                 m.manager.remove_notification()
                 job.notify = True
 
-    def _ended(self, job: _Job) -> None:
+    def stopped_running(self, job: _Job) -> None:
         """The job no longer runs (or never started): its slot is free; it is settled next."""
         job.message.interrupt = None
-        if job.capacity is not None:
-            job.capacity.set_aside(-1)
-            job.capacity = None
         with self._cond:
             self.in_flight -= 1
+            if job.capacity is not None:
+                self._make_room(job.capacity, -1)
+                job.capacity = None
             self._cond.notify_all()
 
-    def _settled(self, job: _Job) -> None:
+    def settled(self, job: _Job) -> None:
         with self._cond:
             self._unsettled.discard(job)
             self._cond.notify_all()
@@ -305,11 +323,11 @@ class OutcomeThread(WorkerThread):
     def run(self) -> None:
         while (item := self.ended.get()) is not None:
             job, result, exception = item
-            self.owner._ended(job)
+            self.owner.stopped_running(job)
             try:
                 job.context.run(self.settle, job.message, job.actor, result, exception)
             except Exception:  # settle handles what the hooks raise; this would be a bug of ours
                 self.logger.exception("Unhandled error settling message %s.", job.message)
             finally:
-                self.owner._settled(job)
+                self.owner.settled(job)
             del item, job, result, exception  # no exception (its frames) outlives the attempt
