@@ -132,10 +132,12 @@ class Fence(Middleware):
                     continue
                 thread_id, message, _ = entry
                 message.fenced = _REASONS[exc]
-                if message.interrupt is not None:
-                    # A coroutine: cancelled on its loop (it stays counted there until it ends).
+                if not thread_id:
+                    # A coroutine: cancelled on its loop (counted there until its after hook);
+                    # one that has just ended has no interrupt, and writes nothing (fenced).
                     self._running[key] = entry
-                    message.interrupt(exc)
+                    if message.interrupt is not None:
+                        message.interrupt(exc)
                 else:
                     raise_thread_exception(thread_id, exc)
             log.warning("interrupted job %s (attempt %d): %s", key[0], key[1], _REASONS[exc])
