@@ -16,6 +16,7 @@ from dramatiq.asyncio import get_event_loop_thread
 from dramatiq.middleware import AsyncIO, CurrentMessage
 from dramatiq.results import Results
 
+from supervisor.admin import cancel_job
 from supervisor.broker import PostgresBroker
 from tests.conftest import in_process_worker, scalar, wait_for
 
@@ -156,6 +157,32 @@ def test_a_coroutine_past_its_time_limit_is_cancelled_and_fails(conn, broker):
     assert status == "failed" and "TimeLimitExceeded" in error
 
 
+def test_a_cancelled_job_s_coroutine_is_cancelled_on_the_loop_and_the_others_run_on(conn, broker):
+    gate = Gate()
+    ended: list[int] = []
+
+    async def watched(n: int) -> None:
+        try:
+            await gate.wait()
+        finally:
+            ended.append(n)
+
+    actor = dramatiq.actor(watched, broker=broker, queue_name=QUEUE, actor_name="watched", max_retries=0)
+    with in_process_worker(broker, [QUEUE], threads=1, executor="own"):
+        ids = [actor.send(n).message_id for n in range(3)]
+        wait_for(lambda: gate.running == 3, 30, message="3 coroutines running")
+        # The operator's cancel: a NOTIFY reaches this process's Fence, which cancels the
+        # coroutine (no thread to raise in) and writes nothing for it.
+        assert cancel_job(conn, ids[1])
+        wait_for(lambda: ended == [1], 10, message="the cancelled coroutine to end")
+        assert gate.running == 2
+        gate.open.set()
+        broker.join(QUEUE, timeout=20_000, fail_fast=False)
+    assert sorted(ended) == [0, 1, 2]
+    assert [scalar(conn, "SELECT status FROM jobs WHERE id = %s", (i,)) for i in ids] == \
+        ["succeeded", "cancelled", "succeeded"]
+
+
 def test_a_stop_lets_running_coroutines_end_and_gives_back_what_did_not_start(conn, broker):
     gate = Gate()
     actor = gated_actor(broker, gate)
@@ -179,6 +206,21 @@ def test_a_stop_lets_running_coroutines_end_and_gives_back_what_did_not_start(co
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[]) AND status = 'pending'"
                         " AND attempts = 0", (ids,)) == 3
     assert broker.leases.count() == 0
+
+
+def test_a_notify_shutdown_coroutine_is_cancelled_with_shutdown_when_the_worker_stops(conn, broker):
+    gate = Gate()
+    actor = gated_actor(broker, gate, "told")
+    actor.options["notify_shutdown"] = True
+    broker.forget_failures()
+    with in_process_worker(broker, [QUEUE], threads=1, executor="own"):
+        message = actor.send(1)
+        wait_for(lambda: gate.running == 1, 30, message="the coroutine running")
+    # The stop (leaving the block) cancelled it, the gate never opened.
+    assert gate.running == 0 and not gate.open.is_set()
+    status, error = conn.execute("SELECT status, last_error FROM jobs WHERE id = %s",
+                                 (message.message_id,)).fetchone()
+    assert status == "failed" and "Shutdown" in error
 
 
 def test_with_dramatiq_s_asyncio_middleware_coroutines_run_on_its_loop_without_a_thread_each(conn, broker):
