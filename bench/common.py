@@ -85,6 +85,7 @@ class WorkerPool:
     # the broker; BENCH_JOB_LOG=1 measures with it (its cost: README.md, "The per-job log line").
     job_log: bool = os.environ.get("BENCH_JOB_LOG") == "1"
     env: dict[str, str] = field(default_factory=dict)
+    extra: tuple[str, ...] = ()  # more `supervisor worker` flags (e.g. --async-limit 500)
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
     _dir: tempfile.TemporaryDirectory | None = None
@@ -104,7 +105,7 @@ class WorkerPool:
                     [sys.executable, "-m", self.module, "worker", "--queues", self.queues,
                      "--actors", self.actors, "--threads", str(self.threads), "--no-migrate",
                      "--log-level", "INFO", *self.job_log_args, *(["--prefetch", str(self.prefetch)] if self.prefetch else []),
-                     *(["--executor", self.executor] if self.executor else [])],
+                     *(["--executor", self.executor] if self.executor else []), *self.extra],
                     cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=out,
                 ))
         self.wait_ready(timeout)

@@ -40,6 +40,12 @@ THREADS = 8
 # or dramatiq.Worker.
 EXECUTORS = ("own", "dramatiq")
 EXECUTOR = "own"
+# Coroutines of async actors one process runs at once (its own executor: on its event loop,
+# holding no thread). Each holds a claimed row and a lease, and usually a socket: 100 is
+# 12x the default threads (waits on I/O rarely need more per process), keeps a process's
+# heartbeat (one UPDATE of every held id) small, and leaves a backlog to other processes
+# rather than hoarding it in one; a role of many slow awaits raises it.
+ASYNC_LIMIT = 100
 # Prefetch when a role sets none (paced, broker/pace.py): up to PREFETCH_PER_THREAD x threads
 # rows, as many beyond the threads as keep a prefetched row's wait for its thread under
 # PREFETCH_WAIT_SECONDS at the recent mean run time. Short jobs get the next claim

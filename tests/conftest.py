@@ -129,17 +129,20 @@ _BOOTED: weakref.WeakSet[PostgresBroker] = weakref.WeakSet()
 
 @contextlib.contextmanager
 def in_process_worker(broker: PostgresBroker, queues: Iterable[str], *, threads: int = 4,
-                      prefetch: int | None = None, executor: str = "dramatiq") -> Iterator[Any]:
+                      prefetch: int | None = None, executor: str = "dramatiq",
+                      async_limit: int | None = None) -> Iterator[Any]:
     """A worker in this process on the real broker, holding up to ``prefetch`` rows
     (default: one per thread) as a supervised process of that capacity would; ``executor``
-    as the role key says: ``dramatiq`` (dramatiq.Worker) or ``own`` (worker/executor.py)."""
+    as the role key says: ``dramatiq`` (dramatiq.Worker) or ``own`` (worker/executor.py),
+    which runs ``async_limit`` coroutines at most (default: the role key's)."""
     broker.set_capacity(prefetch or threads)
     broker.resume_claiming()
     if broker not in _BOOTED:
         # Once per broker: TimeLimit starts its timer thread on boot.
         broker.emit_after("process_boot")
         _BOOTED.add(broker)
-    worker = EXECUTORS[executor](broker, queues=set(queues), worker_threads=threads, worker_timeout=100)
+    options = {"async_limit": async_limit} if async_limit is not None else {}
+    worker = EXECUTORS[executor](broker, queues=set(queues), worker_threads=threads, worker_timeout=100, **options)
     worker.queue_prefetch = prefetch or threads
     worker.start()
     try:

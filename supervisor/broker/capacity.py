@@ -11,11 +11,17 @@ class Capacity:
 
     Only consumers reserve and release: a claim reserves, and the consumer that
     claimed releases on ack, nack, requeue or an unused reservation.
+
+    ``aside``: claimed rows whose jobs run without a thread (async actors' coroutines on
+    the event loop, worker/executor_async.py). The bound grows by as many while they
+    run, so a few threads can keep many coroutines in flight (their own bound is the
+    role's async_limit); Pace sets ``limit``, the threads' part, alone.
     """
 
     def __init__(self, limit: int, *, within: Capacity | None = None) -> None:
         self.limit = max(1, limit)
         self.used = 0
+        self.aside = 0
         # A bound inside another: a queue's prefetch inside its process's capacity.
         # Reserving takes from both; releasing gives back to both.
         self.within = within
@@ -28,13 +34,22 @@ class Capacity:
 
     def reserve(self, want: int) -> int:
         with self._cond:
-            n = max(0, min(want, self.limit - self.used))
+            n = max(0, min(want, self.limit + self.aside - self.used))
             self.used += n
         if self.within is not None and n:
             got = self.within.reserve(n)
             self._give_back(n - got)
             n = got
         return n
+
+    def set_aside(self, n: int) -> None:
+        """``n`` more (or, negative, fewer) claimed rows run without a thread: the bound
+        grows (or shrinks) by as much, here and in the enclosing capacity."""
+        with self._cond:
+            self.aside += n
+            self._cond.notify_all()
+        if self.within is not None:
+            self.within.set_aside(n)
 
     def release(self, n: int = 1) -> None:
         self.release_own(n)
@@ -59,8 +74,8 @@ class Capacity:
     def wait_free(self, timeout: float) -> None:
         """Wait until a reserve may succeed: this bound has room, then the one it is within."""
         with self._cond:
-            full = self.used >= self.limit
+            full = self.used >= self.limit + self.aside
             if full:
-                self._cond.wait_for(lambda: self.used < self.limit, timeout)
+                self._cond.wait_for(lambda: self.used < self.limit + self.aside, timeout)
         if not full and self.within is not None:
             self.within.wait_free(timeout)

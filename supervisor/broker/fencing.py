@@ -65,6 +65,7 @@ class Fence(Middleware):
         # When a job last ended (pace.GiveBack: rows wait while no thread frees).
         self.finished_at = 0.0
         self._doomed: dict[Hold, type[Interrupt]] = {}
+        self._on_loop = 0  # of _running: coroutines on the event loop (thread id 0)
         self._lock = threading.Lock()
         self._watchdog: threading.Thread | None = None
         leases.on_lost = lambda holds: self.stop_jobs(holds, LeaseLost)
@@ -84,7 +85,11 @@ class Fence(Middleware):
             doomed = self._doomed.pop(key, None)
             if doomed is None:
                 message.started = started = time.monotonic()  # the attempt runs from here (last hook)
-                self._running[key] = (threading.get_ident(), message, started)
+                # A coroutine on the event loop has no thread of its own (0): it is stopped
+                # through message.interrupt, and holds no thread (running_count, Pace).
+                on_loop = message.interrupt is not None
+                self._running[key] = (0 if on_loop else threading.get_ident(), message, started)
+                self._on_loop += on_loop
                 return
         message.fenced = _REASONS[doomed]
         raise doomed()
@@ -95,13 +100,17 @@ class Fence(Middleware):
             message.ended = ended = time.monotonic()  # first of the after hooks: the actor just returned
             with self._lock:
                 entry = self._running.pop((message.message_id, message.attempts), None)
+                on_loop = entry is not None and entry[0] == 0
+                self._on_loop -= on_loop
+            if on_loop:
+                return  # a coroutine's end frees no thread, and its length says nothing of the threads'
             self.finished_at = ended
             if entry is not None and self.on_finished is not None:
                 self.on_finished(ended - entry[2])
 
     def running_count(self) -> int:
-        """Jobs running in a thread now."""
-        return len(self._running)
+        """Jobs running in a thread now (not coroutines on the event loop)."""
+        return len(self._running) - self._on_loop
 
     after_skip_message = after_process_message
 
@@ -123,7 +132,14 @@ class Fence(Middleware):
                     continue
                 thread_id, message, _ = entry
                 message.fenced = _REASONS[exc]
-                raise_thread_exception(thread_id, exc)
+                if not thread_id:
+                    # A coroutine: cancelled on its loop (counted there until its after hook);
+                    # one that has just ended has no interrupt, and writes nothing (fenced).
+                    self._running[key] = entry
+                    if message.interrupt is not None:
+                        message.interrupt(exc)
+                else:
+                    raise_thread_exception(thread_id, exc)
             log.warning("interrupted job %s (attempt %d): %s", key[0], key[1], _REASONS[exc])
             testsignals.emit(testsignals.Interrupted(key[0], key[1], _REASONS[exc]))
 
@@ -144,6 +160,6 @@ class Fence(Middleware):
             with self._lock:
                 for key in [k for k in self._doomed if not self.leases.holds(k)]:
                     del self._doomed[key]
-                started = [entry[2] for entry in self._running.values()] if on_running else []
+                started = [entry[2] for entry in self._running.values() if entry[0]] if on_running else []
             if on_running is not None and started:
                 on_running(time.monotonic() - min(started))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import traceback
-from collections.abc import Container
+from collections.abc import Callable, Container
 from typing import Any
 
 from dramatiq.broker import MessageProxy
@@ -97,6 +97,10 @@ class PgMessageProxy(MessageProxy):
         # so a duration is the attempt's run time, not its wait in a prefetch buffer.
         self.started: float | None = None
         self.ended: float | None = None
+        # An async actor's job runs on the event loop, not in a thread of its own: how to
+        # stop it (the Fence calls it with the Interrupt, where it would raise one in a
+        # thread); None for a job that runs in a thread.
+        self.interrupt: Callable[[type[BaseException]], None] | None = None
 
     @property
     def deliveries(self) -> int:

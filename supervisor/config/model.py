@@ -127,6 +127,9 @@ class RoleConfig:
                         "executor: a claimed batch goes to the threads at once, the thread that ran a job writes its "
                         "outcome) or `dramatiq` (dramatiq.Worker: its consumer thread hands over a message at a time). "
                         "Both fire every Dramatiq middleware hook alike.", defaults.EXECUTOR, flag=("--executor",))
+    async_limit: int = key(check.integer(1), "Coroutines of async actors a process runs at once on its event loop, "
+                           "beside its threads (executor `own`; under `dramatiq` each holds a thread).",
+                           defaults.ASYNC_LIMIT, flag=("--async-limit",))
     lease: float = key(check.duration(1), "How long a claim stays valid without a heartbeat.", defaults.LEASE_SECONDS,
                        flag=("--lease",))
     heartbeat: float = key(check.duration(0, strict=True), "How often a process renews its leases (shorter than lease).",

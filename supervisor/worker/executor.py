@@ -13,10 +13,14 @@ Dramatiq's worker fires it. What differs is the path of a message:
   hands over one message at a time;
 - a worker thread takes the next message by (actor priority, claim order), runs it and
   writes its outcome itself: an ack joins the broker's group commit (finish.AckBatcher),
-  a failure or a retry is written from this thread.
+  a failure or a retry is written from this thread;
+- an async actor's message is started on the event loop by the thread that took it,
+  which goes on to the next; at most ``async_limit`` coroutines run at once, and the
+  outcome thread settles each when it ends (executor_async.py).
 
 ``stop`` stops the claims first, then lets the worker threads finish their current
-message (up to the timeout), and gives what no thread started back to its queue.
+message and the coroutines end (up to the timeout), and gives what no thread started
+back to its queue.
 
 ``supervisor run`` and ``supervisor worker`` use it unless a role says ``executor:
 dramatiq`` (worker/process.py); the broker works the same under ``dramatiq.Worker``.
@@ -25,6 +29,7 @@ dramatiq`` (worker/process.py); the broker works the same under ``dramatiq.Worke
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 
 import dramatiq.worker
@@ -33,8 +38,10 @@ from dramatiq.common import join_all, q_name
 from dramatiq.errors import BrokerConnectionError
 from dramatiq.middleware import Middleware
 
+from .. import defaults
 from ..broker import PostgresBroker
 from ..broker.message import PgMessageProxy
+from .executor_async import Coroutines
 from .executor_threads import ClaimThread, WorkerThread, WorkQueue
 
 log = logging.getLogger("dramatiq.worker.Worker")  # Dramatiq's, for the same lines on the same logger
@@ -46,7 +53,8 @@ class Worker:
     milliseconds (a stop or a pause waits at most that long for them)."""
 
     def __init__(self, broker: Broker, *, queues: set[str] | None = None,
-                 worker_timeout: int = dramatiq.worker.WORKER_TIMEOUT, worker_threads: int = 8) -> None:
+                 worker_timeout: int = dramatiq.worker.WORKER_TIMEOUT, worker_threads: int = 8,
+                 async_limit: int = defaults.ASYNC_LIMIT) -> None:
         if not isinstance(broker, PostgresBroker):
             raise TypeError(f"supervisor's Worker runs a PostgresBroker's jobs, not a {type(broker).__name__}'s"
                             " (dramatiq.Worker runs any broker's)")
@@ -60,6 +68,9 @@ class Worker:
         self.worker_timeout = worker_timeout
         self.worker_threads = worker_threads
         self._declared: _DeclaredQueues | None = None
+        # Async actors' coroutines, at most async_limit at once, on the event loop (executor_async.py).
+        self.coroutines = Coroutines(broker, self.consumers, self.work_queue, limit=async_limit,
+                                     worker_timeout=worker_timeout)
 
     def start(self) -> None:
         self.broker.emit_before("worker_boot", self)
@@ -87,6 +98,7 @@ class Worker:
         """Stop within ``timeout`` milliseconds: no more claims, running messages finish,
         the ones no thread started go back to their queues."""
         self.broker.emit_before("worker_shutdown", self)
+        self.coroutines.notify_shutdown()  # ShutdownNotifications' counterpart for coroutines
         log.info("Shutting down...")
         # Claims stop first (Dramatiq's consumers go on claiming until its workers have
         # stopped, only for the rows to be given back); the claim threads themselves end
@@ -95,7 +107,10 @@ class Worker:
             consumer.stop_claiming()
         for worker in self.workers:
             worker.stop()
+        started = time.monotonic()
         join_all(self.workers, timeout)
+        # No thread starts a coroutine now: the running ones end (up to the rest of the timeout).
+        self.coroutines.stop(max(0.0, timeout / 1000 - (time.monotonic() - started)))
         for consumer in self.consumers.values():
             consumer.stop()
         join_all(self.consumers.values(), timeout)
@@ -133,7 +148,7 @@ class Worker:
 
     def add_worker(self) -> None:
         thread = WorkerThread(broker=self.broker, consumers=self.consumers, work_queue=self.work_queue,
-                              worker_timeout=self.worker_timeout)
+                              worker_timeout=self.worker_timeout, coroutines=self.coroutines)
         thread.start()
         self.workers.append(thread)
 

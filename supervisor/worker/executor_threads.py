@@ -17,9 +17,10 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import dramatiq.worker
+from dramatiq import Actor
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.errors import BrokerConnectionError, RateLimitExceeded, Retry
 from dramatiq.middleware import SkipMessage
@@ -27,6 +28,9 @@ from dramatiq.results import Results
 
 from ..broker.consumer import PostgresConsumer
 from ..broker.message import PgMessageProxy
+
+if TYPE_CHECKING:
+    from .executor_async import Coroutines
 
 # Dramatiq's loggers, so its users' logging config applies to the same lines.
 _worker_log = logging.getLogger("dramatiq.worker.WorkerThread")
@@ -177,12 +181,13 @@ class WorkerThread(_Pausable):
     it, and writes its outcome through its queue's consumer, in this thread."""
 
     def __init__(self, *, broker: Broker, consumers: dict[str, ClaimThread], work_queue: WorkQueue,
-                 worker_timeout: int) -> None:
+                 worker_timeout: int, coroutines: Coroutines | None = None) -> None:
         super().__init__("worker", worker_timeout / 1000)
         self.logger = _worker_log
         self.broker = broker
         self.consumers = consumers
         self.work_queue = work_queue
+        self.coroutines = coroutines  # where async actors' messages go (None: every actor runs here)
 
     def run(self) -> None:
         self.broker.emit_after("worker_thread_boot", self)
@@ -201,7 +206,11 @@ class WorkerThread(_Pausable):
     def process_message(self, message: MessageProxy) -> None:
         """Run one message as dramatiq.worker.WorkerThread does: before_process_message, the
         actor (unless a hook failed it), then after_process_message with its result or
-        exception, or after_skip_message; then its outcome, and it is done."""
+        exception, or after_skip_message; then its outcome, and it is done. An async
+        actor's message is handed to the event loop instead (executor_async.py), which
+        settles it when its coroutine ends."""
+        if self.coroutines is not None and self.coroutines.take(message, self):
+            return
         broker = self.broker
         actor = None
         try:
@@ -210,12 +219,26 @@ class WorkerThread(_Pausable):
             if not message.failed:
                 actor = broker.get_actor(message.actor_name)
                 result = actor(*message.args, **message.kwargs)
-                if result is not None and message.options.get("pipe_target") is None \
-                        and not any(type(m) is Results for m in broker.middleware):
-                    self.logger.warning(
-                        "Actor '%s' returned a value that is not None, and you haven't added the Results middleware "
-                        "to the broker, so the value has been discarded. Consider adding the Results middleware to "
-                        "your broker or piping the result into another actor.", actor.actor_name)
+        except BaseException as e:
+            self.settle(message, actor, exception=e)
+        else:
+            self.settle(message, actor, result)
+
+    def settle(self, message: MessageProxy, actor: Actor[..., Any] | None, result: Any = None,
+               exception: BaseException | None = None) -> None:
+        """What follows a run (``exception``: what it or a before hook raised), as Dramatiq's
+        worker thread does it: after_process_message (or after_skip_message), the outcome,
+        the work queue told it is done."""
+        broker = self.broker
+        try:
+            if exception is not None:
+                raise exception
+            if result is not None and actor is not None and message.options.get("pipe_target") is None \
+                    and not any(type(m) is Results for m in broker.middleware):
+                self.logger.warning(
+                    "Actor '%s' returned a value that is not None, and you haven't added the Results middleware "
+                    "to the broker, so the value has been discarded. Consider adding the Results middleware to "
+                    "your broker or piping the result into another actor.", actor.actor_name)
             broker.emit_after("process_message", message, result=result)
         except SkipMessage as e:
             if message.failed:
@@ -239,6 +262,7 @@ class WorkerThread(_Pausable):
             # No reference to the exception (its traceback, the frames' locals) outlives
             # the attempt (Dramatiq's discussion #351).
             message.clear_exception()
+            exception = None
 
     def post_process_message(self, message: MessageProxy) -> None:
         """Ack or nack with Dramatiq's hooks around it; through a database outage, again
