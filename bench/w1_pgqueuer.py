@@ -50,7 +50,7 @@ QUEUE_TABLE = "pgqueuer"
 
 def serve(url: str, concurrency: int, batch: int, driver: str, warm_file: str) -> None:
     """One worker process: a QueueManager running no-op jobs until SIGTERM."""
-    from pgqueuer import QueueManager, Queries
+    from pgqueuer import Queries, QueueManager
     from pgqueuer.models import Job
 
     async def main() -> None:
