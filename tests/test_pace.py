@@ -34,9 +34,10 @@ def test_starts_at_the_thread_count():
 
 @pytest.mark.parametrize(("seconds", "limit"), [
     (0.0001, 32),   # no-op jobs: the most the process may hold
-    (0.004, 24),    # two rows behind each thread wait 8 ms
-    (0.008, 16),    # one row behind each thread waits 8 ms
-    (0.05, 8),      # long jobs: nothing waits for a thread
+    (0.0045, 25),   # 8 threads free 17.8 rows within 10 ms
+    (0.009, 16),    # ... 8.9 rows
+    (0.05, 9),      # ... one: it waits for the next thread to end a job, not for a claim
+    (0.1, 8),       # long jobs: nothing waits for a thread
 ])
 def test_rows_beyond_the_threads_wait_under_the_bound(seconds, limit):
     assert defaults.PREFETCH_WAIT_SECONDS == 0.01  # the figures below assume it
@@ -86,7 +87,7 @@ def test_long_jobs_are_not_hoarded_by_one_process(conn, workers):
 def test_a_long_job_still_running_slows_the_claims_before_it_ends():
     pace = Pace(Capacity(limit=1), threads=4, most=16)
     assert run(pace, 0.0001) == 16
-    for elapsed in (0.05, 0.1, 0.15, 0.2, 0.25):  # the fence's checks while one job runs on
+    for elapsed in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3):  # the fence's checks while one job runs on
         pace.running(elapsed)
     assert pace.capacity.limit == 4
 

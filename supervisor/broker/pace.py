@@ -2,13 +2,19 @@
 
 Holding more rows than threads pays for jobs shorter than a claim's round trip:
 the next batch is claimed while the current one runs (W1, no-op jobs, 2 processes
-x 8 threads: 6,400 jobs/s with 8 rows held, 11,600 with 16, 15,000 with 32). For
-long jobs it hoards: a prefetched row waits whole jobs for its thread while
-another process may sit idle. So a paced process (a role with no `prefetch` set)
-holds as many rows beyond its threads as keep that wait under
-``defaults.PREFETCH_WAIT_SECONDS`` at the recent mean run time: none for jobs of
-10 ms or more, up to ``defaults.PREFETCH_PER_THREAD`` x threads in all for jobs of
-a few milliseconds or less.
+x 8 threads: 6,400 jobs/s with 8 rows held, 11,600 with 16, 15,000 with 32). It
+pays for long jobs too, less: a process that holds exactly its threads claims only
+once a job has ended, so the thread that ended waits the claim's round trip for its
+next row (W3, 50 ms jobs on 16 threads: ~90 % of ideal). For long jobs, though,
+rows held beyond the threads hoard: a prefetched row waits for a thread while another
+process may sit idle. So a paced process (a role with no `prefetch` set) claims
+ahead: it holds as many rows beyond its threads as its threads free within
+``defaults.PREFETCH_WAIT_SECONDS`` at the recent mean run time (threads x wait /
+mean, rounded down), up to ``defaults.PREFETCH_PER_THREAD`` x threads in all. A
+thread that ends a job finds the next row waiting, and the slot it frees is claimed
+again while the other threads run; a row beyond the threads waits about one claim's
+round trip, never more than the wait. 16 threads of 50 ms jobs hold 3 rows more;
+2 threads of 1 s jobs none (a fraction of a row is no row).
 
 A mean follows the jobs that ended; the ones that come next may be longer (a switch
 from short to long jobs, a host that stalls), and rows claimed at the short jobs'
@@ -58,8 +64,21 @@ class Pace:
         self.most = max(most, threads)
         self.wait_seconds = wait_seconds
         self.follow = follow
-        self.mean = 2 * wait_seconds  # as if long: no row beyond the threads yet
+        self.mean = self.long  # no row beyond the threads yet
         capacity.set_limit(threads if follow else self.most)
+
+    @property
+    def long(self) -> float:
+        """A mean run time at which no row waits beyond the threads, with a margin: a few
+        short jobs do not bring it down to a row beyond them at once."""
+        return 2 * self.threads * self.wait_seconds
+
+    def beyond(self, mean: float) -> int:
+        """Rows held beyond the threads at a mean run time of ``mean``: as many as the
+        threads free within the wait (each thread frees one every ``mean``)."""
+        if mean <= 0:
+            return self.most - self.threads
+        return min(self.most - self.threads, int(self.threads * self.wait_seconds / mean))
 
     def running(self, seconds: float) -> None:
         """The longest-running job has run ``seconds`` so far: once that is longer than the
@@ -72,7 +91,7 @@ class Pace:
         """Claimed rows found no thread in time and went back to the queue: the jobs
         ahead of them are long, whatever the mean says. No row beyond the threads until
         short jobs bring the mean down again (or, at a fixed prefetch, a job ends)."""
-        self.mean = max(self.mean, 2 * self.wait_seconds)
+        self.mean = max(self.mean, self.long)
         if self.capacity.limit != self.threads:
             self.capacity.set_limit(self.threads)
 
@@ -83,9 +102,7 @@ class Pace:
                 self.capacity.set_limit(self.most)
             return
         mean = self.mean = self.mean + (seconds - self.mean) * _WEIGHT
-        # The rows queued behind each thread wait one mean run time each.
-        behind = self.wait_seconds / mean if mean > 0 else float(self.most)
-        limit = min(self.most, self.threads * (1 + int(behind)))
+        limit = self.threads + self.beyond(mean)
         if limit != self.capacity.limit:
             self.capacity.set_limit(limit)
 
