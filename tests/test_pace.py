@@ -4,13 +4,15 @@ The pure rule with a real Capacity, then two worker processes and long jobs."""
 from __future__ import annotations
 
 import sys
+import time
 
+import dramatiq
 import pytest
 
 from supervisor import defaults
 from supervisor.broker.capacity import Capacity
 from supervisor.broker.pace import Pace
-from tests.conftest import scalar, wait_for
+from tests.conftest import in_process_worker, scalar, wait_for
 from tests.supervisor_helpers import enqueue, wait_all_succeeded
 
 
@@ -68,6 +70,38 @@ def test_a_fixed_prefetch_drops_to_the_threads_only_until_a_job_ends():
     pace.gave_back(12)
     assert pace.capacity.limit == 4
     assert run(pace, 3.0, jobs=1) == 16
+
+
+def test_a_paced_process_claims_ahead_of_its_threads_within_the_bound(conn, broker):
+    """8 threads of 20 ms jobs, paced as `supervisor worker` paces them (a Pace on the
+    process's capacity, fed by the Fence). Once the mean is known, rows beyond the
+    threads are held while every thread runs: the claim for a thread's next row went
+    out before its job ended, so the thread finds it waiting. The rows held (running,
+    waiting, or asked for by a claim under way) never pass threads + the rows the
+    threads free within the wait: 8 + 8 x 10 ms / 20 ms = 12. The old rule (whole rows
+    per thread, none for jobs over 10 ms) held 8 and claimed only once a job ended."""
+    threads, seconds, jobs = 8, 0.02, 400
+    held: list[int] = []  # rows the process held at each job's start (list.append: atomic)
+
+    def timed() -> None:
+        held.append(broker.capacity.used)
+        time.sleep(seconds)  # the workload itself: a job of 20 ms
+
+    actor = dramatiq.actor(timed, broker=broker, queue_name="pace", actor_name="timed", max_retries=0)
+    most = defaults.capacity(threads, None)
+    with in_process_worker(broker, ["pace"], threads=threads, prefetch=most, executor="own"):
+        pace = Pace(broker.capacity, threads, most)
+        broker.fence.on_finished = pace.finished
+        broker.fence.on_running = pace.running
+        broker.enqueue_many([actor.message() for _ in range(jobs)])
+        broker.join("pace", timeout=60_000)
+    assert len(held) == jobs
+    bound = threads + int(threads * defaults.PREFETCH_WAIT_SECONDS / seconds)
+    assert max(held) <= bound, max(held)
+    settled = held[100:]  # from ~160 ms down to the jobs' 20 ms: ~60 jobs
+    ahead = sum(1 for n in settled if n > threads)
+    assert ahead >= len(settled) // 2, (ahead, len(settled))
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'timed' AND status = 'succeeded'") == jobs
 
 
 def test_long_jobs_are_not_hoarded_by_one_process(conn, workers):
