@@ -72,6 +72,20 @@ def test_a_fixed_prefetch_drops_to_the_threads_only_until_a_job_ends():
     assert run(pace, 3.0, jobs=1) == 16
 
 
+def test_rows_claimed_ahead_of_jobs_that_end_together_wait_a_mean_run_time_before_going_back():
+    """A backlog of 50 ms jobs claimed at once ends a wave at a time: the rows held
+    beyond the threads wait up to 50 ms for the wave's end, which is no sign of long
+    jobs (GiveBack gave them back after 20 ms, and the process stopped claiming ahead)."""
+    pace = Pace(Capacity(limit=1), threads=16, most=64)
+    assert run(pace, 0.05) == 19
+    assert pace.patience() == pytest.approx(0.05, rel=0.01)
+    assert run(pace, 0.0001) == 64
+    assert pace.patience() == defaults.GIVE_BACK_SECONDS  # short jobs: a spell of 20 ms is long
+    pace.gave_back()
+    assert pace.patience() <= 0.1  # never long, whatever the mean
+    assert Pace(Capacity(limit=1), threads=4, most=16, follow=False).patience() == defaults.GIVE_BACK_SECONDS
+
+
 def test_a_paced_process_claims_ahead_of_its_threads_within_the_bound(conn, broker):
     """8 threads of 20 ms jobs, paced as `supervisor worker` paces them (a Pace on the
     process's capacity, fed by the Fence). Once the mean is known, rows beyond the

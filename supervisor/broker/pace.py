@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 # Weight of the newest job in the running mean: about the last 20 jobs count.
 _WEIGHT = 0.05
+# GiveBack's patience at most (Pace.patience): rows are held beyond the threads only while
+# the mean is under threads x PREFETCH_WAIT_SECONDS, so this binds only for many threads.
+_MOST_PATIENCE = 0.1
 
 
 class Pace:
@@ -80,6 +83,17 @@ class Pace:
             return self.most - self.threads
         return min(self.most - self.threads, int(self.threads * self.wait_seconds / mean))
 
+    def patience(self) -> float:
+        """How long GiveBack lets every thread run on, none ending, while rows wait: a job's
+        mean run time, between ``defaults.GIVE_BACK_SECONDS`` and ``_MOST_PATIENCE``. Jobs
+        that started together (a backlog claimed at once) end together, a mean run time
+        later: rows claimed ahead of them are not stranded, they wait for that end; a
+        spell longer than the mean says the jobs are longer than the mean. At a fixed
+        prefetch the mean is not followed: ``GIVE_BACK_SECONDS``."""
+        if not self.follow:
+            return defaults.GIVE_BACK_SECONDS
+        return min(_MOST_PATIENCE, max(defaults.GIVE_BACK_SECONDS, self.mean))
+
     def running(self, seconds: float) -> None:
         """The longest-running job has run ``seconds`` so far: once that is longer than the
         mean, it counts as a job at least that long. After a run of short jobs, long ones
@@ -109,11 +123,12 @@ class Pace:
 
 class GiveBack(threading.Thread):
     """Gives back the rows that wait in the worker's queue while every thread is busy
-    and none has ended a job for ``after`` seconds.
+    and none has ended a job for ``patience()`` seconds (Pace.patience: the jobs' mean
+    run time, at least ``after``).
 
     Looks every ``after`` / 2 seconds: the queue's length, how many jobs run (the
-    Fence) and when one last ended; a row waits a stuck spell of ``after`` to
-    1.5 x ``after``. It takes the waiting rows out of the worker's queue as
+    Fence) and when one last ended; a row waits a stuck spell of ``patience()`` to
+    ``patience()`` + ``after`` / 2. It takes the waiting rows out of the worker's queue as
     Dramatiq's own worker does when it stops, and hands them to their queue's
     consumer, which writes them back to pending (``PostgresConsumer.give_back``).
     Nothing on a job's own path: a saturated process of short jobs costs one look
@@ -123,7 +138,8 @@ class GiveBack(threading.Thread):
 
     def __init__(self, work_queue: queue.Queue[Any], consumers: Mapping[str, Any], fence: Fence, threads: int, *,
                  after: float = defaults.GIVE_BACK_SECONDS,
-                 on_give_back: Callable[[int], None] | None = None) -> None:
+                 on_give_back: Callable[[int], None] | None = None,
+                 patience: Callable[[], float] | None = None) -> None:
         super().__init__(name="give-back", daemon=True)
         self.work_queue = work_queue
         self.consumers = consumers  # Dramatiq's Worker.consumers: queue name -> its consumer thread
@@ -131,6 +147,7 @@ class GiveBack(threading.Thread):
         self.threads = threads
         self.after = after
         self.on_give_back = on_give_back
+        self.patience = patience or (lambda: after)
         self._since: float | None = None  # start of the current stuck spell, as first seen
         self._halt = threading.Event()
 
@@ -155,7 +172,7 @@ class GiveBack(threading.Thread):
                 due = now + interval
 
     def check(self, now: float) -> int:
-        """Give back the waiting rows if the threads have been stuck for ``after``;
+        """Give back the waiting rows if the threads have been stuck for ``patience()``;
         returns how many went back."""
         stuck = self.work_queue.qsize() > 0 and self.fence.running_count() >= self.threads
         if not stuck:
@@ -164,7 +181,7 @@ class GiveBack(threading.Thread):
         if self._since is None or self.fence.finished_at >= self._since:
             self._since = now  # a spell starts (or a job ended: it starts again)
             return 0
-        if now - self._since < self.after:
+        if now - self._since < self.patience():
             return 0
         waited = now - self._since
         self._since = None
