@@ -4,13 +4,15 @@ The pure rule with a real Capacity, then two worker processes and long jobs."""
 from __future__ import annotations
 
 import sys
+import time
 
+import dramatiq
 import pytest
 
 from supervisor import defaults
 from supervisor.broker.capacity import Capacity
 from supervisor.broker.pace import Pace
-from tests.conftest import scalar, wait_for
+from tests.conftest import in_process_worker, scalar, wait_for
 from tests.supervisor_helpers import enqueue, wait_all_succeeded
 
 
@@ -34,9 +36,10 @@ def test_starts_at_the_thread_count():
 
 @pytest.mark.parametrize(("seconds", "limit"), [
     (0.0001, 32),   # no-op jobs: the most the process may hold
-    (0.004, 24),    # two rows behind each thread wait 8 ms
-    (0.008, 16),    # one row behind each thread waits 8 ms
-    (0.05, 8),      # long jobs: nothing waits for a thread
+    (0.0045, 25),   # 8 threads free 17.8 rows within 10 ms
+    (0.009, 16),    # ... 8.9 rows
+    (0.05, 9),      # ... one: it waits for the next thread to end a job, not for a claim
+    (0.1, 8),       # long jobs: nothing waits for a thread
 ])
 def test_rows_beyond_the_threads_wait_under_the_bound(seconds, limit):
     assert defaults.PREFETCH_WAIT_SECONDS == 0.01  # the figures below assume it
@@ -69,6 +72,52 @@ def test_a_fixed_prefetch_drops_to_the_threads_only_until_a_job_ends():
     assert run(pace, 3.0, jobs=1) == 16
 
 
+def test_rows_claimed_ahead_of_jobs_that_end_together_wait_a_mean_run_time_before_going_back():
+    """A backlog of 50 ms jobs claimed at once ends a wave at a time: the rows held
+    beyond the threads wait up to 50 ms for the wave's end, which is no sign of long
+    jobs (GiveBack gave them back after 20 ms, and the process stopped claiming ahead)."""
+    pace = Pace(Capacity(limit=1), threads=16, most=64)
+    assert run(pace, 0.05) == 19
+    assert pace.patience() == pytest.approx(0.05, rel=0.01)
+    assert run(pace, 0.0001) == 64
+    assert pace.patience() == defaults.GIVE_BACK_SECONDS  # short jobs: a spell of 20 ms is long
+    pace.gave_back()
+    assert pace.patience() <= 0.1  # never long, whatever the mean
+    assert Pace(Capacity(limit=1), threads=4, most=16, follow=False).patience() == defaults.GIVE_BACK_SECONDS
+
+
+def test_a_paced_process_claims_ahead_of_its_threads_within_the_bound(conn, broker):
+    """8 threads of 20 ms jobs, paced as `supervisor worker` paces them (a Pace on the
+    process's capacity, fed by the Fence). Once the mean is known, rows beyond the
+    threads are held while every thread runs: the claim for a thread's next row went
+    out before its job ended, so the thread finds it waiting. The rows held (running,
+    waiting, or asked for by a claim under way) never pass threads + the rows the
+    threads free within the wait: 8 + 8 x 10 ms / 20 ms = 12. The old rule (whole rows
+    per thread, none for jobs over 10 ms) held 8 and claimed only once a job ended."""
+    threads, seconds, jobs = 8, 0.02, 400
+    held: list[int] = []  # rows the process held at each job's start (list.append: atomic)
+
+    def timed() -> None:
+        held.append(broker.capacity.used)
+        time.sleep(seconds)  # the workload itself: a job of 20 ms
+
+    actor = dramatiq.actor(timed, broker=broker, queue_name="pace", actor_name="timed", max_retries=0)
+    most = defaults.capacity(threads, None)
+    with in_process_worker(broker, ["pace"], threads=threads, prefetch=most, executor="own"):
+        pace = Pace(broker.capacity, threads, most)
+        broker.fence.on_finished = pace.finished
+        broker.fence.on_running = pace.running
+        broker.enqueue_many([actor.message() for _ in range(jobs)])
+        broker.join("pace", timeout=60_000)
+    assert len(held) == jobs
+    bound = threads + int(threads * defaults.PREFETCH_WAIT_SECONDS / seconds)
+    assert max(held) <= bound, max(held)
+    settled = held[100:]  # from ~160 ms down to the jobs' 20 ms: ~60 jobs
+    ahead = sum(1 for n in settled if n > threads)
+    assert ahead >= len(settled) // 2, (ahead, len(settled))
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'timed' AND status = 'succeeded'") == jobs
+
+
 def test_long_jobs_are_not_hoarded_by_one_process(conn, workers):
     """Two paced processes of 2 threads, 4 jobs of 1 s: each runs 2 at once, so the
     4 run together; a process that took all 4 would make 2 of them wait a second."""
@@ -86,7 +135,7 @@ def test_long_jobs_are_not_hoarded_by_one_process(conn, workers):
 def test_a_long_job_still_running_slows_the_claims_before_it_ends():
     pace = Pace(Capacity(limit=1), threads=4, most=16)
     assert run(pace, 0.0001) == 16
-    for elapsed in (0.05, 0.1, 0.15, 0.2, 0.25):  # the fence's checks while one job runs on
+    for elapsed in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3):  # the fence's checks while one job runs on
         pace.running(elapsed)
     assert pace.capacity.limit == 4
 

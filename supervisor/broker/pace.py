@@ -2,13 +2,19 @@
 
 Holding more rows than threads pays for jobs shorter than a claim's round trip:
 the next batch is claimed while the current one runs (W1, no-op jobs, 2 processes
-x 8 threads: 6,400 jobs/s with 8 rows held, 11,600 with 16, 15,000 with 32). For
-long jobs it hoards: a prefetched row waits whole jobs for its thread while
-another process may sit idle. So a paced process (a role with no `prefetch` set)
-holds as many rows beyond its threads as keep that wait under
-``defaults.PREFETCH_WAIT_SECONDS`` at the recent mean run time: none for jobs of
-10 ms or more, up to ``defaults.PREFETCH_PER_THREAD`` x threads in all for jobs of
-a few milliseconds or less.
+x 8 threads: 6,400 jobs/s with 8 rows held, 11,600 with 16, 15,000 with 32). It
+pays for long jobs too, less: a process that holds exactly its threads claims only
+once a job has ended, so the thread that ended waits the claim's round trip for its
+next row (W3, 50 ms jobs on 16 threads: ~90 % of ideal). For long jobs, though,
+rows held beyond the threads hoard: a prefetched row waits for a thread while another
+process may sit idle. So a paced process (a role with no `prefetch` set) claims
+ahead: it holds as many rows beyond its threads as its threads free within
+``defaults.PREFETCH_WAIT_SECONDS`` at the recent mean run time (threads x wait /
+mean, rounded down), up to ``defaults.PREFETCH_PER_THREAD`` x threads in all. A
+thread that ends a job finds the next row waiting, and the slot it frees is claimed
+again while the other threads run; a row beyond the threads waits about one claim's
+round trip, never more than the wait. 16 threads of 50 ms jobs hold 3 rows more;
+2 threads of 1 s jobs none (a fraction of a row is no row).
 
 A mean follows the jobs that ended; the ones that come next may be longer (a switch
 from short to long jobs, a host that stalls), and rows claimed at the short jobs'
@@ -39,6 +45,9 @@ log = logging.getLogger(__name__)
 
 # Weight of the newest job in the running mean: about the last 20 jobs count.
 _WEIGHT = 0.05
+# GiveBack's patience at most (Pace.patience): rows are held beyond the threads only while
+# the mean is under threads x PREFETCH_WAIT_SECONDS, so this binds only for many threads.
+_MOST_PATIENCE = 0.1
 
 
 class Pace:
@@ -58,8 +67,32 @@ class Pace:
         self.most = max(most, threads)
         self.wait_seconds = wait_seconds
         self.follow = follow
-        self.mean = 2 * wait_seconds  # as if long: no row beyond the threads yet
+        self.mean = self.long  # no row beyond the threads yet
         capacity.set_limit(threads if follow else self.most)
+
+    @property
+    def long(self) -> float:
+        """A mean run time at which no row waits beyond the threads, with a margin: a few
+        short jobs do not bring it down to a row beyond them at once."""
+        return 2 * self.threads * self.wait_seconds
+
+    def beyond(self, mean: float) -> int:
+        """Rows held beyond the threads at a mean run time of ``mean``: as many as the
+        threads free within the wait (each thread frees one every ``mean``)."""
+        if mean <= 0:
+            return self.most - self.threads
+        return min(self.most - self.threads, int(self.threads * self.wait_seconds / mean))
+
+    def patience(self) -> float:
+        """How long GiveBack lets every thread run on, none ending, while rows wait: a job's
+        mean run time, between ``defaults.GIVE_BACK_SECONDS`` and ``_MOST_PATIENCE``. Jobs
+        that started together (a backlog claimed at once) end together, a mean run time
+        later: rows claimed ahead of them are not stranded, they wait for that end; a
+        spell longer than the mean says the jobs are longer than the mean. At a fixed
+        prefetch the mean is not followed: ``GIVE_BACK_SECONDS``."""
+        if not self.follow:
+            return defaults.GIVE_BACK_SECONDS
+        return min(_MOST_PATIENCE, max(defaults.GIVE_BACK_SECONDS, self.mean))
 
     def running(self, seconds: float) -> None:
         """The longest-running job has run ``seconds`` so far: once that is longer than the
@@ -72,7 +105,7 @@ class Pace:
         """Claimed rows found no thread in time and went back to the queue: the jobs
         ahead of them are long, whatever the mean says. No row beyond the threads until
         short jobs bring the mean down again (or, at a fixed prefetch, a job ends)."""
-        self.mean = max(self.mean, 2 * self.wait_seconds)
+        self.mean = max(self.mean, self.long)
         if self.capacity.limit != self.threads:
             self.capacity.set_limit(self.threads)
 
@@ -83,20 +116,19 @@ class Pace:
                 self.capacity.set_limit(self.most)
             return
         mean = self.mean = self.mean + (seconds - self.mean) * _WEIGHT
-        # The rows queued behind each thread wait one mean run time each.
-        behind = self.wait_seconds / mean if mean > 0 else float(self.most)
-        limit = min(self.most, self.threads * (1 + int(behind)))
+        limit = self.threads + self.beyond(mean)
         if limit != self.capacity.limit:
             self.capacity.set_limit(limit)
 
 
 class GiveBack(threading.Thread):
     """Gives back the rows that wait in the worker's queue while every thread is busy
-    and none has ended a job for ``after`` seconds.
+    and none has ended a job for ``patience()`` seconds (Pace.patience: the jobs' mean
+    run time, at least ``after``).
 
     Looks every ``after`` / 2 seconds: the queue's length, how many jobs run (the
-    Fence) and when one last ended; a row waits a stuck spell of ``after`` to
-    1.5 x ``after``. It takes the waiting rows out of the worker's queue as
+    Fence) and when one last ended; a row waits a stuck spell of ``patience()`` to
+    ``patience()`` + ``after`` / 2. It takes the waiting rows out of the worker's queue as
     Dramatiq's own worker does when it stops, and hands them to their queue's
     consumer, which writes them back to pending (``PostgresConsumer.give_back``).
     Nothing on a job's own path: a saturated process of short jobs costs one look
@@ -106,7 +138,8 @@ class GiveBack(threading.Thread):
 
     def __init__(self, work_queue: queue.Queue[Any], consumers: Mapping[str, Any], fence: Fence, threads: int, *,
                  after: float = defaults.GIVE_BACK_SECONDS,
-                 on_give_back: Callable[[int], None] | None = None) -> None:
+                 on_give_back: Callable[[int], None] | None = None,
+                 patience: Callable[[], float] | None = None) -> None:
         super().__init__(name="give-back", daemon=True)
         self.work_queue = work_queue
         self.consumers = consumers  # Dramatiq's Worker.consumers: queue name -> its consumer thread
@@ -114,6 +147,7 @@ class GiveBack(threading.Thread):
         self.threads = threads
         self.after = after
         self.on_give_back = on_give_back
+        self.patience = patience or (lambda: after)
         self._since: float | None = None  # start of the current stuck spell, as first seen
         self._halt = threading.Event()
 
@@ -138,7 +172,7 @@ class GiveBack(threading.Thread):
                 due = now + interval
 
     def check(self, now: float) -> int:
-        """Give back the waiting rows if the threads have been stuck for ``after``;
+        """Give back the waiting rows if the threads have been stuck for ``patience()``;
         returns how many went back."""
         stuck = self.work_queue.qsize() > 0 and self.fence.running_count() >= self.threads
         if not stuck:
@@ -147,7 +181,7 @@ class GiveBack(threading.Thread):
         if self._since is None or self.fence.finished_at >= self._since:
             self._since = now  # a spell starts (or a job ended: it starts again)
             return 0
-        if now - self._since < self.after:
+        if now - self._since < self.patience():
             return 0
         waited = now - self._since
         self._since = None

@@ -120,8 +120,8 @@ class RoleConfig:
                          "reload).", 1)
     threads: int = key(check.integer(1), "Worker threads per process.", defaults.THREADS, flag=("--threads", "-t"))
     prefetch: int | None = key(check.integer(1), "Rows a process holds claimed at most (at least threads). Unset: paced: "
-                               f"threads rows, plus as many as would wait under {defaults.PREFETCH_WAIT_SECONDS * 1000:g}"
-                               f" ms for a thread, up to {defaults.PREFETCH_PER_THREAD} x threads.", None,
+                               f"threads rows, plus the rows its threads free within {defaults.PREFETCH_WAIT_SECONDS * 1000:g}"
+                               f" ms at its jobs' mean run time, up to {defaults.PREFETCH_PER_THREAD} x threads.", None,
                                shown="paced", flag=("--prefetch",))
     executor: str = key(check.one_of(defaults.EXECUTORS, "executor"), "What runs the jobs: `own` (supervisor's "
                         "executor: a claimed batch goes to the threads at once, the thread that ran a job writes its "

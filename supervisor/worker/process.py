@@ -169,7 +169,7 @@ class WorkerProcess:
         self.worker = worker
         if s.capacity > r.threads:  # rows may wait for a thread: never long (see broker/pace.py)
             self.give_back = GiveBack(worker.work_queue, worker.consumers, broker.fence, r.threads,
-                                      on_give_back=pace.gave_back)
+                                      on_give_back=pace.gave_back, patience=pace.patience)
             self.give_back.start()
         if s.schedules:
             self.scheduler = Scheduler(broker, s.schedules, holder=broker.owner)

@@ -224,9 +224,9 @@ def claim(n: int, keyed: bool = False, probe: bool = False) -> str:
     it (at its 5th run): the drain floor rises from 13,600 to 16,600 rows/s at claims of
     32 where the server had planned every claim (bench/README.md). Only powers of two: each
     cached plan holds about 340 KB of the server's memory per size and connection, and a
-    consumer asks for any size up to 4 x threads; powers of two are at most 12 sizes up
-    to 2,048; at the default 8 threads a full claim is 8, 16, 24 or 32 rows (pace.py),
-    and in the W1 drain 314 of a process's 319 claims asked for 32. Other sizes share CLAIM. Only an int goes into the text, never input."""
+    consumer asks for any size up to 8 x threads; powers of two are at most 12 sizes up
+    to 2,048; in the W1 drain (then at 4 x threads) 314 of a process's 319 claims asked
+    for the full 32. Other sizes share CLAIM. Only an int goes into the text, never input."""
     if type(n) is not int or n < 1:
         raise ValueError(f"a claim takes a positive number of rows, not {n!r}")
     statement = CLAIM_KEYED if keyed else CLAIM_PROBE if probe else CLAIM
