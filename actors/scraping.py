@@ -45,6 +45,8 @@ from .queries import pipeline as sql
 log = logging.getLogger(__name__)
 
 QUEUE = "scraping"
+# A scrape's dedupe key is this and its watch's id: one live scrape per watch.
+DEDUPE_PREFIX = "scrape:"
 
 
 class PermanentScrapeError(Exception):
@@ -110,13 +112,15 @@ def scrape_watch(watch_id: int, requested_at: float | None = None) -> dict:
 
 
 def send_scrape(watch_id: int, requested_at: float | None = None, **options: Any) -> dramatiq.Message | None:
-    """Enqueue a scrape of one watch carrying its source's limits (None: the watch does
-    not exist, or its source's daily quota is 0)."""
+    """Enqueue a scrape of one watch carrying its source's limits, or none while its page
+    is cached (None: the watch does not exist, or its source's daily quota is 0)."""
     with store.pool().connection() as conn:
         target = _load(conn, watch_id)
+        cached = target is not None and bool(cache.fresh(conn, [(target.source_id, target.query)]))
     if target is None or target.limits is None:
         return None
-    return scrape_watch.send_with_options(args=(watch_id, requested_at), **target.limits, **options)
+    return scrape_watch.send_with_options(args=(watch_id, requested_at), **({} if cached else target.limits),
+                                          **options)
 
 
 def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
@@ -131,8 +135,8 @@ def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
         if requested_at and target.last_polled_at and target.last_polled_at.timestamp() >= requested_at:
             # A scrape that ran after this one was asked for already has fresh data.
             return {"skipped": "already polled since requested"}
-        # A cached page costs the source nothing: no breaker, no request (the job's token,
-        # if it carries limits, was taken at its claim: the claim cannot know the page).
+        # A cached page costs the source nothing: no breaker, no request, and no token when
+        # the scrape was sent while it was cached (then it carries no limits).
         cached = cache.get(conn, target.source_id, target.query)
         current = CurrentMessage.get_current_message()
         # Sent without its source's limits (a bare scrape_watch.send, or its watch moved
@@ -258,11 +262,16 @@ def poll_due_watches(limit: int = 500, older_than_seconds: float | None = None) 
 def enqueue_due_watches(limit: int = 500, older_than_seconds: float | None = None) -> int:
     broker = store.broker()
     with broker.actor_pool.connection() as conn:
-        due = conn.execute(sql.DUE_WATCHES, {"limit": limit, "older_than_s": older_than_seconds}).fetchall()
+        due = conn.execute(sql.DUE_WATCHES, {"limit": limit, "older_than_s": older_than_seconds, "queue": QUEUE,
+                                             "dedupe_prefix": DEDUPE_PREFIX}).fetchall()
+        cached = cache.fresh(conn, [(sid, query) for _, query, sid, *_ in due])
     now = time.time()
-    messages = [scrape_watch.message_with_options(args=(wid, now), dedupe_key=f"scrape:{wid}",
-                                                  **(source_limits(sid, rate, burst, quota) or {}))
-                for wid, sid, rate, burst, quota in due]
+    # A watch whose page is cached is sent without limits: it costs the source no token
+    # (should the page expire before it runs, the job sends itself again with them).
+    messages = [scrape_watch.message_with_options(
+        args=(wid, now), dedupe_key=f"{DEDUPE_PREFIX}{wid}",
+        **({} if (sid, query) in cached else source_limits(sid, rate, burst, quota) or {}))
+        for wid, query, sid, rate, burst, quota in due]
     broker.enqueue_many(messages)
     log.info("poll_due_watches: %d watches due", len(due))
     return len(due)
