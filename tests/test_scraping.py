@@ -377,7 +377,8 @@ def test_a_scrape_sent_without_its_sources_limits_is_sent_again_with_them(conn, 
     with running_worker(pipeline_broker, queues=["scraping"]):
         bare = scrape_watch.send(watch_id)
         assert wait_job(conn, bare.message_id, "succeeded", "failed") == "succeeded"
-        again = wait_for(lambda: scalar(conn, "SELECT id FROM jobs WHERE options ? 'deferred_because'"), timeout=10)
+        again = wait_for(lambda: conn.execute("SELECT id FROM jobs WHERE options ? 'deferred_because'").fetchone(),
+                         timeout=10)[0]
         assert wait_job(conn, again, "succeeded", "failed") == "succeeded"
     assert conn.execute("SELECT flow_key, options->>'deferred_because' FROM jobs WHERE id = %s", (again,)).fetchone() \
         == (f"source:{source_id}", "sent again with source shop's limits")
