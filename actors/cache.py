@@ -2,8 +2,9 @@
 host (the scrape worker we replace kept one per container in SQLite).
 
 Keyed by source, query and page. A hit is served without a request; a scrape sent
-while its page is fresh carries no limits (scraping.py), so it takes no token either; ``pipeline.cache: {ttl: 1h, enabled: true}`` sets it
-(``enabled: false`` turns it off). Expired rows are pruned by refresh_baselines.
+while its page is fresh carries no limits (scraping.py), so it takes no token either.
+``pipeline.cache: {ttl: 1h, enabled: true}`` sets it (``enabled: false`` turns it
+off). Expired rows are pruned by refresh_baselines.
 """
 
 from __future__ import annotations
