@@ -369,6 +369,33 @@ def test_a_sources_daily_quota_holds(conn, pipeline_broker, httpserver):
     assert sum(1 for request, _ in httpserver.log if request.path == "/search") == 2
 
 
+def test_the_bucket_the_in_job_limiter_left_holds_for_the_scrapes(conn, pipeline_broker, httpserver):
+    """One table of buckets: what supervisor.ratelimit took from a source's row (the
+    tracker's limiter before flow control, or any caller now) the claim finds there."""
+    from actors.scraping import limiter_key, send_scrape
+    from supervisor import ratelimit
+
+    source_id = make_source(conn, "shop", httpserver.url_for("/search") + "?q={query}", per_minute=30, burst=1,
+                            daily_quota=2)
+    watches = [make_watch(conn, source_id, f"ddr4 {n}") for n in range(2)]
+    httpserver.expect_request("/search").respond_with_json([])
+    limit = ratelimit.Limit(per_minute=30, burst=1, daily_quota=2)
+    assert ratelimit.take(conn, limiter_key(source_id), limit).granted  # the bucket is empty now
+    taken_at = scalar(conn, "SELECT updated_at FROM rate_limiter_state WHERE key = %s", (limiter_key(source_id),))
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        first, second = (send_scrape(w) for w in watches)
+        assert wait_job(conn, first.message_id, "succeeded", "failed") == "succeeded"
+        claimed_at = scalar(conn, "SELECT claimed_at FROM jobs WHERE id = %s", (first.message_id,))
+        # the quota: one used by the take, one by the scrape; the second waits for tomorrow
+        fast = send_scrape(make_watch(conn, make_source(conn, "fast", httpserver.url_for("/search") + "?q={query}"),
+                                      "ssd"))
+        assert wait_job(conn, fast.message_id, "succeeded", "failed") == "succeeded"
+        assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (second.message_id,)) == "waiting"
+    assert (claimed_at - taken_at).total_seconds() >= 1.9  # the next token of 30/min: 2 s after the take
+    assert conn.execute("SELECT quota_used, granted_total FROM rate_limiter_state WHERE key = %s",
+                        (limiter_key(source_id),)).fetchone() == (2, 2)
+
+
 def test_a_scrape_sent_without_its_sources_limits_is_sent_again_with_them(conn, pipeline_broker, httpserver, shop):
     from actors.scraping import scrape_watch
 
