@@ -75,7 +75,8 @@ def run_extraction(listing_id: int, watch_id: int | None = None, reextract: bool
     listing_type, auction_ends_at, first_seen_at, now = row[8], row[9], row[10], row[11]
     cfg = settings.llm()
     current = CurrentMessage.get_current_message()
-    if cfg is not None and current is not None and _asks_model(cfg, row) and pacing.message_key(current) != llm.limit_key(cfg):
+    if (cfg is not None and current is not None and _asks_model(cfg, row)
+            and pacing.message_key(current) != llm.limit_key(cfg)):
         # A job sent without the model's limits (a bare send, or sent before the model was
         # configured or renamed): sent again with them, it waits for the model's token and
         # slot at its claim instead of taking them here.
