@@ -323,13 +323,14 @@ def tracker_reextract(ctx, watch, everything, incomplete, now, as_json) -> None:
         die("give --watch ID or --all (either may take --incomplete), or --incomplete alone", exit_codes.USAGE)
     with tracker_db(ctx) as conn:
         wid = catalog.watch_id(conn, watch) if watch else None
+    # Both paths read the pipeline settings: the model's limits (enqueued), the model (--now).
+    runtime.configure(app_settings=load_config(ctx).app_settings if config_given(ctx) else {})
     with producer(ctx) as broker:
         if not now:
             count = tracker.reextract(broker, wid, incomplete)
             _done(as_json, {"enqueued": count, "watch_id": wid, "priority": tracker.REEXTRACT_PRIORITY},
                   f"{count} listing(s) enqueued for extraction at priority {tracker.REEXTRACT_PRIORITY}")
             return
-        runtime.configure(app_settings=load_config(ctx).app_settings if config_given(ctx) else {})
 
         def progress(done: int, total: int) -> None:
             if not as_json and (done == total or done % 100 == 0):

@@ -17,9 +17,10 @@ import logging
 from collections.abc import Iterator
 
 import dramatiq
+from dramatiq.middleware import CurrentMessage
 from psycopg.types.json import Jsonb
 
-from . import cache, extract_rules, llm, settings, store
+from . import cache, deferral, extract_rules, llm, pacing, settings, store
 from .notification import deliver_alert
 from .queries import pipeline as sql
 from .scoring import Verdict, composite_score, fraction_under, judge, time_score
@@ -34,15 +35,19 @@ def extract_listing(listing_id: int, watch_id: int | None = None, reextract: boo
     run_extraction(listing_id, watch_id, reextract)
 
 
-def _extract(pool, row) -> extract_rules.Extraction:
+def _asks_model(cfg: settings.LlmSettings | None, row) -> bool:
+    attributes, extractor = row[-3], row[-1]
+    # Already read by this model (the listing was re-scraped): it is not asked twice.
+    return cfg is not None and not (extractor == llm.limit_key(cfg) and attributes is not None)
+
+
+def _extract(pool, row, cfg: settings.LlmSettings | None, in_job: bool) -> extract_rules.Extraction:
     _, title, description, condition, price_cents, *_rest, attributes, product_key, extractor = row
-    cfg = settings.llm()
     if cfg is None:
         return extract_rules.extract(title, description, condition)
-    if extractor == f"llm:{cfg.model}" and attributes is not None:
-        # Already read by this model (the listing was re-scraped): do not pay twice.
+    if not _asks_model(cfg, row):
         return extract_rules.Extraction(attributes, product_key, int(attributes.get("quantity") or 1), extractor)
-    return llm.extract(cfg, pool, title, description, condition)
+    return llm.extract(cfg, pool, title, description, condition, in_job=in_job)
 
 
 def _baseline(conn, product_key: str | None, scoring: settings.ScoringSettings) -> tuple[float | None, int]:
@@ -68,7 +73,16 @@ def run_extraction(listing_id: int, watch_id: int | None = None, reextract: bool
         return {"skipped": "listing does not exist"}
     price_cents, currency, price_type = row[4], row[5], row[6]
     listing_type, auction_ends_at, first_seen_at, now = row[8], row[9], row[10], row[11]
-    extraction = _extract(pool, row)
+    cfg = settings.llm()
+    current = CurrentMessage.get_current_message()
+    if (cfg is not None and current is not None and _asks_model(cfg, row)
+            and pacing.message_key(current) != llm.limit_key(cfg)):
+        # A job sent without the model's limits (a bare send, or sent before the model was
+        # configured or renamed): sent again with them, it waits for the model's token and
+        # slot at its claim instead of taking them here.
+        deferral.defer(store.broker(), 0, f"sent again with model {cfg.model}'s limits", llm.limits(cfg))
+        return {"listing_id": listing_id, "deferred": "sent again with the model's limits"}
+    extraction = _extract(pool, row, cfg, in_job=current is not None)
     unit_price = price_cents / max(1, extraction.quantity)
     scoring, alerting = settings.scoring(), settings.alerts()
     broker = store.broker()

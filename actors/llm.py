@@ -1,11 +1,22 @@
 """Attribute extraction through an OpenAI-compatible chat completions API.
 
-Bounded twice, both for the whole fleet: a PostgreSQL semaphore (``concurrency``
-requests in flight across every process and host: advisory locks a killed
-process cannot leak, see queries/slots.py) and the shared rate limiter
-(``rate_per_minute``, key ``llm:<model>``). Any failure, or no free slot within
-the timeout, falls back to the rules, so a slow or broken model never stalls
-the pipeline.
+Bounded for the whole fleet, on the key ``llm:<model>``:
+
+- An extraction job that may ask the model carries the model's limits as its message
+  options (``limits``: ``rate_per_minute`` with a burst of ``concurrency``, and
+  ``concurrency_limit=concurrency``; extraction.py's producers add them). The claim
+  applies them: a job the model cannot take yet waits in the database (status
+  ``waiting``), holding no thread. A 429 raises ``RateLimited``: the key is blocked
+  for its Retry-After on every host and the job goes back without spending a retry.
+- Outside a job (``tracker reextract --now``, a direct call) no claim took a token,
+  so ``extract`` takes one from the same bucket row (``supervisor.ratelimit``, the
+  one table), sleeping in that caller's own thread up to the timeout.
+- Either way each request holds one of ``concurrency`` fleet-wide slots (a
+  PostgreSQL semaphore: advisory locks a killed process cannot leak, see
+  queries/slots.py), so jobs and a ``--now`` run share one cap.
+
+Any other failure, or no free slot or token within the timeout outside a job, falls
+back to the rules, so a slow or broken model never stalls the pipeline.
 """
 
 from __future__ import annotations
@@ -19,9 +30,9 @@ from typing import Any
 
 import httpx
 
-from supervisor import backoff, ratelimit
+from supervisor import RateLimited, backoff, ratelimit
 
-from . import extract_rules, http
+from . import extract_rules, http, pacing, settings
 from .queries import slots as slots_sql
 from .settings import LlmSettings
 
@@ -43,6 +54,35 @@ _KEYS = {"component": str, "brand": str, "capacity_gb": float, "modules": int, "
 
 class LlmUnavailable(Exception):
     pass
+
+
+class LlmRateLimited(LlmUnavailable):
+    """The model answered 429: slow down for ``retry_after`` seconds."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(f"HTTP 429, retry after {retry_after:.0f}s")
+        self.retry_after = retry_after
+
+
+def limit_key(cfg: LlmSettings) -> str:
+    return f"llm:{cfg.model}"
+
+
+def limits(cfg: LlmSettings) -> dict[str, Any]:
+    """The message options of an extraction that may ask the model: its rate (burst: the
+    concurrency) and its concurrency, on the model's key. A change of the settings
+    applies to the jobs sent after it; a job already waiting keeps what it was sent with
+    (the claim reads a key's limits from its first waiting job)."""
+    return pacing.options(limit_key(cfg), per_minute=cfg.rate_per_minute, burst=cfg.concurrency,
+                          concurrency=cfg.concurrency)
+
+
+def job_options() -> dict[str, Any]:
+    """The message options of an extraction job: the model's limits when one is configured,
+    else none. Every producer of ``extract_listing`` adds them (a job sent without them is
+    sent again with them by its first run, extraction.py)."""
+    cfg = settings.llm()
+    return {} if cfg is None else limits(cfg)
 
 
 @contextlib.contextmanager
@@ -94,6 +134,8 @@ def complete(cfg: LlmSettings, title: str, description: str | None) -> dict[str,
             response = client.post(f"{cfg.base_url}/chat/completions", json=body, headers=headers)
     except httpx.TransportError as exc:
         raise LlmUnavailable(f"{type(exc).__name__}: {exc}") from None
+    if response.status_code == 429:
+        raise LlmRateLimited(http.retry_after_seconds(response))
     if response.status_code != 200:
         raise LlmUnavailable(f"HTTP {response.status_code}")
     try:
@@ -104,15 +146,25 @@ def complete(cfg: LlmSettings, title: str, description: str | None) -> dict[str,
 
 
 def extract(cfg: LlmSettings, pool, title: str, description: str | None,
-            condition: str | None) -> extract_rules.Extraction:
+            condition: str | None, *, in_job: bool = False) -> extract_rules.Extraction:
+    """``in_job``: called by a job that carries ``limits(cfg)`` (its token was taken at its
+    claim; a 429 raises RateLimited). Else a token is taken here (see the module's text)."""
     rules = extract_rules.extract(title, description, condition)
-    limit = ratelimit.Limit(per_minute=cfg.rate_per_minute, burst=cfg.concurrency)
-    decision = ratelimit.acquire(pool.connection, f"llm:{cfg.model}", limit, max_wait=cfg.timeout)
-    if not decision.granted:
-        return _fallback(rules, f"rate limit ({decision.reason}, {decision.wait_seconds:.0f}s)")
+    key = limit_key(cfg)
+    if not in_job and cfg.rate_per_minute > 0:
+        limit = ratelimit.Limit(per_minute=cfg.rate_per_minute, burst=cfg.concurrency)
+        decision = ratelimit.acquire(pool.connection, key, limit, max_wait=cfg.timeout)
+        if not decision.granted:
+            return _fallback(rules, f"rate limit ({decision.reason}, {decision.wait_seconds:.0f}s)")
     try:
-        with fleet_slot(pool, f"llm:{cfg.model}", cfg.concurrency, cfg.timeout):
+        with fleet_slot(pool, key, cfg.concurrency, cfg.timeout):
             attrs = complete(cfg, title, description)
+    except LlmRateLimited as exc:
+        if in_job:
+            raise RateLimited(retry_after=exc.retry_after, message=f"model {cfg.model}: {exc}") from None
+        with pool.connection() as conn:  # the jobs of this key hold off too
+            ratelimit.block(conn, key, exc.retry_after)
+        return _fallback(rules, str(exc))
     except LlmUnavailable as exc:
         return _fallback(rules, str(exc))
     # The model's reading wins; the rules fill in what it left out.

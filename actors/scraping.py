@@ -1,10 +1,20 @@
 """The scraping role: fetch a watch's search page, record what it lists.
 
-``scrape_watch`` takes a token from the source's rate limiter, respects its
-circuit breaker, fetches with httpx, parses listings (JSON or HTML), upserts
-them, inserts price points deduplicated by ``dedupe_key``, chains an extraction
-job for each listing that is new to the watch (or whose price moved) and sets
-``watches.last_polled_at`` -- all of the writes in one transaction.
+``scrape_watch`` respects its source's circuit breaker, fetches with httpx,
+parses listings (JSON or HTML), upserts them, inserts price points deduplicated by
+``dedupe_key``, chains an extraction job for each listing that is new to the watch
+(or whose price moved) and sets ``watches.last_polled_at`` -- all of the writes in
+one transaction.
+
+The source's politeness (a rate per minute with a burst, a daily quota) is the
+runtime's flow control: each scrape job carries its source's limits as its own
+message options, key ``source:<id>`` (``send_scrape``, ``enqueue_due_watches``), so
+a scrape the source cannot take yet waits in the database (status ``waiting``,
+no thread held) and is claimed when a token is free. A 429 raises ``RateLimited``:
+the source's key is blocked fleet-wide for its Retry-After and the job goes back
+without spending a retry. The bucket is the row ``source:<id>`` of
+``rate_limiter_state``, the one the in-job limiter used before: its tokens, quota
+and block carry over.
 
 ``poll_due_watches`` is the scheduled job that enqueues scrapes of the watches
 whose last poll is older than their interval.
@@ -16,15 +26,17 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import quote_plus
 
 import dramatiq
 import httpx
+from dramatiq.middleware import CurrentMessage
 from psycopg.types.json import Jsonb
 
-from supervisor import ratelimit
+from supervisor import RateLimited
 
-from . import breaker, cache, deferral, http, settings, store
+from . import breaker, cache, deferral, http, llm, pacing, settings, store
 from .dedupe import dedupe_key, match_strength, normalise_title, url_key
 from .extraction import extract_listing
 from .parsing import ParseError, parse
@@ -33,6 +45,8 @@ from .queries import pipeline as sql
 log = logging.getLogger(__name__)
 
 QUEUE = "scraping"
+# A scrape's dedupe key is this and its watch's id: one live scrape per watch.
+DEDUPE_PREFIX = "scrape:"
 
 
 class PermanentScrapeError(Exception):
@@ -54,7 +68,7 @@ class _Target:
     search_url: str
     fmt: str
     source_enabled: bool
-    limit: ratelimit.Limit
+    limits: dict[str, Any] | None  # the flow options a scrape of this source carries (None: quota 0)
 
 
 def _load(conn, watch_id: int) -> _Target | None:
@@ -63,11 +77,26 @@ def _load(conn, watch_id: int) -> _Target | None:
         return None
     wid, query, wenabled, polled, sid, sname, url, fmt, senabled, rate, burst, quota = row
     return _Target(wid, query, wenabled, polled, sid, sname, url, fmt, senabled,
-                   ratelimit.Limit(per_minute=float(rate), burst=int(burst), daily_quota=quota))
+                   source_limits(sid, rate, burst, quota))
 
 
 def limiter_key(source_id: int) -> str:
     return f"source:{source_id}"
+
+
+def source_limits(source_id: int, per_minute: float, burst: int, daily_quota: int | None) -> dict[str, Any] | None:
+    """The message options of a scrape of this source: its rate, burst and daily quota on
+    its limiter key. None for a daily quota of 0 (no request at all: nothing to send).
+
+    They are read from the sources table when the job is sent, so a change of a source's
+    rate applies to the scrapes sent after it. A scrape already waiting keeps the limits
+    it was sent with: the claim reads a key's limits from its first waiting job, so the
+    old rate holds until those jobs have started (at most one live scrape per watch: one
+    poll round), then the new one; the bucket row is the same throughout."""
+    if daily_quota is not None and daily_quota <= 0:
+        return None
+    return pacing.options(limiter_key(source_id), per_minute=float(per_minute), burst=int(burst),
+                          daily_quota=daily_quota)
 
 
 def search_url(template: str, query: str) -> str:
@@ -77,7 +106,21 @@ def search_url(template: str, query: str) -> str:
 @dramatiq.actor(queue_name=QUEUE, max_retries=5, min_backoff=5_000, max_backoff=300_000,
                 throws=(PermanentScrapeError,))
 def scrape_watch(watch_id: int, requested_at: float | None = None) -> dict:
+    """Send it with ``send_scrape`` (or ``enqueue_due_watches``): they add the source's
+    limits. A bare ``send`` is sent again with them by its first run."""
     return run_scrape(watch_id, requested_at)
+
+
+def send_scrape(watch_id: int, requested_at: float | None = None, **options: Any) -> dramatiq.Message | None:
+    """Enqueue a scrape of one watch carrying its source's limits, or none while its page
+    is cached (None: the watch does not exist, or its source's daily quota is 0)."""
+    with store.pool().connection() as conn:
+        target = _load(conn, watch_id)
+        cached = target is not None and bool(cache.fresh(conn, [(target.source_id, target.query)]))
+    if target is None or target.limits is None:
+        return None
+    return scrape_watch.send_with_options(args=(watch_id, requested_at), **({} if cached else target.limits),
+                                          **options)
 
 
 def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
@@ -92,24 +135,30 @@ def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
         if requested_at and target.last_polled_at and target.last_polled_at.timestamp() >= requested_at:
             # A scrape that ran after this one was asked for already has fresh data.
             return {"skipped": "already polled since requested"}
-        # A cached page costs the source nothing: no breaker, no token, no request.
+        # A cached page costs the source nothing: no breaker, no request, and no token when
+        # the scrape was sent while it was cached (then it carries no limits).
         cached = cache.get(conn, target.source_id, target.query)
-        admission = breaker.admit(conn, target.source_id, settings.breaker()) if cached is None else None
+        current = CurrentMessage.get_current_message()
+        # Sent without its source's limits (a bare scrape_watch.send, or its watch moved
+        # to another source since): no request from here; sent again with them, it waits
+        # for the source's token at its claim. (Called outside a job, it fetches at once.)
+        unlimited = current is not None and pacing.message_key(current) != limiter_key(target.source_id)
+        admission = (breaker.admit(conn, target.source_id, settings.breaker())
+                     if cached is None and not unlimited else None)
     if cached is not None:
         return {**_store(pool, target, _parse(target, cached)), "cached": True}
+    if unlimited:
+        if target.limits is None:
+            return {"skipped": "the source's daily quota is 0"}
+        deferral.defer(store.broker(), 0, f"sent again with source {target.source_name}'s limits", target.limits)
+        return {"deferred": "sent again with the source's limits"}
     assert admission is not None
     if not admission.allowed:
         deferral.defer(store.broker(), int(admission.wait_seconds * 1000) + 100,
                        f"source {target.source_name} paused by its circuit breaker")
         return {"deferred": "breaker open", "seconds": admission.wait_seconds}
 
-    decision = ratelimit.acquire(pool.connection, limiter_key(target.source_id), target.limit,
-                                 max_wait=settings.scraping().max_inline_wait)
-    if not decision.granted:
-        deferral.defer(store.broker(), int(decision.wait_seconds * 1000) + 50,
-                       f"source {target.source_name} rate limit ({decision.reason})")
-        return {"deferred": f"rate limit ({decision.reason})", "seconds": decision.wait_seconds}
-
+    # The source's token was taken when this job was claimed (its limits: source_limits).
     page = _fetch(pool, target)
     listings = _parse(target, page)
     with pool.connection() as conn:
@@ -135,10 +184,10 @@ def _fetch(pool, target: _Target) -> cache.Page:
 
     status = response.status_code
     if status == 429:
+        # The job's key (the source's) is blocked for the wait on every process and host,
+        # and the job goes back to wait for it without spending a retry.
         wait = http.retry_after_seconds(response)
-        with pool.connection() as conn:
-            ratelimit.block(conn, limiter_key(target.source_id), wait)
-        raise dramatiq.Retry(f"{where}: HTTP 429, retry after {wait:.0f}s", delay=int(wait * 1000))
+        raise RateLimited(retry_after=wait, message=f"{where}: HTTP 429, retry after {wait:.0f}s")
     if status >= 500 or status == 408:
         with pool.connection() as conn:
             breaker.record_failure(conn, target.source_id, f"HTTP {status}", bsettings)
@@ -161,6 +210,7 @@ def _store(pool, target: _Target, listings) -> dict:
     today = datetime.now(UTC).date()
     min_strength = settings.scraping().min_match_strength
     broker = store.broker()
+    extraction_options = llm.job_options()
     new_listings = new_points = chained = 0
     with pool.connection() as conn, conn.transaction(), broker.transaction(conn):
         for item in listings:
@@ -192,7 +242,7 @@ def _store(pool, target: _Target, listings) -> dict:
             if inserted or reappeared or (old_price is not None and old_price != item.price_cents):
                 extract_listing.send_with_options(
                     args=(listing_id, target.watch_id),
-                    dedupe_key=f"extract:{target.watch_id}:{listing_id}",
+                    dedupe_key=f"extract:{target.watch_id}:{listing_id}", **extraction_options,
                 )
                 chained += 1
         conn.execute(sql.MARK_POLLED, {"id": target.watch_id})
@@ -212,10 +262,16 @@ def poll_due_watches(limit: int = 500, older_than_seconds: float | None = None) 
 def enqueue_due_watches(limit: int = 500, older_than_seconds: float | None = None) -> int:
     broker = store.broker()
     with broker.actor_pool.connection() as conn:
-        due = [r[0] for r in conn.execute(sql.DUE_WATCHES, {"limit": limit,
-                                                             "older_than_s": older_than_seconds})]
+        due = conn.execute(sql.DUE_WATCHES, {"limit": limit, "older_than_s": older_than_seconds, "queue": QUEUE,
+                                             "dedupe_prefix": DEDUPE_PREFIX}).fetchall()
+        cached = cache.fresh(conn, [(sid, query) for _, query, sid, *_ in due])
     now = time.time()
-    messages = [scrape_watch.message_with_options(args=(wid, now), dedupe_key=f"scrape:{wid}") for wid in due]
+    # A watch whose page is cached is sent without limits: it costs the source no token
+    # (should the page expire before it runs, the job sends itself again with them).
+    messages = [scrape_watch.message_with_options(
+        args=(wid, now), dedupe_key=f"{DEDUPE_PREFIX}{wid}",
+        **({} if (sid, query) in cached else source_limits(sid, rate, burst, quota) or {}))
+        for wid, query, sid, rate, burst, quota in due]
     broker.enqueue_many(messages)
     log.info("poll_due_watches: %d watches due", len(due))
     return len(due)

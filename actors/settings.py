@@ -63,8 +63,10 @@ def http() -> HttpSettings:
 
 @dataclass(frozen=True)
 class ScrapingSettings:
-    max_inline_wait: float = key(check.duration(0), "A scrape sleeps through a source's rate-limit wait up to this; "
-                                 "a longer one defers the job.", 5.0)
+    # Read by nothing since scrapes wait for their source's token in the database (flow
+    # control, scraping.py); still accepted, so a config that sets it keeps loading.
+    max_inline_wait: float = key(check.duration(0), "Unused: a scrape waits for its source's token in the database,"
+                                 " holding no thread (kept so configs that set it load).", 5.0)
     min_match_strength: float = key(check.number(0, 1), "A listing whose title matches the watch's query less "
                                     "than this (0-1) is not stored.", 0.0)
 

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 from dramatiq.message import Message
 
+from . import llm
 from .queries import pipeline as pipeline_sql
 from .queries import state as sql
 
@@ -39,9 +40,10 @@ def reextract(broker, watch_id: int | None = None, incomplete: bool = False) -> 
     incomplete ones when ``incomplete``) at priority 1, so they run before new
     listings. Returns how many."""
     rows = to_reextract(broker, watch_id, incomplete)
+    limits = llm.job_options()  # the model's, when one is configured (llm.py)
     messages: list[Message[Any]] = [
         Message(queue_name="extraction", actor_name="extract_listing", args=(lid, wid), kwargs={"reextract": True},
-                options={"priority": REEXTRACT_PRIORITY, "dedupe_key": f"reextract:{lid}"})
+                options={"priority": REEXTRACT_PRIORITY, "dedupe_key": f"reextract:{lid}", **limits})
         for lid, wid in rows
     ]
     broker.enqueue_many(messages)

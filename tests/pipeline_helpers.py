@@ -185,9 +185,10 @@ def job_states(conn, actor: str) -> list[str]:
 
 
 def settled(conn, queues=QUEUES) -> bool:
-    """No live job left in these queues (delayed ones included)."""
+    """No live job left in these queues (delayed ones and those waiting on a limit included)."""
     return conn.execute(
-        "SELECT count(*) = 0 FROM jobs WHERE queue = ANY(%s) AND status IN ('pending', 'retryable', 'running')",
+        "SELECT count(*) = 0 FROM jobs WHERE queue = ANY(%s) AND status IN ('pending', 'retryable', 'running',"
+        " 'waiting')",
         (list(queues),),
     ).fetchone()[0]
 

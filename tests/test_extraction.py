@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from werkzeug import Response
 
 from actors import extract_rules
-from tests.conftest import scalar
+from tests.conftest import scalar, wait_for
 from tests.pipeline_helpers import (
     make_source,
     make_watch,
+    running_worker,
     seed_baseline,
 )
 
@@ -233,6 +235,77 @@ def test_llm_concurrency_and_rate_are_bounded(conn, setup, pipeline_config, thre
         t.join(30)
     assert len(seen["requests"]) == 6 and seen["peak"] == 2
     assert scalar(conn, "SELECT granted_total FROM rate_limiter_state WHERE key = 'llm:fake-2'") == 6
+
+
+def _overlap(spans) -> int:
+    """The most spans (start, end) open at one instant."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_llm_extraction_jobs_wait_for_the_models_limits_in_the_database(conn, setup, pipeline_broker,
+                                                                        pipeline_config, threaded_server):
+    """Extraction jobs carry the model's limits (llm.limits): the claim runs at most its
+    concurrency at once, four threads notwithstanding, and takes each job's token."""
+    from actors import tracker
+
+    source_id, _ = setup
+    seen = fake_llm(threaded_server, {"component": "ssd", "capacity_gb": 1000, "interface": "nvme"}, delay=0.3)
+    pipeline_config["extraction"] = {"llm": {"base_url": threaded_server.url_for("/v1"), "model": "fake-3",
+                                             "concurrency": 2, "rate_per_minute": 6000}}
+    for n in range(6):
+        listing(conn, source_id, f"Samsung 1TB NVMe #{n}", 5_000, f"s{n}")
+    assert tracker.reextract(pipeline_broker) == 6
+    assert conn.execute("SELECT status, flow_key, flow FROM jobs WHERE actor = 'extract_listing'").fetchall() == [
+        ("waiting", "llm:fake-3", {"r": 100.0, "b": 2, "c": 2})] * 6
+    with running_worker(pipeline_broker, queues=["extraction"], threads=4):
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'extract_listing'"
+                                      " AND status = 'succeeded'") == 6, timeout=30, message="six extractions")
+    # While each ran in its thread (started_at, finished_at: the server's clock less the
+    # worker's measured offsets, hence a millisecond's margin), never more than two.
+    margin = timedelta(milliseconds=2)
+    spans = [(a + margin, b - margin) for a, b in conn.execute(
+        "SELECT started_at, finished_at FROM jobs WHERE actor = 'extract_listing'").fetchall()]
+    assert _overlap(spans) == 2  # the claim's limit: two running, the other threads idle
+    assert len(seen["requests"]) == 6 and seen["peak"] == 2
+    assert scalar(conn, "SELECT count(*) FROM listings WHERE extractor = 'llm:fake-3'") == 6
+    assert scalar(conn, "SELECT granted_total FROM rate_limiter_state WHERE key = 'llm:fake-3'") == 6
+
+
+def test_a_429_from_the_model_blocks_its_key_and_the_job_spends_no_retry(conn, setup, pipeline_broker,
+                                                                         pipeline_config, threaded_server):
+    from actors.extraction import extract_listing
+
+    source_id, watch_id = setup
+    told = []
+
+    def handler(request):  # the first request hears "slow down", the rest an answer
+        if not told:
+            told.append(request)
+            return Response("slow down", status=429, headers={"Retry-After": "1"})
+        body = {"choices": [{"message": {"role": "assistant", "content": json.dumps({"component": "ssd"})}}]}
+        return Response(json.dumps(body), content_type="application/json")
+
+    threaded_server.expect_request("/v1/chat/completions", method="POST").respond_with_handler(handler)
+    pipeline_config["extraction"] = {"llm": {"base_url": threaded_server.url_for("/v1"), "model": "fake-4"}}
+    lid = listing(conn, source_id, "Samsung 1TB NVMe", 5_000, "n")
+    with running_worker(pipeline_broker, queues=["extraction"]):
+        bare = extract_listing.send(lid, watch_id)  # no limits: its first run sends it again with them
+        copy = wait_for(lambda: conn.execute("SELECT id FROM jobs WHERE options ? 'deferred_because'").fetchone(),
+                        timeout=10)[0]
+        went_back = wait_for(lambda: conn.execute(
+            "SELECT reason FROM job_events WHERE job_id = %s AND to_status = 'waiting'", (copy,)).fetchone(), 10)
+        blocked = scalar(conn, "SELECT blocked_until > now() FROM rate_limiter_state WHERE key = 'llm:fake-4'")
+        assert "rate limited upstream" in went_back[0] and blocked
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (copy,)) == "succeeded", 15)
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (bare.message_id,)) == "succeeded"
+    assert conn.execute("SELECT flow_key, attempts FROM jobs WHERE id = %s", (copy,)).fetchone() == ("llm:fake-4", 1)
+    assert scalar(conn, "SELECT extractor FROM listings WHERE id = %s", (lid,)) == "llm:fake-4"
+    assert len(told) == 1
 
 
 def test_a_reextraction_never_alerts_a_listing_notified_before(conn, setup, pipeline_config):

@@ -70,7 +70,7 @@ class Hooks:
 
 
 def test_pipeline_delivers_each_deal_exactly_once(conn, database_url, pipeline_broker, threaded_server):
-    from actors.scraping import scrape_watch
+    from actors.scraping import send_scrape
 
     server = threaded_server
     pages = {"ddr4 32gb": RAM, "nvme 1tb": SSD, "ddr5 64gb": DDR5}
@@ -113,7 +113,7 @@ def test_pipeline_delivers_each_deal_exactly_once(conn, database_url, pipeline_b
             w.wait_ready(conn)
         dead_owner = notifier["current"].owner(conn)
         for watch_id in watches.values():
-            scrape_watch.send(watch_id)
+            send_scrape(watch_id)
 
         wait_for(lambda: notifier["current"].proc.poll() is not None, timeout=60,
                  message="the notification worker to be killed mid-request")
@@ -150,7 +150,7 @@ def test_pipeline_delivers_each_deal_exactly_once(conn, database_url, pipeline_b
 
         # Scraping everything again changes nothing downstream.
         for watch_id in watches.values():
-            scrape_watch.send(watch_id)
+            send_scrape(watch_id)
         wait_for(lambda: settled(conn) and scalar(
             conn, "SELECT count(*) FROM jobs WHERE actor = 'scrape_watch' AND status = 'succeeded'") == 8,
             timeout=60, message="the second round to settle")

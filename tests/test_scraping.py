@@ -1,4 +1,5 @@
-"""Scraping: parsing, dedupe keys, persistence, retries, breaker and limiter deferral."""
+"""Scraping: parsing, dedupe keys, persistence, retries, breaker deferral, and each
+source's limits as the runtime's flow control (a scrape waits in the database)."""
 
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ def wait_job(conn, job_id, *states, timeout=20):
 
 def test_scrape_stores_listings_points_and_chains_extractions(conn, pipeline_broker, pipeline_config, httpserver,
                                                              shop):
-    from actors.scraping import scrape_watch
+    from actors.scraping import send_scrape
 
     source_id, watch_id = shop
     seen_agents = []
@@ -130,7 +131,7 @@ def test_scrape_stores_listings_points_and_chains_extractions(conn, pipeline_bro
     httpserver.expect_request("/search", query_string={"q": "ddr4 32gb"}).respond_with_handler(page)
     pipeline_config["http"] = {"user_agent": "price-test/1.0"}
     with running_worker(pipeline_broker, queues=["scraping"]):
-        first = scrape_watch.send(watch_id)
+        first = send_scrape(watch_id)
         assert wait_job(conn, first.message_id, "succeeded", "failed") == "succeeded"
         assert scalar(conn, "SELECT count(*) FROM listings") == 3
         assert scalar(conn, "SELECT count(*) FROM price_points") == 3
@@ -141,7 +142,7 @@ def test_scrape_stores_listings_points_and_chains_extractions(conn, pipeline_bro
         assert seen_agents == ["price-test/1.0"]
 
         # Re-scraping the same page adds no price points, no listings, no extraction jobs.
-        second = scrape_watch.send(watch_id)
+        second = send_scrape(watch_id)
         assert wait_job(conn, second.message_id, "succeeded", "failed") == "succeeded"
     assert scalar(conn, "SELECT count(*) FROM listings") == 3
     assert scalar(conn, "SELECT count(*) FROM price_points") == 3
@@ -191,12 +192,12 @@ def test_html_source(conn, pipeline_broker, httpserver):
 ])
 def test_permanent_errors_fail_at_once_with_a_clear_error(conn, pipeline_broker, httpserver, shop, status, body,
                                                           fragment):
-    from actors.scraping import scrape_watch
+    from actors.scraping import send_scrape
 
     _, watch_id = shop
     httpserver.expect_request("/search").respond_with_data(body, status=status, content_type="text/html")
     with running_worker(pipeline_broker, queues=["scraping"]):
-        msg = scrape_watch.send(watch_id)
+        msg = send_scrape(watch_id)
         assert wait_job(conn, msg.message_id, "failed", "succeeded", "retryable") == "failed"
     attempts, error = conn.execute("SELECT attempts, last_error FROM jobs WHERE id = %s",
                                    (msg.message_id,)).fetchone()
@@ -204,8 +205,17 @@ def test_permanent_errors_fail_at_once_with_a_clear_error(conn, pipeline_broker,
     assert scalar(conn, "SELECT failure_streak FROM sources") == 0  # the source itself is fine
 
 
+def went_back(conn, job_id, timeout=20) -> str:
+    """The reason of the job's first return from running to waiting (a retry, RateLimited):
+    a job with limits waits for its key again rather than going 'retryable'."""
+    row = wait_for(lambda: conn.execute("SELECT reason FROM job_events WHERE job_id = %s AND from_status = 'running'"
+                                        " AND to_status = 'waiting' ORDER BY at LIMIT 1", (job_id,)).fetchone(),
+                   timeout, message=f"job {job_id} back to waiting")
+    return row[0]
+
+
 def test_server_errors_and_timeouts_retry_with_backoff(conn, pipeline_broker, pipeline_config, httpserver, shop):
-    from actors.scraping import scrape_watch
+    from actors.scraping import send_scrape
 
     _, watch_id = shop
     pipeline_config["http"] = {"timeout": 0.3}
@@ -220,43 +230,70 @@ def test_server_errors_and_timeouts_retry_with_backoff(conn, pipeline_broker, pi
 
     httpserver.expect_request("/search").respond_with_data("busy", status=503)
     with running_worker(pipeline_broker, queues=["scraping"]):
-        msg = scrape_watch.send(watch_id)
-        assert wait_job(conn, msg.message_id, "retryable", "failed") == "retryable"
+        msg = send_scrape(watch_id)
+        went_back(conn, msg.message_id)
         httpserver.clear()
         httpserver.expect_request("/search").respond_with_handler(slow)
-        timed_out = scrape_watch.send_with_options(args=(watch_id,), dedupe_key="t")
-        assert wait_job(conn, timed_out.message_id, "retryable", "failed") == "retryable"
+        timed_out = send_scrape(watch_id, dedupe_key="t")
+        went_back(conn, timed_out.message_id)
         answer.set()
         wait_for(lambda: httpserver.log, timeout=10, message="the slow handler to answer")
-    delay, error = conn.execute("SELECT extract(epoch FROM run_at - now()), last_error FROM jobs WHERE id = %s",
-                                (msg.message_id,)).fetchone()
-    assert 2 < delay <= 5 and "HTTP 503" in error  # the actor's first backoff is 5 s
+    status, attempts, delay, error = conn.execute(
+        "SELECT status, attempts, extract(epoch FROM run_at - now()), last_error FROM jobs WHERE id = %s",
+        (msg.message_id,)).fetchone()
+    # a retry spends an attempt, and waits for its backoff, then for its source's token
+    assert (status, attempts) == ("waiting", 1) and 2 < delay <= 5 and "HTTP 503" in error  # first backoff: 5 s
     assert "ReadTimeout" in scalar(conn, "SELECT last_error FROM jobs WHERE id = %s", (timed_out.message_id,))
     assert scalar(conn, "SELECT failure_streak FROM sources") == 2
 
 
-def test_429_retry_after_feeds_the_limiter(conn, pipeline_broker, httpserver, shop):
-    from actors.scraping import scrape_watch
+def test_a_429_blocks_the_source_fleet_wide_and_the_job_spends_no_retry(conn, pipeline_broker, httpserver, shop):
+    """Upstream says slow down: the source's key is blocked for its Retry-After, the job
+    waits for it (its attempt given back), another source's scrapes go on meanwhile, and
+    the job runs again once the block ends."""
+    from actors.scraping import send_scrape
 
     source_id, watch_id = shop
-    httpserver.expect_request("/search").respond_with_data("slow down", status=429, headers={"Retry-After": "7"})
-    with running_worker(pipeline_broker, queues=["scraping"]):
-        msg = scrape_watch.send(watch_id)
-        assert wait_job(conn, msg.message_id, "retryable", "failed") == "retryable"
-    delay = scalar(conn, "SELECT extract(epoch FROM run_at - now()) FROM jobs WHERE id = %s", (msg.message_id,))
-    blocked = scalar(conn, "SELECT extract(epoch FROM blocked_until - now()) FROM rate_limiter_state"
-                           " WHERE key = %s", (f"source:{source_id}",))
-    assert 5 < delay <= 7 and 5 < blocked <= 7
+    other_watch = make_watch(conn, make_source(conn, "other", httpserver.url_for("/other") + "?q={query}"), "ssd")
+    told = []
+
+    def page(request):  # the first request hears "slow down", the rest get the page
+        if not told:
+            told.append(request)
+            return Response("slow down", status=429, headers={"Retry-After": "2"})
+        return Response(json.dumps(ITEMS), content_type="application/json")
+
+    httpserver.expect_request("/search").respond_with_handler(page)
+    httpserver.expect_request("/other").respond_with_json([])
+    with running_worker(pipeline_broker, queues=["scraping"], threads=1):
+        msg = send_scrape(watch_id)
+        reason = went_back(conn, msg.message_id)
+        status, attempts, retries = conn.execute(
+            "SELECT status, attempts, options->'retries' FROM jobs WHERE id = %s", (msg.message_id,)).fetchone()
+        blocked = scalar(conn, "SELECT extract(epoch FROM blocked_until - now()) FROM rate_limiter_state"
+                               " WHERE key = %s", (f"source:{source_id}",))
+        assert "rate limited upstream" in reason and (status, attempts, retries) == ("waiting", 0, None) and 1 < blocked <= 2
+        other = send_scrape(other_watch)  # another source: not held up by the block
+        assert wait_job(conn, other.message_id, "succeeded", "failed") == "succeeded"
+        assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (msg.message_id,)) == "waiting"
+        assert wait_job(conn, msg.message_id, "succeeded", "failed") == "succeeded"
+    attempts, started, blocked_until = conn.execute(
+        "SELECT j.attempts, j.claimed_at, s.blocked_until FROM jobs j, rate_limiter_state s"
+        " WHERE j.id = %s AND s.key = %s", (msg.message_id, f"source:{source_id}")).fetchone()
+    assert attempts == 1 and started >= blocked_until  # one attempt counted: the block spent none
+    assert scalar(conn, "SELECT count(*) FROM listings WHERE source_id = %s", (source_id,)) == 3
 
 
 def test_breaker_opens_defers_and_recloses(conn, pipeline_broker, pipeline_config, httpserver, shop):
     """Two failures open the breaker; the retry that follows is deferred (a fresh
     delayed job, no attempt spent) until the cooldown ends; then it probes, the
     source answers, and the breaker closes."""
-    from actors.scraping import scrape_watch
+    from actors.scraping import send_scrape
 
     source_id, watch_id = shop
-    pipeline_config["breaker"] = {"threshold": 2, "cooldown": 1.5}
+    # A cooldown longer than the gap between two attempts: the third finds the source paused
+    # (a retry of a job with limits waits for its key again, and may start up to 2 s late).
+    pipeline_config["breaker"] = {"threshold": 2, "cooldown": 3}
     state = {"up": False}
 
     def page(request):
@@ -266,46 +303,141 @@ def test_breaker_opens_defers_and_recloses(conn, pipeline_broker, pipeline_confi
 
     httpserver.expect_request("/search").respond_with_handler(page)
     with running_worker(pipeline_broker, queues=["scraping"]):
-        msg = scrape_watch.send_with_options(args=(watch_id,), min_backoff=200, max_backoff=200)
+        msg = send_scrape(watch_id, min_backoff=200, max_backoff=200)
         wait_for(lambda: scalar(conn, "SELECT paused_until > now() FROM sources WHERE id = %s", (source_id,)),
                  timeout=15, message="breaker to open")
-        # The third attempt found the source paused: it ended and left a deferred copy.
+        # The third attempt found the source paused: it ended and left a deferred copy,
+        # which keeps the source's limits.
         deferred = wait_for(lambda: conn.execute(
-            "SELECT id, run_at, attempts FROM jobs WHERE options ? 'deferred_because'").fetchone(), timeout=10)
+            "SELECT id, run_at, attempts, flow_key FROM jobs WHERE options ? 'deferred_because'").fetchone(),
+            timeout=10)
         assert wait_job(conn, msg.message_id, "succeeded", "failed") == "succeeded"
         assert scalar(conn, "SELECT attempts FROM jobs WHERE id = %s", (msg.message_id,)) == 3
         paused_until = scalar(conn, "SELECT paused_until FROM sources WHERE id = %s", (source_id,))
-        assert deferred[1] >= paused_until and deferred[2] == 0
+        assert deferred[1] >= paused_until and deferred[2] == 0 and deferred[3] == f"source:{source_id}"
         state["up"] = True
         assert wait_job(conn, deferred[0], "succeeded", "failed", timeout=15) == "succeeded"
     assert conn.execute("SELECT failure_streak, paused_until FROM sources").fetchone() == (0, None)
     assert scalar(conn, "SELECT count(*) FROM listings") == 3
 
 
-def test_rate_limited_scrapes_are_deferred_not_failed(conn, pipeline_broker, pipeline_config, httpserver):
-    from actors.scraping import scrape_watch
+def test_a_scrape_over_its_sources_rate_waits_in_the_database_holding_no_thread(
+        conn, pipeline_broker, pipeline_config, httpserver):
+    """A source at 20 a minute (one token every 3 s), one worker thread: the second scrape
+    of the source waits as a 'waiting' row, never claimed, while another source's scrape
+    takes the one thread; it starts when the source's next token is due."""
+    from actors.scraping import send_scrape
 
-    source_id = make_source(conn, "slow-shop", httpserver.url_for("/search") + "?q={query}", per_minute=1, burst=1)
+    source_id = make_source(conn, "slow-shop", httpserver.url_for("/search") + "?q={query}", per_minute=20, burst=1)
+    first_watch, second_watch = (make_watch(conn, source_id, f"ddr4 {n}") for n in range(2))
+    fast_watch = make_watch(conn, make_source(conn, "fast-shop", httpserver.url_for("/fast") + "?q={query}"), "ssd")
+    httpserver.expect_request("/search").respond_with_json([])
+    httpserver.expect_request("/fast").respond_with_json([])
+    with running_worker(pipeline_broker, queues=["scraping"], threads=1):
+        first, second = send_scrape(first_watch), send_scrape(second_watch)
+        assert wait_job(conn, first.message_id, "succeeded", "failed") == "succeeded"
+        fast = send_scrape(fast_watch)
+        assert wait_job(conn, fast.message_id, "succeeded", "failed") == "succeeded"
+        # the thread ran the other source's scrape: the waiting one held nothing
+        assert conn.execute("SELECT status, attempts, claimed_at, lease_owner, flow_key FROM jobs WHERE id = %s",
+                            (second.message_id,)).fetchone() == ("waiting", 0, None, None, f"source:{source_id}")
+        assert wait_job(conn, second.message_id, "succeeded", "failed") == "succeeded"
+    starts = [scalar(conn, "SELECT claimed_at FROM jobs WHERE id = %s", (m.message_id,)) for m in (first, second)]
+    assert (starts[1] - starts[0]).total_seconds() >= 2.9  # the next token: 3 s after the first
+    assert len(httpserver.log) == 3
+    assert scalar(conn, "SELECT granted_total FROM rate_limiter_state WHERE key = %s", (f"source:{source_id}",)) == 2
+
+
+def test_a_sources_daily_quota_holds(conn, pipeline_broker, httpserver):
+    from actors.scraping import send_scrape
+
+    source_id = make_source(conn, "quota-shop", httpserver.url_for("/search") + "?q={query}", daily_quota=2)
+    watches = [make_watch(conn, source_id, f"ddr4 {n}") for n in range(3)]
+    fast_watch = make_watch(conn, make_source(conn, "fast-shop", httpserver.url_for("/fast") + "?q={query}"), "ssd")
+    httpserver.expect_request("/search").respond_with_json([])
+    httpserver.expect_request("/fast").respond_with_json([])
+    with running_worker(pipeline_broker, queues=["scraping"], threads=2):
+        sent = [send_scrape(w) for w in watches]
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'scrape_watch'"
+                                      " AND status = 'succeeded'") == 2, timeout=20, message="two scrapes")
+        later = send_scrape(fast_watch)  # claimed after them: the claims went on past the third
+        assert wait_job(conn, later.message_id, "succeeded", "failed") == "succeeded"
+        states = sorted(scalar(conn, "SELECT status FROM jobs WHERE id = %s", (m.message_id,)) for m in sent)
+    assert states == ["succeeded", "succeeded", "waiting"]
+    assert conn.execute("SELECT quota_used, daily_quota FROM rate_limiter_state WHERE key = %s",
+                        (f"source:{source_id}",)).fetchone() == (2, 2)
+    assert sum(1 for request, _ in httpserver.log if request.path == "/search") == 2
+
+
+def test_the_bucket_the_in_job_limiter_left_holds_for_the_scrapes(conn, pipeline_broker, httpserver):
+    """One table of buckets: what supervisor.ratelimit took from a source's row (the
+    tracker's limiter before flow control, or any caller now) the claim finds there."""
+    from actors.scraping import limiter_key, send_scrape
+    from supervisor import ratelimit
+
+    source_id = make_source(conn, "shop", httpserver.url_for("/search") + "?q={query}", per_minute=30, burst=1,
+                            daily_quota=2)
     watches = [make_watch(conn, source_id, f"ddr4 {n}") for n in range(2)]
     httpserver.expect_request("/search").respond_with_json([])
-    pipeline_config["scraping"] = {"max_inline_wait": 0}
-    with running_worker(pipeline_broker, queues=["scraping"], threads=1):
-        sent = [scrape_watch.send(w) for w in watches]
-        for m in sent:
-            assert wait_job(conn, m.message_id, "succeeded", "failed") == "succeeded"
-    assert len(httpserver.log) == 1
-    delay, attempts, why = conn.execute(
-        "SELECT extract(epoch FROM run_at - now()), attempts, options->>'deferred_because' FROM jobs"
-        " WHERE status = 'pending' AND actor = 'scrape_watch'").fetchone()
-    assert 50 < delay <= 60 and attempts == 0 and "rate limit (rate)" in why
+    limit = ratelimit.Limit(per_minute=30, burst=1, daily_quota=2)
+    assert ratelimit.take(conn, limiter_key(source_id), limit).granted  # the bucket is empty now
+    taken_at = scalar(conn, "SELECT updated_at FROM rate_limiter_state WHERE key = %s", (limiter_key(source_id),))
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        first, second = (send_scrape(w) for w in watches)
+        assert wait_job(conn, first.message_id, "succeeded", "failed") == "succeeded"
+        claimed_at = scalar(conn, "SELECT claimed_at FROM jobs WHERE id = %s", (first.message_id,))
+        # the quota: one used by the take, one by the scrape; the second waits for tomorrow
+        fast = send_scrape(make_watch(conn, make_source(conn, "fast", httpserver.url_for("/search") + "?q={query}"),
+                                      "ssd"))
+        assert wait_job(conn, fast.message_id, "succeeded", "failed") == "succeeded"
+        assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (second.message_id,)) == "waiting"
+    assert (claimed_at - taken_at).total_seconds() >= 1.9  # the next token of 30/min: 2 s after the take
+    assert conn.execute("SELECT quota_used, granted_total FROM rate_limiter_state WHERE key = %s",
+                        (limiter_key(source_id),)).fetchone() == (2, 2)
+
+
+def test_a_scrape_sent_without_its_sources_limits_is_sent_again_with_them(conn, pipeline_broker, httpserver, shop):
+    from actors.scraping import scrape_watch
+
+    source_id, watch_id = shop
+    httpserver.expect_request("/search").respond_with_json(ITEMS)
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        bare = scrape_watch.send(watch_id)
+        assert wait_job(conn, bare.message_id, "succeeded", "failed") == "succeeded"
+        again = wait_for(lambda: conn.execute("SELECT id FROM jobs WHERE options ? 'deferred_because'").fetchone(),
+                         timeout=10)[0]
+        assert wait_job(conn, again, "succeeded", "failed") == "succeeded"
+    assert conn.execute("SELECT flow_key, options->>'deferred_because' FROM jobs WHERE id = %s", (again,)).fetchone() \
+        == (f"source:{source_id}", "sent again with source shop's limits")
+    assert scalar(conn, "SELECT flow_key FROM jobs WHERE id = %s", (bare.message_id,)) is None
+    assert len(httpserver.log) == 1 and scalar(conn, "SELECT count(*) FROM listings") == 3
+
+
+def test_a_sources_new_rate_applies_to_scrapes_sent_after_it(conn, pipeline_broker):
+    from actors.scraping import send_scrape
+
+    source_id = make_source(conn, per_minute=30, burst=2, daily_quota=100)
+    watches = [make_watch(conn, source_id, q) for q in ("a", "b")]
+    before = send_scrape(watches[0])
+    conn.execute("UPDATE sources SET rate_limit_per_minute = 6, burst = 1, daily_quota = NULL WHERE id = %s",
+                 (source_id,))
+    after = send_scrape(watches[1])
+    flows = {m.message_id: conn.execute("SELECT flow_key, flow FROM jobs WHERE id = %s", (m.message_id,)).fetchone()
+             for m in (before, after)}
+    assert flows[before.message_id] == (f"source:{source_id}", {"r": 0.5, "b": 2, "q": 100})
+    assert flows[after.message_id] == (f"source:{source_id}", {"r": 0.1, "b": 1})
+    conn.execute("UPDATE sources SET daily_quota = 0 WHERE id = %s", (source_id,))
+    assert send_scrape(watches[1]) is None  # a quota of 0: nothing to send
 
 
 def test_poll_due_watches_enqueues_each_due_watch_once(conn, pipeline_broker):
+    from actors import cache
     from actors.scraping import enqueue_due_watches
 
     source_id = make_source(conn)
     paused = make_source(conn, "paused")
     conn.execute("UPDATE sources SET paused_until = now() + interval '1 hour' WHERE id = %s", (paused,))
+    closed = make_source(conn, "closed", daily_quota=0)
     due = make_watch(conn, source_id, "a")
     fresh = make_watch(conn, source_id, "b")
     conn.execute("UPDATE watches SET last_polled_at = now() WHERE id = %s", (fresh,))
@@ -313,10 +445,17 @@ def test_poll_due_watches_enqueues_each_due_watch_once(conn, pipeline_broker):
     conn.execute("UPDATE watches SET last_polled_at = now() - interval '2 minutes' WHERE id = %s", (stale,))
     make_watch(conn, source_id, "d", enabled=False)
     make_watch(conn, paused, "e")
-    assert enqueue_due_watches() == 2
-    assert enqueue_due_watches() == 2  # still due, but the live job's dedupe key absorbs it
-    rows = conn.execute("SELECT args->>0, dedupe_key FROM jobs WHERE actor = 'scrape_watch' ORDER BY 1").fetchall()
-    assert sorted(rows) == sorted([(str(due), f"scrape:{due}"), (str(stale), f"scrape:{stale}")])
+    make_watch(conn, closed, "f")
+    cached = make_watch(conn, source_id, "g")
+    cache.put(conn, source_id, "g", cache.Page("http://shop.example/s?q=g", "[]", "application/json"))
+    assert enqueue_due_watches() == 3
+    # still due: the waiting scrapes are left out, the cached one's live job absorbs it
+    assert enqueue_due_watches() == 1
+    rows = conn.execute("SELECT args->>0, dedupe_key, status, flow_key, flow FROM jobs WHERE actor = 'scrape_watch'"
+                        " ORDER BY 1").fetchall()
+    limited = ("waiting", f"source:{source_id}", {"r": 100.0, "b": 50})  # make_source: 6000/min, burst 50
+    assert sorted(rows) == sorted([(str(due), f"scrape:{due}", *limited), (str(stale), f"scrape:{stale}", *limited),
+                                   (str(cached), f"scrape:{cached}", "pending", None, None)])
 
 
 # --- price history and reappearing listings -------------------------------------------

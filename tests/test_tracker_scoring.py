@@ -9,10 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from actors import parsing, scoring
-from tests.conftest import scalar
+from tests.conftest import scalar, wait_for
 from tests.pipeline_helpers import (
     make_source,
     make_watch,
+    running_worker,
     seed_baseline,
 )
 
@@ -98,8 +99,11 @@ def test_refresh_baselines_rescores_every_listing_by_cursor_over_pages(conn, pip
 
 def test_the_page_cache_serves_a_second_scrape_without_a_request_or_a_token(conn, pipeline_broker,
                                                                               pipeline_config, httpserver):
+    """A scrape sent while its page is cached carries no limits: it takes no token at its
+    claim and makes no request. An expired page: the next scrape carries the source's
+    limits again and takes one."""
     from actors import cache
-    from actors.scraping import run_scrape
+    from actors.scraping import run_scrape, send_scrape
 
     source_id = make_source(conn, "shop", httpserver.url_for("/search") + "?q={query}")
     watch_id = make_watch(conn, source_id, "ddr4 32gb")
@@ -107,19 +111,26 @@ def test_the_page_cache_serves_a_second_scrape_without_a_request_or_a_token(conn
         [{"id": "A1", "title": "Corsair 32GB DDR4 3200", "price": 89.99}])
 
     def granted():
-        return scalar(conn, "SELECT granted_total FROM rate_limiter_state WHERE key = %s", (f"source:{source_id}",))
+        return scalar(conn, "SELECT coalesce(max(granted_total), 0) FROM rate_limiter_state WHERE key = %s",
+                      (f"source:{source_id}",))
 
-    first = run_scrape(watch_id)
-    assert "cached" not in first and len(httpserver.log) == 1 and granted() == 1
-    second = run_scrape(watch_id)
-    assert second["cached"] and second["listings"] == 1
-    assert len(httpserver.log) == 1 and granted() == 1  # no request, no token
-    assert scalar(conn, "SELECT count(*) FROM page_cache WHERE source_id = %s AND query = 'ddr4 32gb'"
-                        " AND page = 1 AND expires_at > now() + interval '59 minutes'", (source_id,)) == 1
+    def scrape() -> tuple:
+        sent = send_scrape(watch_id)
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (sent.message_id,)) == "succeeded",
+                 timeout=20, message="the scrape")
+        return sent.message_id, scalar(conn, "SELECT flow_key FROM jobs WHERE id = %s", (sent.message_id,))
 
-    conn.execute("UPDATE page_cache SET expires_at = now() - interval '1 second'")
-    assert "cached" not in run_scrape(watch_id)
-    assert len(httpserver.log) == 2 and granted() == 2
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        assert scrape()[1] == f"source:{source_id}"
+        assert len(httpserver.log) == 1 and granted() == 1
+        assert scrape()[1] is None  # sent while cached: no limits
+        assert len(httpserver.log) == 1 and granted() == 1  # no request, no token
+        assert scalar(conn, "SELECT count(*) FROM page_cache WHERE source_id = %s AND query = 'ddr4 32gb'"
+                            " AND page = 1 AND expires_at > now() + interval '59 minutes'", (source_id,)) == 1
+
+        conn.execute("UPDATE page_cache SET expires_at = now() - interval '1 second'")
+        assert scrape()[1] == f"source:{source_id}"
+        assert len(httpserver.log) == 2 and granted() == 2
     conn.execute("UPDATE page_cache SET expires_at = now() - interval '1 second'")
     assert cache.prune() == 1 and scalar(conn, "SELECT count(*) FROM page_cache") == 0
 

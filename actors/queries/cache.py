@@ -14,4 +14,13 @@ ON CONFLICT (source_id, query, page) DO UPDATE
        fetched_at = now(), expires_at = EXCLUDED.expires_at
 """
 
+# Which of these (source id, query) pairs have a fresh first page.
+FRESH = """
+SELECT c.source_id, c.query
+  FROM page_cache c
+  JOIN unnest(%(source_ids)s::bigint[], %(queries)s::text[]) AS w(source_id, query)
+    ON c.source_id = w.source_id AND c.query = w.query
+ WHERE c.page = 1 AND c.expires_at > now()
+"""
+
 PRUNE = "DELETE FROM page_cache WHERE expires_at <= now()"

@@ -20,13 +20,23 @@ SELECT w.id, w.query, w.enabled, w.last_polled_at, s.id, s.name, s.search_url, s
 
 MARK_POLLED = "UPDATE watches SET last_polled_at = now() WHERE id = %(id)s"
 
-# Enabled watches not polled within their interval, on sources that are enabled
-# and not paused by the breaker (their scrapes would only be deferred).
+# Enabled watches not polled within their interval, on sources that are enabled, not
+# paused by the breaker (their scrapes would only be deferred) and allowed requests at
+# all (a daily quota of 0), with their source's limits (each scrape carries them).
+# A watch whose scrape waits for its source's token is left out: the runtime's unique
+# index of live dedupe keys (jobs_dedupe_live) does not cover waiting rows yet, so the
+# dedupe key alone would let a second scrape in (one scan of the queue's waiting rows).
 DUE_WATCHES = """
-SELECT w.id
+WITH waiting AS (
+    SELECT dedupe_key FROM job_queue
+     WHERE queue = %(queue)s AND status = 'waiting' AND dedupe_key LIKE %(dedupe_prefix)s || '%%'
+)
+SELECT w.id, w.query, s.id, s.rate_limit_per_minute, s.burst, s.daily_quota
   FROM watches w JOIN sources s ON s.id = w.source_id
  WHERE w.enabled AND s.enabled
    AND (s.paused_until IS NULL OR s.paused_until <= now())
+   AND (s.daily_quota IS NULL OR s.daily_quota > 0)
+   AND %(dedupe_prefix)s || w.id NOT IN (SELECT dedupe_key FROM waiting)
    AND (w.last_polled_at IS NULL
         OR w.last_polled_at < now() - coalesce(%(older_than_s)s, w.poll_interval_seconds) * interval '1 second')
  ORDER BY w.last_polled_at NULLS FIRST, w.id
