@@ -261,3 +261,33 @@ def test_the_cli_sends_a_job_with_its_own_limits(conn, database_url):
     job = json.loads(done.stdout)["id"]
     assert conn.execute("SELECT status, flow_key, flow FROM jobs WHERE id = %s", (job,)).fetchone() \
         == ("waiting", "cli:7", {"r": 5.0, "b": 2, "q": 50})
+
+
+def test_a_waiting_job_holds_its_dedupe_key(conn, flow):
+    first = flow.token.send_with_options(args=(1,), dedupe_key="d-wait")
+    again = flow.token.send_with_options(args=(2,), dedupe_key="d-wait")
+    assert again.message_id == first.message_id  # the live (waiting) job's id
+    batch = dramatiq.get_broker().enqueue_many([flow.token.message_with_options(args=(3,), dedupe_key="d-wait")])
+    assert batch[0].message_id == first.message_id
+    assert conn.execute("SELECT count(*), min(status) FROM jobs WHERE dedupe_key = 'd-wait'").fetchone() \
+        == (1, "waiting")
+
+
+def test_migration_038_keeps_twins_a_waiting_job_let_in(fresh_database):
+    """Before 038 a waiting job did not hold its dedupe key: a twin could be live beside
+    it. The migration keeps both jobs; the later one lets go of the key."""
+    import psycopg
+
+    from supervisor.migrate import migrate
+
+    migrate(fresh_database, until=37)
+    with psycopg.connect(fresh_database, autocommit=True) as c:
+        c.execute("INSERT INTO job_queue (queue, actor, status, flow_key, flow, dedupe_key, created_at)"
+                  " VALUES ('q', 'a', 'waiting', 'k', '{}', 'twin', now() - interval '1 minute')")
+        c.execute("INSERT INTO job_queue (queue, actor, status, dedupe_key) VALUES ('q', 'a', 'pending', 'twin')")
+        migrate(fresh_database)
+        rows = c.execute("SELECT status, dedupe_key FROM job_queue ORDER BY created_at").fetchall()
+        assert rows == [("waiting", "twin"), ("pending", None)]
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            c.execute("INSERT INTO job_queue (queue, actor, status, flow_key, flow, dedupe_key)"
+                      " VALUES ('q', 'a', 'waiting', 'k', '{}', 'twin')")

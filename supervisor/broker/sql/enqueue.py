@@ -52,5 +52,5 @@ RUN_AT = "SELECT now() + %s * interval '1 millisecond'"
 
 LIVE_BY_DEDUPE_KEYS = """
 SELECT dedupe_key, id FROM job_queue
- WHERE dedupe_key = ANY(%(keys)s) AND status IN ('pending', 'retryable', 'running')
+ WHERE dedupe_key = ANY(%(keys)s)
 """
