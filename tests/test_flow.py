@@ -291,3 +291,24 @@ def test_migration_038_keeps_twins_a_waiting_job_let_in(fresh_database):
         with pytest.raises(psycopg.errors.UniqueViolation):
             c.execute("INSERT INTO job_queue (queue, actor, status, flow_key, flow, dedupe_key)"
                       " VALUES ('q', 'a', 'waiting', 'k', '{}', 'twin')")
+
+
+def test_a_limited_jobs_retry_starts_at_its_backoff_not_a_probe_later(conn, broker):
+    """A retry of a keyed job waits as 'waiting' with a future run_at: the due timer (not
+    the 2 s probe of gates.py) starts it once its backoff has passed."""
+    @dramatiq.actor(broker=broker, queue_name="rq", max_retries=3, min_backoff=200, max_backoff=200,
+                    rate_limit="100/s burst 10", concurrency_limit=2, rate_limit_key="rk")
+    def flaky(n: int) -> None:
+        from dramatiq.middleware import CurrentMessage
+
+        if CurrentMessage.get_current_message().options.get("retries", 0) < 2:
+            raise RuntimeError("again")
+
+    sent = flaky.send(1)
+    with in_process_worker(broker, ["rq"], threads=2, executor="own"):
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (sent.message_id,)) == "succeeded", 30)
+    retried = [r[0] for r in conn.execute("SELECT at FROM job_events WHERE job_id = %s AND to_status = 'waiting'"
+                                          " ORDER BY at", (sent.message_id,))]
+    last = scalar(conn, "SELECT claimed_at FROM jobs WHERE id = %s", (sent.message_id,))
+    gaps = [(b - a).total_seconds() for a, b in zip(retried, [*retried[1:], last], strict=True)]
+    assert len(retried) == 2 and all(0.19 <= gap < 1.0 for gap in gaps), gaps
