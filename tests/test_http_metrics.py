@@ -115,14 +115,23 @@ def test_metrics_match_the_database_after_work_on_two_processes(conn, database_u
 def test_health_and_readiness(conn, database_url, tmp_path, supervisor):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    # A long restart backoff keeps a killed worker's role below its count long enough to see.
-    s = supervisor(_config(tmp_path, database_url, port, restart_backoff="3s", restart_backoff_max="3s"))
+    cfg = _config(tmp_path, database_url, port)
+    data = yaml.safe_load(cfg.read_text())
+    data["roles"]["w"]["actors"] = ["tests.slow_start_actors"]
+    cfg.write_text(yaml.safe_dump(data))
+    held = tmp_path / "hold-start"
+    s = supervisor(cfg, env={"SLOW_START_FILE": str(held)})
     s.wait_state({"w": 2, "http": 1})
     health = wait_for(lambda: httpx.get(base + "/healthz").json(), 10)
     assert health["ok"] and health["pid"] == s.pid
     assert wait_for(lambda: httpx.get(base + "/readyz").status_code == 200, 10)
+    # The replacement of a killed worker is held at its start (slow_start_actors) until the
+    # test has seen the role short: a ready child is replaced at once, and without the hold
+    # a fast replacement could be ready again between two polls.
+    held.touch()
     victim = sorted(s.pids("w"))[0]
     os.kill(victim, signal.SIGKILL)
-    r = wait_for(lambda: (r := httpx.get(base + "/readyz")).status_code == 503 and r, 10, message="readyz 503")
+    r = wait_for(lambda: (r := httpx.get(base + "/readyz")).status_code == 503 and r, 30, message="readyz 503")
     assert any(p.startswith("role w: 1 of 2") for p in r.json()["problems"]), r.json()
-    assert wait_for(lambda: httpx.get(base + "/readyz").status_code == 200, 20, message="ready again")
+    held.unlink()
+    assert wait_for(lambda: httpx.get(base + "/readyz").status_code == 200, 30, message="ready again")
