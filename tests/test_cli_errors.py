@@ -76,3 +76,12 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(conn, database_url):
                           timeout=60)
     assert done.stderr == "" and done.returncode == 0, done.stderr
     assert done.stdout.strip()  # the one line head wanted
+
+
+def test_a_database_nobody_migrated_says_to_migrate(fresh_database, tmp_path):
+    env = {"SUPERVISOR_CONFIG": "", "XDG_RUNTIME_DIR": str(tmp_path)}
+    for argv in (("queues",), ("limits",), ("jobs", "list")):
+        done = cli(*argv, url=fresh_database, env=env, timeout=60)
+        assert done.returncode == 4, (argv, done.stdout, done.stderr)  # exit_codes.DATABASE
+        said = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert len(said) == 1 and "not migrated" in said[0] and "supervisor migrate" in said[0], done.stderr

@@ -57,6 +57,10 @@ class OneLineErrors(click.Group):
             if os.environ.get("SUPERVISOR_DEBUG"):
                 raise
             first = (str(exc).strip().splitlines() or [""])[0]
+            if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
+                # a database no `supervisor run` or `migrate` has prepared (or an older release's)
+                die(f"the database is not migrated ({first}): run `supervisor migrate`"
+                    " (`supervisor run` migrates on start)", exit_codes.DATABASE)
             if isinstance(exc, psycopg.DataError | psycopg.errors.ProgrammingError | ValueError | OverflowError):
                 die(f"a value was refused ({type(exc).__name__}): {first}", exit_codes.USAGE)
             if isinstance(exc, psycopg.OperationalError | BrokerConnectionError | db.DatabaseError):
