@@ -379,8 +379,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self.floors.claimed(queue, rows, sweep)
         out, bad = decode_claimed(rows, self.actors)
         late: list[late_keys.LateKey] = []
-        if self._with_limits():
-            out, late, unkeyable = late_keys.split(rows, out, self.actors, self._with_limits())
+        with_limits = self._with_limits()
+        if with_limits:
+            out, late, unkeyable = late_keys.split(rows, out, self.actors, with_limits)
             bad += unkeyable
         self.leases.hold([(m.message_id, m.attempts) for m in (*out, *(k.message for k in late))], since=sent)
         if late:

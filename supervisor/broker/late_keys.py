@@ -49,12 +49,17 @@ def split(rows: list[tuple[Any, ...]], out: list[PgMessageProxy], actors: Mappin
           with_limits: frozenset[str]) -> tuple[list[PgMessageProxy], list[LateKey], list[tuple[str, int, str]]]:
     """The claimed messages to run, those to write back keyed, and (id, attempt, why) of
     those whose key cannot be made."""
-    unkeyed = {str(r[0]) for r in rows if not r[KEYED_COLUMN] and r[_CONCURRENCY_KEY_COLUMN] is None}
+    # Rows of an actor with limits that came through the plain claim (column 2: the actor);
+    # most claims have none, and hand their messages on untouched.
+    unkeyed = {str(r[0]) for r in rows
+               if r[2] in with_limits and not r[KEYED_COLUMN] and r[_CONCURRENCY_KEY_COLUMN] is None}
+    if not unkeyed:
+        return out, [], []
     run: list[PgMessageProxy] = []
     late: list[LateKey] = []
     bad: list[tuple[str, int, str]] = []
     for m in out:
-        if m.actor_name not in with_limits or m.message_id not in unkeyed:
+        if m.message_id not in unkeyed:
             run.append(m)
             continue
         sent: Message[Any] = Message(queue_name=m.queue_name, actor_name=m.actor_name, args=m.args,
