@@ -155,13 +155,10 @@ class WorkerProcess:
         start_apps(r.actors, broker.pool)
         self.upkeep.start()
 
-        worker: dramatiq.Worker | executor.Worker
-        if r.executor == "own":
-            worker = executor.Worker(broker, queues=set(r.queues), worker_threads=r.threads,
-                                     worker_timeout=WORKER_TIMEOUT_MS, async_limit=r.async_limit)
-        else:
-            worker = dramatiq.Worker(broker, queues=set(r.queues), worker_threads=r.threads,
-                                     worker_timeout=WORKER_TIMEOUT_MS)
+        # async_limit is the own executor's (dramatiq.Worker runs coroutines its own way)
+        options = {"async_limit": r.async_limit} if r.executor == "own" else {}
+        worker = EXECUTORS[r.executor](broker, queues=set(r.queues), worker_threads=r.threads,
+                                       worker_timeout=WORKER_TIMEOUT_MS, **options)
         # The broker's capacity caps the process as a whole. A queue's prefetch bound
         # also counts acks not yet committed; the slack keeps it from binding here.
         worker.queue_prefetch = s.capacity * 4
