@@ -58,6 +58,16 @@ SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = 'bench' AND status IN ('pending'
 
 W3_IDEAL = 2 * 16 / 0.05
 
+# W3 per process: jobs, first start to last finish (s), claims, the threads' busy
+# seconds and the mean start->finish. finished_at is the ack batch's commit, so the
+# busy share counts a job's ack wait as busy: idle below it is time a thread had no row.
+W3_SPANS = """
+SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))::float8,
+       count(DISTINCT claimed_at), sum(extract(epoch FROM finished_at - started_at))::float8,
+       avg(extract(epoch FROM finished_at - started_at))::float8
+  FROM jobs WHERE queue = 'bench' AND actor = 'sleeper' GROUP BY lease_owner ORDER BY 1 DESC
+"""
+
 # One row per W2 job, in ms: send->start, the DB's own started_at - created_at,
 # then the three legs. created_at and claimed_at are the INSERT's and the
 # claim's transaction start (now()), read from the same host clock as time.time().
@@ -211,9 +221,13 @@ def w3(url: str, broker, actors, *, jobs: int, sleep_s: float, pool: dict | None
             messages = [actors.sleeper.message(sleep_s) for _ in range(jobs)]
             committed = _bulk_enqueue(url, messages, broker, 0)
             seconds = _drain(conn, jobs, committed, timeout=120)
+        spans = conn.execute(W3_SPANS).fetchall()
     rate = jobs / seconds
     say(f"    drained {jobs:,} x {sleep_s * 1000:.0f} ms sleeps in {seconds:.3f}s -> {rate:,.0f} jobs/s "
         f"({rate / W3_IDEAL:.1%} of {W3_IDEAL:.0f}; {load()})")
+    say("    where the time goes, per process: " + "; ".join(
+        f"{n} jobs in {span:.2f}s, {claims} claims, threads busy {busy / (16 * span):.1%} of the span, "
+        f"mean start->finish {mean * 1000:.1f} ms" for n, span, claims, busy, mean in spans))
     return rate
 
 

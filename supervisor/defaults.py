@@ -51,9 +51,14 @@ ASYNC_LIMIT = 100
 # recent mean run time. Short jobs get the next claim overlapping the current batch; long
 # ones are never hoarded while another process idles. 8, not 4: a no-op drain at 8 threads
 # claims ~33 rows a claim, not ~17, and drains 1.3-1.8x faster (bench/README.md, 2026-11-28);
-# only jobs under 1.5 ms on average reach it.
+# only jobs under 6 ms on average reach it. The wait is 50 ms, not 10: a process's 16
+# threads of 50 ms jobs that hold 3 rows beyond them (10 ms) wait the claim's round trip
+# for the rest whenever several end together, and W3 reached 88-94 % of ideal; with one
+# row per thread beyond (50 ms) 95-96 % (bench/README.md, second session of 2026-11-28).
+# A row held beyond the threads waits about the wait at most, and GiveBack hands it back
+# to the queue when jobs turn out longer.
 PREFETCH_PER_THREAD = 8
-PREFETCH_WAIT_SECONDS = 0.01
+PREFETCH_WAIT_SECONDS = 0.05
 # Rows waiting for a thread while every thread has been busy this long, none ending, go
 # back to the queue for a process with a free thread (broker/pace.py GiveBack, which looks
 # every half of it): with the claim that follows elsewhere, no row waits ~50 ms in one

@@ -36,20 +36,20 @@ def test_starts_at_the_thread_count():
 
 @pytest.mark.parametrize(("seconds", "limit"), [
     (0.0001, 32),   # no-op jobs: the most the process may hold
-    (0.0045, 25),   # 8 threads free 17.8 rows within 10 ms
-    (0.009, 16),    # ... 8.9 rows
-    (0.05, 9),      # ... one: it waits for the next thread to end a job, not for a claim
-    (0.1, 8),       # long jobs: nothing waits for a thread
+    (0.019, 29),    # 8 threads free 21 rows within 50 ms
+    (0.048, 16),    # ... 8.3 rows: one per thread, so jobs that end together find the next waiting
+    (0.15, 10),     # ... 2.7 rows
+    (0.5, 8),       # long jobs: nothing waits for a thread
 ])
 def test_rows_beyond_the_threads_wait_under_the_bound(seconds, limit):
-    assert defaults.PREFETCH_WAIT_SECONDS == 0.01  # the figures below assume it
+    assert defaults.PREFETCH_WAIT_SECONDS == 0.05  # the figures below assume it
     assert run(Pace(Capacity(limit=1), threads=8, most=32), seconds) == limit
 
 
 def test_follows_the_jobs_down_and_up_again():
     pace = Pace(Capacity(limit=1), threads=4, most=16)
     assert run(pace, 0.0001) == 16
-    assert run(pace, 0.2) == 4  # long jobs now: no more hoarding
+    assert run(pace, 0.3) == 4  # long jobs now: no more hoarding
     assert run(pace, 0.0001) == 16
 
 
@@ -77,8 +77,8 @@ def test_rows_claimed_ahead_of_jobs_that_end_together_wait_a_mean_run_time_befor
     beyond the threads wait up to 50 ms for the wave's end, which is no sign of long
     jobs (GiveBack gave them back after 20 ms, and the process stopped claiming ahead)."""
     pace = Pace(Capacity(limit=1), threads=16, most=64)
-    assert run(pace, 0.05) == 19
-    assert pace.patience() == pytest.approx(0.05, rel=0.01)
+    assert run(pace, 0.048) == 32
+    assert pace.patience() == pytest.approx(0.048, rel=0.01)
     assert run(pace, 0.0001) == 64
     assert pace.patience() == defaults.GIVE_BACK_SECONDS  # short jobs: a spell of 20 ms is long
     pace.gave_back()
@@ -135,7 +135,7 @@ def test_long_jobs_are_not_hoarded_by_one_process(conn, workers):
 def test_a_long_job_still_running_slows_the_claims_before_it_ends():
     pace = Pace(Capacity(limit=1), threads=4, most=16)
     assert run(pace, 0.0001) == 16
-    for elapsed in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3):  # the fence's checks while one job runs on
+    for elapsed in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0):  # the fence's checks while one job runs on
         pace.running(elapsed)
     assert pace.capacity.limit == 4
 

@@ -12,9 +12,12 @@ ahead: it holds as many rows beyond its threads as its threads free within
 ``defaults.PREFETCH_WAIT_SECONDS`` at the recent mean run time (threads x wait /
 mean, rounded down), up to ``defaults.PREFETCH_PER_THREAD`` x threads in all. A
 thread that ends a job finds the next row waiting, and the slot it frees is claimed
-again while the other threads run; a row beyond the threads waits about one claim's
-round trip, never more than the wait. 16 threads of 50 ms jobs hold 3 rows more;
-2 threads of 1 s jobs none (a fraction of a row is no row).
+again while the other threads run; a row beyond the threads waits about the wait at
+most. The wait (50 ms) is longer than a claim's round trip because jobs end together:
+a backlog claimed at once starts together, and 16 threads of 50 ms jobs that held 3
+rows beyond them (a 10 ms wait) left 13 threads waiting a claim at every such end
+(W3: 88-94 % of ideal; one row per thread beyond them: 95-96 %). 16 threads of 50 ms
+jobs hold 16 rows more; 2 threads of 1 s jobs none (a fraction of a row is no row).
 
 A mean follows the jobs that ended; the ones that come next may be longer (a switch
 from short to long jobs, a host that stalls), and rows claimed at the short jobs'
