@@ -7,7 +7,8 @@ could stall a claim, each with its wall-clock span (bench/soak.py reads the line
   GIL held by another thread, or no CPU for the process);
 - pace changes (the process's capacity limit), rows given back for want of a thread;
 - the broker pool's waits, once a second when any request had to queue;
-- with BENCH_CLAIM_TRACE=1, every claim (`claim N US`: the rows it took, its microseconds), timed around
+- with BENCH_CLAIM_TRACE=1, every claim (`claim N US KIND ASKED`: the rows it took, its microseconds,
+  plain, probe or keyed (broker/gates.py), the rows it asked for), timed around
   `PostgresBroker.claim` as the worker calls it: bench/pressure.py's claim latency.
 """
 
@@ -52,14 +53,23 @@ def main() -> None:
     if os.environ.get("BENCH_CLAIM_TRACE") == "1":
         from supervisor.broker import PostgresBroker
 
-        claim = PostgresBroker.claim
+        from supervisor.broker.gates import Gates
+
+        claim, statement = PostgresBroker.claim, Gates.statement
+        kind = threading.local()
+
+        def traced_statement(self, queue):
+            keyed, probe = statement(self, queue)
+            kind.value = "keyed" if keyed else "probe" if probe else "plain"
+            return keyed, probe
 
         def traced_claim(self, queue, n, **kwargs):
             start, began = time.time(), time.perf_counter()
             got = claim(self, queue, n, **kwargs)
-            event(start, f"claim {len(got)} {(time.perf_counter() - began) * 1e6:.0f}")
+            event(start, f"claim {len(got)} {(time.perf_counter() - began) * 1e6:.0f} {getattr(kind, 'value', '?')} {n}")
             return got
         PostgresBroker.claim = traced_claim  # type: ignore[method-assign]
+        Gates.statement = traced_statement  # type: ignore[method-assign]
     give_back = PostgresConsumer.give_back
 
     def traced_give_back(self, messages, waited):

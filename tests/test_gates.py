@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from supervisor.broker import gates
-from supervisor.broker.gates import CUT_PAUSE, PROBE_SECONDS, Gates, max_keys
+from supervisor.broker.gates import CUT_PAUSE, MOST_KEYS, PROBE_SECONDS, Gates, max_keys
 
 
 def claimed(g: Gates, queue: str = "q", n: int = 8, **meta) -> None:
@@ -62,18 +62,43 @@ def test_a_scan_cut_with_every_key_gated_reads_on_after_a_pause_that_doubles():
     clock = Clock()
     g = Gates(clock)
     g.waiting("q")
-    pauses = []
-    for _ in range(8):
-        claimed(g, wait=3600.0, cursor="k", keys=max_keys(8), took=0)
+    pauses, reads = [], []
+    for streak in range(8):
+        reads.append(g.params("q", 8)["max_keys"])
+        claimed(g, wait=3600.0, cursor="k", keys=max_keys(8, streak), took=0)
         start = clock.now
         while g.statement("q") != (True, False):
             clock.now += 0.001
         pauses.append(round(clock.now - start, 3))
     assert pauses == [min(CUT_PAUSE * 2 ** i, PROBE_SECONDS) for i in range(8)]
     assert pauses[-1] == PROBE_SECONDS
+    # each claim of the streak reads 4x the keys of the one before, up to MOST_KEYS
+    assert reads == [min(MOST_KEYS, max_keys(8) * 4 ** i) for i in range(8)]
+    assert reads[-1] == MOST_KEYS
+    g.params("q", 8)
     claimed(g, wait=None, cursor="k", keys=max_keys(8), took=2)  # took rows: no pause
+    assert g.params("q", 8)["max_keys"] == max_keys(8)  # and the next claim reads as few again
     claimed(g, wait=3600.0, cursor="k", keys=max_keys(8), took=0)
     clock.now += CUT_PAUSE
+    assert g.statement("q") == (True, False)
+
+
+def test_a_scan_that_reaches_every_key_all_gated_waits_for_the_first_to_open():
+    """A streak's claim reads 4x the keys: once it reads fewer than it may (it came round to
+    where it started), it was not cut, and the queue's keys are read again when the first
+    gate opens (the wait), at most PROBE_SECONDS later, not after a short pause."""
+    clock = Clock()
+    g = Gates(clock)
+    g.waiting("q")
+    g.params("q", 8)
+    claimed(g, wait=3600.0, cursor="k", keys=max_keys(8), took=0)  # cut: 32 read of 132 keys
+    clock.now += CUT_PAUSE
+    assert g.statement("q") == (True, False)
+    assert g.params("q", 8)["max_keys"] == 4 * max_keys(8)
+    claimed(g, wait=3600.0, cursor="k", keys=100, took=0)  # fewer than it may: round to the start
+    clock.now += PROBE_SECONDS - 0.01
+    assert g.statement("q") == (False, False)
+    clock.now += 0.01
     assert g.statement("q") == (True, False)
 
 

@@ -36,11 +36,19 @@ ANNOUNCE_MARGIN = 0.01
 # Keys a claim may visit: enough for half of them gated at each claim, and a bound on
 # what one claim reads when most are (the rest is for the next claim, at once).
 EXTRA_KEYS = 16
+# A keyed claim that follows cut claims which found every key gated reads 4x the keys
+# of the one before, up to this many: a lap of the queue's keys takes a few claims, not
+# one per max_keys (each claim's fixed cost, ~4 ms of planning and the plain part, paid
+# again). A scan that reaches every key is not cut: the queue then waits for its first
+# gate to open, at most PROBE_SECONDS (2,000 gated jobs of 200 keys behind a drain of
+# plain jobs: 5 keyed claims a process a second, 2 now; bench_limits.py L2).
+MOST_KEYS = 1024
 
 
-def max_keys(n: int) -> int:
-    """How many keys a claim of ``n`` rows may visit."""
-    return 2 * n + EXTRA_KEYS
+def max_keys(n: int, streak: int = 0) -> int:
+    """How many keys a claim of ``n`` rows may visit, after ``streak`` cut claims that found
+    every key gated."""
+    return min(MOST_KEYS, (2 * n + EXTRA_KEYS) << (2 * min(streak, 8)))
 
 
 def first_turn(n: int) -> dict[str, object]:
@@ -82,6 +90,7 @@ class Gates:
         self._probed: dict[str, float] = {}
         self._cursor: dict[str, str] = {}
         self._announced: dict[str, float] = {}
+        self._max_keys: dict[str, int] = {}  # what the queue's last claim was allowed to read
         self._lock = threading.Lock()
 
     def statement(self, queue: str) -> tuple[bool, bool]:
@@ -128,8 +137,10 @@ class Gates:
         with self._lock:
             cursor = self._cursor.get(queue, "")
             at = self._announced.get(queue)
+            most = self._max_keys[queue] = max_keys(n, self._streak.get(queue, 0))
         now = self.clock()
-        return {**first_turn(n), "cursor": cursor, "announced": None if at is None or at <= now else at - now}
+        return {**first_turn(n), "cursor": cursor, "announced": None if at is None or at <= now else at - now,
+                "max_keys": most}
 
     def learned(self, queue: str, n: int, wait: float | None, cursor: str | None, keys: int,
                 took: int | None) -> None:
@@ -137,8 +148,9 @@ class Gates:
         KEYS_COLUMN: keys with waiting rows seen, none sends the queue back to the plain
         claim; TOOK_COLUMN: rows taken from keys). A keyed claim that took none found every
         key it read gated: the keys are read again when the first opens (``wait``), after
-        CUT_PAUSE (doubling) if the scan stopped at max_keys, at most PROBE_SECONDS later,
-        or at a notice or a deadline of the queue."""
+        CUT_PAUSE (doubling, each such claim reading 4x the keys: MOST_KEYS) if the scan
+        stopped at max_keys, at most PROBE_SECONDS later, or at a notice or a deadline of
+        the queue."""
         now = self.clock()
         with self._lock:
             noticed = self._notices.get(queue, 0) != self._asked.get(queue, 0)  # during the claim
@@ -151,7 +163,7 @@ class Gates:
                 pause = PROBE_SECONDS
                 if wait is not None and wait > 0:
                     pause = min(pause, wait)
-                if keys >= max_keys(n):  # cut: keys beyond it not read yet
+                if keys >= self._max_keys.get(queue, max_keys(n)):  # cut: keys beyond it not read yet
                     pause = min(pause, CUT_PAUSE * 2 ** min(streak - 1, 16))
                 self._dormant[queue] = now + pause
             else:

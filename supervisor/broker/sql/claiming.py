@@ -189,26 +189,26 @@ _PLAIN = f"""{_HEAD}, keyed AS (
 
 CLAIM = _compact(_PLAIN.replace("{out}", _PLAIN_OUT) + "\nORDER BY 11 DESC, 12, 1\n")
 
-CLAIM_PROBE = _PLAIN.replace("{out}", _META_OUT) + """
+CLAIM_PROBE = _compact(_PLAIN.replace("{out}", _META_OUT) + """
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, 1, NULL
  -- min(): one descent of jobs_waiting whatever the planner guesses (EXISTS became a scan of
  -- the whole table when half its rows were some other queue's waiting ones)
  WHERE (SELECT min(w.flow_key) FROM job_queue w WHERE w.queue = %(queue)s AND w.status = 'waiting') IS NOT NULL
 ORDER BY 11 DESC, 12, 1
-"""
+""")
 
 # A queue with waiting rows: the plain rows and the keyed ones (sql/flow.py), and always a
 # META row (its last column: how many keys with waiting rows the claim saw; none sends the
 # process back to CLAIM).
-CLAIM_KEYED = f"""{_HEAD},{KEYED}, keyed AS (
+CLAIM_KEYED = _compact(f"""{_HEAD},{KEYED}, keyed AS (
     SELECT DISTINCT ON (concurrency_key) id, concurrency_key
       FROM pick WHERE part = 0 AND concurrency_key IS NOT NULL
      ORDER BY concurrency_key, priority DESC, run_at, id
 ), slots AS ({_SLOTS}{_update("SELECT p.tid FROM pick p WHERE " + CLAIMABLE, _KEYED_OUT)}
 UNION ALL{META}
 ORDER BY 11 DESC, 17, 1
-"""
+""")
 
 
 @functools.lru_cache(maxsize=64)
