@@ -52,7 +52,6 @@ def main() -> None:
     Leases.reap_expired = timed("reap", Leases.reap_expired)  # type: ignore[method-assign]
     if os.environ.get("BENCH_CLAIM_TRACE") == "1":
         from supervisor.broker import PostgresBroker
-
         from supervisor.broker.gates import Gates
 
         claim, statement = PostgresBroker.claim, Gates.statement
