@@ -167,6 +167,9 @@ def test_rate_limited_blocks_the_key_on_every_process_without_spending_a_retry(c
     fleet(conn)
     first = flow.upstream.send(shop="s", n=1, block_s=2.0)
     told = wait_for(lambda: conn.execute("SELECT started FROM test_results WHERE tag = '429'").fetchone(), 10)[0]
+    # The block holds from when the job's outcome is written (a job of the key claimed in
+    # the moment between the 429 and that write runs: it was under way already).
+    wait_for(lambda: scalar(conn, "SELECT blocked_until > now() FROM rate_limiter_state WHERE key = 'shop:s'"), 10)
     same, other = flow.upstream.send(shop="s", n=2), flow.upstream.send(shop="t", n=3)
     succeeded(conn, 3, timeout=20)
     started = {n: at for n, _, at, _ in runs(conn)}
