@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-LINE = re.compile(r"([\d,]+) jobs/s; CPU per job: workers (\d+) us, their backends (\d+) us \(load avg ([\d.]+)\)")
+LINE = re.compile(r"([\d,]+) jobs/s; CPU per job: workers (\d+) us.*?, their backends (\d+) us \(load avg ([\d.]+)\)")
 
 
 def run(tree: Path, args: argparse.Namespace) -> tuple[float, float, float, float] | None:

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.basics import cpu_seconds, cpu_split  # noqa: E402
 from bench.bench_broker import _bulk_enqueue, _drain, _warm_up, load  # noqa: E402
 from bench.common import ROOT, WorkerPool, bench_database, code_state, reset, say, server_url  # noqa: E402
+from bench.stub_worker import TARGET_US, YARDSTICK_US  # noqa: E402
 
 
 def backend_pids(conn: psycopg.Connection, dbname: str) -> list[int]:
@@ -109,6 +112,16 @@ def run_once(url: str, broker, actors, *, jobs: int, threads: int, prefetch: int
     return out
 
 
+def yardstick(jobs: int, threads: int) -> float:
+    """bench/stub_worker.py once, in a process of its own: its CPU us per job."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "stub_worker.py"), "--repeat", "1", "--jobs", str(jobs),
+                          "--threads", str(threads)], capture_output=True, text=True, check=True, timeout=600).stdout
+    match = re.search(r"StubBroker: ([\d.]+) us CPU per job", out)
+    if match is None:
+        raise RuntimeError(f"bench/stub_worker.py printed no figure: {out!r}")
+    return float(match.group(1))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=20_000)
@@ -119,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", choices=("cpu", "wall"), default=None, help="run the workers under yappi")
     p.add_argument("--top", type=int, default=40, help="functions printed per profiled process")
     p.add_argument("--database-url", default=None)
+    p.add_argument("--yardstick", action="store_true",
+                   help="after each run, dramatiq.Worker on StubBroker (bench/stub_worker.py) in a process of its"
+                        " own: our worker CPU per job against it, and issue 24's target scaled to this machine")
     args = p.parse_args(argv)
     env = {}
     if args.profile:
@@ -141,16 +157,29 @@ def main(argv: list[str] | None = None) -> int:
                     + (f", prefetch {args.prefetch}" if args.prefetch else "") + f", executor {executor}")
                 results[executor].append(run_once(url, broker, actors, jobs=args.jobs, threads=args.threads,
                                                   prefetch=args.prefetch, env=env, executor=executor))
+                if args.yardstick:
+                    results[executor][-1]["stub_us"] = stub_us = yardstick(args.jobs, args.threads)
+                    ours = results[executor][-1]["worker_us"]
+                    say(f"    yardstick: dramatiq.Worker on StubBroker {stub_us:.0f} us CPU per job; ours"
+                        f" {ours / stub_us:.2f}x it (issue 24's target: {TARGET_US / YARDSTICK_US:.2f}x, i.e."
+                        f" {TARGET_US * stub_us / YARDSTICK_US:.0f} us here)")
         broker.close()
     for executor, runs in results.items():
         say(f"executor {executor}:")
         for key, label in (("rate", "jobs/s"), ("worker_us", "worker CPU us/job"),
                            ("worker_sys_us", "worker kernel CPU us/job"),
-                           ("switches", "worker context switches/job"), ("backend_us", "backend CPU us/job")):
-            values = [r[key] for r in runs]
+                           ("switches", "worker context switches/job"), ("backend_us", "backend CPU us/job"),
+                           ("stub_us", "StubBroker dramatiq.Worker CPU us/job (yardstick)")):
+            values = [r[key] for r in runs if key in r]
+            if not values:
+                continue
             digits = 1 if key == "switches" else 0
             say(f"  median {label}: {statistics.median(values):,.{digits}f} "
                 f"(runs: {', '.join(f'{v:,.{digits}f}' for v in values)})")
+        if args.yardstick:
+            ratios = [r["worker_us"] / r["stub_us"] for r in runs]
+            say(f"  median worker CPU against the yardstick: {statistics.median(ratios):.2f}x "
+                f"(runs: {', '.join(f'{v:.2f}' for v in ratios)}; target <= {TARGET_US / YARDSTICK_US:.2f}x)")
     if args.profile:
         say(f"profiles: {env['BENCH_PROFILE_DIR']}/as-profile-<pid>.txt")
     return 0

@@ -74,10 +74,10 @@ def ack_params(owner: str, ids: Sequence[str], attempts: Sequence[int], started:
     frozen dataclass costs microseconds a job, the whole ack batch's share of the rest)."""
     now = time.monotonic()
     return {
-        "owner": owner, "ids": db.array_text(ids), "attempts": db.array_text(attempts),
+        "owner": owner, "ids": db.array_text(ids), "attempts": db.array_ints(attempts),
         "kinds": "{" + ",".join(["succeeded"] * len(ids)) + "}", "progress": progress,
-        "started_us": db.array_text([None if t is None else int((now - t) * 1e6) for t in started]),
-        "ended_us": db.array_text([None if t is None else int((now - t) * 1e6) for t in ended]),
+        "started_us": db.array_ints([None if t is None else int((now - t) * 1e6) for t in started]),
+        "ended_us": db.array_ints([None if t is None else int((now - t) * 1e6) for t in ended]),
         **_NO_FAILURE,
     }
 

@@ -5,8 +5,8 @@ every middleware for every signal, though most hooks are Middleware's empty
 defaults: four signals per job over a dozen middleware is some 50 calls, of
 which a handful do anything. Here each signal's list of real hooks is computed
 once (again whenever the middleware list changes); what runs, its order and
-its error handling are Dramatiq's. (A hook set on a middleware instance after
-the first signal of its name is seen only once the list changes.)
+its error handling are Dramatiq's. (A hook set or replaced on a middleware instance
+after the first signal of its name is seen only once the list changes.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ class MiddlewareList(list[Middleware]):
 
     def __init__(self, items: Iterable[Middleware] = ()) -> None:
         super().__init__(items)
-        self.hooks: dict[str, list[Middleware]] = {}
+        # signal -> (middleware, its bound hook): no attribute lookup per call
+        self.hooks: dict[str, list[tuple[Middleware, Callable[..., Any]]]] = {}
 
 
 def _forgetting(name: str) -> Callable[..., Any]:
@@ -68,20 +69,20 @@ class Signals:
         # Dramatiq's Broker.__init__ assigns a plain list: keep it as ours.
         self._middleware = items if isinstance(items, MiddlewareList) else MiddlewareList(items)
 
-    def _hooks(self, name: str, reverse: bool) -> list[Middleware]:
-        """The middleware that handle ``name``, in calling order."""
+    def _hooks(self, name: str, reverse: bool) -> list[tuple[Middleware, Callable[..., Any]]]:
+        """The middleware that handle ``name``, in calling order, each with its hook."""
         middleware = self._middleware
         hooks = middleware.hooks.get(name)
         if hooks is None:
             ordered = reversed(middleware) if reverse else middleware
-            hooks = middleware.hooks[name] = [m for m in ordered if handles(m, name)]
+            hooks = middleware.hooks[name] = [(m, getattr(m, name)) for m in ordered if handles(m, name)]
         return hooks
 
     def emit_before(self, signal: str, *args: Any, **kwargs: Any) -> None:
         signal = "before_" + signal
-        for middleware in self._hooks(signal, reverse=False):
+        for middleware, hook in self._hooks(signal, reverse=False):
             try:
-                getattr(middleware, signal)(self, *args, **kwargs)
+                hook(self, *args, **kwargs)
             except MiddlewareError:
                 raise
             except Exception:
@@ -89,8 +90,8 @@ class Signals:
 
     def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None:
         signal = "after_" + signal
-        for middleware in self._hooks(signal, reverse=True):
+        for middleware, hook in self._hooks(signal, reverse=True):
             try:
-                getattr(middleware, signal)(self, *args, **kwargs)
+                hook(self, *args, **kwargs)
             except Exception:
                 self.logger.critical("Unexpected failure in %s of %r.", signal, middleware, exc_info=True)

@@ -2,8 +2,8 @@
 wake-up timer's next due time."""
 
 import functools
-import re
 
+from .compact import compact as _compact
 from .flow import CLAIMABLE, KEYED, META
 
 # Columns a consumer needs to rebuild a Dramatiq message and fence its lease.
@@ -30,15 +30,6 @@ _RUNNABLE = """j.queue = %(queue)s
        AND (j.concurrency_key IS NULL
             OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))"""
 
-
-
-def _compact(text: str) -> str:
-    """``text`` without its ``--`` comments and runs of blanks (for a statement with no
-    ``--`` and no run of blanks inside a literal). psycopg converts a query of at most
-    4,096 bytes once (``MAX_CACHED_STATEMENT_LENGTH``) and a longer one on every run: with
-    its comments the claim is 7,100 bytes, and its conversion (a regex split of the
-    text) cost some 5 % of a worker's CPU in the W1 drain."""
-    return re.sub(r"\s+", " ", re.sub(r"--[^\n]*", "", text)).strip()
 
 
 # Claim up to n runnable rows of one queue in priority order, none while the queue

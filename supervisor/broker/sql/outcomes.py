@@ -18,6 +18,7 @@ Live rows are in job_queue; a finished row is deleted from it and appended to
 job_history in the same statement (``history.archive``).
 """
 
+from .compact import compact
 from .history import JOB_COLUMNS, archive
 
 # Every outcome its owner writes for an attempt goes through FINISH, one statement for a
@@ -47,7 +48,7 @@ from .history import JOB_COLUMNS, archive
 # wall clock). Arrays given as NULL (an ack batch has no errors) read as NULLs: a
 # multi-array unnest pads the shorter ones.
 
-FINISH = """
+FINISH = compact("""
 WITH o AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(attempts)s::int[], %(kinds)s::text[], %(progress)s::jsonb[],
                          %(started_us)s::bigint[], %(ended_us)s::bigint[], %(errors)s::text[],
@@ -107,7 +108,7 @@ WITH o AS (
                             CASE WHEN kind = 'limited' THEN delay_ms END AS delay_ms FROM stays) AS w
 )
 SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM stays), (SELECT count(*) FROM wake)
-"""
+""")
 
 # Renews only the rows the process knows it holds: a row whose claim committed
 # but never reached the process (connection lost mid-claim) is left to expire
