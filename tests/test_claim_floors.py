@@ -127,3 +127,36 @@ def _buffers(conn: psycopg.Connection, params: dict) -> int:
     top = json.loads(plan) if isinstance(plan, str) else plan
     node = top[0]["Plan"]
     return int(node["Shared Hit Blocks"]) + int(node["Shared Read Blocks"])
+
+
+def test_a_slow_sweep_makes_the_next_come_later_and_a_quick_one_brings_back_the_interval():
+    """A sweep stalls the queue's claims while it runs (under a pinned horizon it reads every
+    entry claimed since the pin): the next comes no sooner than its duration / SWEEP_SHARE;
+    a quick sweep keeps SWEEP_SECONDS."""
+    from datetime import datetime, timezone
+
+    from supervisor.broker.floors import SWEEP_SECONDS, SWEEP_SHARE
+
+    now = [100.0]
+    floors = ClaimFloors(clock=lambda: now[0])
+    row = ("id", QUEUE, "a", "[]", 1, 1, None, 0, 0, None, 0, datetime.now(timezone.utc), False)
+    assert floors.params(QUEUE)[1] is True  # the first claim sweeps
+    floors.claimed(QUEUE, [row], sweep=True, seconds=0.002)
+    now[0] += SWEEP_SECONDS - 0.01
+    assert floors.params(QUEUE)[1] is False
+    now[0] += 0.01
+    assert floors.params(QUEUE)[1] is True  # a quick sweep: again after SWEEP_SECONDS
+    floors.claimed(QUEUE, [row], sweep=True, seconds=0.065)  # 65 ms: 13 s to the next
+    later = 0.065 / SWEEP_SHARE
+    assert later > SWEEP_SECONDS
+    now[0] += later - 0.01
+    assert floors.params(QUEUE)[1] is False
+    now[0] += 0.01
+    assert floors.params(QUEUE)[1] is True
+    floors.claimed(QUEUE, [row], sweep=True, seconds=0.001)  # the pin is gone: 2 s again
+    now[0] += SWEEP_SECONDS
+    assert floors.params(QUEUE)[1] is True
+    floors.claimed(QUEUE, [row], sweep=True, seconds=1.0)  # a slow one: 200 s to the next ...
+    assert floors.params(QUEUE)[1] is False
+    floors.reset(QUEUE)  # ... but a requeue ('!queue') sweeps at once, whatever the last took
+    assert floors.params(QUEUE)[1] is True

@@ -376,7 +376,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self._claims_failing = False
         if rows and rows[0][0] is None:  # the keyed part's META row (sql/flow.py)
             self._gated(queue, n, rows.pop(0))
-        self.floors.claimed(queue, rows, sweep)
+        self.floors.claimed(queue, rows, sweep, time.monotonic() - sent)
         out, bad = decode_claimed(rows, self.actors)
         late: list[late_keys.LateKey] = []
         with_limits = self._with_limits()

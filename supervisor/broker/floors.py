@@ -9,7 +9,8 @@ per queue and priority level, the run_at of the last row it claimed; its next cl
 start there, less ``SLACK_SECONDS``, and pass over only what was claimed since.
 
 A runnable row behind a floor is a straggler, and the floors are only a hint: a claim
-with no floors (a sweep) reads every level from its start, every ``SWEEP_SECONDS``, at
+with no floors (a sweep) reads every level from its start, every ``SWEEP_SECONDS`` (less
+often while sweeps are slow: ``SWEEP_SHARE``), at
 a process's first claim of a queue, after it gave rows back, and when any process gave
 rows back (NOTIFY '!queue': a requeue keeps a row's run_at, its place in line). The
 stragglers: a row whose enqueue committed more than the slack after its run_at (the
@@ -32,6 +33,14 @@ from .. import db
 SLACK_SECONDS = 1.0
 # A sweep at least this often, for the stragglers.
 SWEEP_SECONDS = 2.0
+# ... and at most this share of the claim thread's time: the next sweep comes no sooner
+# than the last one's duration divided by it. A sweep stalls the queue's claims while it
+# runs, and under a pinned horizon it reads every entry claimed since the pin (65 ms after
+# 45 s of a 1,500 jobs/s stream, where a floored claim took 3 ms): every 2 s, it made the
+# claim's p99 and enqueue-to-start p99 grow with the pin's age (bench/pressure.py). At
+# 0.5 % the jobs that wait behind sweeps stay under the p99; a cheap sweep (a few ms) keeps
+# the 2 s, so stragglers wait longer only while sweeps are slow (13 s behind a 65 ms one).
+SWEEP_SHARE = 0.005
 # Where sql.CLAIM's rows carry their priority and run_at (after the message's columns), and
 # whether the row waited for a limit key: those are read key by key (sql/flow.py), never
 # from a floor, and move none.
@@ -54,6 +63,7 @@ class ClaimFloors:
         self.clock = clock
         self._floors: dict[str, dict[int, datetime]] = {}
         self._swept: dict[str, float] = {}
+        self._every: dict[str, float] = {}  # per queue: seconds to the next sweep (SWEEP_SHARE)
         self._lock = threading.Lock()
 
     def params(self, queue: str) -> tuple[dict[str, Any], bool]:
@@ -62,17 +72,19 @@ class ClaimFloors:
         with self._lock:
             floors = self._floors.get(queue)
             swept = self._swept.get(queue)
-            if not floors or swept is None or self.clock() - swept >= self.sweep_every:
+            if not floors or swept is None or self.clock() - swept >= self._every.get(queue, self.sweep_every):
                 return SWEEP, True
             levels = list(floors)
             return {"floor_levels": db.array_text(levels),
                     "floor_at": db.array_text([(floors[p] - self.slack).isoformat() for p in levels])}, False
 
-    def claimed(self, queue: str, rows: Sequence[Sequence[Any]], sweep: bool) -> None:
-        """Move the floors of ``queue`` past the rows a claim returned (sql.CLAIM rows)."""
+    def claimed(self, queue: str, rows: Sequence[Sequence[Any]], sweep: bool, seconds: float = 0.0) -> None:
+        """Move the floors of ``queue`` past the rows a claim returned (sql.CLAIM rows);
+        ``seconds``: how long the claim took (a sweep's sets when the next one comes)."""
         with self._lock:
             if sweep:
                 self._swept[queue] = self.clock()
+                self._every[queue] = max(self.sweep_every, seconds / SWEEP_SHARE)
             floors = self._floors.setdefault(queue, {})
             for row in rows:
                 if len(row) > KEYED_COLUMN and row[KEYED_COLUMN]:
