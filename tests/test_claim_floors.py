@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC
 
 import dramatiq
 import psycopg
@@ -133,13 +134,13 @@ def test_a_slow_sweep_makes_the_next_come_later_and_a_quick_one_brings_back_the_
     """A sweep stalls the queue's claims while it runs (under a pinned horizon it reads every
     entry claimed since the pin): the next comes no sooner than its duration / SWEEP_SHARE;
     a quick sweep keeps SWEEP_SECONDS."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from supervisor.broker.floors import SWEEP_SECONDS, SWEEP_SHARE
 
     now = [100.0]
     floors = ClaimFloors(clock=lambda: now[0])
-    row = ("id", QUEUE, "a", "[]", 1, 1, None, 0, 0, None, 0, datetime.now(timezone.utc), False)
+    row = ("id", QUEUE, "a", "[]", 1, 1, None, 0, 0, None, 0, datetime.now(UTC), False)
     assert floors.params(QUEUE)[1] is True  # the first claim sweeps
     floors.claimed(QUEUE, [row], sweep=True, seconds=0.002)
     now[0] += SWEEP_SECONDS - 0.01
@@ -160,3 +161,37 @@ def test_a_slow_sweep_makes_the_next_come_later_and_a_quick_one_brings_back_the_
     assert floors.params(QUEUE)[1] is False
     floors.reset(QUEUE)  # ... but a requeue ('!queue') sweeps at once, whatever the last took
     assert floors.params(QUEUE)[1] is True
+
+
+def test_the_straggler_probe_makes_a_claim_sweep_only_when_a_row_waits_behind_a_floor(conn, floored, monkeypatch):
+    """Off the claim's path, the probe asks whether a runnable row waits behind a floor;
+    only then does the queue's next claim sweep (it is woken, too). While the probe finds
+    none, the claims do not sweep on the clock (under a pinned horizon a sweep reads every
+    entry claimed since the pin)."""
+    import threading
+
+    from supervisor.broker import floors as floors_module
+    from supervisor.broker.floors import PROBE_VALID_SECONDS, StragglerProbe
+
+    now = [1000.0]
+    floored.floors.clock = lambda: now[0]
+    floored.floors.sweep_every = 0.0  # on the clock, every claim would sweep ...
+    monkeypatch.setattr(floors_module, "SWEEP_SHARE", 1.0)  # ... however long the last took
+    probe = StragglerProbe(floored.pool, floored.floors)
+    wakeup = threading.Event()
+    probe.watch(QUEUE, SweepSignal(floored.floors, QUEUE, wakeup))
+    assert probe.check() == []  # no floors yet: nothing to ask
+    first = _insert(conn, 3)
+    assert _claim_ids(floored) == set(first)
+    assert probe.check() == [] and not wakeup.is_set()
+    now[0] += PROBE_VALID_SECONDS - 0.5
+    assert floored.floors.params(QUEUE)[1] is False  # the probe answered: no sweep on the clock
+    now[0] += 1.0
+    assert floored.floors.params(QUEUE)[1] is True  # it stopped answering: on the clock again
+    probe.check()
+    straggler = _insert(conn, 1, ago_s=3600)
+    fresh = _insert(conn, 1)
+    assert _claim_ids(floored) == set(fresh)  # floored: the straggler is not read
+    assert probe.check() == [QUEUE] and wakeup.is_set()
+    assert _claim_ids(floored) == set(straggler)  # the next claim swept
+    assert probe.check() == []

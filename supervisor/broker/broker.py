@@ -34,7 +34,7 @@ from .capacity import Capacity
 from .consumer import PostgresConsumer
 from .fencing import Fence
 from .finish import AckBatcher, Finish
-from .floors import REQUEUED, ClaimFloors, SweepSignal
+from .floors import REQUEUED, ClaimFloors, StragglerProbe, SweepSignal
 from .gates import Gates
 from .joining import Failures, QueueHelpers
 from .keeper import LeaseKeeper
@@ -150,6 +150,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self._listener: Wakeups | None = None
         self._acks: AckBatcher | None = None
         self._timer: DueTimer | None = None
+        self._stragglers: StragglerProbe | None = None
         self._keeper = LeaseKeeper(self.leases) if keep_leases else None
         self._progress: ProgressBuffer | None = None
         self._start_lock = threading.Lock()
@@ -309,6 +310,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 self._listener.on_waiting = self.gates.waiting  # '+queue'
                 self._timer.on_fire = self.gates.wake
                 self._timer.start()
+            if self._stragglers is None:
+                self._stragglers = StragglerProbe(self.pool, self.floors)
+                self._stragglers.start()
             if self._keeper is not None and self._keeper.ident is None:
                 self._keeper.start()
             return self._listener, self._acks
@@ -318,7 +322,10 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         listener, _ = self._start()
         assert self._timer is not None
         wakeup = self._timer.serve(queue_name, listener)
-        listener.watch(REQUEUED + queue_name, SweepSignal(self.floors, queue_name, wakeup))
+        sweep = SweepSignal(self.floors, queue_name, wakeup)
+        listener.watch(REQUEUED + queue_name, sweep)
+        assert self._stragglers is not None
+        self._stragglers.watch(queue_name, sweep)
         with self._start_lock:
             bound = self.queue_capacity.setdefault(queue_name, Capacity(prefetch, within=self.capacity))
         bound.set_limit(prefetch)
@@ -457,7 +464,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 log.warning("could not write the last progress reports: %s", exc)
         if self._listener is not None:
             self._listener.stop()
-        for thread in (self._timer, self._keeper):
+        for thread in (self._timer, self._stragglers, self._keeper):
             if thread is not None:
                 thread.stop()
         for m in self.middleware:

@@ -226,6 +226,24 @@ def claim(n: int, keyed: bool = False, probe: bool = False) -> str:
     return statement.replace("%(n)s", str(n))
 
 
+# Whether a runnable row of the queue waits behind one of a process's claim floors (a
+# straggler: broker/floors.py), per floor level one range scan of jobs_claim up to the
+# floor (the floors as sql.CLAIM takes them, slack already taken off). Run by its own thread,
+# off the claim's path: under a pinned horizon it reads every entry claimed since the pin,
+# as a sweep does, but no claim waits for it; only when it finds one does a claim sweep.
+STRAGGLERS = """
+SELECT EXISTS (
+    SELECT 1 FROM unnest(%(floor_levels)s::int[], %(floor_at)s::timestamptz[]) AS f(p, at)
+     CROSS JOIN LATERAL (
+        SELECT 1 FROM job_queue j
+         WHERE j.queue = %(queue)s AND j.status IN ('pending', 'retryable') AND j.priority = f.p
+           AND j.run_at < f.at AND j.run_at <= now()
+           AND (j.concurrency_key IS NULL
+                OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))
+         LIMIT 1) s)
+"""
+
+
 # Seconds until the earliest future run_at of each of a process's queues (its
 # wake-up timer). One index descent per priority level present in the queue
 # (a loose index scan over jobs_claim), so a deep backlog costs nothing extra; and one
