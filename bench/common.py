@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,6 +152,11 @@ class WorkerPool:
             if code != 0:
                 say(f"  warning: worker {proc.pid} exited {code}; log tail:\n{log.read_text()[-2000:]}")
         if self._dir is not None:
+            keep = os.environ.get("BENCH_KEEP_LOGS")  # a directory: the workers' logs are copied there
+            if keep:
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                for log in self.logs:
+                    shutil.copy(log, Path(keep) / f"{int(time.time())}-{log.name}")
             self._dir.cleanup()
             self._dir = None
         self.procs.clear()

@@ -2,6 +2,7 @@
 could stall a claim, each with its wall-clock span (bench/soak.py reads the lines back):
 
 - the upkeep's tasks: beat, reap, prune, and the vacuum or analyze (`maintain`);
+- ack batches that took 50 ms or more (`acks N`);
 - Python's garbage collections over 5 ms;
 - the process's own stalls: a thread that sleeps 5 ms and wakes 20 ms late or more (the
   GIL held by another thread, or no CPU for the process);
@@ -50,6 +51,18 @@ def main() -> None:
     for name in ("beat", "prune", "_maintain"):
         setattr(upkeep.Upkeep, name, timed(name.strip("_"), getattr(upkeep.Upkeep, name)))
     Leases.reap_expired = timed("reap", Leases.reap_expired)  # type: ignore[method-assign]
+    from supervisor.broker import PostgresBroker as _Broker
+
+    write_acks = _Broker._write_acks
+
+    def slow_acks(self, ids, *args, **kwargs):  # an ack batch that took 50 ms or more
+        start = time.time()
+        try:
+            return write_acks(self, ids, *args, **kwargs)
+        finally:
+            if time.time() - start >= 0.05:
+                event(start, f"acks {len(ids)}")
+    _Broker._write_acks = slow_acks  # type: ignore[method-assign]
     if os.environ.get("BENCH_CLAIM_TRACE") == "1":
         from supervisor.broker import PostgresBroker
         from supervisor.broker.gates import Gates

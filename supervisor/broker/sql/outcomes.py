@@ -57,11 +57,20 @@ WITH o AS (
         AS o(id, attempts, kind, progress, started_us, ended_us, error, error_type, error_where, reason,
              delay_ms, options, payload)
 ), locked AS (
+    -- each row looked up by its id (a nested loop over the batch, in id order: locks are
+    -- taken in one order), and the UPDATE and DELETE below read the rows by the ids given
+    -- (id = ANY: an index scan of the primary key). Joined on id alone, the planner chose a
+    -- scan of the whole table once an ANALYZE under a pinned horizon counted its dead rows:
+    -- ack batches of 0.3-1.7 s, claims stalled behind them for seconds (bench/pressure.py,
+    -- second session of 2026-11-28). Not by ctid, as the claim's UPDATE: a heartbeat that
+    -- renewed a row after this statement's snapshot leaves its new version at another
+    -- ctid, and the ack would miss it.
     SELECT o.*
-      FROM job_queue j JOIN o ON j.id = o.id
-     WHERE j.attempts = o.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
-     ORDER BY j.id
-       FOR UPDATE OF j
+      FROM (SELECT * FROM o ORDER BY o.id) o
+     CROSS JOIN LATERAL (
+        SELECT 1 FROM job_queue j
+         WHERE j.id = o.id AND j.attempts = o.attempts AND j.status = 'running' AND j.lease_owner = %(owner)s
+           FOR UPDATE) x
 ), stays AS (
     UPDATE job_queue j
        SET status = CASE WHEN j.flow_key IS NOT NULL THEN 'waiting' WHEN l.kind = 'retry' THEN 'retryable'
@@ -76,12 +85,12 @@ WITH o AS (
                          THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
            lease_expires_at = NULL
       FROM locked l
-     WHERE j.id = l.id AND l.kind IN ('retry', 'requeue', 'limited')
+     WHERE j.id = ANY(%(ids)s::uuid[]) AND j.id = l.id AND l.kind IN ('retry', 'requeue', 'limited')
  RETURNING j.id, j.queue, j.actor, j.status, j.run_at <= now() AS due, l.reason, l.error_type, l.error_where,
            l.kind, j.flow_key, l.delay_ms
 ), done AS (
     DELETE FROM job_queue j USING locked l
-     WHERE j.id = l.id AND l.kind IN ('succeeded', 'failed')
+     WHERE j.id = ANY(%(ids)s::uuid[]) AND j.id = l.id AND l.kind IN ('succeeded', 'failed')
  RETURNING j.*, l.kind, l.progress AS new_progress, l.started_us, l.ended_us, l.error AS new_error, l.reason,
            l.error_type, l.error_where
 ), kept AS (
