@@ -196,7 +196,7 @@ class Sampler:
     def __init__(self, conn: psycopg.Connection) -> None:
         self.conn = conn
         self.last = conn.execute(HEALTH, {"lag": LAG_S}).fetchone()
-        self.mark = self.last[6]
+        self.mark = self.last[7]  # now() - lag: where the first second starts
         # Each second's jobs (by when they finished, wall clock): (from, to, histogram).
         self.seconds: list[tuple[float, float, collections.Counter]] = []
 
