@@ -189,16 +189,16 @@ class StragglerProbe(threading.Thread):
         """One round; returns the queues found with a straggler."""
         with self._lock:
             signals = dict(self._signals)
+        asks = [(queue, signal, params) for queue, signal in signals.items()
+                if (params := self.floors.probe_params(queue)) is not None]
+        if not asks:
+            return []
         found = []
-        for queue, signal in signals.items():
-            params = self.floors.probe_params(queue)
-            if params is None:
-                continue
-            with self.pool.connection(timeout=10) as c:
-                behind = bool(db.one(c.execute(sql.STRAGGLERS, params)))
-            if behind:
-                found.append(queue)
-                signal.set()
-            else:
-                self.floors.probed(queue)
+        with self.pool.connection(timeout=10) as c:  # one connection a round, whatever the queues
+            for queue, signal, params in asks:
+                if db.one(c.execute(sql.STRAGGLERS, params)):
+                    found.append(queue)
+                    signal.set()
+                else:
+                    self.floors.probed(queue)
         return found
