@@ -133,6 +133,12 @@ def test_jobs_retry_and_cancel_from_the_page_need_the_token(dash: Dash, browser:
     assert browser.text("#count") == "60 job(s) match"
     assert len(browser.css("#jobs tr[data-job]")) == 50 and browser.css("#next")
     browser.click("#select-all-matching")
+    # a live refresh (a job changed) keeps "all matching" ticked, as it keeps picked rows
+    before = browser.driver.execute_script("return document.body.dataset.refreshed || ''")
+    db.execute("INSERT INTO jobs (queue, actor, run_at) VALUES ('tests', 'record', now() + interval '1 hour')")
+    wait_for(lambda: browser.driver.execute_script("return document.body.dataset.refreshed || ''") != before, 20,
+             message="a live refresh")
+    assert browser.css("#select-all-matching")[0].is_selected()
     _click(browser, 'button.bulk-act[data-action="cancel"]')
     browser.wait_text("#flash", lambda t: "60 job(s) cancelled" in t)
     assert scalar(db, "SELECT count(*) FROM jobs WHERE kwargs->>'tag' = 'bulk-me' AND status = 'cancelled'") == 60

@@ -48,6 +48,8 @@
     const resp = await fetch(location.href, { headers: { "X-Dashboard-Partial": "1" } });
     if (!resp.ok) return;
     const picked = new Set(Array.from(document.querySelectorAll(".pick:checked")).map((c) => c.value));
+    const allBox = document.getElementById("select-all-matching");
+    const allMatching = Boolean(allBox && allBox.checked);
     const opened = Array.from(document.querySelectorAll("details[id][open]")).map((d) => d.id);
     const html = await resp.text();
     // The new content replaces the old elements: keep a keyboard user's place (the same
@@ -57,6 +59,10 @@
     const place = inMain ? { id: was.id, index: focusables().indexOf(was) } : null;
     document.getElementById("main").innerHTML = html;
     document.querySelectorAll(".pick").forEach((c) => { c.checked = picked.has(c.value); });
+    // "all matching" ticked stays ticked: a refresh between the tick and the action's
+    // click dropped it, and the action said "select jobs first"
+    const allAgain = document.getElementById("select-all-matching");
+    if (allAgain) allAgain.checked = allMatching;
     opened.forEach((id) => { const d = document.getElementById(id); if (d) d.open = true; });
     markScrollers();
     if (place) {
