@@ -11,7 +11,7 @@ import dramatiq
 import pytest
 from dramatiq.middleware import Middleware, SkipMessage
 
-from tests.conftest import scalar, wait_for
+from tests.conftest import in_process_worker, scalar, wait_for
 
 QUEUE = "signals"
 
@@ -113,3 +113,94 @@ def test_a_worker_runs_every_job_once_through_the_signals(broker, conn):
     assert sorted(runs) == list(range(200))
     assert calls.count(("r", "before_process_message")) == 200
     assert calls.count(("r", "after_process_message")) == 200
+
+
+def _planned(broker, signal: str, message) -> list[str]:
+    hooks = broker._hooks(signal, reverse=signal.startswith("after_"))
+    return [type(m).__name__ for m, _ in broker._planned(signal, hooks, message)]
+
+
+def test_hooks_that_do_nothing_for_a_message_are_skipped_only_when_nothing_asks_for_them(broker):
+    """Dramatiq's own AgeLimit, ShutdownNotifications, Pipelines, Callbacks, Retries and
+    Results do nothing for a message of an actor without their options: skipped for it;
+    an actor's or the message's own option brings each one back."""
+    @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="plan_plain")
+    def plain():
+        pass
+
+    @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="plan_asks", max_age=60_000, notify_shutdown=True,
+                    store_results=True, on_success="plan_plain")
+    def asks():
+        pass
+
+    every_before = [type(m).__name__ for m, _ in broker._hooks("before_process_message", reverse=False)]
+    every_after = [type(m).__name__ for m, _ in broker._hooks("after_process_message", reverse=True)]
+    assert {"AgeLimit", "ShutdownNotifications"} <= set(every_before)
+    assert {"ShutdownNotifications", "Pipelines", "Callbacks", "Retries", "Results"} <= set(every_after)
+
+    message = plain.message()
+    assert _planned(broker, "before_process_message", message) == [
+        n for n in every_before if n not in {"AgeLimit", "ShutdownNotifications"}]
+    assert _planned(broker, "after_process_message", message) == [
+        n for n in every_after if n not in {"ShutdownNotifications", "Pipelines", "Callbacks", "Retries", "Results"}]
+    # The actor's options bring back the hooks that read them (Retries: exceptions only).
+    assert _planned(broker, "before_process_message", asks.message()) == every_before
+    assert _planned(broker, "after_process_message", asks.message()) == [n for n in every_after if n not in
+                                                                       {"Pipelines", "Retries"}]
+    # So do the message's own options, whatever its actor says.
+    for option in ("max_age", "notify_shutdown", "pipe_target", "on_success", "store_results"):
+        own = plain.message_with_options(**{option: "plan_plain" if option == "on_success" else 1})
+        assert _planned(broker, "before_process_message", own) == every_before, option
+        assert _planned(broker, "after_process_message", own) == every_after, option
+
+
+def test_a_run_that_raised_or_returned_a_value_meets_every_after_hook(broker):
+    """The plan is used after a run that returned None without an exception only: an
+    exception reaches Retries, a value reaches Results' warning."""
+    calls: list[str] = []
+
+    class Seen(dramatiq.middleware.Retries):  # a subclass of a skippable one is never skipped
+        def after_process_message(self, broker, message, *, result=None, exception=None):
+            calls.append(f"{result}/{type(exception).__name__}")
+
+    broker.add_middleware(Seen())
+
+    @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="plan_runs")
+    def runs():
+        pass
+
+    message = runs.message()
+    broker.emit_after("process_message", message, result=None)
+    broker.emit_after("process_message", message, result=7)
+    broker.emit_after("process_message", message, exception=ValueError("x"))
+    assert calls == ["None/NoneType", "7/NoneType", "None/ValueError"]
+    planned = _planned(broker, "after_process_message", message)
+    assert "Seen" in planned and "Retries" not in planned
+
+
+@pytest.mark.parametrize("executor", ["own", "dramatiq"])
+def test_a_skipped_hook_changes_nothing_end_to_end(broker, conn, executor):
+    """Real workers (both executors): a message older than its actor's max_age is still
+    failed by AgeLimit without running, a message piped to another actor still reaches it."""
+    seen: list[str] = []
+
+    @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="plan_aged", max_age=1000, max_retries=0)
+    def aged():
+        seen.append("aged")
+
+    @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="plan_first")
+    def first():
+        return "piped"
+
+    @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="plan_second")
+    def second(value):
+        seen.append(value)
+
+    broker.declare_queue(QUEUE)
+    old = broker.enqueue(aged.message().copy(message_timestamp=1))
+    dramatiq.pipeline([first.message(), second.message()], broker=broker).run()
+    with in_process_worker(broker, [QUEUE], executor=executor):
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE queue = %s AND finished_at IS NOT NULL",
+                                (QUEUE,)) == 3, 30)
+    assert seen == ["piped"]
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (old.message_id,)) == "failed"

@@ -7,6 +7,11 @@ which a handful do anything. Here each signal's list of real hooks is computed
 once (again whenever the middleware list changes); what runs, its order and
 its error handling are Dramatiq's. (A hook set or replaced on a middleware instance
 after the first signal of its name is seen only once the list changes.)
+
+A job's own hooks (before/after_process_message) go further: the hooks of Dramatiq's
+own middleware that provably do nothing for a message (its options and its actor's
+name none of what they read, see PLAN_KEYS) are left out, per actor: 7 of 14 calls
+for a plain actor, about 5 us of a job's CPU on the machine that measured it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,49 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dramatiq.middleware import Middleware, MiddlewareError
+import dramatiq.middleware
+from dramatiq.middleware import (
+    AgeLimit,
+    Callbacks,
+    Middleware,
+    MiddlewareError,
+    Pipelines,
+    ShutdownNotifications,
+)
+from dramatiq.results import Results
+
+from .middleware import Retries
+
+# Hooks of Dramatiq's own middleware (these exact classes, not subclasses) that do nothing
+# for a message whose options name none of PLAN_KEYS, when its actor's options (and the
+# middleware's defaults) do not ask for them: AgeLimit without a max_age,
+# ShutdownNotifications without notify_shutdown (before: it registers nothing; after: it
+# discards an entry there is none of); after a run that returned None without an
+# exception, Pipelines without a pipe_target, Callbacks without on_success, Retries
+# (exceptions only), Results without store_results. They are skipped for such a
+# message: 7 of a job's 14 hook calls at the defaults.
+PLAN_KEYS = frozenset({"max_age", "notify_shutdown", "pipe_target", "on_success", "store_results"})
+_RETRIES = (Retries, dramatiq.middleware.Retries)
+
+
+def inert(middleware: Middleware, signal: str, actor_options: dict[str, Any]) -> bool:
+    """Whether ``middleware``'s ``signal`` hook does nothing for a message of an actor with
+    ``actor_options`` in the plan's case (see PLAN_KEYS)."""
+    kind = type(middleware)
+    if kind is ShutdownNotifications:
+        notify = actor_options.get("notify_shutdown")
+        return not (middleware.notify_shutdown if notify is None else notify)  # type: ignore[attr-defined]
+    if signal == "before_process_message":
+        return kind is AgeLimit and not actor_options.get("max_age", middleware.max_age)  # type: ignore[attr-defined]
+    if kind is Pipelines:
+        return True  # pipe_target is the message's own option only
+    if kind is Callbacks:
+        return not actor_options.get("on_success")
+    if kind in _RETRIES:
+        return True
+    if kind is Results:
+        return not actor_options.get("store_results", middleware.store_results)  # type: ignore[attr-defined]
+    return False
 
 
 def handles(middleware: Middleware, name: str) -> bool:
@@ -34,6 +81,8 @@ class MiddlewareList(list[Middleware]):
         super().__init__(items)
         # signal -> (middleware, its bound hook): no attribute lookup per call
         self.hooks: dict[str, list[tuple[Middleware, Callable[..., Any]]]] = {}
+        # (signal, actor) -> its hooks less the inert ones (see PLAN_KEYS)
+        self.plans: dict[tuple[str, Any], list[tuple[Middleware, Callable[..., Any]]]] = {}
 
 
 def _forgetting(name: str) -> Callable[..., Any]:
@@ -42,6 +91,7 @@ def _forgetting(name: str) -> Callable[..., Any]:
 
     def changed(self: MiddlewareList, *args: Any, **kwargs: Any) -> Any:
         self.hooks = {}
+        self.plans = {}
         return method(self, *args, **kwargs)
 
     changed.__name__ = changed.__qualname__ = name
@@ -58,6 +108,7 @@ class Signals:
     """Mixed into PostgresBroker ahead of Dramatiq's Broker."""
 
     logger: logging.Logger
+    actors: dict[str, Any]
     _middleware: MiddlewareList
 
     @property
@@ -78,9 +129,32 @@ class Signals:
             hooks = middleware.hooks[name] = [(m, getattr(m, name)) for m in ordered if handles(m, name)]
         return hooks
 
+    def _planned(self, signal: str, hooks: list[tuple[Middleware, Callable[..., Any]]], message: Any
+                 ) -> list[tuple[Middleware, Callable[..., Any]]]:
+        """``hooks`` less those inert for ``message`` (see PLAN_KEYS), computed once per actor.
+        An actor's options are read at its first message (as Dramatiq's options are fixed
+        when the actor is declared); a change of the middleware list computes them again."""
+        try:
+            options, name = message.options, message.actor_name
+        except AttributeError:  # not a message (a test's None): no plan
+            return hooks
+        if options and not PLAN_KEYS.isdisjoint(options):
+            return hooks
+        actor = self.actors.get(name)
+        if actor is None:
+            return hooks
+        plans = self._middleware.plans
+        plan = plans.get((signal, actor))
+        if plan is None:
+            plan = plans[(signal, actor)] = [(m, h) for m, h in hooks if not inert(m, signal, actor.options)]
+        return plan
+
     def emit_before(self, signal: str, *args: Any, **kwargs: Any) -> None:
         signal = "before_" + signal
-        for middleware, hook in self._hooks(signal, reverse=False):
+        hooks = self._hooks(signal, reverse=False)
+        if signal == "before_process_message":
+            hooks = self._planned(signal, hooks, args[0])
+        for middleware, hook in hooks:
             try:
                 hook(self, *args, **kwargs)
             except MiddlewareError:
@@ -90,7 +164,10 @@ class Signals:
 
     def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None:
         signal = "after_" + signal
-        for middleware, hook in self._hooks(signal, reverse=True):
+        hooks = self._hooks(signal, reverse=True)
+        if signal == "after_process_message" and kwargs.get("exception") is None and kwargs.get("result") is None:
+            hooks = self._planned(signal, hooks, args[0])
+        for middleware, hook in hooks:
             try:
                 hook(self, *args, **kwargs)
             except Exception:
