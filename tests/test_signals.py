@@ -204,3 +204,23 @@ def test_a_skipped_hook_changes_nothing_end_to_end(broker, conn, executor):
                                 (QUEUE,)) == 3, 30)
     assert seen == ["piped"]
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (old.message_id,)) == "failed"
+
+
+def test_a_middleware_of_ours_says_which_hooks_a_plan_may_skip(broker):
+    """RunResults (a scheduled run's rows_affected) reports nothing for a run that returned
+    None: skipped then; a subclass that does not say so itself is called."""
+    from supervisor.broker.fencing import Fence
+    from supervisor.worker.scheduler import RunResults
+
+    class Counting(RunResults):
+        pass
+
+    broker.add_middleware(RunResults(), before=Fence)
+    broker.add_middleware(Counting(), before=Fence)
+
+    @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="plan_scheduled")
+    def scheduled():
+        pass
+
+    planned = _planned(broker, "after_process_message", scheduled.message())
+    assert "Counting" in planned and "RunResults" not in planned

@@ -26,6 +26,9 @@ class Capacity:
         # Reserving takes from both; releasing gives back to both.
         self.within = within
         self._cond = threading.Condition()
+        # Threads in wait_free, the only waiters: a release with none wakes nobody (a
+        # release per job, so notify_all's own work counted).
+        self._waiting = 0
 
     def set_limit(self, limit: int) -> None:
         with self._cond:
@@ -69,13 +72,18 @@ class Capacity:
             return
         with self._cond:
             self.used -= n
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
     def wait_free(self, timeout: float) -> None:
         """Wait until a reserve may succeed: this bound has room, then the one it is within."""
         with self._cond:
             full = self.used >= self.limit + self.aside
             if full:
-                self._cond.wait_for(lambda: self.used < self.limit + self.aside, timeout)
+                self._waiting += 1
+                try:
+                    self._cond.wait_for(lambda: self.used < self.limit + self.aside, timeout)
+                finally:
+                    self._waiting -= 1
         if not full and self.within is not None:
             self.within.wait_free(timeout)

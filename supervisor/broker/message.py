@@ -18,6 +18,10 @@ from ..flow import KEY_ERROR
 
 # Compact JSON (the rows stay small); one encoder for all, not one per call.
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
+# A claimed row's body is the server's compact JSON text: its scanner is called at once
+# (json.loads goes through three Python frames and two whitespace matches first: 0.8
+# against 0.14 us for an empty body).
+_scan = json.JSONDecoder().scan_once
 
 
 def jsonb(value: Any) -> Jsonb:
@@ -57,7 +61,12 @@ def body_text(message: Message[Any], readable: bool) -> tuple[str, str, str, byt
 
 def _fields(body: str, payload: bytes | None) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
     if payload is None:
-        args, kwargs, options = json.loads(body)
+        try:
+            (args, kwargs, options), end = _scan(body, 0)
+        except StopIteration:
+            raise json.JSONDecodeError("Expecting value", body, 0) from None
+        if end != len(body):
+            raise json.JSONDecodeError("Extra data", body, end)
         return args, kwargs, options
     data = get_encoder().decode(bytes(payload))
     return data["args"], data["kwargs"], data["options"]

@@ -40,7 +40,9 @@ from .middleware import Retries
 # discards an entry there is none of); after a run that returned None without an
 # exception, Pipelines without a pipe_target, Callbacks without on_success, Retries
 # (exceptions only), Results without store_results. They are skipped for such a
-# message: 7 of a job's 14 hook calls at the defaults.
+# message: 7 of a job's 14 hook calls at the defaults. A middleware class of ours names
+# the signals it is inert for in the plan's case in ``inert_when_planned`` (RunResults:
+# a run that returned None reports no rows).
 PLAN_KEYS = frozenset({"max_age", "notify_shutdown", "pipe_target", "on_success", "store_results"})
 _RETRIES = (Retries, dramatiq.middleware.Retries)
 
@@ -49,6 +51,8 @@ def inert(middleware: Middleware, signal: str, actor_options: dict[str, Any]) ->
     """Whether ``middleware``'s ``signal`` hook does nothing for a message of an actor with
     ``actor_options`` in the plan's case (see PLAN_KEYS)."""
     kind = type(middleware)
+    if signal in vars(kind).get("inert_when_planned", ()):  # a middleware of ours says so (its own class only)
+        return True
     if kind is ShutdownNotifications:
         notify = actor_options.get("notify_shutdown")
         return not (middleware.notify_shutdown if notify is None else notify)  # type: ignore[attr-defined]

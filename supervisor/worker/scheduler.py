@@ -69,6 +69,9 @@ def rows_affected(result: Any) -> int | None:
 class RunResults(Middleware):
     """Records what a scheduled job reports (``rows_affected``) on its ``job_runs`` row."""
 
+    # A run that returned None reports nothing: skipped then (broker/signals.py).
+    inert_when_planned = frozenset({"after_process_message"})
+
     def after_process_message(self, broker: Broker, message: MessageProxy, *, result: Any = None,
                               exception: BaseException | None = None) -> None:
         schedule, fire_at = message.options.get("schedule"), message.options.get("scheduled_for")
