@@ -5,10 +5,12 @@ case."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import dramatiq
 import pytest
+from dramatiq.message import Message
 from dramatiq.middleware import Middleware, SkipMessage
 
 from tests.conftest import in_process_worker, scalar, wait_for
@@ -85,6 +87,12 @@ def test_claimed_message_fields_are_the_messages(broker, conn):
     for name in ("message_id", "queue_name", "actor_name", "args", "kwargs", "options", "message_timestamp"):
         assert getattr(claimed, name) == getattr(inner, name), name
     assert claimed.message_id == sent.message_id and claimed.args == (1,) and claimed.kwargs == {"y": 2}
+    # Built field by field (message._message): the Message Dramatiq's own constructor makes,
+    # every field of it (a field Dramatiq adds would be missing here: this fails then).
+    assert type(inner) is Message
+    assert set(vars(inner)) == {f.name for f in dataclasses.fields(Message)}
+    assert inner == Message(**{f.name: getattr(inner, f.name) for f in dataclasses.fields(Message)})
+    assert inner == sent.copy(options=inner.options)  # the claim drops nothing but what it adds to options
     # Middleware (Retries) writes into options: one dict, seen through both.
     claimed.options["retries"] = 1
     assert inner.options["retries"] == 1

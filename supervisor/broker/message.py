@@ -155,6 +155,24 @@ def _check(row: tuple[Any, ...], args: Any, kwargs: Any, options: Any, actors: C
             raise Unreadable(f"options.{name} must be a number >= {low}, got {json_type(value)} {value!r:.60}")
 
 
+def _message(queue: str, actor: str, args: tuple[Any, ...], kwargs: dict[str, Any], options: dict[str, Any],
+             message_id: str, timestamp: int) -> Message[Any]:
+    """``Message(...)`` with its fields written straight into the instance: the frozen
+    dataclass's own __init__ sets each through object.__setattr__ and runs __post_init__
+    (which only makes args a tuple, as it is here): 1.05 us a claimed row, against 0.25.
+    The same object either way (tests/test_signals.py compares them)."""
+    message: Message[Any] = object.__new__(Message)
+    fields = message.__dict__
+    fields["queue_name"] = queue
+    fields["actor_name"] = actor
+    fields["args"] = args
+    fields["kwargs"] = kwargs
+    fields["options"] = options
+    fields["message_id"] = message_id
+    fields["message_timestamp"] = timestamp
+    return message
+
+
 def from_claimed_row(row: tuple[Any, ...], actors: Container[str]) -> PgMessageProxy:
     """Build the message of one row of ``sql.CLAIM``; raise Unreadable if it cannot be one."""
     job_id, queue, actor, body, attempts, max_attempts, ckey, losses, timestamp_ms, payload = row[:10]
@@ -166,15 +184,7 @@ def from_claimed_row(row: tuple[Any, ...], actors: Container[str]) -> PgMessageP
     # The row's run_at schedules it. Dramatiq would hold a message with an `eta` in
     # memory and re-send it under the same id, which the row (already there) absorbs.
     options.pop("eta", None)
-    message: Message[Any] = Message(
-        queue_name=queue,
-        actor_name=actor,
-        args=tuple(args),
-        kwargs=kwargs,
-        options=options,
-        message_id=job_id,
-        message_timestamp=int(timestamp_ms),
-    )
+    message = _message(queue, actor, tuple(args), kwargs, options, job_id, int(timestamp_ms))
     return PgMessageProxy(message, attempts=attempts, max_attempts=max_attempts, concurrency_key=ckey,
                           lease_losses=losses)
 
