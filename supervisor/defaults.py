@@ -64,6 +64,14 @@ PREFETCH_WAIT_SECONDS = 0.05
 # every half of it): with the claim that follows elsewhere, no row waits ~50 ms in one
 # process while another has a thread free, at a switch to long jobs or on a slow host.
 GIVE_BACK_SECONDS = 0.02
+# A claimed batch wakes as many idle worker threads as it needs: its actors' mean run time
+# over this slice (at least one), or every one it can use while any of its actors has not
+# run here yet (broker/pace.py Pace.wakes). Waking a thread costs the claim thread a
+# futex wake and the woken thread a GIL hand-off: waking all 8 for every batch of no-op
+# jobs cost the worker ~4 us of CPU a job (26 -> 22 us, 28,500 -> 32,200 jobs/s, W1 2 x 8;
+# bench/README.md, session of 2026-11-28, third). The threads that are awake take the
+# rest as they end jobs; GiveBack wakes the others when no row was taken for its look.
+WAKE_SLICE_SECONDS = 0.002
 
 
 def capacity(threads: int, prefetch: int | None) -> int:

@@ -186,3 +186,83 @@ def test_a_row_given_back_comes_back_once_without_churn(conn, workers, prefetch)
     wait_all_succeeded(conn, 2 if prefetch else 2002)
     assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == 2
     assert 1 <= given_back(conn) <= 2, given_back(conn)
+
+
+def test_a_batch_wakes_the_threads_its_actors_means_say_it_needs():
+    pace = Pace(Capacity(limit=1), threads=8, most=64)
+
+    class Msg:
+        def __init__(self, actor: str) -> None:
+            self.actor_name = actor
+
+    assert pace.wakes([Msg("quick")] * 64) is None  # never ran here: one thread per message
+    for _ in range(50):
+        pace.finished(0.00002, "quick")
+        pace.finished(0.05, "slow")
+    assert pace.wakes([Msg("quick")] * 64) == 1  # 64 x 20 us: one thread's slice
+    assert pace.wakes([Msg("quick")] * 150) == 2  # 3 ms
+    assert pace.wakes([Msg("slow")] * 16) >= 400  # more than it has: every waiting one
+    assert pace.wakes([Msg("quick"), Msg("slow")]) in (25, 26)
+    assert pace.wakes([Msg("quick"), Msg("new")]) is None
+
+
+def test_waiting_threads_are_woken_when_no_row_is_taken_between_two_looks():
+    """put_batch wakes as many waiting threads as it is told; a nudge that finds rows
+    waiting and none taken since the last one wakes the rest. Real threads, each of
+    which takes one row and then holds it (a job longer than its actor's mean)."""
+    import threading
+
+    from supervisor.worker.executor_threads import WorkQueue
+
+    work = WorkQueue()
+    release = threading.Event()
+    took: list[int] = []
+    taken = threading.Condition()
+
+    def thread() -> None:
+        item = work.get()
+        with taken:
+            took.append(item.seq)
+            taken.notify_all()
+        release.wait(30)
+        work.task_done()
+
+    threads = [threading.Thread(target=thread, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(work.not_empty._waiters) == 4, 10)  # noqa: SLF001  (all four wait)
+
+    class Msg:
+        actor_name = "quick"
+
+    work.put_batch([Msg()] * 4, lambda m: 0, wake=1)  # type: ignore[list-item]
+    with taken:
+        assert taken.wait_for(lambda: len(took) == 1, 10)
+    assert work.qsize() == 3  # no other thread was woken: three rows wait
+    assert work.nudge() == 0  # a row was taken since the last look: the awake one keeps up
+    assert work.qsize() == 3
+    assert work.nudge() == 3  # none taken since: the waiting threads are woken
+    with taken:
+        assert taken.wait_for(lambda: len(took) == 4, 10)
+    release.set()
+    for t in threads:
+        t.join(10)
+    work.join()
+
+
+def test_rows_behind_a_known_quick_actor_turned_slow_do_not_wait_for_it(conn, workers):
+    """A paced process of 4 threads learns that `record` is quick (2,000 runs), so a
+    batch of its rows wakes one or two threads. Four 1 s runs of it claimed together must
+    still run together, not one after the other: the waiting threads are woken by
+    GiveBack's look (every 10 ms, WorkQueue.nudge) or their own (every 100 ms)."""
+    proc = workers(threads=4)
+    proc.wait_ready(conn)
+    enqueue(conn, 2000)
+    wait_all_succeeded(conn, 2000, timeout=60)
+    conn.execute("TRUNCATE test_results")
+    enqueue(conn, 4, sleep_s=1.0)  # one statement: one claim takes all four
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results") == 4, 20)
+    spread = scalar(conn, "SELECT extract(epoch FROM max(started) - min(started)) FROM test_results")
+    assert spread < 0.25, f"the four started {spread:.2f} s apart"
+    wait_all_succeeded(conn, 2004)
+    assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == 4

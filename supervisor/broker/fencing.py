@@ -59,7 +59,7 @@ class Fence(Middleware):
         self.interval = interval
         # What each running job's thread is, and since when (a job's run time feeds Pace).
         self._running: dict[Hold, tuple[int, PgMessageProxy, float]] = {}
-        self.on_finished: Callable[[float], None] | None = None
+        self.on_finished: Callable[[float, str], None] | None = None  # (run time, actor name)
         # Every check: how long the longest-running job has run so far (Pace reads it).
         self.on_running: Callable[[float], None] | None = None
         # When a job last ended (pace.GiveBack: rows wait while no thread frees).
@@ -106,7 +106,7 @@ class Fence(Middleware):
                 return  # a coroutine's end frees no thread, and its length says nothing of the threads'
             self.finished_at = ended
             if entry is not None and self.on_finished is not None:
-                self.on_finished(ended - entry[2])
+                self.on_finished(ended - entry[2], message.actor_name)
 
     def running_count(self) -> int:
         """Jobs running in a thread now (not coroutines on the event loop)."""

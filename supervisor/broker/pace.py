@@ -30,6 +30,7 @@ them (this one holds no row beyond its threads until its jobs are short again).
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -71,6 +72,8 @@ class Pace:
         self.wait_seconds = wait_seconds
         self.follow = follow
         self.mean = self.long  # no row beyond the threads yet
+        # Each actor's own mean run time (the same weight): how many threads a batch wakes.
+        self.actor_means: dict[str, float] = {}
         capacity.set_limit(threads if follow else self.most)
 
     @property
@@ -112,8 +115,25 @@ class Pace:
         if self.capacity.limit != self.threads:
             self.capacity.set_limit(self.threads)
 
-    def finished(self, seconds: float) -> None:
-        """A job ran for ``seconds`` (whatever its outcome)."""
+    def wakes(self, messages: list[PgMessageProxy]) -> int | None:
+        """How many waiting threads a claimed batch needs woken: its actors' mean run times
+        over ``defaults.WAKE_SLICE_SECONDS``, at least one; None (one per message) while
+        one of its actors has not run here yet. The threads awake take the rest as they
+        end jobs; GiveBack wakes the others if none is taken for its look (WorkQueue.nudge)."""
+        means = self.actor_means
+        work = 0.0
+        for message in messages:
+            mean = means.get(message.actor_name)
+            if mean is None:
+                return None
+            work += mean
+        return max(1, math.ceil(work / defaults.WAKE_SLICE_SECONDS))
+
+    def finished(self, seconds: float, actor: str | None = None) -> None:
+        """A job (of ``actor``) ran for ``seconds`` (whatever its outcome)."""
+        if actor is not None:
+            mean = self.actor_means.get(actor)
+            self.actor_means[actor] = seconds if mean is None else mean + (seconds - mean) * _WEIGHT
         if not self.follow:
             if self.capacity.limit != self.most:
                 self.capacity.set_limit(self.most)
@@ -176,7 +196,12 @@ class GiveBack(threading.Thread):
 
     def check(self, now: float) -> int:
         """Give back the waiting rows if the threads have been stuck for ``patience()``;
-        returns how many went back."""
+        returns how many went back. First, rows that wait while no thread took one since
+        the last look wake the waiting threads (a batch wakes only the threads its
+        actors' means say it needs: executor_threads.WorkQueue.nudge)."""
+        nudge = getattr(self.work_queue, "nudge", None)
+        if nudge is not None:
+            nudge()
         stuck = self.work_queue.qsize() > 0 and self.fence.running_count() >= self.threads
         if not stuck:
             self._since = None

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import dramatiq.worker
 from dramatiq.broker import Broker
@@ -68,6 +69,10 @@ class Worker:
         self.worker_timeout = worker_timeout
         self.worker_threads = worker_threads
         self._declared: _DeclaredQueues | None = None
+        # How many waiting threads a claimed batch wakes (supervisor's worker process sets
+        # Pace.wakes when GiveBack runs, which wakes the rest if the awake ones stall);
+        # None: one per message, as Dramatiq's consumer hands each over.
+        self.wakes: Callable[[list[PgMessageProxy]], int | None] | None = None
         # Async actors' coroutines, at most async_limit at once, on the event loop (executor_async.py).
         self.coroutines = Coroutines(broker, self.consumers, self.work_queue, limit=async_limit,
                                      worker_timeout=worker_timeout)
@@ -143,7 +148,7 @@ class Worker:
             return
         thread = self.consumers[queue_name] = ClaimThread(
             broker=self.broker, queue_name=queue_name, prefetch=self.queue_prefetch, work_queue=self.work_queue,
-            worker_timeout=self.worker_timeout)
+            worker_timeout=self.worker_timeout, wakes=lambda batch: self.wakes(batch) if self.wakes else None)
         thread.start()
 
     def add_worker(self) -> None:

@@ -58,14 +58,30 @@ class WorkQueue(queue.PriorityQueue[Item]):
     def __init__(self) -> None:
         super().__init__()
         self._seq = itertools.count()
+        self.taken = 0  # items taken so far (nudge: whether the awake threads keep up)
+        self._taken_seen = 0
 
-    def put_batch(self, messages: list[PgMessageProxy], priority: Callable[[PgMessageProxy], int]) -> None:
+    def put_batch(self, messages: list[PgMessageProxy], priority: Callable[[PgMessageProxy], int],
+                  wake: int | None = None) -> None:
+        """Queue a claimed batch; wake ``wake`` waiting threads (None: one per message)."""
         items = [Item(priority(m), next(self._seq), m) for m in messages]
         with self.not_full:
             for item in items:
                 heapq.heappush(self.queue, item)
             self.unfinished_tasks += len(items)
-            self.not_empty.notify(len(items))
+            self.not_empty.notify(len(items) if wake is None else min(wake, len(items)))
+
+    def nudge(self) -> int:
+        """Wake the waiting threads if items wait and none was taken since the last nudge
+        (the threads a batch woke are all in jobs longer than their actors' means); how
+        many items wait then (0: nothing to do)."""
+        with self.mutex:
+            stalled = self.taken == self._taken_seen
+            self._taken_seen = self.taken
+            if not self.queue or not stalled:
+                return 0
+            self.not_empty.notify(len(self.queue))
+            return len(self.queue)
 
     def get(self, block: bool = True, timeout: float | None = None) -> Item:
         """The next item; at once, under the bare lock, when one waits (a busy thread's
@@ -73,8 +89,13 @@ class WorkQueue(queue.PriorityQueue[Item]):
         waits for in an unbounded queue, cost about a microsecond a job)."""
         with self.mutex:
             if self.queue:
+                self.taken += 1
                 return heapq.heappop(self.queue)
         return super().get(block, timeout)
+
+    def _get(self) -> Item:  # PriorityQueue.get's, under the mutex
+        self.taken += 1
+        return heapq.heappop(self.queue)
 
     def task_done(self) -> None:
         with self.mutex:  # the lock beneath all_tasks_done: notify_all may be called under it
@@ -136,8 +157,10 @@ class ClaimThread(_Pausable):
     ``consumer`` is the queue's PostgresConsumer (acks, nacks and requeues go to it)."""
 
     def __init__(self, *, broker: Broker, queue_name: str, prefetch: int, work_queue: WorkQueue,
-                 worker_timeout: int) -> None:
+                 worker_timeout: int, wakes: Callable[[list[PgMessageProxy]], int | None] | None = None) -> None:
         super().__init__(f"claims-{queue_name}", worker_timeout / 1000)
+        # How many waiting worker threads a batch wakes (None, or a None answer: one per message).
+        self.wakes = wakes
         self.logger = logging.getLogger(f"dramatiq.worker.ConsumerThread({queue_name})")
         self.broker = broker
         self.queue_name = queue_name
@@ -164,7 +187,7 @@ class ClaimThread(_Pausable):
                 assert self.consumer is not None
                 batch = self.consumer.take(self.timeout)
                 if batch:
-                    self.work_queue.put_batch(batch, self._priority)
+                    self.work_queue.put_batch(batch, self._priority, self.wakes(batch) if self.wakes else None)
             except Exception:
                 self.logger.critical("Consumer encountered an unexpected error.", exc_info=True)
                 fresh = True

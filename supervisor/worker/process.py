@@ -168,6 +168,8 @@ class WorkerProcess:
             self.give_back = GiveBack(worker.work_queue, worker.consumers, broker.fence, r.threads,
                                       on_give_back=pace.gave_back, patience=pace.patience)
             self.give_back.start()
+            if isinstance(worker, executor.Worker):
+                worker.wakes = pace.wakes  # GiveBack wakes the rest when the awake ones stall
         if s.schedules:
             self.scheduler = Scheduler(broker, s.schedules, holder=broker.owner)
             self.scheduler.start()
