@@ -107,6 +107,9 @@ def test_a_paced_process_claims_ahead_of_its_threads_within_the_bound(conn, brok
         pace = Pace(broker.capacity, threads, most)
         broker.fence.on_finished = pace.finished
         broker.fence.on_running = pace.running
+        # An idle claim may have reserved the whole capacity before the Pace lowered it:
+        # once nothing is reserved, every claim reserves under the Pace's limit.
+        wait_for(lambda: broker.capacity.used == 0, 10)
         broker.enqueue_many([actor.message() for _ in range(jobs)])
         broker.join("pace", timeout=60_000)
     assert len(held) == jobs

@@ -199,6 +199,9 @@ class ClaimThread(_Pausable):
     def _consume(self) -> PostgresConsumer:
         consumer = self.broker.consume(queue_name=self.queue_name, prefetch=self.prefetch, timeout=self.worker_timeout)
         assert isinstance(consumer, PostgresConsumer)  # Worker takes a PostgresBroker only
+        # The work queue orders what it holds by (actor priority, claim order) itself: the
+        # consumer's own sort of each batch by priority would only repeat it.
+        consumer.priority = None
         return consumer
 
     def _priority(self, message: PgMessageProxy) -> int:
