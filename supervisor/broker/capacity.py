@@ -25,7 +25,10 @@ class Capacity:
         # A bound inside another: a queue's prefetch inside its process's capacity.
         # Reserving takes from both; releasing gives back to both.
         self.within = within
-        self._cond = threading.Condition()
+        # The condition's own lock, taken bare on the per-job paths (Condition's __enter__
+        # and __exit__ are Python frames around it).
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         # Threads in wait_free, the only waiters: a release with none wakes nobody (a
         # release per job, so notify_all's own work counted).
         self._waiting = 0
@@ -70,7 +73,7 @@ class Capacity:
     def _give_back(self, n: int) -> None:
         if n <= 0:
             return
-        with self._cond:
+        with self._lock:
             self.used -= n
             if self._waiting:
                 self._cond.notify_all()

@@ -111,13 +111,14 @@ class AckBatcher(threading.Thread):
         self._write = write
         self._max_batch = max_batch
         self._pending: list[tuple[str, int, Done, float | None, float | None]] = []
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()  # the condition's, taken bare by add (a job's path)
+        self._cond = threading.Condition(self._lock)
         self._busy = False
         self._halt = False
 
     def add(self, job_id: str, attempt: int, done: Done = None,
             started: float | None = None, ended: float | None = None) -> None:
-        with self._cond:
+        with self._lock:
             self._pending.append((job_id, attempt, done, started, ended))
             if len(self._pending) == 1:  # the batcher waits for the first; later ones join its batch
                 self._cond.notify_all()
