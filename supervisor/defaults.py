@@ -49,15 +49,18 @@ ASYNC_LIMIT = 100
 # Prefetch when a role sets none (paced, broker/pace.py): up to PREFETCH_PER_THREAD x threads
 # rows, as many beyond the threads as the threads free within PREFETCH_WAIT_SECONDS at the
 # recent mean run time. Short jobs get the next claim overlapping the current batch; long
-# ones are never hoarded while another process idles. 8, not 4: a no-op drain at 8 threads
-# claims ~33 rows a claim, not ~17, and drains 1.3-1.8x faster (bench/README.md, 2026-11-28);
-# only jobs under 6 ms on average reach it. The wait is 50 ms, not 10: a process's 16
+# ones are never hoarded while another process idles. 16, not 8 (nor 4): a claim and an
+# ack batch each cost the worker ~150 us of Python whatever their size, and a no-op drain
+# at 8 threads claims ~124 rows a claim, not ~62: 33,000 -> 40,000 jobs/s, worker CPU 22 ->
+# 18 us and backends 30 -> 24 us a job (bench/README.md, third session of 2026-11-28; 4 -> 8
+# gave 1.3-1.8x earlier); only jobs under 3 ms on average reach it, and the rows beyond the
+# threads are still no more than the threads free within the wait. The wait is 50 ms, not 10: a process's 16
 # threads of 50 ms jobs that hold 3 rows beyond them (10 ms) wait the claim's round trip
 # for the rest whenever several end together, and W3 reached 88-94 % of ideal; with one
 # row per thread beyond (50 ms) 95-96 % (bench/README.md, second session of 2026-11-28).
 # A row held beyond the threads waits about the wait at most, and GiveBack hands it back
 # to the queue when jobs turn out longer.
-PREFETCH_PER_THREAD = 8
+PREFETCH_PER_THREAD = 16
 PREFETCH_WAIT_SECONDS = 0.05
 # Rows waiting for a thread while every thread has been busy this long, none ending, go
 # back to the queue for a process with a free thread (broker/pace.py GiveBack, which looks

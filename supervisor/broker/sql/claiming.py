@@ -215,7 +215,7 @@ def claim(n: int, keyed: bool = False, probe: bool = False) -> str:
     it (at its 5th run): the drain floor rises from 13,600 to 16,600 rows/s at claims of
     32 where the server had planned every claim (bench/README.md). Only powers of two: each
     cached plan holds about 340 KB of the server's memory per size and connection, and a
-    consumer asks for any size up to 8 x threads; powers of two are at most 12 sizes up
+    consumer asks for any size up to 16 x threads; powers of two are at most 12 sizes up
     to 2,048; in the W1 drain (then at 4 x threads) 314 of a process's 319 claims asked
     for the full 32. Other sizes share CLAIM. Only an int goes into the text, never input."""
     if type(n) is not int or n < 1:
