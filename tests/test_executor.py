@@ -239,3 +239,24 @@ def test_processes_of_each_executor_share_a_queue_exactly_once(conn, workers, fi
     assert (runs, distinct, pids) == (2000, 2000, 2)
     for p in procs:
         assert p.terminate() == 0
+
+
+@pytest.mark.parametrize("executor", ["own", "dramatiq"])
+def test_every_slot_a_drain_took_is_given_back_once_its_acks_commit(conn, broker, executor):
+    """The ack batcher gives a batch's slots back in one call per consumer (with how many
+    committed): after a drain of 2,000 jobs in batches, the process's capacity and the
+    queue's bound hold nothing, neither more nor less."""
+    runs: list[int] = []
+
+    @dramatiq.actor(broker=broker, queue_name="slots", actor_name="slots_noop", max_retries=0)
+    def noop(i):
+        runs.append(i)
+
+    broker.declare_queue("slots")
+    broker.enqueue_many([noop.message(i) for i in range(2000)])
+    with in_process_worker(broker, ["slots"], threads=4, prefetch=64, executor=executor):
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'slots' AND status = 'succeeded'")
+                 == 2000, 60)
+    assert sorted(runs) == list(range(2000))
+    assert broker.capacity.used == 0
+    assert broker.queue_capacity["slots"].used == 0

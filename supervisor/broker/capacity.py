@@ -58,13 +58,18 @@ class Capacity:
             self.within.set_aside(n)
 
     def release(self, n: int = 1) -> None:
-        self.release_own(n)
-        self.release_within(n)
+        self._give_back(n)
+        within = self.within
+        while within is not None:
+            within._give_back(n)  # noqa: SLF001  (the same class: a bound inside a bound)
+            within = within.within
 
     def release_within(self, n: int = 1) -> None:
         """Give back to the enclosing capacity only (this bound keeps the slot)."""
-        if self.within is not None:
-            self.within.release(n)
+        within = self.within
+        while within is not None:
+            within._give_back(n)  # noqa: SLF001  (the same class: a bound inside a bound)
+            within = within.within
 
     def release_own(self, n: int = 1) -> None:
         """Give back to this bound only (the enclosing one was given back already)."""

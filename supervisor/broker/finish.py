@@ -86,7 +86,9 @@ def ack_params(owner: str, ids: Sequence[str], attempts: Sequence[int], started:
 _NO_FAILURE: dict[str, Any] = {"errors": None, "error_types": None, "error_wheres": None, "reasons": None,
                                "delays_ms": None, "options": None, "payloads": None}
 
-Done = Callable[[], None] | None
+# Called once the acks it came with are committed, with how many of them (a batch's acks
+# that share a callback share one call).
+Done = Callable[[int], None] | None
 # ids, attempts, and when each attempt started and ended running (time.monotonic(), or None)
 Write = Callable[[list[str], list[int], list[float | None], list[float | None]], None]
 
@@ -162,9 +164,14 @@ class AckBatcher(threading.Thread):
                     self._cond.wait(delay)
                 continue
             waits = backoff.delays(first=0.1, cap=10.0)
+            # Each callback once with how many of its acks committed (a consumer's
+            # capacity: one release for the batch, not one per job).
+            committed: dict[Callable[[int], None], int] = {}
             for _, _, done, _, _ in batch:
                 if done is not None:
-                    done()
+                    committed[done] = committed.get(done, 0) + 1
+            for done, n in committed.items():
+                done(n)
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()

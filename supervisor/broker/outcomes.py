@@ -71,12 +71,13 @@ class Outcomes:
         rows were still this process's to finish."""
         return int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rows, progress))))
 
-    def ack(self, message: PgMessageProxy, on_written: Callable[[], None] | None = None) -> None:
-        """``on_written`` runs once the outcome is committed (or nothing is to be written)."""
+    def ack(self, message: PgMessageProxy, on_written: Callable[[int], None] | None = None) -> None:
+        """``on_written(1)`` runs once the outcome is committed (or nothing is to be written;
+        the ack batcher calls it once for all of a batch's acks that share it, with how many)."""
         if message.fenced:  # interrupted: another process may own it now; write nothing
             self.leases.let_go(message.message_id)
             if on_written is not None:
-                on_written()
+                on_written(1)
             return
         if getattr(message, "_exception", None) is not None and not message.retried:
             # It raised and nothing scheduled a retry or a failure (no Retries
@@ -84,7 +85,7 @@ class Outcomes:
             # swallowed): it did not succeed.
             self.nack(message)  # if it raises, the caller gives the slot back
             if on_written is not None:
-                on_written()
+                on_written(1)
             return
         acks = self._acks if self._acks is not None else self._start()[1]  # no lock on the hot path
         acks.add(message.message_id, message.attempts, on_written, message.started, message.ended)
