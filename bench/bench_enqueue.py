@@ -56,7 +56,7 @@ def backend_cpu(conn: psycopg.Connection) -> float:
 def one_run(conn: psycopg.Connection, broker, actor, *, jobs: int, variant: str,
             copy: bool) -> tuple[float, float, float]:
     """Seconds for (build, insert + commit, the server's CPU) of one batch."""
-    conn.execute("TRUNCATE jobs")
+    conn.execute("TRUNCATE job_queue, job_history")
     t0 = time.perf_counter()
     if variant == "keyed":
         messages = [actor.message_with_options(dedupe_key=f"k{i}") for i in range(jobs)]

@@ -91,12 +91,12 @@ def run(url: str, broker, actors, *, mode: str, args: argparse.Namespace, seed: 
                 if time.monotonic() > deadline:
                     raise RuntimeError("warm-up jobs did not finish")
                 time.sleep(0.05)
-            conn.execute("TRUNCATE jobs, job_events, bench_latency")
+            conn.execute("TRUNCATE job_queue, job_history, job_events, bench_latency")
             waits = stream(conn, broker, actors.timed, rate=args.rate, seconds=args.seconds, seed=seed)
             while conn.execute(ANY_LIVE).fetchone()[0]:
                 time.sleep(0.05)
             given_back = conn.execute(GIVEN_BACK).fetchone()[0]
-            conn.execute("TRUNCATE jobs, job_events, bench_latency")
+            conn.execute("TRUNCATE job_queue, job_history, job_events, bench_latency")
             rate = burst(url, conn, broker, actors.timed, jobs=args.burst, seed=seed + 2)
             given_back_burst = conn.execute(GIVEN_BACK).fetchone()[0]
     out = {"p50": percentile(waits, 50), "p99": percentile(waits, 99), "max": max(waits), "jobs/s": rate,

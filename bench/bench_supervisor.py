@@ -118,7 +118,7 @@ def bench_kill(m: Master, url: str, repeat: int) -> Figure:
     with psycopg.connect(url, autocommit=True) as conn:
         for _ in range(repeat):
             wait_until(lambda: m.settled(3), 30, what="3 ready processes")
-            conn.execute("TRUNCATE jobs, job_events")
+            conn.execute("TRUNCATE job_queue, job_history, job_events")
             # Four long jobs: one process claims them in one batch; the others stay free.
             conn.execute("INSERT INTO job_queue (queue, actor, kwargs, max_attempts) "
                          "SELECT 'bench', 'sleeper', '{\"seconds\": 3.0}', 5 FROM generate_series(1, 4)")
@@ -149,7 +149,7 @@ def bench_kill(m: Master, url: str, repeat: int) -> Figure:
 
 def bench_memory(m: Master, url: str) -> list[Figure]:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE jobs, job_events")
+        conn.execute("TRUNCATE job_queue, job_history, job_events")
         conn.execute("INSERT INTO job_queue (queue, actor, max_attempts) SELECT 'bench', 'noop', 1 "
                      "FROM generate_series(1, 3000)")
         wait_until(lambda: conn.execute("SELECT count(*) FROM jobs WHERE status = 'succeeded'").fetchone()[0] == 3000,

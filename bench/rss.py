@@ -76,7 +76,7 @@ def drain(url: str, jobs: int, queue: str = "bench") -> None:
                      "FROM generate_series(1, %s)", (queue, jobs))
         wait_until(lambda: conn.execute("SELECT count(*) FROM jobs WHERE status = 'succeeded'").fetchone()[0] >= jobs,
                    120, interval=0.05, what=f"{jobs} no-op jobs")
-        conn.execute("TRUNCATE jobs, job_events")
+        conn.execute("TRUNCATE job_queue, job_history, job_events")
 
 
 def bench_worker(url: str, jobs: int, show_modules: bool) -> list[Figure]:
