@@ -59,10 +59,7 @@ class Capacity:
 
     def release(self, n: int = 1) -> None:
         self._give_back(n)
-        within = self.within
-        while within is not None:
-            within._give_back(n)  # noqa: SLF001  (the same class: a bound inside a bound)
-            within = within.within
+        self.release_within(n)
 
     def release_within(self, n: int = 1) -> None:
         """Give back to the enclosing capacity only (this bound keeps the slot)."""

@@ -166,7 +166,7 @@ class Signals:
                 self.logger.critical("Unexpected failure in %s of %r.", signal, middleware, exc_info=True)
 
     def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None:
-        if signal == "process_message" and len(args) == 1 and kwargs.keys() <= {"result", "exception"}:
+        if signal == "process_message" and len(args) == 1 and kwargs.keys() <= _OUTCOME_KEYS:
             return self.after_process(args[0], **kwargs)
         signal = "after_" + signal
         for middleware, hook in self._hooks(signal, reverse=True):
@@ -209,3 +209,4 @@ class Signals:
 
 
 _BEFORE, _AFTER = "before_process_message", "after_process_message"
+_OUTCOME_KEYS = frozenset({"result", "exception"})  # what emit_after("process_message") may carry

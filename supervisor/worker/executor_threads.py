@@ -89,8 +89,7 @@ class WorkQueue(queue.PriorityQueue[Item]):
         waits for in an unbounded queue, cost about a microsecond a job)."""
         with self.mutex:
             if self.queue:
-                self.taken += 1
-                return heapq.heappop(self.queue)
+                return self._get()
         return super().get(block, timeout)
 
     def _get(self) -> Item:  # PriorityQueue.get's, under the mutex

@@ -58,13 +58,15 @@ WITH o AS (
              delay_ms, options, payload)
 ), locked AS (
     -- each row looked up by its id (a nested loop over the batch, in id order: locks are
-    -- taken in one order), and the UPDATE and DELETE below read the rows by the ids given
-    -- (id = ANY: an index scan of the primary key). Joined on id alone, the planner chose a
-    -- scan of the whole table once an ANALYZE under a pinned horizon counted its dead rows:
-    -- ack batches of 0.3-1.7 s, claims stalled behind them for seconds (bench/pressure.py,
-    -- second session of 2026-11-28). Not by ctid, as the claim's UPDATE: a heartbeat that
-    -- renewed a row after this statement's snapshot leaves its new version at another
-    -- ctid, and the ack would miss it.
+    -- taken in one order). The UPDATE and DELETE below find their rows by id = ANY of an
+    -- array of the locked ids, which the planner cannot count: a primary-key lookup per row
+    -- whatever the statistics. Joined on id alone, the planner chose a scan of the whole
+    -- table once an ANALYZE under a pinned horizon counted its dead rows (ack batches of
+    -- 0.3-1.7 s, claims stalled behind them for seconds: bench/pressure.py, second session
+    -- of 2026-11-28); with id = ANY(ids), at 1,024 of 33,000 live rows it hashed a scan of
+    -- the whole table (2.4 of a batch's 11.6 ms). Not by ctid, as the claim's UPDATE: a
+    -- heartbeat that renewed a row after this statement's snapshot leaves its new version
+    -- at another ctid, and the ack would miss it.
     SELECT o.*
       FROM (SELECT * FROM o ORDER BY o.id) o
      CROSS JOIN LATERAL (
@@ -85,13 +87,10 @@ WITH o AS (
                          THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
            lease_expires_at = NULL
       FROM locked l
-     WHERE j.id = ANY(%(ids)s::uuid[]) AND j.id = l.id AND l.kind IN ('retry', 'requeue', 'limited')
+     WHERE j.id = ANY(ARRAY(SELECT id FROM locked WHERE kind IN ('retry', 'requeue', 'limited'))) AND j.id = l.id
  RETURNING j.id, j.queue, j.actor, j.status, j.run_at <= now() AS due, l.reason, l.error_type, l.error_where,
            l.kind, j.flow_key, l.delay_ms
 ), gone AS (
-    -- by id = ANY of the locked ids, an array the planner cannot count: a primary-key
-    -- lookup per row whatever the statistics (joined to locked, at 1,024 of 33,000 live
-    -- rows it hashed a scan of the whole table: 2.4 of the batch's 11.6 ms)
     DELETE FROM job_queue j WHERE j.id = ANY(ARRAY(SELECT id FROM locked WHERE kind IN ('succeeded', 'failed')))
  RETURNING j.*
 ), done AS (
