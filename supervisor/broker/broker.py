@@ -33,7 +33,6 @@ from . import bulk, late_keys, sending, sql
 from .capacity import Capacity
 from .consumer import PostgresConsumer
 from .fencing import Fence
-from .finish import AckBatcher, Finish
 from .floors import REQUEUED, ClaimFloors, StragglerProbe, SweepSignal
 from .gates import Gates
 from .joining import Failures, QueueHelpers
@@ -42,7 +41,7 @@ from .leases import Leases
 from .listener import CANCEL_CHANNEL, Listener, PipeWakeups, Wakeups
 from .message import PgMessageProxy, body_columns, decode_claimed
 from .middleware import JobOptions, Retries, claim_budgets
-from .outcomes import Outcomes
+from .outcomes import AckBatcher, Finish, Outcomes
 from .progress import ProgressBuffer
 from .results import PostgresBackend
 from .signals import Signals

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import defaults
 from . import sql
-from .finish import Finish, finish_params
+from .outcomes import Finish, finish_params
 
 log = logging.getLogger(__name__)
 

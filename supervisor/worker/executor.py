@@ -12,7 +12,7 @@ Dramatiq's worker fires it. What differs is the path of a message:
   and puts the whole batch on the work queue at once, where Dramatiq's consumer thread
   hands over one message at a time;
 - a worker thread takes the next message by (actor priority, claim order), runs it and
-  writes its outcome itself: an ack joins the broker's group commit (finish.AckBatcher),
+  writes its outcome itself: an ack joins the broker's group commit (outcomes.AckBatcher),
   a failure or a retry is written from this thread;
 - an async actor's message is started on the event loop by the thread that took it,
   which goes on to the next; at most ``async_limit`` coroutines run at once, and the
