@@ -26,7 +26,9 @@
    LAG seconds after an interval ends so every ack in it has committed. The claim's own
    latency: the worker runs under bench/soak_trace.py, which times every
    `PostgresBroker.claim` call (the statement, its round trip and decoding the rows).
-4. A line per --interval s, a summary per phase, and the checks of the issue: claim p99
+4. A line per --interval s, a summary per phase (with where its CPU went, in cores: the
+   worker process, the database's backends other than the readers', every PostgreSQL
+   process, parallel workers included, and the machine), and the checks of the issue: claim p99
    under pressure within 2x of the baseline's (and enqueue-to-start p99 the same), throughput held (within 10 %), and back within 2x
    of the baseline p99 (10 s in a row) within 60 s of the release; and when the backlog
    was back to the baseline's.
@@ -46,12 +48,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 
 # The checkout measured: PYTHONPATH's when given, else this one.
 if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.basics import cpu_seconds  # noqa: E402
 from bench.common import LIVE, WorkerPool, bench_database, code_state, say, server_url  # noqa: E402
 from bench.soak import Producer, traced  # noqa: E402
 
@@ -91,6 +95,8 @@ SELECT floor(extract(epoch FROM finished_at) - %(lo)s)::int,
        percentile_disc(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at) * 1000)
   FROM jobs WHERE {FINISHED} GROUP BY 1
 """
+# The backends of this database other than the sampler's (the job path's, the readers', the pin's).
+BACKENDS = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
 SCANS = ("SELECT count(*) FROM jobs", "SELECT count(*) FROM job_events",
          "SELECT status, count(*) FROM jobs GROUP BY status")
 
@@ -129,6 +135,56 @@ class Span:
         return n / (self.hi - self.lo), float(p50 or 0), float(p99 or 0), float(top or 0)
 
 
+def machine_busy() -> float:
+    """CPU seconds the whole machine spent busy (not idle or waiting on I/O) since boot."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(postmaster: psutil.Process) -> float:
+    """CPU seconds of every PostgreSQL process: the live ones, and those that ended (a
+    parallel query's workers, which the readers' scans start), which the postmaster's
+    children's times hold once it has reaped them."""
+    live = sum(cpu_seconds(child.pid) for child in postmaster.children())
+    times = postmaster.cpu_times()
+    return live + cpu_seconds(postmaster.pid) + times.children_user + times.children_system
+
+
+@dataclass
+class Cores:
+    """Where a phase's CPU went, in cores (CPU seconds per second): the worker process, the
+    database's backends other than the readers' (the job path's, the producer's), every
+    PostgreSQL process (the readers with their parallel workers are most of the rest), and
+    the machine as a whole."""
+
+    worker: float
+    backends: float
+    server: float
+    machine: float
+
+
+class CpuClock:
+    """CPU seconds per process at a phase's start; ``cores`` at its end (taken before the
+    readers stop, so their backends are still there to be left out)."""
+
+    def __init__(self, conn: psycopg.Connection, workers: list[int]) -> None:
+        self.workers, self.at = workers, time.monotonic()
+        self.postmaster = psutil.Process(psutil.Process(conn.info.backend_pid).ppid())
+        self.pids = [r[0] for r in conn.execute(BACKENDS).fetchall()]
+        self.start = {pid: cpu_seconds(pid) for pid in {*self.pids, *workers}}
+        self.server, self.busy = server_cpu(self.postmaster), machine_busy()
+
+    def cores(self, conn: psycopg.Connection, readers: list[int]) -> Cores:
+        pids = {r[0] for r in conn.execute(BACKENDS).fetchall()} | set(self.pids)
+        # A backend gone since (a pool's connection replaced) counts for nothing, not less.
+        used = {pid: max(0.0, cpu_seconds(pid) - self.start.get(pid, 0.0)) for pid in pids | set(self.workers)}
+        seconds = time.monotonic() - self.at
+        worker_s = sum(used[pid] for pid in self.workers)
+        backend_s = sum(v for pid, v in used.items() if pid not in readers and pid not in self.workers)
+        return Cores(worker_s / seconds, backend_s / seconds, (server_cpu(self.postmaster) - self.server) / seconds,
+                     (machine_busy() - self.busy) / seconds)
+
+
 class Reader(threading.Thread):
     """A REPEATABLE READ session scanning the tables in transactions of ``xact_s``."""
 
@@ -137,9 +193,11 @@ class Reader(threading.Thread):
         self.url, self.xact_s, self.pause_s, self.delay_s = url, xact_s, pause_s, delay_s
         self.halt = threading.Event()
         self.scans = 0
+        self.pid = 0  # its backend's (its parallel workers come and go)
 
     def run(self) -> None:
         with psycopg.connect(self.url) as conn:
+            self.pid = conn.info.backend_pid
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             self.halt.wait(self.delay_s)
             while not self.halt.is_set():
@@ -271,8 +329,10 @@ def run(url: str, args: argparse.Namespace) -> int:
         pressure = Pressure(url, args.mode, args, t0)
         spans: list[Span] = []  # closed intervals not printed yet (waiting LAG_S)
         done: list[Span] = []
+        cores: dict[str, Cores] = {}
         for name, seconds in phases:
             lo = time.time()
+            clock = CpuClock(conn, [p.pid for p in pool.procs])
             if name == pressure_name:
                 pressure.start()
             phase = Span(name, lo)
@@ -290,6 +350,7 @@ def run(url: str, args: argparse.Namespace) -> int:
                 while spans and spans[0].hi + LAG_S <= time.time():
                     say(line(t0, spans.pop(0), conn, pool.logs))
             phase.hi = time.time()
+            cores[name] = clock.cores(conn, [r.pid for r in pressure.readers])
             if name == pressure_name:
                 pressure.stop()
             done.append(phase)
@@ -303,7 +364,8 @@ def run(url: str, args: argparse.Namespace) -> int:
         say("")
         say(f"{'phase':<11} {'s':>4} {'jobs/s':>7} {'e2s p50 ms':>10} {'e2s p99 ms':>10} {'claim p50':>9} "
             f"{'claim p99':>9} {'max backlog':>11} "
-            f"{'queue dead max':>14} {'queue MB':>8} {'hist MB':>8}")
+            f"{'queue dead max':>14} {'queue MB':>8} {'hist MB':>8}  cores: {'worker':>6} {'backends':>8} "
+            f"{'server':>6} {'machine':>7}")
         figures = {}
         claim = {}
         for phase in done:
@@ -314,7 +376,8 @@ def run(url: str, args: argparse.Namespace) -> int:
             say(f"{phase.phase:<11} {phase.hi - phase.lo:>4.0f} {rate_:>7,.0f} {p50:>10.1f} {p99:>10.1f} {c50:>9.2f} "
                 f"{c99:>9.2f} "
                 f"{phase.backlog:>11,} {phase.dead.get('queue', 0):>14,} {phase.size.get('queue', 0) / 1e6:>8.1f} "
-                f"{phase.size.get('history', 0) / 1e6:>8.1f}")
+                f"{phase.size.get('history', 0) / 1e6:>8.1f}  {'':6} {cores[phase.phase].worker:>6.2f} "
+                f"{cores[phase.phase].backends:>8.2f} {cores[phase.phase].server:>6.2f} {cores[phase.phase].machine:>7.2f}")
         base, under = figures["baseline"], figures[pressure_name]
         drained = next((at - done[2].lo for at, n in done[2].samples if n <= done[0].backlog), None)
         back, relapses = recovery(conn, done[2], WITHIN * base[2])
