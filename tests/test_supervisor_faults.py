@@ -50,7 +50,8 @@ def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database
     wait_all_succeeded(conn, sent, timeout=90)
     assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == sent  # none lost
     assert len(kills) >= KILL_SECONDS - 1
-    released = 0
+    released = at_once = 0
+    log = s.log()
     for owner, killed_at in kills:
         first, last = conn.execute(
             "SELECT min(at), max(at) FROM job_events WHERE to_status = 'pending' AND reason LIKE %s",
@@ -60,9 +61,17 @@ def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database
         # The jobs it held come back at once. A claim the server was still executing when
         # the process died commits after that (the server notices a dead client only when
         # it sends the reply): the janitor's second release brings those back.
-        assert first.timestamp() - killed_at < 1.0, (owner, first.timestamp() - killed_at)
         assert last.timestamp() - killed_at < 1.0 + RELEASE_AGAIN_AFTER, (owner, last.timestamp() - killed_at)
+        if first.timestamp() - killed_at < 1.0:
+            at_once += 1
+        else:
+            # The victim was picked by its last reported in-flight count: its jobs may all
+            # have ended since, with a claim in flight at the kill. Then the first release
+            # found nothing (the janitor logs only a release that brought rows back) and
+            # the second brought back what that claim committed.
+            assert log.count(f" job(s) of {owner} ") == 1, (owner, first.timestamp() - killed_at)
     assert released == len(kills)
+    assert at_once >= len(kills) // 2, (at_once, len(kills))  # mostly, the victims held committed rows
     alpha = s.wait_state({"alpha": 3}, timeout=15)["roles"][0]
     # Each kill is a restart (more only if a replacement failed to start in time,
     # which the master then handles as a hung start).
