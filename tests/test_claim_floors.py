@@ -5,6 +5,7 @@ not read again; sweeps (no floors) find the rows behind a floor. Real PostgreSQL
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from datetime import UTC
 
@@ -15,7 +16,7 @@ import pytest
 from supervisor.broker import PostgresBroker, sql
 from supervisor.broker.floors import SWEEP, ClaimFloors, SweepSignal
 from supervisor.broker.gates import first_turn
-from tests.conftest import scalar
+from tests.conftest import scalar, wait_for
 
 QUEUE = "floors"
 
@@ -168,8 +169,6 @@ def test_the_straggler_probe_makes_a_claim_sweep_only_when_a_row_waits_behind_a_
     only then does the queue's next claim sweep (it is woken, too). While the probe finds
     none, the claims do not sweep on the clock (under a pinned horizon a sweep reads every
     entry claimed since the pin)."""
-    import threading
-
     from supervisor.broker import floors as floors_module
     from supervisor.broker.floors import PROBE_VALID_SECONDS, StragglerProbe
 
@@ -195,3 +194,43 @@ def test_the_straggler_probe_makes_a_claim_sweep_only_when_a_row_waits_behind_a_
     assert probe.check() == [QUEUE] and wakeup.is_set()
     assert _claim_ids(floored) == set(straggler)  # the next claim swept
     assert probe.check() == []
+
+
+def test_while_a_transaction_holds_the_horizon_claims_take_the_held_slack(conn, floored, database_url):
+    """The probe reads how long the oldest transaction has held the horizon back; past the
+    moving slack, claims start only the held slack behind their floors: under a pin the
+    entries of rows claimed in the slack cannot be marked dead, and each costs a heap visit."""
+    from supervisor.broker.floors import StragglerProbe
+
+    floored.floors = floors = ClaimFloors(slack=0.5, held_slack=0.005, sweep_every=3600)
+    probe = StragglerProbe(floored.pool, floors)
+    probe.watch(QUEUE, SweepSignal(floors, QUEUE, threading.Event()))
+    assert _claim_ids(floored) == set()  # the first claim sweeps; floors come with rows
+    _insert(conn, 1)
+    assert len(_claim_ids(floored)) == 1
+    probe.check()
+    assert floors.slack == floors.moving_slack  # no transaction holds the horizon
+    with psycopg.connect(database_url) as pin:
+        pin.execute("SELECT txid_current()")  # vacuum and pruning can remove nothing from here on
+        for _ in range(30):
+            batch = _insert(conn, 100)
+            claimed = floored.claim(QUEUE, 100)
+            assert {m.message_id for m in claimed} == set(batch)
+            floored._write_acks([m.message_id for m in claimed], [m.attempts for m in claimed],
+                                [None] * len(claimed), [None] * len(claimed))
+        _insert(conn, 10)
+        # The pin's age passes the moving slack while the rows above were written; the
+        # probe reads it from pg_stat_activity (the server's clock, not this test's).
+        wait_for(lambda: probe.check() == [] and floors.slack == floors.held_slack, 10)
+        params = {"queue": QUEUE, "n": 16, "owner": floored.owner, "lease_s": 30.0, "relaxed": False,
+                  **first_turn(16), **floored._budgets()}
+        held = _buffers(conn, {**params, **floors.params(QUEUE)[0]})
+        floors.slack = floors.moving_slack
+        moving = _buffers(conn, {**params, **floors.params(QUEUE)[0]})
+        pin.rollback()
+    # 3,000 rows claimed in the last moments: the moving slack passes over most of their
+    # entries, the held one over the last few
+    assert moving > 5 * held, (moving, held)
+    probe.check()
+    assert floors.slack == floors.moving_slack  # the horizon moves again
+    assert len(floored.claim(QUEUE, 16)) == 10  # behind no floor: the rows written last

@@ -43,6 +43,15 @@ log = logging.getLogger(__name__)
 
 # Rows committed up to this long after their run_at are found by every claim.
 SLACK_SECONDS = 1.0
+# ... while the database's xmin horizon moves. While a transaction holds it back longer than
+# SLACK_SECONDS (a pin, a long report), the index entries of rows claimed in the slack are
+# dead but cannot be marked so, and every claim visits each one's heap tuple: at 6,000
+# jobs/s a slack of 1 s made a claim read ~180 buffers where it read ~25, +50-60 % server CPU
+# per row claimed, flat over the pin's age (bench/pin_statements.py; 0.1 s: +5-15 %). The
+# probe watches the horizon and the claims then take this slack; rows committed later than
+# it after their run_at are the probe's to find (2 s at most), as are those of the long
+# transactions themselves.
+HELD_SLACK_SECONDS = 0.1
 # A sweep at least this often, for the stragglers.
 SWEEP_SECONDS = 2.0
 # ... and at most this share of the claim thread's time: the next sweep comes no sooner
@@ -75,8 +84,9 @@ class ClaimFloors:
     requeue) and the listener (NOTIFY '!queue') reset."""
 
     def __init__(self, *, slack: float = SLACK_SECONDS, sweep_every: float = SWEEP_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.slack = timedelta(seconds=slack)
+                 clock: Callable[[], float] = time.monotonic, held_slack: float = HELD_SLACK_SECONDS) -> None:
+        self.slack = self.moving_slack = timedelta(seconds=slack)
+        self.held_slack = timedelta(seconds=min(slack, held_slack))
         self.sweep_every = sweep_every
         self.clock = clock
         self._floors: dict[str, dict[int, datetime]] = {}
@@ -112,6 +122,11 @@ class ClaimFloors:
             if not floors or len(floors) > LEVELS_PROBED:
                 return None
             return {"queue": queue, **self._floor_params(floors)}
+
+    def horizon(self, held_seconds: float) -> None:
+        """The probe's reading: how long the oldest transaction of the database has held the
+        xmin horizon back; past the moving slack, claims take the held one."""
+        self.slack = self.held_slack if held_seconds > self.moving_slack.total_seconds() else self.moving_slack
 
     def probed(self, queue: str) -> None:
         """A probe found no straggler in ``queue``: its claims need not sweep on the clock."""
@@ -189,13 +204,14 @@ class StragglerProbe(threading.Thread):
         """One round; returns the queues found with a straggler."""
         with self._lock:
             signals = dict(self._signals)
-        asks = [(queue, signal, params) for queue, signal in signals.items()
-                if (params := self.floors.probe_params(queue)) is not None]
-        if not asks:
+        if not any(self.floors.probe_params(queue) is not None for queue in signals):
             return []
         found = []
         with self.pool.connection(timeout=10) as c:  # one connection a round, whatever the queues
-            for queue, signal, params in asks:
+            self.floors.horizon(float(db.one(c.execute(sql.HORIZON_HELD))))
+            for queue, signal in signals.items():
+                if (params := self.floors.probe_params(queue)) is None:
+                    continue
                 if db.one(c.execute(sql.STRAGGLERS, params)):
                     found.append(queue)
                     signal.set()

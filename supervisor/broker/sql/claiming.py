@@ -244,6 +244,17 @@ SELECT EXISTS (
 """
 
 
+# How long (s) the oldest transaction of this database holding a snapshot or an xid has
+# been open, 0 if none: what holds back the xmin horizon for its tables (PostgreSQL 14 on
+# counts only the database's own sessions, plus replication slots and prepared
+# transactions, which this leaves out). The claim floors' slack follows it (broker/floors.py).
+HORIZON_HELD = """
+SELECT coalesce(extract(epoch FROM now() - min(xact_start)), 0)::float8 FROM pg_stat_activity
+ WHERE datname = current_database() AND pid <> pg_backend_pid()
+   AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+"""
+
+
 # Seconds until the earliest future run_at of each of a process's queues (its
 # wake-up timer). One index descent per priority level present in the queue
 # (a loose index scan over jobs_claim), so a deep backlog costs nothing extra; and one
