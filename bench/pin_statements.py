@@ -11,7 +11,7 @@ number plus a few (``sql.claim``, a second connection) and finishes what it clai
 the workers' upkeep does (a fourth connection). After --before s a session opens
 ``BEGIN; SELECT txid_current()`` and holds it for --pin s. Per --window s: rounds/s, each
 statement's backend CPU per row (/proc), the claim's and FINISH's p50 / p99 wall time, and
-the live table's dead tuples and size; at the end of each phase, the buffers one claim and
+the live table's dead tuples and size, the vacuums' wall time; at the end of each phase, the buffers one claim and
 one FINISH touch (``EXPLAIN (ANALYZE, BUFFERS)``, rolled back).
 """
 
@@ -47,6 +47,8 @@ class Window:
         self.rows = self.rounds = 0
         self.claim_s: list[float] = []
         self.finish_s: list[float] = []
+        self.vacuum_s = 0.0  # the upkeep's vacuums in the window, wall time
+        self.probe_s: list[float] = []  # the probe's rounds (horizon and stragglers)
 
     def line(self, label: str, gauge: tuple[Any, ...]) -> str:
         seconds = time.monotonic() - self.at
@@ -59,11 +61,12 @@ class Window:
                 f"{per_row['enqueue']:>8.1f} {per_row['claim']:>8.1f} {per_row['finish']:>8.1f} "
                 f"{ms(self.claim_s, 50):>7.2f} {ms(self.claim_s, 99):>7.2f} "
                 f"{ms(self.finish_s, 50):>7.2f} {ms(self.finish_s, 99):>7.2f} "
-                f"{gauge[0]:>10,} {gauge[1] / 1e6:>7.1f}")
+                f"{gauge[0]:>10,} {gauge[1] / 1e6:>7.1f} {self.vacuum_s * 1e3:>8.0f} {ms(self.probe_s, 100):>8.1f}")
 
 
 HEADER = (f"{'phase':<8} {'rounds/s':>8} {'rows/s':>8} {'enq us':>8} {'claim us':>8} {'fin us':>8} "
-          f"{'cl p50':>7} {'cl p99':>7} {'fin p50':>7} {'fin p99':>7} {'dead':>10} {'MB':>7}  (us: backend CPU per row; p: ms)")
+          f"{'cl p50':>7} {'cl p99':>7} {'fin p50':>7} {'fin p99':>7} {'dead':>10} {'MB':>7} {'vac ms':>8} {'probe ms':>8}"
+          "  (us: backend CPU per row; p, vac, the longest probe: ms)")
 
 
 class Claims:
@@ -93,18 +96,20 @@ class Claims:
         self.sweeps += sweep
         return rows
 
-    def probe(self, conn: psycopg.Connection) -> None:
+    def probe(self, conn: psycopg.Connection) -> bool:
+        """Ask, if it is time; whether it was."""
         if self.floors is None or time.monotonic() - self.probed_at < SWEEP_SECONDS:
-            return
+            return False
         self.probed_at = time.monotonic()
         self.floors.horizon(float(db.one(conn.execute(sql.HORIZON_HELD))))  # as StragglerProbe.check
         params = self.floors.probe_params(QUEUE)
         if params is None:
-            return
+            return True
         if db.one(conn.execute(sql.STRAGGLERS, params)):
             self.floors.reset(QUEUE)
         else:
             self.floors.probed(QUEUE)
+        return True
 
 
 def explain(conn: psycopg.Connection, claims: Claims, batch: int) -> str:
@@ -152,11 +157,15 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"pin: transaction {xid} open")
                 phase, window = "pinned", Window(pids)
             if now >= next_vacuum:
+                began = time.monotonic()
                 conns["upkeep"].execute(sql.VACUUM_JOBS)
+                window.vacuum_s += time.monotonic() - began
                 next_vacuum = now + args.vacuum
             enqueue_rows(conns["enqueue"], build_rows(args.batch))
             began = time.monotonic()
-            claims.probe(conns["upkeep"])
+            began = time.monotonic()
+            if claims.probe(conns["upkeep"]):
+                window.probe_s.append(time.monotonic() - began)
             rows = claims.claim(conns["claim"], args.batch + 4)
             window.claim_s.append(time.monotonic() - began)
             if rows:

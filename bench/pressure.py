@@ -268,6 +268,14 @@ def claims(logs: list[Path], lo: float, hi: float) -> tuple[float, float]:
     return took[len(took) // 2], took[min(len(took) - 1, int(len(took) * 0.99))]
 
 
+def sweeps(logs: list[Path], lo: float, hi: float) -> tuple[int, float]:
+    """How many of the worker's claims in [lo, hi) were sweeps (broker/floors.py), and the
+    longest one (ms)."""
+    took = [int(what.split()[2]) / 1000 for start, _, what in traced(logs)
+            if what.startswith("claim ") and what.endswith(" sweep") and lo <= start < hi]
+    return len(took), max(took, default=0.0)
+
+
 def line(t0: float, span: Span, conn: psycopg.Connection, logs: list[Path]) -> str:
     rate, p50, p99, top = span.waits(conn)
     c50, c99 = claims(logs, span.lo, span.hi)
@@ -365,7 +373,7 @@ def run(url: str, args: argparse.Namespace) -> int:
         say(f"{'phase':<11} {'s':>4} {'jobs/s':>7} {'e2s p50 ms':>10} {'e2s p99 ms':>10} {'claim p50':>9} "
             f"{'claim p99':>9} {'max backlog':>11} "
             f"{'queue dead max':>14} {'queue MB':>8} {'hist MB':>8}  cores: {'worker':>6} {'backends':>8} "
-            f"{'server':>6} {'machine':>7}")
+            f"{'server':>6} {'machine':>7}  {'sweeps':>6} {'longest ms':>9}")
         figures = {}
         claim = {}
         for phase in done:
@@ -373,11 +381,13 @@ def run(url: str, args: argparse.Namespace) -> int:
             claim[phase.phase] = claims(pool.logs, phase.lo, phase.hi)
             rate_, p50, p99, _ = figures[phase.phase]
             c50, c99 = claim[phase.phase]
+            n_sweeps, longest = sweeps(pool.logs, phase.lo, phase.hi)
             say(f"{phase.phase:<11} {phase.hi - phase.lo:>4.0f} {rate_:>7,.0f} {p50:>10.1f} {p99:>10.1f} {c50:>9.2f} "
                 f"{c99:>9.2f} "
                 f"{phase.backlog:>11,} {phase.dead.get('queue', 0):>14,} {phase.size.get('queue', 0) / 1e6:>8.1f} "
                 f"{phase.size.get('history', 0) / 1e6:>8.1f}  {'':6} {cores[phase.phase].worker:>6.2f} "
-                f"{cores[phase.phase].backends:>8.2f} {cores[phase.phase].server:>6.2f} {cores[phase.phase].machine:>7.2f}")
+                f"{cores[phase.phase].backends:>8.2f} {cores[phase.phase].server:>6.2f} {cores[phase.phase].machine:>7.2f}"
+                f"  {n_sweeps:>6} {longest:>9.1f}")
         base, under = figures["baseline"], figures[pressure_name]
         drained = next((at - done[2].lo for at, n in done[2].samples if n <= done[0].backlog), None)
         back, relapses = recovery(conn, done[2], WITHIN * base[2])

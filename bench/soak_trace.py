@@ -8,8 +8,9 @@ could stall a claim, each with its wall-clock span (bench/soak.py reads the line
   GIL held by another thread, or no CPU for the process);
 - pace changes (the process's capacity limit), rows given back for want of a thread;
 - the broker pool's waits, once a second when any request had to queue;
-- with BENCH_CLAIM_TRACE=1, every claim (`claim N US KIND ASKED`: the rows it took, its microseconds,
-  plain, probe or keyed (broker/gates.py), the rows it asked for), timed around
+- with BENCH_CLAIM_TRACE=1, every claim (`claim N US KIND ASKED [sweep]`: the rows it took, its
+  microseconds, plain, probe or keyed (broker/gates.py), the rows it asked for, and whether it
+  read every level from its start: broker/floors.py), timed around
   `PostgresBroker.claim` as the worker calls it: bench/pressure.py's claim latency.
 """
 
@@ -77,8 +78,10 @@ def main() -> None:
 
         def traced_claim(self, queue, n, **kwargs):
             start, began = time.time(), time.perf_counter()
+            sweep = self.floors.params(queue)[1]  # reads the floors, changes nothing
             got = claim(self, queue, n, **kwargs)
-            event(start, f"claim {len(got)} {(time.perf_counter() - began) * 1e6:.0f} {getattr(kind, 'value', '?')} {n}")
+            event(start, f"claim {len(got)} {(time.perf_counter() - began) * 1e6:.0f} {getattr(kind, 'value', '?')} {n}"
+                         f"{' sweep' if sweep else ''}")
             return got
         PostgresBroker.claim = traced_claim  # type: ignore[method-assign]
         Gates.statement = traced_statement  # type: ignore[method-assign]

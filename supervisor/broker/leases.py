@@ -170,14 +170,18 @@ class Leases:
         except (psycopg.OperationalError, PoolTimeout) as exc:  # never lose the good rows claimed with them
             log.warning("could not fail %d unreadable job(s) (%s); their leases will expire", len(bad), exc)
 
-    def reap_expired(self, limit: int = 1000) -> list[tuple[str, str, str]]:
+    def reap_expired(self, limit: int = 1000, conn: psycopg.Connection | None = None) -> list[tuple[str, str, str]]:
         """Return leases (of any owner) expired for longer than the reap margin to
         pending, or failed when out of lease losses. The margin covers the time a
-        process needs to notice and interrupt a job it could not renew."""
-        with self.pool.connection(timeout=10) as c:
-            rows = c.execute(sql.REAP_EXPIRED, {"limit": limit, "who": self.owner, "why": "lease expired",
-                                                "margin_s": self.reap_margin,
-                                                "default_max_losses": defaults.MAX_LEASE_LOSSES}).fetchall()
+        process needs to notice and interrupt a job it could not renew. On ``conn`` if
+        given, else on a connection of the pool."""
+        params = {"limit": limit, "who": self.owner, "why": "lease expired", "margin_s": self.reap_margin,
+                  "default_max_losses": defaults.MAX_LEASE_LOSSES}
+        if conn is not None:
+            rows = conn.execute(sql.REAP_EXPIRED, params).fetchall()
+        else:
+            with self.pool.connection(timeout=10) as c:
+                rows = c.execute(sql.REAP_EXPIRED, params).fetchall()
         for job_id, status, owner in rows:
             log.warning("reclaimed job %s from %s (lease expired) -> %s", job_id, owner, status)
         return [(str(r[0]), r[1], r[2]) for r in rows]
