@@ -40,6 +40,23 @@ def _insert(conn: psycopg.Connection, n: int, *, ago_s: float = 0.0, priority: i
         (QUEUE, priority, ago_s, n)).fetchall()]
 
 
+def _claim_and_ack(conn: psycopg.Connection, broker: PostgresBroker, *, rounds: int) -> None:
+    """Rounds of 100 rows inserted, claimed and acked: under a pin, 100 entries a round
+    that no scan can skip by itself."""
+    for _ in range(rounds):
+        batch = _insert(conn, 100)
+        claimed = broker.claim(QUEUE, 100)
+        assert {m.message_id for m in claimed} == set(batch)
+        broker._write_acks([m.message_id for m in claimed], [m.attempts for m in claimed],
+                           [None] * len(claimed), [None] * len(claimed))
+
+
+def _claim_params(broker: PostgresBroker) -> dict:
+    """sql.claim's parameters for 16 rows of QUEUE, without the floors."""
+    return {"queue": QUEUE, "n": 16, "owner": broker.owner, "lease_s": 30.0, "relaxed": False, **first_turn(16),
+            **broker._budgets()}
+
+
 def _claim_ids(broker: PostgresBroker, n: int = 50) -> set[str]:
     return {m.message_id for m in broker.claim(QUEUE, n)}
 
@@ -104,17 +121,11 @@ def test_under_a_pinned_horizon_a_floored_claim_reads_a_few_pages_where_a_sweep_
         conn, floored, database_url):
     with psycopg.connect(database_url) as pin:
         pin.execute("SELECT txid_current()")  # vacuum and pruning can remove nothing from here on
-        for _ in range(30):
-            batch = _insert(conn, 100)
-            claimed = floored.claim(QUEUE, 100)
-            assert {m.message_id for m in claimed} == set(batch)
-            floored._write_acks([m.message_id for m in claimed], [m.attempts for m in claimed],
-                                [None] * len(claimed), [None] * len(claimed))
+        _claim_and_ack(conn, floored, rounds=30)
         _insert(conn, 10)
         floors, sweep = floored.floors.params(QUEUE)
         assert not sweep
-        params = {"queue": QUEUE, "n": 16, "owner": floored.owner, "lease_s": 30.0, "relaxed": False, **first_turn(16),
-                  **floored._budgets()}
+        params = _claim_params(floored)
         read = {name: _buffers(conn, {**params, **f}) for name, f in (("floored", floors), ("sweep", SWEEP))}
         pin.rollback()
     # 3,000 rows claimed since the pin, each an entry of the claim index no scan can skip
@@ -212,18 +223,12 @@ def test_while_a_transaction_holds_the_horizon_claims_take_the_held_slack(conn, 
     assert floors.slack == floors.moving_slack  # no transaction holds the horizon
     with psycopg.connect(database_url) as pin:
         pin.execute("SELECT txid_current()")  # vacuum and pruning can remove nothing from here on
-        for _ in range(30):
-            batch = _insert(conn, 100)
-            claimed = floored.claim(QUEUE, 100)
-            assert {m.message_id for m in claimed} == set(batch)
-            floored._write_acks([m.message_id for m in claimed], [m.attempts for m in claimed],
-                                [None] * len(claimed), [None] * len(claimed))
+        _claim_and_ack(conn, floored, rounds=30)
         _insert(conn, 10)
         # The pin's age passes the moving slack while the rows above were written; the
         # probe reads it from pg_stat_activity (the server's clock, not this test's).
         wait_for(lambda: probe.check() == [] and floors.slack == floors.held_slack, 10)
-        params = {"queue": QUEUE, "n": 16, "owner": floored.owner, "lease_s": 30.0, "relaxed": False,
-                  **first_turn(16), **floored._budgets()}
+        params = _claim_params(floored)
         held = _buffers(conn, {**params, **floors.params(QUEUE)[0]})
         floors.slack = floors.moving_slack
         moving = _buffers(conn, {**params, **floors.params(QUEUE)[0]})
