@@ -203,11 +203,12 @@ class Upkeep(threading.Thread):
 
     def reap(self) -> None:
         """Expired leases (any process's) back to their queues: see REAP_ALONE_SECONDS."""
-        started = time.monotonic()
         if self._reap_alone:
             with db.connect(self.broker.url) as c:
+                started = time.monotonic()  # the statement's time, not the connection's
                 self.broker.leases.reap_expired(conn=c)
         else:
+            started = time.monotonic()
             self.broker.leases.reap_expired()
         self._reap_alone = time.monotonic() - started >= REAP_ALONE_SECONDS
 

@@ -251,6 +251,7 @@ SELECT EXISTS (
 HORIZON_HELD = """
 SELECT coalesce(extract(epoch FROM now() - min(xact_start)), 0)::float8 FROM pg_stat_activity
  WHERE datname = current_database() AND pid <> pg_backend_pid()
+   AND backend_type <> 'autovacuum worker'  -- shown with an xmin, but vacuum's own is left out of horizons
    AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
 """
 
