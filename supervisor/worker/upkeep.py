@@ -22,13 +22,6 @@ from .registry import Beat, Registration
 
 log = logging.getLogger(__name__)
 
-# A reap that took this long runs the next time on a connection of its own, until one is
-# quick again: the broker's two connections are what claims and acks share. Under a pinned
-# xmin horizon the reap reads the entry of every row claimed since the pin (no index can
-# skip a dead one that vacuum may not remove): 1.45 s after a minute at 6,750 jobs/s, while
-# claims and acks queued for the one connection left (bench/pressure.py, --mode pin).
-REAP_ALONE_SECONDS = 0.1
-
 
 def vacuum_due(conn: psycopg.Connection, *, dead_rows: int = defaults.VACUUM_DEAD_ROWS,
                min_seconds: float = defaults.VACUUM_MIN_SECONDS) -> int | None:
@@ -93,7 +86,6 @@ class Upkeep(threading.Thread):
         self.paused = paused  # why the process does not claim (its beat carries it to the registry)
         self._halt = threading.Event()
         self._vacuum: threading.Thread | None = None
-        self._reap_alone = False  # the last reap was slow: the next takes its own connection
         self._prune: threading.Thread | None = None
 
     def beat(self) -> None:
@@ -201,17 +193,6 @@ class Upkeep(threading.Thread):
             log.info("pruned %s", ", ".join(f"{n} {kind}" for kind, n in counts.items() if n), extra={"pruned": counts})
         return counts
 
-    def reap(self) -> None:
-        """Expired leases (any process's) back to their queues: see REAP_ALONE_SECONDS."""
-        if self._reap_alone:
-            with db.connect(self.broker.url) as c:
-                started = time.monotonic()  # the statement's time, not the connection's
-                self.broker.leases.reap_expired(conn=c)
-        else:
-            started = time.monotonic()
-            self.broker.leases.reap_expired()
-        self._reap_alone = time.monotonic() - started >= REAP_ALONE_SECONDS
-
     def start_prune(self) -> None:
         """Prune on a thread of its own, one at a time per process: a prune of a busy
         table takes seconds, and the beats must not wait for it."""
@@ -234,7 +215,7 @@ class Upkeep(threading.Thread):
                "vacuum": now + random.uniform(0, s.vacuum_check_seconds),
                "dead": now + random.uniform(0, s.heartbeat_seconds / 4)}
         tasks: dict[str, Callable[[], object]] = {
-            "beat": self.beat, "reap": self.reap, "prune": self.start_prune,
+            "beat": self.beat, "reap": self.broker.leases.reap_expired, "prune": self.start_prune,
             "vacuum": self.start_vacuum, "dead": lambda: liveness.release_dead(self.broker.leases, self.registration)}
         every = {"beat": s.heartbeat_seconds, "reap": s.reap_seconds, "prune": s.prune_every,
                  "vacuum": s.vacuum_check_seconds, "dead": s.heartbeat_seconds / 4}
