@@ -192,18 +192,14 @@ class Signals:
     def after_process(self, message: Any, *, result: Any = None, exception: BaseException | None = None) -> None:
         """``emit_after("process_message", message, result=...)`` (or ``exception=...``)."""
         hooks = self._hooks(_AFTER, reverse=True)
-        if exception is not None:
-            for middleware, hook in hooks:
-                try:
-                    hook(self, message, exception=exception)
-                except Exception:
-                    self.logger.critical("Unexpected failure in %s of %r.", _AFTER, middleware, exc_info=True)
-            return
-        if result is None:
+        if exception is None and result is None:
             hooks = self._planned(_AFTER, hooks, message)
         for middleware, hook in hooks:
             try:
-                hook(self, message, result=result)
+                if exception is None:
+                    hook(self, message, result=result)
+                else:
+                    hook(self, message, exception=exception)
             except Exception:
                 self.logger.critical("Unexpected failure in %s of %r.", _AFTER, middleware, exc_info=True)
 
