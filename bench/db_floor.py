@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import bench_database, code_state, reset  # noqa: E402
 from bench.floor import Conn, JobPath, main  # noqa: E402
 from supervisor.broker import sql
+from supervisor.broker.floors import SWEEP  # noqa: E402
 from supervisor.broker.gates import first_turn  # noqa: E402
 from supervisor.broker.middleware import claim_budgets  # noqa: E402
 from supervisor.broker.outcomes import Finish, finish_params  # noqa: E402
@@ -52,11 +53,16 @@ def enqueue_rows(conn: Conn, params: list[Any]) -> None:
     conn.execute(sql.INSERT_MANY, params).fetchall()
 
 
+def claim_params(batch: int, owner: str, floors: dict[str, Any] = SWEEP) -> dict[str, Any]:
+    """sql.claim's parameters for up to ``batch`` rows of the queue (``floors``: none, a sweep,
+    unless a ClaimFloors' are given)."""
+    return {"queue": QUEUE, "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False, **floors, **NO_BUDGETS,
+            **first_turn(batch)}
+
+
 def claim_rows(conn: Conn, batch: int, owner: str) -> list[Any]:
     """The worker's claim of up to ``batch`` rows of the queue."""
-    params = {"queue": QUEUE, "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, **NO_BUDGETS,
-              **first_turn(batch)}
-    return conn.execute(sql.claim(batch), params).fetchall()
+    return conn.execute(sql.claim(batch), claim_params(batch, owner)).fetchall()
 
 
 def finish_rows(conn: Conn, owner: str, rows: list[Any]) -> None:

@@ -8,7 +8,8 @@ A steady stream, as pressure.py's at --rate jobs/s but statement by statement: e
 round enqueues --batch rows (``sql.INSERT_MANY``, one connection), claims up to the same
 number plus a few (``sql.claim``, a second connection) and finishes what it claimed
 (``sql.FINISH``, a third), paced to --rate; the live table is vacuumed every --vacuum s as
-the workers' upkeep does (a fourth connection). After --before s a session opens
+the workers' upkeep does (a fourth connection), and the claim floors' StragglerProbe runs
+every 2 s (a fifth). After --before s a session opens
 ``BEGIN; SELECT txid_current()`` and holds it for --pin s. Per --window s: rounds/s, each
 statement's backend CPU per row (/proc), the claim's and FINISH's p50 / p99 wall time, and
 the live table's dead tuples and size, the vacuums' wall time; at the end of each phase, the buffers one claim and
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -30,12 +32,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.basics import cpu_seconds  # noqa: E402
 from bench.common import bench_database, code_state, percentile, say, server_url  # noqa: E402
-from bench.db_floor import QUEUE, build_rows, enqueue_rows, finish_rows  # noqa: E402
+from bench.db_floor import QUEUE, build_rows, claim_params, enqueue_rows, finish_rows  # noqa: E402
 from supervisor import db  # noqa: E402
 from supervisor.broker import sql  # noqa: E402
-from supervisor.broker.floors import HELD_SLACK_SECONDS, SLACK_SECONDS, SWEEP_SECONDS, ClaimFloors  # noqa: E402
-from supervisor.broker.gates import first_turn  # noqa: E402
-from supervisor.broker.middleware import claim_budgets  # noqa: E402
+from supervisor.broker.floors import (  # noqa: E402
+    HELD_SLACK_SECONDS,
+    SLACK_SECONDS,
+    SWEEP,
+    SWEEP_SECONDS,
+    ClaimFloors,
+    StragglerProbe,
+    SweepSignal,
+)
 
 GAUGE = "SELECT n_dead_tup, pg_total_relation_size('job_queue') FROM pg_stat_user_tables WHERE relname = 'job_queue'"
 
@@ -70,22 +78,26 @@ HEADER = (f"{'phase':<8} {'rounds/s':>8} {'rows/s':>8} {'enq us':>8} {'claim us'
 
 
 class Claims:
-    """The worker's claim: sql.claim with the process's floors (broker/floors.py), and its
-    StragglerProbe's questions every SWEEP_SECONDS (here on the upkeep's connection, in
+    """The worker's claim: sql.claim with the process's floors (broker/floors.py), and the
+    process's own StragglerProbe every SWEEP_SECONDS (here on a connection of its own, in
     line): the horizon's age, which sets the floors' slack, and whether a row waits behind
     a floor (then the next claim sweeps), as in a worker.
     ``floors=False``: every claim reads each level from its start."""
 
-    def __init__(self, owner: str, floors: bool, slack: float, held_slack: float) -> None:
+    def __init__(self, url: str, owner: str, floors: bool, slack: float, held_slack: float) -> None:
         self.owner = owner
         self.floors = ClaimFloors(slack=slack, held_slack=held_slack) if floors else None
+        self.pool = db.make_pool(url, min_size=1, max_size=1, name="probe")
+        self.pool.open()
+        self.probe = StragglerProbe(self.pool, self.floors) if self.floors is not None else None
+        if self.probe is not None and self.floors is not None:
+            self.probe.watch(QUEUE, SweepSignal(self.floors, QUEUE, threading.Event()))
         self.probed_at = 0.0
         self.sweeps = 0
 
     def params(self, batch: int) -> tuple[dict[str, Any], bool]:
-        floors, sweep = self.floors.params(QUEUE) if self.floors is not None else ({"floor_levels": None, "floor_at": None}, True)
-        return ({"queue": QUEUE, "n": batch, "owner": self.owner, "lease_s": 30.0, "relaxed": False, **floors,
-                 **claim_budgets({}, None), **first_turn(batch)}, sweep)
+        floors, sweep = self.floors.params(QUEUE) if self.floors is not None else (SWEEP, True)
+        return claim_params(batch, self.owner, floors), sweep
 
     def claim(self, conn: psycopg.Connection, batch: int) -> list[Any]:
         params, sweep = self.params(batch)
@@ -96,20 +108,16 @@ class Claims:
         self.sweeps += sweep
         return rows
 
-    def probe(self, conn: psycopg.Connection) -> bool:
-        """Ask, if it is time; whether it was."""
-        if self.floors is None or time.monotonic() - self.probed_at < SWEEP_SECONDS:
+    def due_probe(self) -> bool:
+        """The probe's round, if it is time; whether it was."""
+        if self.probe is None or time.monotonic() - self.probed_at < SWEEP_SECONDS:
             return False
         self.probed_at = time.monotonic()
-        self.floors.horizon(float(db.one(conn.execute(sql.HORIZON_HELD))))  # as StragglerProbe.check
-        params = self.floors.probe_params(QUEUE)
-        if params is None:
-            return True
-        if db.one(conn.execute(sql.STRAGGLERS, params)):
-            self.floors.reset(QUEUE)
-        else:
-            self.floors.probed(QUEUE)
+        self.probe.check()
         return True
+
+    def close(self) -> None:
+        self.pool.close()
 
 
 def explain(conn: psycopg.Connection, claims: Claims, batch: int) -> str:
@@ -140,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         conns = {k: psycopg.connect(url, autocommit=True) for k in ("enqueue", "claim", "finish", "upkeep", "pin")}
         pids = {k: c.info.backend_pid for k, c in conns.items() if k in ("enqueue", "claim", "finish")}
         owner = str(uuid.uuid4())
-        claims = Claims(owner, floors=not args.no_floors, slack=args.slack, held_slack=args.held_slack)
+        claims = Claims(url, owner, floors=not args.no_floors, slack=args.slack, held_slack=args.held_slack)
         period = args.batch / args.rate
         say(f"{args.rate:,.0f} rows/s in rounds of {args.batch}; {args.before:.0f} s, then {args.pin:.0f} s pinned")
         say(HEADER)
@@ -150,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         phase = "before"
         while (now := time.monotonic()) < t0 + args.before + args.pin:
             if phase == "before" and now >= t0 + args.before:
-                say(window.line(phase, conns["upkeep"].execute(GAUGE).fetchone()))
+                if window.rounds:  # none when the last window ended just now
+                    say(window.line(phase, conns["upkeep"].execute(GAUGE).fetchone()))
                 conns["upkeep"].execute("ANALYZE job_queue")
                 say("  " + explain(conns["upkeep"], claims, args.batch + 4) + f"; {claims.sweeps} sweeps so far")
                 xid = conns["pin"].execute("BEGIN").execute("SELECT txid_current()").fetchone()[0]
@@ -163,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                 next_vacuum = now + args.vacuum
             enqueue_rows(conns["enqueue"], build_rows(args.batch))
             began = time.monotonic()
-            began = time.monotonic()
-            if claims.probe(conns["upkeep"]):
+            if claims.due_probe():
                 window.probe_s.append(time.monotonic() - began)
+            began = time.monotonic()
             rows = claims.claim(conns["claim"], args.batch + 4)
             window.claim_s.append(time.monotonic() - began)
             if rows:
@@ -182,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         say(window.line(phase, conns["upkeep"].execute(GAUGE).fetchone()))
         say("  " + explain(conns["upkeep"], claims, args.batch + 4) + f"; {claims.sweeps} sweeps so far")
         conns["pin"].rollback()
+        claims.close()
         for c in conns.values():
             c.close()
     return 0
