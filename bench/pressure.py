@@ -259,20 +259,24 @@ HEADER = (f"{'t s':>5} {'phase':<11} {'jobs/s':>7} {'e2s p50':>8} {'e2s p99':>8}
           f"{'oldest s':>8} {'load':>5}")
 
 
+def claim_ms(logs: list[Path], lo: float, hi: float, *, sweeps: bool = False) -> list[float]:
+    """How long (ms) each of the worker's claims that started in [lo, hi) took, sorted;
+    ``sweeps``: only those that read every level from its start (broker/floors.py)."""
+    return sorted(int(what.split()[2]) / 1000 for start, _, what in traced(logs)
+                  if what.startswith("claim ") and lo <= start < hi and (not sweeps or what.endswith(" sweep")))
+
+
 def claims(logs: list[Path], lo: float, hi: float) -> tuple[float, float]:
     """p50 and p99 (ms) of the worker's claims that started in [lo, hi)."""
-    took = sorted(int(what.split()[2]) / 1000 for start, _, what in traced(logs)
-                  if what.startswith("claim ") and lo <= start < hi)
+    took = claim_ms(logs, lo, hi)
     if not took:
         return 0.0, 0.0
     return took[len(took) // 2], took[min(len(took) - 1, int(len(took) * 0.99))]
 
 
 def sweeps(logs: list[Path], lo: float, hi: float) -> tuple[int, float]:
-    """How many of the worker's claims in [lo, hi) were sweeps (broker/floors.py), and the
-    longest one (ms)."""
-    took = [int(what.split()[2]) / 1000 for start, _, what in traced(logs)
-            if what.startswith("claim ") and what.endswith(" sweep") and lo <= start < hi]
+    """How many of the worker's claims in [lo, hi) were sweeps, and the longest one (ms)."""
+    took = claim_ms(logs, lo, hi, sweeps=True)
     return len(took), max(took, default=0.0)
 
 
