@@ -12,24 +12,16 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import cast
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .. import db, defaults
+from .. import defaults
 from . import sql
 from .outcomes import Finish, finish_params
 
 log = logging.getLogger(__name__)
 
-
-# A reap that took this long runs the next time on a connection of its own, until one is
-# quick again: the pool's few connections are what claims and acks share. Under a pinned
-# xmin horizon the reap reads the entry of every row claimed since the pin (no index can
-# skip a dead one that vacuum may not remove): 1.45 s after a minute at 6,750 jobs/s, while
-# claims and acks queued for the one connection left (bench/pressure.py, --mode pin).
-REAP_ALONE_SECONDS = 0.1
 
 # One delivery of a job: (job id, attempt number), the lease fence.
 Hold = tuple[str, int]
@@ -73,7 +65,6 @@ class Leases:
         # that succeeded: this process may have no session left on the server.
         self._unreachable = False
         self._lock = threading.Lock()
-        self._reap_alone = False  # the last reap was slow: the next opens its own connection
 
     def connection_failed(self, pool: ConnectionPool | None = None) -> None:
         """The pool could not open a connection (its ``reconnect_failed``): renewals
@@ -182,15 +173,11 @@ class Leases:
     def reap_expired(self, limit: int = 1000) -> list[tuple[str, str, str]]:
         """Return leases (of any owner) expired for longer than the reap margin to
         pending, or failed when out of lease losses. The margin covers the time a
-        process needs to notice and interrupt a job it could not renew. On a connection
-        of the pool, or of its own after a slow reap (REAP_ALONE_SECONDS)."""
-        params = {"limit": limit, "who": self.owner, "why": "lease expired", "margin_s": self.reap_margin,
-                  "default_max_losses": defaults.MAX_LEASE_LOSSES}
-        url = cast(str, self.pool.conninfo)  # db.make_pool's pools are made from a URL
-        with db.connect(url) if self._reap_alone else self.pool.connection(timeout=10) as c:
-            started = time.monotonic()  # the statement's time, not a fresh connection's
-            rows = c.execute(sql.REAP_EXPIRED, params).fetchall()
-            self._reap_alone = time.monotonic() - started >= REAP_ALONE_SECONDS
+        process needs to notice and interrupt a job it could not renew."""
+        with self.pool.connection(timeout=10) as c:
+            rows = c.execute(sql.REAP_EXPIRED, {"limit": limit, "who": self.owner, "why": "lease expired",
+                                                "margin_s": self.reap_margin,
+                                                "default_max_losses": defaults.MAX_LEASE_LOSSES}).fetchall()
         for job_id, status, owner in rows:
             log.warning("reclaimed job %s from %s (lease expired) -> %s", job_id, owner, status)
         return [(str(r[0]), r[1], r[2]) for r in rows]
