@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import Figure, bench_database, code_state, print_table, say, server_url  # noqa: E402
 from supervisor import db  # noqa: E402
 from supervisor.broker import reads, sql  # noqa: E402
+from supervisor.broker.leases import reap_params  # noqa: E402
 from supervisor.broker.outcomes import Finish, finish_params  # noqa: E402
 from supervisor.http.dashboard import recorder  # noqa: E402
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         fill(conn, args.finished, args.running)
         ids = [str(r[0]) for r in conn.execute("SELECT id FROM jobs WHERE lease_owner = 'owner1'")]
         statements = {
-            "reap expired leases": (sql.REAP_EXPIRED, {**BUDGET, "limit": 1000, "margin_s": 1.0}),
+            "reap expired leases": (sql.REAP_EXPIRED, reap_params("bench", margin_s=1.0)),
             "release an owner's jobs": (sql.RELEASE_OWNER, {**BUDGET, "owner": "owner1"}),
             "ack a batch": (sql.FINISH, finish_params("owner1", [Finish(i, 1, "succeeded") for i in ids])),
             "heartbeat": (sql.HEARTBEAT, {"ids": db.array_text(ids), "owner": "owner1", "lease_s": 30.0}),

@@ -13,6 +13,11 @@ HEARTBEAT_SECONDS = 10.0
 FENCE_MARGIN_FRACTION = 0.2
 FENCE_MARGIN_MAX = 5.0
 REAP_MARGIN_SECONDS = 1.0
+# The reaper skips the rows of a process whose beat is younger than this many of its beat
+# intervals: it renewed all it holds just before (sql.REAP_EXPIRED). Past one interval, so
+# a beat a little late is not read; a process frozen with beat >= 2/3 of its lease is then
+# reaped up to 1.5 beats after its last rather than a lease after (a few seconds later).
+REAP_FRESH_BEATS = 1.5
 # A dead process is noticed by its beat: once its beat is this many of its beat intervals
 # old and the server holds no session of it, other processes release its jobs; a process
 # whose renewals have failed that long stops its jobs first (worker/liveness.py).

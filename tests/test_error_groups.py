@@ -235,6 +235,7 @@ def test_the_runtimes_own_failures_are_grouped_too(conn):
     """A lost lease (the job runs again), a poison pill and a row that cannot become a
     message have no exception of the actor's: named by the runtime, with no frame."""
     from supervisor.broker import sql
+    from supervisor.broker.leases import reap_params
     from supervisor.broker.outcomes import Finish, finish_params
 
     def running(actor: str, losses: int = 0) -> str:
@@ -247,8 +248,7 @@ def test_the_runtimes_own_failures_are_grouped_too(conn):
     why = "args must be a JSON array"
     conn.execute(sql.FINISH, finish_params("h:1:a", [Finish(unreadable, 1, "failed", error=why, error_type="Unreadable",
                                                             error_where="", reason=why)]))
-    conn.execute(sql.REAP_EXPIRED, {"who": "t", "why": "lease expired", "default_max_losses": 3, "limit": 10,
-                                    "margin_s": 0})
+    conn.execute(sql.REAP_EXPIRED, reap_params("t", margin_s=0, limit=10))
     events = {str(j): (a, t, w, s) for j, a, t, w, s in conn.execute(
         "SELECT job_id, actor, error_type, error_where, to_status FROM job_events")}
     assert events == {lost: ("crashy", "LeaseLost", "", "pending"), poison: ("crashy", "PoisonPill", "", "failed"),

@@ -17,6 +17,7 @@ from supervisor import db, error_groups
 from supervisor.broker import PostgresBroker, actor_reads, reads
 from supervisor.broker import sql as jobs_sql
 from supervisor.broker.gates import first_turn
+from supervisor.broker.leases import reap_params
 from supervisor.broker.outcomes import Finish, finish_params
 from supervisor.config import Retention
 from supervisor.http.dashboard import recorder
@@ -219,7 +220,7 @@ def test_reaper_and_release_read_running_rows_by_index_ack_and_heartbeat_by_id(c
                         " VALUES ('x', 'running', 'h:1:a', 1, now(), now()) RETURNING id::text") for _ in range(3)]
     conn.execute("ANALYZE job_queue")
     budget = {"who": "t", "why": "test", "default_max_losses": 3}
-    reap = _indexes_used(conn, jobs_sql.REAP_EXPIRED, {**budget, "limit": 10, "margin_s": 1.0})
+    reap = _indexes_used(conn, jobs_sql.REAP_EXPIRED, reap_params("t", margin_s=1.0, limit=10))
     release = _indexes_used(conn, jobs_sql.RELEASE_OWNER, {**budget, "owner": "h:1:a"})
     ack = _indexes_used(conn, jobs_sql.FINISH, finish_params("h:1:a", [Finish(i, 1, "succeeded") for i in ids]))
     beat = _indexes_used(conn, jobs_sql.HEARTBEAT, {"ids": db.array_text(ids), "owner": "h:1:a", "lease_s": 30.0})
@@ -228,7 +229,7 @@ def test_reaper_and_release_read_running_rows_by_index_ack_and_heartbeat_by_id(c
     assert "jobs_running" not in ack, ack
     assert "jobs_running" not in beat, beat
     # and what the reaper reads through it is right: the expired rows, released
-    released = conn.execute(jobs_sql.REAP_EXPIRED, {**budget, "limit": 10, "margin_s": 0.0}).fetchall()
+    released = conn.execute(jobs_sql.REAP_EXPIRED, reap_params("t", margin_s=0.0, limit=10)).fetchall()
     assert sorted(str(r[0]) for r in released) == sorted(ids)
 
 

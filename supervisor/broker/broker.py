@@ -376,6 +376,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 rows = c.execute(sql.claim(n, keyed=keyed, probe=probe), params).fetchall()
         except BrokerConnectionError:
             self._claims_failing = True
+            self.leases.may_have_orphaned()  # the claim may have committed with its answer lost
             with contextlib.suppress(Exception):
                 self.pool.check()  # drop every broken idle connection now, not one per try
             raise

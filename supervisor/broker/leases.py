@@ -32,6 +32,14 @@ def fence_margin(lease_seconds: float) -> float:
     return min(lease_seconds * defaults.FENCE_MARGIN_FRACTION, defaults.FENCE_MARGIN_MAX)
 
 
+def reap_params(who: str, *, margin_s: float, limit: int = 1000, me: str | None = None,
+                why: str = "lease expired") -> dict[str, object]:
+    """sql.REAP_EXPIRED's parameters: leases expired ``margin_s`` ago of every owner that
+    does not beat, and of ``me`` (an owner that may have orphaned rows), up to ``limit``."""
+    return {"limit": limit, "who": who, "why": why, "margin_s": margin_s, "me": me,
+            "fresh_beats": defaults.REAP_FRESH_BEATS, "default_max_losses": defaults.MAX_LEASE_LOSSES}
+
+
 class Leases:
     """The rows ``owner`` has claimed and not finished, and the statements on them.
 
@@ -64,7 +72,19 @@ class Leases:
         # A renewal, or a connection attempt of the pool, failed since the last renewal
         # that succeeded: this process may have no session left on the server.
         self._unreachable = False
+        # When rows of this owner may last have been left running unheld (see
+        # may_have_orphaned); None when none can be.
+        self._orphaned_at: float | None = None
         self._lock = threading.Lock()
+
+    def may_have_orphaned(self) -> None:
+        """Rows of this owner may be running that it does not hold: a claim whose answer
+        was lost, jobs it stopped overdue, unreadable rows it could not fail. Nothing
+        renews them, and other processes' reaps skip this owner while it beats
+        (sql.REAP_EXPIRED): its own reaps read its rows until a reap has run after
+        their leases ran out."""
+        with self._lock:
+            self._orphaned_at = time.monotonic()
 
     def connection_failed(self, pool: ConnectionPool | None = None) -> None:
         """The pool could not open a connection (its ``reconnect_failed``): renewals
@@ -118,6 +138,8 @@ class Leases:
                 if since + limit <= now:
                     out.append((job_id, attempt))
                     self._held[job_id] = (attempt, math.inf)
+        if out:  # the jobs stop; their rows stay ours, unrenewed, until reaped
+            self.may_have_orphaned()
         return out
 
     def heartbeat(self) -> int:
@@ -168,16 +190,25 @@ class Leases:
             with self.pool.connection(timeout=10) as c:
                 c.execute(sql.FINISH, finish_params(self.owner, rows))
         except (psycopg.OperationalError, PoolTimeout) as exc:  # never lose the good rows claimed with them
+            self.may_have_orphaned()
             log.warning("could not fail %d unreadable job(s) (%s); their leases will expire", len(bad), exc)
 
     def reap_expired(self, limit: int = 1000) -> list[tuple[str, str, str]]:
         """Return leases (of any owner) expired for longer than the reap margin to
         pending, or failed when out of lease losses. The margin covers the time a
-        process needs to notice and interrupt a job it could not renew."""
+        process needs to notice and interrupt a job it could not renew. Processes that
+        beat are skipped (see sql.REAP_EXPIRED), this one too unless it may have
+        orphaned rows."""
+        started, orphaned = time.monotonic(), self._orphaned_at
         with self.pool.connection(timeout=10) as c:
-            rows = c.execute(sql.REAP_EXPIRED, {"limit": limit, "who": self.owner, "why": "lease expired",
-                                                "margin_s": self.reap_margin,
-                                                "default_max_losses": defaults.MAX_LEASE_LOSSES}).fetchall()
+            rows = c.execute(sql.REAP_EXPIRED, reap_params(self.owner, margin_s=self.reap_margin, limit=limit,
+                                                           me=None if orphaned is None else self.owner)).fetchall()
+        if orphaned is not None and len(rows) < limit and started > orphaned + self.lease_seconds + self.reap_margin:
+            # every row it may have orphaned then had expired: this reap released them
+            # (unless a newer orphaning came since: that one stands)
+            with self._lock:
+                if self._orphaned_at == orphaned:
+                    self._orphaned_at = None
         for job_id, status, owner in rows:
             log.warning("reclaimed job %s from %s (lease expired) -> %s", job_id, owner, status)
         return [(str(r[0]), r[1], r[2]) for r in rows]

@@ -136,7 +136,7 @@ class WorkerProcess:
         session = liveness.session_name(self.database, listens=self.wakeup_fd is None)
         broker.leases.beat_expiry = liveness.beat_expiry(r.heartbeat) if session else None
         registration = Registration(broker.pool, broker.owner, role=r.name, queues=list(r.queues),
-                                    capacity=s.capacity, beat_seconds=r.heartbeat if session else None,
+                                    capacity=s.capacity, beat_seconds=r.heartbeat,
                                     session_name=session)
         self.upkeep = Upkeep(
             broker,

@@ -19,7 +19,9 @@ from ..identity import node_name
 log = logging.getLogger(__name__)
 
 # beat_seconds, session_name and server_started: what another process needs to tell
-# that this one died (see liveness.py and sql.RELEASE_DEAD).
+# that this one died (see liveness.py and sql.RELEASE_DEAD; a pooled process has no
+# session_name and is left to its leases). beat_seconds alone tells the reaper that this
+# process renews what it holds before each beat (sql.REAP_EXPIRED skips it while it beats).
 REGISTER = """
 INSERT INTO workers (id, host, pid, role, queues, state, capacity, beat_seconds, session_name, server_started)
 VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, %(queues)s, 'running', %(capacity)s, %(beat_seconds)s,
@@ -156,7 +158,8 @@ class Registration:
         self.queues = queues
         self.capacity = capacity  # rows it may hold claimed at once (None: it runs no jobs)
         # Both set: other processes release this one's jobs once its beat is that old
-        # and the server holds no session of that name (see liveness.py).
+        # and the server holds no session of that name (see liveness.py). beat_seconds
+        # set: the reaper skips its rows while it beats (it renews them first).
         self.beat_seconds = beat_seconds
         self.session_name = session_name
         self._usage = SelfUsage()
