@@ -26,8 +26,8 @@ def _note(tag: str, n: int, sleep_s: float = 0.0) -> None:
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0, rate_limit="4/s burst 2")
-def paced(n: int) -> None:
-    _note("paced", n)
+def paced(n: int, hold_s: float = 0.0) -> None:
+    _note("paced", n, hold_s)
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0, rate_limit="1/s", rate_limit_key="one-a-second")

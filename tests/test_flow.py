@@ -45,8 +45,8 @@ def flow(producer):
 @pytest.fixture
 def fleet(workers):
     """Two worker processes on two node names serving the flow queue; returns them once both run."""
-    def start(conn, threads: int = 4) -> list:
-        procs = [workers(queues=QUEUE, actors="tests.flow_actors", threads=threads, extra_args=SLOW_POLL,
+    def start(conn, threads: int = 4, extra_args: tuple[str, ...] = ()) -> list:
+        procs = [workers(queues=QUEUE, actors="tests.flow_actors", threads=threads, extra_args=SLOW_POLL + extra_args,
                          extra_env={"SUPERVISOR_NODE_NAME": f"node-{i}"}) for i in (1, 2)]
         for p in procs:
             p.wait_ready(conn)
@@ -133,9 +133,13 @@ def claims(conn, actor: str) -> list[tuple]:
 
 
 def test_a_rate_limit_holds_across_two_processes_and_is_used(conn, flow, fleet):
-    fleet(conn)
+    # Each process holds one row at a time and each job holds it 0.35 s, longer than a
+    # token's 0.25 s: no process can take two tokens running, so both take from the
+    # bucket (with no-op jobs, one process could win every race for it, as it did once).
+    fleet(conn, threads=1, extra_args=("--prefetch", "1"))
     jobs = 14
-    dramatiq.get_broker().enqueue_many([flow.paced.message(n) for n in range(jobs)])
+    dramatiq.get_broker().enqueue_many([flow.paced.message_with_options(args=(n,), kwargs={"hold_s": 0.35})
+                                        for n in range(jobs)])
     succeeded(conn, jobs, timeout=30)
     at = [row[0] for row in claims(conn, "paced")]
     rate, burst = 4.0, 2  # paced: "4/s burst 2"

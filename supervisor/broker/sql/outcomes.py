@@ -231,17 +231,22 @@ WITH fresh AS MATERIALIZED (
 ), expired AS (
     SELECT id, lease_expires_at FROM job_queue
      WHERE status = 'running' AND claimed_at IS NOT NULL AND lease_expires_at < now() - %(margin_s)s * interval '1 second'
-       AND (lease_owner < (SELECT min(id) FROM fresh) OR lease_owner IS NULL)
+       AND lease_owner < (SELECT min(id) FROM fresh)
     UNION ALL
     SELECT j.id, j.lease_expires_at FROM gaps CROSS JOIN LATERAL (
         SELECT id, lease_expires_at FROM job_queue
          WHERE status = 'running' AND claimed_at IS NOT NULL
            AND lease_expires_at < now() - %(margin_s)s * interval '1 second'
-           AND lease_owner > gaps.lo AND lease_owner < gaps.hi) AS j
+           AND lease_owner > gaps.lo AND lease_owner < gaps.hi
+        OFFSET 0) AS j  -- kept a subquery: the gap's bounds are its index range, not a join filter
     UNION ALL
     SELECT id, lease_expires_at FROM job_queue
      WHERE status = 'running' AND claimed_at IS NOT NULL AND lease_expires_at < now() - %(margin_s)s * interval '1 second'
        AND lease_owner > (SELECT max(id) FROM fresh)
+    UNION ALL
+    SELECT id, lease_expires_at FROM job_queue
+     WHERE status = 'running' AND claimed_at IS NOT NULL AND lease_expires_at < now() - %(margin_s)s * interval '1 second'
+       AND lease_owner IS NULL
     UNION ALL
     SELECT id, lease_expires_at FROM job_queue  -- no fresh owner: every running row
      WHERE status = 'running' AND claimed_at IS NOT NULL AND lease_expires_at < now() - %(margin_s)s * interval '1 second'
