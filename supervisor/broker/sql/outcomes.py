@@ -135,10 +135,9 @@ WITH locked AS (
      ORDER BY id
        FOR NO KEY UPDATE
 )
-UPDATE job_queue j
+UPDATE job_queue j  -- by the primary key whatever the planner counts (see _RELEASE_BODY)
    SET heartbeat_at = now(), lease_expires_at = now() + %(lease_s)s * interval '1 second'
-  FROM locked
- WHERE j.id = locked.id
+ WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
 RETURNING j.id::text
 """
 
@@ -151,19 +150,26 @@ RETURNING j.id::text
 _LOSS_BUDGET = """coalesce(max_lease_losses, %(default_max_losses)s) AS budget,
            lease_losses + 1 >= coalesce(max_lease_losses, %(default_max_losses)s) AS poison"""
 
+# The rows are updated and deleted by `id = ANY(ARRAY(...))`, an array whose length the
+# planner cannot know, so by the primary key whatever it counts (as sql.FINISH): joined
+# to `lost` (estimated at one row), the UPDATE and the DELETE were each planned as a walk
+# of the whole primary key, which under a pinned horizon holds an entry for every version
+# of every job since (722,644 buffers, 0.8-2.9 s a statement with nothing to release, a
+# minute into a pin at 4,000 jobs/s: every reap and every quarter beat's release).
 _RELEASE_BODY = """
 , upd AS (
     UPDATE job_queue j
        SET status = CASE WHEN j.flow_key IS NULL THEN 'pending' ELSE 'waiting' END,
            lease_losses = j.lease_losses + 1,
            lease_owner = NULL, lease_expires_at = NULL, run_at = now()
-      FROM lost
-     WHERE j.id = lost.id AND NOT lost.poison
- RETURNING j.id, j.queue, j.actor, j.status, j.lease_losses, lost.budget, lost.owner
+     WHERE j.id = ANY(ARRAY(SELECT id FROM lost WHERE NOT lost.poison))
+ RETURNING j.id, j.queue, j.actor, j.status, j.lease_losses
+), removed AS (
+    DELETE FROM job_queue j
+     WHERE j.id = ANY(ARRAY(SELECT id FROM lost WHERE lost.poison))
+ RETURNING j.*
 ), poisoned AS (
-    DELETE FROM job_queue j USING lost
-     WHERE j.id = lost.id AND lost.poison
- RETURNING j.*, lost.budget, lost.owner AS lost_owner
+    SELECT removed.*, lost.budget, lost.owner AS lost_owner FROM removed JOIN lost ON lost.id = removed.id
 ), kept AS (
     """ + archive(
     "poisoned", status="'failed'", lease_losses="poisoned.lease_losses + 1", finished_at="now()",
@@ -173,7 +179,8 @@ _RELEASE_BODY = """
                          ' max_lease_losses=%%s used up, giving up',
                          poisoned.lease_losses + 1, poisoned.lost_owner, %(why)s::text, poisoned.budget)""") + """
 ), out AS (
-    SELECT id, queue, actor, status, lease_losses, budget, owner FROM upd
+    SELECT upd.id, upd.queue, upd.actor, upd.status, upd.lease_losses, lost.budget, lost.owner
+      FROM upd JOIN lost ON lost.id = upd.id
     UNION ALL
     SELECT id, queue, actor, 'failed', lease_losses + 1, budget, lost_owner FROM poisoned
 ), ev AS (
