@@ -239,3 +239,30 @@ def test_while_a_transaction_holds_the_horizon_claims_take_the_held_slack(conn, 
     probe.check()
     assert floors.slack == floors.moving_slack  # the horizon moves again
     assert len(floored.claim(QUEUE, 16)) == 10  # behind no floor: the rows written last
+
+
+def test_a_slow_probe_round_makes_the_next_come_later_and_its_answer_stand_as_long(conn, floored, monkeypatch):
+    """Under a pinned horizon a probe round reads every entry claimed since the pin below the
+    floors, on one of the pool's two connections: its rounds take at most PROBE_SHARE of
+    the time, and a clean answer stands a few of its intervals, so the claims do not sweep
+    on the clock between slow rounds."""
+    from supervisor.broker import floors as floors_module
+    from supervisor.broker.floors import PROBE_VALID_ROUNDS, StragglerProbe
+
+    now = [1000.0]
+    floored.floors.clock = lambda: now[0]
+    floored.floors.sweep_every = 0.0  # on the clock, every claim would sweep ...
+    monkeypatch.setattr(floors_module, "SWEEP_SHARE", 1.0)  # ... however long the last took
+    probe = StragglerProbe(floored.pool, floored.floors)
+    probe.watch(QUEUE, SweepSignal(floored.floors, QUEUE, threading.Event()))
+    _insert(conn, 3)
+    assert len(_claim_ids(floored)) == 3
+    assert probe.check() == []
+    assert probe.interval == probe.every  # a quick round: the next in SWEEP_SECONDS
+    monkeypatch.setattr(floors_module, "PROBE_SHARE", 1e-6)  # the same round, as if it had been slow
+    assert probe.check() == []
+    assert probe.interval > probe.every
+    now[0] += PROBE_VALID_ROUNDS * probe.interval - 0.5
+    assert floored.floors.params(QUEUE)[1] is False  # its answer stands until the next rounds
+    now[0] += 1.0
+    assert floored.floors.params(QUEUE)[1] is True

@@ -10,7 +10,8 @@ start there, less ``SLACK_SECONDS``, and pass over only what was claimed since.
 
 A runnable row behind a floor is a straggler, and the floors are only a hint: a claim
 with no floors (a sweep) reads every level from its start. The process's
-``StragglerProbe`` asks every ``SWEEP_SECONDS``, on its own thread and connection,
+``StragglerProbe`` asks every ``SWEEP_SECONDS`` (less often while its rounds are slow:
+``PROBE_SHARE``), on its own thread, with one of the pool's connections,
 whether any runnable row waits behind a floor (``sql.STRAGGLERS``), and only then makes
 the queue's next claim sweep: under a pinned horizon that question costs what a sweep
 costs (65 ms after 45 s of a 1,500 jobs/s stream, where a floored claim takes 3 ms), but
@@ -68,9 +69,16 @@ SWEEP_SHARE = 0.005
 PRIORITY_COLUMN, RUN_AT_COLUMN, KEYED_COLUMN = 10, 11, 12
 
 SWEEP: dict[str, Any] = {"floor_levels": None, "floor_at": None}
-# A probe's "no straggler" stands this long: a probe that stopped answering (the database
-# away, the thread gone) lets the claims sweep on the clock again.
-PROBE_VALID_SECONDS = 3 * SWEEP_SECONDS
+# A probe's "no straggler" stands this many of its rounds' intervals: a probe that stopped
+# answering (the database away, the thread gone) lets the claims sweep on the clock again.
+PROBE_VALID_ROUNDS = 3
+PROBE_VALID_SECONDS = PROBE_VALID_ROUNDS * SWEEP_SECONDS
+# The probe's share of one connection of the worker's pool: its next round comes no sooner
+# than the last one's duration divided by it. Under a pinned horizon a round reads every
+# entry claimed since the pin below the floors (150-350 ms a round 60-90 s into a pin at
+# 4,000 jobs/s), and every 2 s it held one of the two connections claims and acks share
+# 10-17 % of the time. At 5 % stragglers wait up to 7 s then, not 2 (cheap rounds keep 2 s).
+PROBE_SHARE = 0.05
 # A queue with more floor levels than this is swept on the clock, not probed: the claim
 # reads only its first levels one by one (sql/claiming.py's _LEVELS_ONE_BY_ONE).
 LEVELS_PROBED = 16
@@ -92,7 +100,7 @@ class ClaimFloors:
         self._floors: dict[str, dict[int, datetime]] = {}
         self._swept: dict[str, float] = {}
         self._every: dict[str, float] = {}  # per queue: seconds to the next sweep (SWEEP_SHARE)
-        self._probed: dict[str, float] = {}  # per queue: when a StragglerProbe last found none
+        self._probed: dict[str, tuple[float, float]] = {}  # per queue: when a probe last found none, for how long
         self._lock = threading.Lock()
 
     def params(self, queue: str) -> tuple[dict[str, Any], bool]:
@@ -103,7 +111,7 @@ class ClaimFloors:
             swept = self._swept.get(queue)
             now = self.clock()
             probed = self._probed.get(queue)
-            on_the_clock = probed is None or now - probed > PROBE_VALID_SECONDS  # no probe answers
+            on_the_clock = probed is None or now - probed[0] > probed[1]  # no probe answers
             if not floors or swept is None or (on_the_clock and now - swept >= self._every.get(queue, self.sweep_every)):
                 return SWEEP, True
             return self._floor_params(floors), False
@@ -128,10 +136,11 @@ class ClaimFloors:
         xmin horizon back; past the moving slack, claims take the held one."""
         self.slack = self.held_slack if held_seconds > self.moving_slack.total_seconds() else self.moving_slack
 
-    def probed(self, queue: str) -> None:
-        """A probe found no straggler in ``queue``: its claims need not sweep on the clock."""
+    def probed(self, queue: str, valid_s: float = PROBE_VALID_SECONDS) -> None:
+        """A probe found no straggler in ``queue``: its claims need not sweep on the clock
+        for ``valid_s`` (a few of the probe's intervals)."""
         with self._lock:
-            self._probed[queue] = self.clock()
+            self._probed[queue] = (self.clock(), valid_s)
 
     def claimed(self, queue: str, rows: Sequence[Sequence[Any]], sweep: bool, seconds: float = 0.0) -> None:
         """Move the floors of ``queue`` past the rows a claim returned (sql.CLAIM rows);
@@ -181,6 +190,7 @@ class StragglerProbe(threading.Thread):
         self.pool = pool
         self.floors = floors
         self.every = every
+        self.interval = every  # to the next round: every, or longer while rounds are slow
         self._signals: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         self._halt = threading.Event()
@@ -194,19 +204,21 @@ class StragglerProbe(threading.Thread):
 
     def run(self) -> None:
         with threads.lifetime(self.name, self._halt.is_set):
-            while not self._halt.wait(self.every):
+            while not self._halt.wait(self.interval):
                 try:
                     self.check()
                 except threads.EXPECTED as exc:
                     threads.warn(log, "looking for jobs behind the claim floors", exc)
 
     def check(self) -> list[str]:
-        """One round; returns the queues found with a straggler."""
+        """One round; returns the queues found with a straggler. Sets the interval to the
+        next (``PROBE_SHARE``)."""
         with self._lock:
             signals = dict(self._signals)
         if not any(self.floors.probe_params(queue) is not None for queue in signals):
             return []
-        found = []
+        found, clean = [], []
+        started = time.monotonic()
         with self.pool.connection(timeout=10) as c:  # one connection a round, whatever the queues
             self.floors.horizon(float(db.one(c.execute(sql.HORIZON_HELD))))
             for queue, signal in signals.items():
@@ -216,5 +228,8 @@ class StragglerProbe(threading.Thread):
                     found.append(queue)
                     signal.set()
                 else:
-                    self.floors.probed(queue)
+                    clean.append(queue)
+        self.interval = max(self.every, (time.monotonic() - started) / PROBE_SHARE)
+        for queue in clean:
+            self.floors.probed(queue, PROBE_VALID_ROUNDS * self.interval)
         return found
