@@ -83,7 +83,6 @@ def test_heartbeats_and_ack_batches_over_the_same_rows_never_deadlock(conn, data
     threads = [threading.Thread(target=beat), threading.Thread(target=ack)]
     for t in threads:
         t.start()
-    started = time.monotonic()
     try:
         for _ in range(ROUNDS):
             conn.execute(RESET, {"owner": OWNER})
@@ -100,4 +99,5 @@ def test_heartbeats_and_ack_batches_over_the_same_rows_never_deadlock(conn, data
     # both statements did their work: every round acked all rows, and some heartbeats came first
     assert conn.execute("SELECT count(*) FROM jobs WHERE queue = 'lockorder' AND status = 'succeeded'").fetchone()[0] == ROWS
     assert any(n == ROWS for n in renewed), "no heartbeat ever ran before its round's ack"
-    assert time.monotonic() - started < 60
+    # (no bound on the wall time: a hang breaks the barrier, 30 s; the 1,000 rounds took
+    # 42-75 s on this 2-core machine, alone or beside two other test processes)
