@@ -136,3 +136,19 @@ def test_under_a_pinned_horizon_releases_and_renewals_with_little_to_do_read_lit
     # with 3,050 jobs since the pin; by the key, a few (a heartbeat, ~15 a row it renews)
     assert max(read["reap"], read["release dead"], read["release owner"]) < 50, read
     assert read["heartbeat"] < 20 * len(held), read
+
+
+def test_a_job_its_process_stopped_is_left_to_that_process_s_own_reaps(conn, beating):
+    """A job interrupted by its fence writes no outcome; its row stays this process's, its
+    lease renewed until the job let go. The process then reads its own rows in its reaps
+    (others skip it while it beats) until that lease has run out."""
+    conn.execute("INSERT INTO job_queue (queue, actor) VALUES (%s, 'reap_noop')", (QUEUE,))
+    [message] = beating.claim(QUEUE, 1)
+    assert beating.leases._orphaned_at is None
+    message.fenced = "overdue"  # as fencing.py marks a job it interrupted
+    beating.ack(message)
+    assert beating.leases.count() == 0 and beating.leases._orphaned_at is not None
+    conn.execute("UPDATE job_queue SET lease_expires_at = now() - interval '1 minute' WHERE id = %s",
+                 (message.message_id,))
+    assert _reap(conn) == set()  # another process's reap: this one beats
+    assert [job for job, _, _ in beating.leases.reap_expired()] == [message.message_id]

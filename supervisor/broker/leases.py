@@ -79,7 +79,8 @@ class Leases:
 
     def may_have_orphaned(self) -> None:
         """Rows of this owner may be running that it does not hold: a claim whose answer
-        was lost, jobs it stopped overdue, unreadable rows it could not fail. Nothing
+        was lost, jobs it stopped (overdue: the heartbeat renews their rows until the
+        job lets go), unreadable rows it could not fail. Nothing
         renews them, and other processes' reaps skip this owner while it beats
         (sql.REAP_EXPIRED): its own reaps read its rows until a reap has run after
         their leases ran out."""

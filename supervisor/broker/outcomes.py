@@ -242,6 +242,7 @@ class Outcomes:
         the ack batcher calls it once for all of a batch's acks that share it, with how many)."""
         if message.fenced:  # interrupted: another process may own it now; write nothing
             self.leases.let_go(message.message_id)
+            self.leases.may_have_orphaned()  # else still ours, renewed until now: reaped once it expires
             if on_written is not None:
                 on_written(1)
             return
@@ -261,6 +262,7 @@ class Outcomes:
     def nack(self, message: PgMessageProxy) -> None:
         if message.fenced:
             self.leases.let_go(message.message_id)
+            self.leases.may_have_orphaned()
             return
         exc = getattr(message, "_exception", None)
         reason = f"attempt {message.attempts} of {message.max_attempts}: {type(exc).__name__ if exc else 'failed'}"
