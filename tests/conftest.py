@@ -8,6 +8,7 @@ its own, migrated once; each test starts from empty tables.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -109,6 +110,14 @@ def broker(request: pytest.FixtureRequest, database_url: str) -> Iterator[Postgr
     b = PostgresBroker(database_url, **(mark.kwargs if mark else {}))
     yield b
     b.close()
+
+
+def plan_buffers(conn: psycopg.Connection, statement: str, params: Any) -> int:
+    """Shared buffers ``statement`` reads, run under EXPLAIN (ANALYZE, BUFFERS) and rolled back."""
+    with conn.transaction(force_rollback=True):
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + statement, params).fetchone()[0]
+    node = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    return int(node["Shared Hit Blocks"]) + int(node["Shared Read Blocks"])
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 30.0, interval: float = 0.02,

@@ -4,7 +4,6 @@ not read again; sweeps (no floors) find the rows behind a floor. Real PostgreSQL
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from datetime import UTC
@@ -16,7 +15,7 @@ import pytest
 from supervisor.broker import PostgresBroker, sql
 from supervisor.broker.floors import SWEEP, ClaimFloors, SweepSignal
 from supervisor.broker.gates import first_turn
-from tests.conftest import scalar, wait_for
+from tests.conftest import plan_buffers, scalar, wait_for
 
 QUEUE = "floors"
 
@@ -135,11 +134,7 @@ def test_under_a_pinned_horizon_a_floored_claim_reads_a_few_pages_where_a_sweep_
 
 
 def _buffers(conn: psycopg.Connection, params: dict) -> int:
-    with conn.transaction(force_rollback=True):
-        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.claim(16), params).fetchone()[0]
-    top = json.loads(plan) if isinstance(plan, str) else plan
-    node = top[0]["Plan"]
-    return int(node["Shared Hit Blocks"]) + int(node["Shared Read Blocks"])
+    return plan_buffers(conn, sql.claim(16), params)
 
 
 def test_a_slow_sweep_makes_the_next_come_later_and_a_quick_one_brings_back_the_interval():

@@ -139,7 +139,7 @@ class Leases:
                 if since + limit <= now:
                     out.append((job_id, attempt))
                     self._held[job_id] = (attempt, math.inf)
-        if out:  # the jobs stop; their rows stay ours, unrenewed, until reaped
+        if out:  # the jobs stop; their rows stay ours until reaped (renewed until each lets go)
             self.may_have_orphaned()
         return out
 

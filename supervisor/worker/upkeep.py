@@ -116,14 +116,10 @@ class Upkeep(threading.Thread):
 
     def _maintain(self, statement: str, what: str, rows: int, *, key: str, own_connection: bool = True) -> None:
         started = time.monotonic()
-        if own_connection:
-            # A connection of its own for the seconds a vacuum runs (one process of the fleet
-            # at a time): the broker's few connections are for claims, acks and heartbeats.
-            with db.connect(self.broker.url) as c:
-                c.execute(statement, prepare=False)
-        else:
-            with self.broker.pool.connection(timeout=10) as c:
-                c.execute(statement, prepare=False)
+        # A connection of its own for the seconds a vacuum runs (one process of the fleet at
+        # a time): the broker's few connections are for claims, acks and heartbeats.
+        with db.connect(self.broker.url) if own_connection else self.broker.pool.connection(timeout=10) as c:
+            c.execute(statement, prepare=False)
         log.info(what + " in %.1fs", rows, time.monotonic() - started, extra={key: rows})
 
     def start_vacuum(self) -> None:
