@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
 APPLICATION_NAME = "actor-supervisor"
+# The application_name of the upkeep's short-lived maintenance sessions (vacuum, prune):
+# told apart from the job path's, whose bound (defaults.WORKER_CONNECTIONS) they are not in.
+MAINTENANCE_NAME = "actor-supervisor-upkeep"
 
 
 class DatabaseError(RuntimeError):
@@ -200,11 +203,11 @@ def is_pooled(url: str) -> bool:
     return url in _pooled
 
 
-def session_kwargs(url: str) -> dict[str, Any]:
+def session_kwargs(url: str, *, name: str = APPLICATION_NAME) -> dict[str, Any]:
     """psycopg connection arguments every connection to ``url`` uses."""
     # application_name names the process in pg_stat_activity (which one holds what).
     kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": 10,
-                              "application_name": f"{APPLICATION_NAME} {node_name()}:{os.getpid()}"[:63]}
+                              "application_name": f"{name} {node_name()}:{os.getpid()}"[:63]}
     if url in _pooled:
         kwargs["prepare_threshold"] = None
     return kwargs
@@ -224,9 +227,9 @@ def detect_pooled(url: str) -> bool:
         raise
 
 
-def connect(url: str, **kwargs: Any) -> psycopg.Connection:
+def connect(url: str, *, name: str = APPLICATION_NAME, **kwargs: Any) -> psycopg.Connection:
     try:
-        return psycopg.connect(url, **{**session_kwargs(url), **kwargs})
+        return psycopg.connect(url, **{**session_kwargs(url, name=name), **kwargs})
     except psycopg.OperationalError as exc:
         # One line, as every error the CLI prints: libpq's text spans several.
         raise DatabaseError(

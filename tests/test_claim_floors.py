@@ -5,8 +5,9 @@ not read again; sweeps (no floors) find the rows behind a floor. Real PostgreSQL
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
-from datetime import UTC
+from datetime import UTC, timedelta
 
 import dramatiq
 import psycopg
@@ -218,11 +219,15 @@ def test_while_a_transaction_holds_the_horizon_claims_take_the_held_slack(conn, 
     assert floors.slack == floors.moving_slack  # no transaction holds the horizon
     with psycopg.connect(database_url) as pin:
         pin.execute("SELECT txid_current()")  # vacuum and pruning can remove nothing from here on
+        started = time.monotonic()
         _claim_and_ack(conn, floored, rounds=30)
         _insert(conn, 10)
-        # The pin's age passes the moving slack while the rows above were written; the
-        # probe reads it from pg_stat_activity (the server's clock, not this test's).
-        wait_for(lambda: probe.check() == [] and floors.slack == floors.held_slack, 10)
+        # A moving slack that spans every row above, however slow this machine wrote them
+        # (at 0.5 s a loaded machine spent 1.5 s: the slack then passed over a third of them).
+        floors.moving_slack = timedelta(seconds=time.monotonic() - started + 0.5)
+        # The pin's age passes the moving slack; the probe reads it from pg_stat_activity
+        # (the server's clock, not this test's).
+        wait_for(lambda: probe.check() == [] and floors.slack == floors.held_slack, 30)
         params = _claim_params(floored)
         held = _buffers(conn, {**params, **floors.params(QUEUE)[0]})
         floors.slack = floors.moving_slack

@@ -118,7 +118,8 @@ class Upkeep(threading.Thread):
         started = time.monotonic()
         # A connection of its own for the seconds a vacuum runs (one process of the fleet at
         # a time): the broker's few connections are for claims, acks and heartbeats.
-        with db.connect(self.broker.url) if own_connection else self.broker.pool.connection(timeout=10) as c:
+        with (db.connect(self.broker.url, name=db.MAINTENANCE_NAME) if own_connection
+              else self.broker.pool.connection(timeout=10)) as c:
             c.execute(statement, prepare=False)
         log.info(what + " in %.1fs", rows, time.monotonic() - started, extra={key: rows})
 
@@ -182,7 +183,7 @@ class Upkeep(threading.Thread):
         r = self.settings.retention
         # A connection of its own for the seconds a prune of a busy table takes: on the
         # broker's two, claims and acks queued behind it.
-        with db.connect(self.broker.url) as c:
+        with db.connect(self.broker.url, name=db.MAINTENANCE_NAME) as c:
             counts = {status: self._history(c, status, getattr(r, status))
                       for status in ("succeeded", "failed", "cancelled")}
             counts["events"] = self._batches(c, jobs_sql.PRUNE_EVENTS, older_than_s=r.events)
