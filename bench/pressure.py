@@ -1,6 +1,6 @@
 """Pressure: a steady stream of no-op jobs while the xmin horizon is held back (issue 18 item 3).
 
-    python bench/pressure.py [--mode pin|readers|both] [--rate JOBS_PER_S] [--baseline 60]
+    python bench/pressure.py [--mode pin|readers|both|scans] [--rate JOBS_PER_S] [--baseline 60]
                              [--pin 90] [--after 60] [--interval 60] [--threads 16]
                              [--reader-xact 30] [--reader-pause 0.5] [--database-url URL]
 
@@ -15,7 +15,9 @@
      and job_events, jobs by status) every --reader-pause s in transactions of
      --reader-xact s, started a quarter of that apart, so they overlap and one of them
      always holds the horizon;
-   - both: the two at once.
+   - both: the two at once;
+   - scans: the readers' scans, at the same pace, each in a transaction of its own (READ
+     COMMITTED): their CPU without the horizon they hold, to tell the two costs apart.
 3. Each second: dead tuples and size (table + indexes + toast) of the live table
    (job_queue; jobs on the old storage, which holds finished rows too), job_history (all
    its partitions) and job_events, vacuums of the live table (the workers' upkeep vacuums
@@ -186,19 +188,23 @@ class CpuClock:
 
 
 class Reader(threading.Thread):
-    """A REPEATABLE READ session scanning the tables in transactions of ``xact_s``."""
+    """A REPEATABLE READ session scanning the tables in transactions of ``xact_s``; with
+    ``hold`` False, the same scans each in a transaction of its own (READ COMMITTED,
+    autocommit): their CPU without the horizon they hold."""
 
-    def __init__(self, url: str, xact_s: float, pause_s: float, delay_s: float) -> None:
+    def __init__(self, url: str, xact_s: float, pause_s: float, delay_s: float, *, hold: bool = True) -> None:
         super().__init__(name="reader", daemon=True)
         self.url, self.xact_s, self.pause_s, self.delay_s = url, xact_s, pause_s, delay_s
+        self.hold = hold
         self.halt = threading.Event()
         self.scans = 0
         self.pid = 0  # its backend's (its parallel workers come and go)
 
     def run(self) -> None:
-        with psycopg.connect(self.url) as conn:
+        with psycopg.connect(self.url, autocommit=not self.hold) as conn:
             self.pid = conn.info.backend_pid
-            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            if self.hold:
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             self.halt.wait(self.delay_s)
             while not self.halt.is_set():
                 began = time.monotonic()
@@ -226,9 +232,10 @@ class Pressure:
             self.pin = psycopg.connect(self.url)
             xid = one(self.pin, "SELECT txid_current()")[0]  # BEGIN is implicit
             self.say(f"pin: transaction {xid} open")
-        if self.mode in ("readers", "both"):
+        if self.mode in ("readers", "both", "scans"):
             step = self.args.reader_xact / READERS
-            self.readers = [Reader(self.url, self.args.reader_xact, self.args.reader_pause, i * step)
+            self.readers = [Reader(self.url, self.args.reader_xact, self.args.reader_pause, i * step,
+                                   hold=self.mode != "scans")
                             for i in range(READERS)]
             for reader in self.readers:
                 reader.start()
@@ -328,7 +335,7 @@ def run(url: str, args: argparse.Namespace) -> int:
             say(f"warm-up: 1 x {args.threads} threads drained 10,000 no-op jobs at {drain:,.0f} jobs/s")
         else:
             warm_up(conn, broker, actors.noop, 500)
-        pressure_name = {"pin": "pinned", "readers": "readers", "both": "pin+readers"}[args.mode]
+        pressure_name = {"pin": "pinned", "readers": "readers", "both": "pin+readers", "scans": "scans"}[args.mode]
         phases = [("baseline", args.baseline), (pressure_name, args.pin), ("after", args.after)]
         say(f"stream {rate:,.0f} jobs/s; {' / '.join(f'{n} {s:.0f} s' for n, s in phases)}; "
             f"1 x {args.threads} threads (load {os.getloadavg()[0]:.1f})")
@@ -412,7 +419,7 @@ def run(url: str, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=("pin", "readers", "both"), default="pin")
+    p.add_argument("--mode", choices=("pin", "readers", "both", "scans"), default="pin")
     p.add_argument("--rate", type=float, default=None, help="jobs/s (default: half a warm-up drain)")
     p.add_argument("--baseline", type=float, default=60.0, help="seconds unpinned first")
     p.add_argument("--pin", type=float, default=90.0, help="seconds under pressure (pin and/or readers)")
