@@ -3,7 +3,7 @@
 round by round, so the machine's drift hits each alike.
 
     python bench/floor_shapes.py [--jobs 20000] [--batch 128] [--connections 2] [--rounds 3]
-                                 [--shapes today,narrow,bound]
+                                 [--shapes today,narrow,log,bound] [--pin]
 
 - today: the product's own statements (db_floor.py's PATH): one wide row in ``job_queue``,
   the claim UPDATEs it (status, lease), FINISH deletes it and appends it to
@@ -12,6 +12,15 @@ round by round, so the machine's drift hits each alike.
   a narrow ``ready`` row (id, queue, priority, run_at) is what the claim takes, and it moves
   to a narrow ``claimed`` row (id, owner, attempt, lease); FINISH deletes the claimed row
   and the wide row and appends the wide row to history, as today.
+- log: PgQ's shape, append-only. Enqueue appends a wide row to ``fs_log`` stamped with its
+  transaction id; the claim takes the next rows of the queue's current window of
+  transactions (committed after the cursor's last snapshot and before its next, PgQ's
+  batches: a transaction that commits late falls in a later window, never behind a
+  cursor) and writes one lease row per batch (its rows' seqs); FINISH appends a narrow
+  ``fs_done`` row per job and deletes the batch's lease row. No job row is ever updated
+  or deleted: retention and rotation are TRUNCATE or partition drops. What it does not
+  have yet (per-job leases inside a batch, retries, priorities, delays, keys) is not
+  measured here.
 - bound: no lease at all (at-most-once): the claim DELETEs the wide rows and returns them,
   FINISH only appends a narrow history row (id, queue, actor, status, times). No shape that
   keeps a job through a crash and a history row per job can cost the server less per job;
@@ -40,7 +49,7 @@ from bench.db_floor import PATH as TODAY  # noqa: E402
 from bench.floor import Conn, JobPath, Run, run_once  # noqa: E402
 
 SCHEMA = """
-DROP TABLE IF EXISTS fs_jobs, fs_live, fs_ready, fs_claimed, fs_history;
+DROP TABLE IF EXISTS fs_jobs, fs_live, fs_ready, fs_claimed, fs_history, fs_log, fs_cursor, fs_lease, fs_done;
 CREATE TABLE fs_jobs (LIKE job_queue INCLUDING DEFAULTS, PRIMARY KEY (id));
 CREATE TABLE fs_live (LIKE job_queue INCLUDING DEFAULTS, PRIMARY KEY (id));
 CREATE INDEX fs_live_claim ON fs_live (queue, priority DESC, run_at, id);
@@ -53,6 +62,81 @@ CREATE TABLE fs_history (LIKE job_queue INCLUDING DEFAULTS);
 CREATE INDEX fs_history_id ON fs_history (id);
 CREATE INDEX fs_history_created ON fs_history (created_at, id);
 CREATE INDEX fs_history_finished ON fs_history (finished_at);
+CREATE TABLE fs_log (LIKE job_queue INCLUDING DEFAULTS,
+                     seq bigint GENERATED ALWAYS AS IDENTITY, tx xid8 NOT NULL DEFAULT pg_current_xact_id());
+CREATE INDEX fs_log_id ON fs_log (id);
+CREATE INDEX fs_log_claim ON fs_log (queue, tx, seq);
+CREATE TABLE fs_cursor (queue text PRIMARY KEY, lo pg_snapshot NOT NULL, hi pg_snapshot NOT NULL,
+                        at_tx xid8 NOT NULL DEFAULT '0', at_seq bigint NOT NULL DEFAULT 0);
+CREATE TABLE fs_lease (batch bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, owner text NOT NULL,
+                       expires_at timestamptz NOT NULL, seqs bigint[] NOT NULL);
+CREATE TABLE fs_done (seq bigint NOT NULL, id uuid NOT NULL, status text NOT NULL, attempt int NOT NULL,
+                      owner text NOT NULL, started_at timestamptz, finished_at timestamptz NOT NULL);
+CREATE INDEX fs_done_id ON fs_done (id);
+CREATE INDEX fs_done_finished ON fs_done (finished_at);
+-- The claim: up to n rows of the cursor's window (transactions visible in hi, not in lo),
+-- in (tx, seq) order after the cursor's place; an exhausted window moves on to the
+-- transactions committed since (hi becomes lo, the current snapshot hi). The cursor row
+-- is locked for the statement: claims of one queue take turns, each a few rows of index.
+CREATE FUNCTION fs_log_claim(q text, n int, who text)
+RETURNS TABLE (batch bigint, seq bigint, id uuid, actor text, args jsonb, kwargs jsonb, options jsonb,
+               message_timestamp bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c fs_cursor;
+    got bigint;
+    running xid8[];
+BEGIN
+    SELECT * INTO c FROM fs_cursor WHERE fs_cursor.queue = q FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO fs_cursor (queue, lo, hi) VALUES (q, pg_snapshot '1:1:', pg_current_snapshot())
+        ON CONFLICT DO NOTHING;
+        SELECT * INTO c FROM fs_cursor WHERE fs_cursor.queue = q FOR UPDATE;
+    END IF;
+    FOR round IN 1..2 LOOP
+        running := ARRAY(SELECT pg_snapshot_xip(c.lo));
+        RETURN QUERY
+        WITH picked AS (
+            -- The window's rows: those of transactions that were running at lo (its xip:
+            -- a few lookups, whatever their age) and those of later ones up to hi. Not a
+            -- range from lo's xmin: a transaction held open holds that xmin back, and the
+            -- range would then cover every row written since.
+            SELECT * FROM (
+                (SELECT l.seq, l.tx, l.id, l.actor, l.args, l.kwargs, l.options, l.message_timestamp FROM fs_log l
+                  WHERE l.queue = q AND l.tx >= greatest(pg_snapshot_xmax(c.lo), c.at_tx)
+                    AND l.tx < pg_snapshot_xmax(c.hi)
+                    AND (l.tx, l.seq) > (c.at_tx, c.at_seq) AND pg_visible_in_snapshot(l.tx, c.hi)
+                  ORDER BY l.tx, l.seq LIMIT n)
+                UNION ALL
+                (SELECT l.* FROM unnest(running) AS r(tx) CROSS JOIN LATERAL (
+                     SELECT l.seq, l.tx, l.id, l.actor, l.args, l.kwargs, l.options, l.message_timestamp
+                       FROM fs_log l
+                      WHERE l.queue = q AND l.tx = r.tx AND (l.tx, l.seq) > (c.at_tx, c.at_seq)
+                        AND pg_visible_in_snapshot(l.tx, c.hi)
+                      ORDER BY l.seq LIMIT n) l
+                  ORDER BY l.tx, l.seq LIMIT n)
+            ) w ORDER BY w.tx, w.seq LIMIT n
+        ), lease AS (
+            INSERT INTO fs_lease (owner, expires_at, seqs)
+            SELECT who, now() + interval '30 seconds', array_agg(p.seq) FROM picked p HAVING count(*) > 0
+            RETURNING fs_lease.batch
+        ), moved AS (
+            UPDATE fs_cursor SET lo = c.lo, hi = c.hi,
+                   (at_tx, at_seq) = (SELECT p.tx, p.seq FROM picked p ORDER BY p.tx DESC, p.seq DESC LIMIT 1)
+             WHERE fs_cursor.queue = q AND EXISTS (SELECT 1 FROM picked)
+        )
+        SELECT lease.batch, p.seq, p.id, p.actor, p.args, p.kwargs, p.options, p.message_timestamp
+          FROM picked p, lease;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        EXIT WHEN got > 0;
+        IF round = 1 THEN  -- the window is exhausted: the transactions committed since
+            c.lo := c.hi; c.hi := pg_current_snapshot(); c.at_tx := '0'; c.at_seq := 0;
+        ELSE
+            UPDATE fs_cursor SET lo = c.lo, hi = c.hi, at_tx = c.at_tx, at_seq = c.at_seq
+             WHERE fs_cursor.queue = q;
+        END IF;
+    END LOOP;
+END $$;
 """
 
 # Both prototypes enqueue the same columns as today's INSERT_MANY (bench/db_floor.py's rows).
@@ -66,6 +150,7 @@ WIDE_COLUMNS = """(id, queue, actor, args, kwargs, options, payload, priority, m
                      concurrency_key, message_timestamp, flow_key, flow, run_at)
 """
 INSERT_WIDE = f"INSERT INTO fs_jobs {WIDE_COLUMNS} SELECT m.*, now() + %s * interval '1 millisecond' {ENQUEUE_COLUMNS}"
+INSERT_LOG = f"INSERT INTO fs_log {WIDE_COLUMNS} SELECT m.*, now() + %s * interval '1 millisecond' {ENQUEUE_COLUMNS}"
 INSERT_LIVE = f"INSERT INTO fs_live {WIDE_COLUMNS} SELECT m.*, now() + %s * interval '1 millisecond' {ENQUEUE_COLUMNS}"
 
 
@@ -97,6 +182,16 @@ SELECT id, queue, actor, args, kwargs, options, 'succeeded', priority, run_at, 1
        created_at, now(), now(), message_timestamp, payload FROM j
 """
 
+LOG_CLAIM = "SELECT * FROM fs_log_claim(%(queue)s, %(n)s, %(owner)s)"
+# One narrow row a job, and the batch's lease row goes (the floor finishes whole batches).
+LOG_FINISH = """
+WITH done AS (
+    INSERT INTO fs_done (seq, id, status, attempt, owner, started_at, finished_at)
+    SELECT seq, id, 'succeeded', 1, %(owner)s, now(), now() FROM unnest(%(seqs)s::bigint[], %(ids)s::uuid[]) AS d(seq, id)
+)
+DELETE FROM fs_lease WHERE batch = %(batch)s AND owner = %(owner)s
+"""
+
 BOUND_CLAIM = """
 DELETE FROM fs_live WHERE id IN (
     SELECT id FROM fs_live WHERE queue = %(queue)s AND run_at <= now()
@@ -112,13 +207,14 @@ SELECT id, queue, actor, 'succeeded', created_at, now(), now()
 
 def reset(conn: Conn) -> None:
     TODAY.reset(conn)
-    conn.execute("TRUNCATE fs_jobs, fs_live, fs_ready, fs_claimed, fs_history")
+    conn.execute("TRUNCATE fs_jobs, fs_live, fs_ready, fs_claimed, fs_history, fs_log, fs_cursor, fs_lease, fs_done")
 
 
 def settle(conn: Conn) -> None:
     conn.execute("ANALYZE fs_jobs")
     conn.execute("ANALYZE fs_ready")
     conn.execute("ANALYZE fs_live")
+    conn.execute("ANALYZE fs_log")
 
 
 def narrow_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
@@ -132,6 +228,21 @@ def narrow_finish(conn: Conn, owner: str, rows: list[Any]) -> None:
 def narrow_left(conn: Conn) -> int:
     return int(conn.execute("SELECT (SELECT count(*) FROM fs_jobs) + (SELECT count(*) FROM fs_ready)"
                             " + (SELECT count(*) FROM fs_claimed)").fetchone()[0])
+
+
+def log_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
+    return conn.execute(LOG_CLAIM, {"queue": "floor", "n": batch, "owner": owner}).fetchall()
+
+
+def log_finish(conn: Conn, owner: str, rows: list[Any]) -> None:
+    conn.execute(LOG_FINISH, {"owner": owner, "batch": rows[0][0], "seqs": [r[1] for r in rows],
+                              "ids": [r[2] for r in rows]})
+
+
+def log_left(conn: Conn) -> int:
+    return int(conn.execute("SELECT (SELECT count(*) FROM fs_log) - (SELECT count(DISTINCT seq) FROM fs_done)"
+                            " + (SELECT count(*) FROM fs_done) - (SELECT count(DISTINCT seq) FROM fs_done)"
+                            " + (SELECT count(*) FROM fs_lease)").fetchone()[0])
 
 
 def bound_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
@@ -156,6 +267,8 @@ SHAPES = {
     "today": TODAY,
     "narrow": JobPath("narrow ready/claimed rows beside a static wide row (Solid Queue)", reset, TODAY.build,
                       enqueue_with(NARROW_ENQUEUE), settle, narrow_claim, narrow_finish, narrow_left),
+    "log": JobPath("append-only log, claims by transaction windows (PgQ), a lease row per batch", reset,
+                   TODAY.build, enqueue_with(INSERT_LOG), settle, log_claim, log_finish, log_left),
     "bound": JobPath("claim deletes the row, finish appends a narrow history row (no lease)", reset,
                      TODAY.build, enqueue_with(INSERT_LIVE), settle, bound_claim, bound_finish, bound_left),
 }
@@ -168,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--pin", action="store_true",
+                   help="hold the xmin horizon (BEGIN; SELECT txid_current()) through every round")
     p.add_argument("--database-url", default=None)
     args = p.parse_args(argv)
     shapes = args.shapes.split(",")
@@ -179,12 +294,17 @@ def main(argv: list[str] | None = None) -> int:
     with bench_database(server_url(args.database_url)) as url:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(SCHEMA)
+        pin = psycopg.connect(url) if args.pin else None
+        if pin is not None:  # vacuum and pruning remove no row version from here on
+            say(f"pin: transaction {pin.execute('SELECT txid_current()').fetchone()[0]} open")
         for n in range(args.rounds):
             for shape in shapes:
                 run = run_once(url, SHAPES[shape], args.jobs, args.batch, args.connections)
                 runs[shape].append(run)
                 say(f"round {n + 1} {shape:>6}: enqueue {run.enqueue_cpu:.0f} us/row; drain "
                     f"{run.drain_rate:,.0f} rows/s, {run.drain_cpu:.0f} us/row; {run.total_cpu:.0f} us/job")
+        if pin is not None:
+            pin.close()
     config = f"batch {args.batch} x {args.connections} conn"
     table = []
     for shape in shapes:
