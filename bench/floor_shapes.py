@@ -3,7 +3,7 @@
 round by round, so the machine's drift hits each alike.
 
     python bench/floor_shapes.py [--jobs 20000] [--batch 128] [--connections 2] [--rounds 3]
-                                 [--shapes today,narrow,log,bound] [--pin]
+                                 [--shapes today,narrow,slim,log,bound] [--pin]
 
 - today: the product's own statements (db_floor.py's PATH): one wide row in ``job_queue``,
   the claim UPDATEs it (status, lease), FINISH deletes it and appends it to
@@ -12,6 +12,11 @@ round by round, so the machine's drift hits each alike.
   a narrow ``ready`` row (id, queue, priority, run_at) is what the claim takes, and it moves
   to a narrow ``claimed`` row (id, owner, attempt, lease); FINISH deletes the claimed row
   and the wide row and appends the wide row to history, as today.
+- slim: the live row made narrow. The wide body is written once at enqueue into an
+  append-only ``fs_body`` (history by day, never updated); ``fs_slim`` holds a narrow live
+  row (id, queue, priority, run_at, status, attempts, lease) that the claim UPDATEs as
+  today (per-job row locks, leases, keys, priorities and delays as they are), and FINISH
+  deletes it and appends a narrow ``fs_slim_done`` row.
 - log: PgQ's shape, append-only. Enqueue appends a wide row to ``fs_log`` stamped with its
   transaction id; the claim takes the next rows of the queue's current window of
   transactions (committed after the cursor's last snapshot and before its next, PgQ's
@@ -49,7 +54,8 @@ from bench.db_floor import PATH as TODAY  # noqa: E402
 from bench.floor import Conn, JobPath, Run, run_once  # noqa: E402
 
 SCHEMA = """
-DROP TABLE IF EXISTS fs_jobs, fs_live, fs_ready, fs_claimed, fs_history, fs_log, fs_cursor, fs_lease, fs_done;
+DROP TABLE IF EXISTS fs_jobs, fs_live, fs_ready, fs_claimed, fs_history, fs_log, fs_cursor, fs_lease, fs_done,
+                     fs_body, fs_slim, fs_slim_done;
 CREATE TABLE fs_jobs (LIKE job_queue INCLUDING DEFAULTS, PRIMARY KEY (id));
 CREATE TABLE fs_live (LIKE job_queue INCLUDING DEFAULTS, PRIMARY KEY (id));
 CREATE INDEX fs_live_claim ON fs_live (queue, priority DESC, run_at, id);
@@ -74,6 +80,17 @@ CREATE TABLE fs_done (seq bigint NOT NULL, id uuid NOT NULL, status text NOT NUL
                       owner text NOT NULL, started_at timestamptz, finished_at timestamptz NOT NULL);
 CREATE INDEX fs_done_id ON fs_done (id);
 CREATE INDEX fs_done_finished ON fs_done (finished_at);
+CREATE TABLE fs_body (LIKE job_queue INCLUDING DEFAULTS);
+CREATE INDEX fs_body_id ON fs_body (id);
+CREATE TABLE fs_slim (id uuid PRIMARY KEY, queue text NOT NULL, priority int NOT NULL, run_at timestamptz NOT NULL,
+                      status text NOT NULL DEFAULT 'pending', attempts int NOT NULL DEFAULT 0, lease_owner text,
+                      lease_expires_at timestamptz);
+CREATE INDEX fs_slim_claim ON fs_slim (queue, priority DESC, run_at, id) WHERE status = 'pending';
+CREATE INDEX fs_slim_running ON fs_slim (lease_owner) WHERE status = 'running';
+CREATE TABLE fs_slim_done (id uuid NOT NULL, status text NOT NULL, attempt int NOT NULL, owner text NOT NULL,
+                           started_at timestamptz, finished_at timestamptz NOT NULL);
+CREATE INDEX fs_slim_done_id ON fs_slim_done (id);
+CREATE INDEX fs_slim_done_finished ON fs_slim_done (finished_at);
 -- The claim: up to n rows of the cursor's window (transactions visible in hi, not in lo),
 -- in (tx, seq) order after the cursor's place; an exhausted window moves on to the
 -- transactions committed since (hi becomes lo, the current snapshot hi). The cursor row
@@ -182,6 +199,29 @@ SELECT id, queue, actor, args, kwargs, options, 'succeeded', priority, run_at, 1
        created_at, now(), now(), message_timestamp, payload FROM j
 """
 
+INSERT_BODY = f"INSERT INTO fs_body {WIDE_COLUMNS} SELECT m.*, now() + %s * interval '1 millisecond' {ENQUEUE_COLUMNS}"
+SLIM_ENQUEUE = f"""
+WITH b AS ({INSERT_BODY} RETURNING id, queue, priority, run_at)
+INSERT INTO fs_slim (id, queue, priority, run_at) SELECT id, queue, priority, run_at FROM b
+"""
+SLIM_CLAIM = """
+WITH c AS (
+    UPDATE fs_slim SET status = 'running', lease_owner = %(owner)s, attempts = attempts + 1,
+                       lease_expires_at = now() + interval '30 seconds'
+     WHERE id IN (SELECT id FROM fs_slim WHERE queue = %(queue)s AND status = 'pending' AND run_at <= now()
+                   ORDER BY priority DESC, run_at, id LIMIT %(n)s FOR UPDATE SKIP LOCKED)
+    RETURNING id, attempts
+)
+SELECT b.id, b.actor, b.args, b.kwargs, c.attempts, b.options, b.message_timestamp FROM c JOIN fs_body b USING (id)
+"""
+SLIM_FINISH = """
+WITH d AS (
+    DELETE FROM fs_slim WHERE id = ANY(%(ids)s::uuid[]) AND lease_owner = %(owner)s RETURNING id, attempts
+)
+INSERT INTO fs_slim_done (id, status, attempt, owner, started_at, finished_at)
+SELECT id, 'succeeded', attempts, %(owner)s, now(), now() FROM d
+"""
+
 LOG_CLAIM = "SELECT * FROM fs_log_claim(%(queue)s, %(n)s, %(owner)s)"
 # One narrow row a job, and the batch's lease row goes (the floor finishes whole batches).
 LOG_FINISH = """
@@ -207,7 +247,8 @@ SELECT id, queue, actor, 'succeeded', created_at, now(), now()
 
 def reset(conn: Conn) -> None:
     TODAY.reset(conn)
-    conn.execute("TRUNCATE fs_jobs, fs_live, fs_ready, fs_claimed, fs_history, fs_log, fs_cursor, fs_lease, fs_done")
+    conn.execute("TRUNCATE fs_jobs, fs_live, fs_ready, fs_claimed, fs_history, fs_log, fs_cursor, fs_lease, fs_done,"
+                 " fs_body, fs_slim, fs_slim_done")
 
 
 def settle(conn: Conn) -> None:
@@ -215,6 +256,8 @@ def settle(conn: Conn) -> None:
     conn.execute("ANALYZE fs_ready")
     conn.execute("ANALYZE fs_live")
     conn.execute("ANALYZE fs_log")
+    conn.execute("ANALYZE fs_slim")
+    conn.execute("ANALYZE fs_body")
 
 
 def narrow_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
@@ -228,6 +271,19 @@ def narrow_finish(conn: Conn, owner: str, rows: list[Any]) -> None:
 def narrow_left(conn: Conn) -> int:
     return int(conn.execute("SELECT (SELECT count(*) FROM fs_jobs) + (SELECT count(*) FROM fs_ready)"
                             " + (SELECT count(*) FROM fs_claimed)").fetchone()[0])
+
+
+def slim_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
+    return conn.execute(SLIM_CLAIM, {"queue": "floor", "n": batch, "owner": owner}).fetchall()
+
+
+def slim_finish(conn: Conn, owner: str, rows: list[Any]) -> None:
+    conn.execute(SLIM_FINISH, {"ids": [r[0] for r in rows], "owner": owner})
+
+
+def slim_left(conn: Conn) -> int:
+    return int(conn.execute("SELECT (SELECT count(*) FROM fs_slim) + (SELECT count(*) FROM fs_body)"
+                            " - (SELECT count(DISTINCT id) FROM fs_slim_done)").fetchone()[0])
 
 
 def log_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
@@ -267,6 +323,8 @@ SHAPES = {
     "today": TODAY,
     "narrow": JobPath("narrow ready/claimed rows beside a static wide row (Solid Queue)", reset, TODAY.build,
                       enqueue_with(NARROW_ENQUEUE), settle, narrow_claim, narrow_finish, narrow_left),
+    "slim": JobPath("a narrow live row beside a wide body written once; finish appends a narrow done row", reset,
+                    TODAY.build, enqueue_with(SLIM_ENQUEUE), settle, slim_claim, slim_finish, slim_left),
     "log": JobPath("append-only log, claims by transaction windows (PgQ), a lease row per batch", reset,
                    TODAY.build, enqueue_with(INSERT_LOG), settle, log_claim, log_finish, log_left),
     "bound": JobPath("claim deletes the row, finish appends a narrow history row (no lease)", reset,
