@@ -73,6 +73,7 @@ CREATE TABLE fs_log (LIKE job_queue INCLUDING DEFAULTS,
                      seq bigint GENERATED ALWAYS AS IDENTITY, tx xid8 NOT NULL DEFAULT pg_current_xact_id());
 CREATE INDEX fs_log_id ON fs_log (id);
 CREATE INDEX fs_log_claim ON fs_log (queue, tx, seq);
+CREATE UNIQUE INDEX fs_log_seq ON fs_log (seq);  -- the jobs view's finished part, driven by fs_done
 -- The cursor is appended to, never updated: under a held horizon a row updated by every
 -- claim keeps every version (24,000 of them doubled a claim's time here), while the newest
 -- of an append-only log is one step of an index read backwards.
