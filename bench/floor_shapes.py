@@ -23,14 +23,14 @@ round by round, so the machine's drift hits each alike.
   batches: a transaction that commits late falls in a later window, never behind a
   cursor) and writes one lease row per batch (its rows' seqs); FINISH appends a narrow
   ``fs_done`` row per job and deletes the batch's lease row. The cursor is a log too (a
-  row per claim, the newest read). No job row is ever updated
-  or deleted: retention and rotation are TRUNCATE or partition drops. What it does not
-  have yet (per-job leases inside a batch, retries, priorities, delays, keys) is not
-  measured here.
+  row per claim, the newest read). No job row is ever updated or deleted: retention and
+  rotation are TRUNCATE or partition drops. What it does not have yet (per-job leases
+  inside a batch, retries, priorities, delays, keys) is not measured here.
 - bound: no lease at all (at-most-once): the claim DELETEs the wide rows and returns them,
-  FINISH only appends a narrow history row (id, queue, actor, status, times). No shape that
-  keeps a job through a crash and a history row per job can cost the server less per job;
-  its rows/s is the ceiling of this procedure on this machine.
+  FINISH only appends a narrow history row (id, queue, actor, status, times). No shape
+  whose claim takes each job's own row (an UPDATE or a DELETE of it) can cost the server
+  less per job; the log, whose claim writes a row per batch, does (2026-11-29). Its rows/s
+  is about the ceiling of this procedure on this machine (one client process).
 
 The prototypes' tables live in the bench database beside the product's schema, with the
 indexes each shape needs (history: the three of ``job_history``). Nothing here is product
