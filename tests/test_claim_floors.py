@@ -16,7 +16,7 @@ import pytest
 from supervisor.broker import PostgresBroker, sql
 from supervisor.broker.floors import SWEEP, ClaimFloors, SweepSignal
 from supervisor.broker.gates import first_turn
-from tests.conftest import plan_buffers, scalar, wait_for
+from tests.conftest import plan_buffers, run_rounds, scalar, wait_for
 
 QUEUE = "floors"
 
@@ -38,17 +38,6 @@ def _insert(conn: psycopg.Connection, n: int, *, ago_s: float = 0.0, priority: i
         "INSERT INTO job_queue (queue, actor, priority, run_at) SELECT %s, 'floors_noop', %s,"
         " now() - %s * interval '1 second' FROM generate_series(1, %s) RETURNING id",
         (QUEUE, priority, ago_s, n)).fetchall()]
-
-
-def _claim_and_ack(conn: psycopg.Connection, broker: PostgresBroker, *, rounds: int) -> None:
-    """Rounds of 100 rows inserted, claimed and acked: under a pin, 100 entries a round
-    that no scan can skip by itself."""
-    for _ in range(rounds):
-        batch = _insert(conn, 100)
-        claimed = broker.claim(QUEUE, 100)
-        assert {m.message_id for m in claimed} == set(batch)
-        broker._write_acks([m.message_id for m in claimed], [m.attempts for m in claimed],
-                           [None] * len(claimed), [None] * len(claimed))
 
 
 def _claim_params(broker: PostgresBroker) -> dict:
@@ -121,7 +110,7 @@ def test_under_a_pinned_horizon_a_floored_claim_reads_a_few_pages_where_a_sweep_
         conn, floored, database_url):
     with psycopg.connect(database_url) as pin:
         pin.execute("SELECT txid_current()")  # vacuum and pruning can remove nothing from here on
-        _claim_and_ack(conn, floored, rounds=30)
+        run_rounds(conn, floored, QUEUE, "floors_noop", rounds=30)
         _insert(conn, 10)
         floors, sweep = floored.floors.params(QUEUE)
         assert not sweep
@@ -220,7 +209,7 @@ def test_while_a_transaction_holds_the_horizon_claims_take_the_held_slack(conn, 
     with psycopg.connect(database_url) as pin:
         pin.execute("SELECT txid_current()")  # vacuum and pruning can remove nothing from here on
         started = time.monotonic()
-        _claim_and_ack(conn, floored, rounds=30)
+        run_rounds(conn, floored, QUEUE, "floors_noop", rounds=30)
         _insert(conn, 10)
         # A moving slack that spans every row above, however slow this machine wrote them
         # (at 0.5 s a loaded machine spent 1.5 s: the slack then passed over a third of them).

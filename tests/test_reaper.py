@@ -15,7 +15,7 @@ import pytest
 from supervisor.broker import PostgresBroker, sql
 from supervisor.broker.leases import reap_params
 from supervisor.worker.registry import Registration
-from tests.conftest import plan_buffers, scalar, wait_for
+from tests.conftest import plan_buffers, run_rounds, scalar, wait_for
 
 QUEUE = "reap"
 pytestmark = pytest.mark.broker(lease_seconds=1, owner="reap-host:1:aaaaaa")
@@ -40,17 +40,6 @@ def _running(conn: psycopg.Connection, owner: str, *, expired_s: float = 60.0) -
     return str(scalar(conn, "INSERT INTO job_queue (queue, actor, status, attempts, lease_owner, claimed_at,"
                             " lease_expires_at) VALUES (%s, 'reap_noop', 'running', 1, %s, now(),"
                             " now() - %s * interval '1 second') RETURNING id", (QUEUE, owner, expired_s)))
-
-
-def _run_jobs(conn: psycopg.Connection, broker: PostgresBroker, *, rounds: int) -> None:
-    """Rounds of 100 jobs enqueued, claimed and acked by ``broker``."""
-    for _ in range(rounds):
-        conn.execute("INSERT INTO job_queue (queue, actor) SELECT %s, 'reap_noop' FROM generate_series(1, 100)",
-                     (QUEUE,))
-        claimed = broker.claim(QUEUE, 100)
-        assert len(claimed) == 100
-        broker._write_acks([m.message_id for m in claimed], [m.attempts for m in claimed],
-                           [None] * 100, [None] * 100)
 
 
 def _reap(conn: psycopg.Connection, me: str | None = None) -> set[str]:
@@ -88,7 +77,7 @@ def test_a_process_that_stopped_or_never_beat_is_reaped_whatever_its_last_beat(c
 def test_under_a_pinned_horizon_the_reap_skips_the_entries_of_processes_that_beat(conn, beating, database_url):
     with psycopg.connect(database_url) as pin:
         pin.execute("SELECT txid_current()")  # vacuum and pruning can remove nothing from here on
-        _run_jobs(conn, beating, rounds=30)  # 3,000 jobs: each leaves a dead entry in jobs_running
+        run_rounds(conn, beating, QUEUE, "reap_noop", rounds=30)  # 3,000 jobs: each leaves a dead entry in jobs_running
         expired = _running(conn, "cli-host:7:bbbbbb")
         conn.execute("ANALYZE job_queue")  # as autovacuum may have
         read = {name: _entries(conn, me) for name, me in (("skipping", None), ("reading it", beating.owner))}
@@ -113,7 +102,7 @@ def test_under_a_pinned_horizon_releases_and_renewals_with_little_to_do_read_lit
     whole primary key (every version of every job since) to find the few rows to release."""
     with psycopg.connect(database_url) as pin:
         pin.execute("SELECT txid_current()")
-        _run_jobs(conn, beating, rounds=30)
+        run_rounds(conn, beating, QUEUE, "reap_noop", rounds=30)
         # Statistics taken now count no live row (the upkeep's ANALYZE or a vacuum can take
         # them at such a moment): the planner then takes the table for empty.
         conn.execute("ANALYZE job_queue")
