@@ -344,7 +344,11 @@ def test_prune_removes_only_what_it_should_while_claims_go_on(conn, workers, dat
     assert counts["runs"] == 1 and counts["results"] == 2
     left = dict(conn.execute("SELECT status, count(*) FROM jobs WHERE actor = 'x' GROUP BY 1").fetchall())
     assert left == {"failed": 700}
-    assert scalar(conn, "SELECT count(*) FROM job_events") == 700  # the recent ones
+    # The recent seeded ones stay. The stream's own jobs may add events while it runs (rows
+    # given back unstarted when the worker's threads stall on a loaded machine): not counted.
+    assert scalar(conn, "SELECT count(*) FROM job_events WHERE who = 'test'") == 700
+    assert scalar(conn, "SELECT count(*) FROM job_events e WHERE who <> 'test'"
+                        " AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = e.job_id AND j.actor = 'record')") == 0
     assert scalar(conn, "SELECT count(*) FROM job_progress") == 0
     assert sorted(r[0] for r in conn.execute("SELECT job_name FROM job_runs")) == ["new", "stuck"]
     assert [r[0] for r in conn.execute("SELECT key FROM job_results")] == ["live"]
