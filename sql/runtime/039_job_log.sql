@@ -1,0 +1,273 @@
+-- The job log: ready work that no statement ever updates or deletes (issue 18; PgQ's shape,
+-- measured in bench/floor_shapes.py as "log": 36-40 us of server CPU a job against 78-100
+-- for job_queue's insert, claim UPDATE, DELETE and history copy, and flat under a held
+-- xmin horizon). A job's row is appended at enqueue; a claim appends one lease row for its
+-- batch and one cursor row; every outcome appends one narrow done row. Nothing here makes a
+-- dead tuple on the job path, so a pinned horizon or a long reader leaves nothing behind
+-- for the claim to step over. Retention drops whole days (job_log_drop_before).
+--
+-- The storage layer: supervisor/broker/sql/joblog.py holds its statements (ARCHITECTURE.md,
+-- "The job log"). job_queue keeps the work that waits: delays, retries, concurrency and
+-- limit keys, dedupe keys.
+
+CREATE SEQUENCE job_log_seq;
+
+-- One row per attempt of a ready job. tx is the producer's transaction: claims read the
+-- log in windows of transactions (job_log_claim), never by seq alone, since seqs are
+-- taken at insert and a transaction that commits late would land behind a cursor.
+-- day is the partition: a row's done row lives in the same day, so retention drops both.
+-- attempts: the attempts before this row (a released job is appended again with its count).
+CREATE TABLE job_log (
+    seq               bigint      NOT NULL DEFAULT nextval('job_log_seq'),
+    day               date        NOT NULL DEFAULT current_date,
+    tx                xid8        NOT NULL DEFAULT pg_current_xact_id(),
+    id                uuid        NOT NULL,
+    queue             text        NOT NULL,
+    actor             text        NOT NULL,
+    args              jsonb       NOT NULL DEFAULT '[]',
+    kwargs            jsonb       NOT NULL DEFAULT '{}',
+    options           jsonb       NOT NULL DEFAULT '{}',
+    payload           bytea,
+    priority          integer     NOT NULL DEFAULT 0,
+    attempts          integer     NOT NULL DEFAULT 0,
+    max_attempts      integer,
+    lease_losses      integer     NOT NULL DEFAULT 0,
+    max_lease_losses  integer,
+    message_timestamp bigint,
+    created_at        timestamptz NOT NULL DEFAULT now()
+) PARTITION BY RANGE (day);
+ALTER SEQUENCE job_log_seq OWNED BY job_log.seq;
+-- The claim's read: a level's rows in window order.
+CREATE INDEX job_log_claim ON job_log (queue, priority, tx, seq);
+-- A done row names its log row by (seq, day): the jobs view's join, the release's lookup.
+CREATE UNIQUE INDEX job_log_seq_day ON job_log (seq, day);
+CREATE INDEX job_log_id ON job_log (id);
+
+-- One row per ended attempt: its outcome. The primary key is the fence: "finish this
+-- attempt if it is still mine" is an INSERT ... ON CONFLICT DO NOTHING, so of an ack, a
+-- release by the reaper and a cancel, exactly one writes the attempt's outcome.
+-- Statuses: succeeded, failed, cancelled (final); retried, requeued, released (the job
+-- went on as another row: in job_queue, or appended to the log again).
+CREATE TABLE job_done (
+    seq         bigint      NOT NULL,
+    day         date        NOT NULL,
+    id          uuid        NOT NULL,
+    status      text        NOT NULL CHECK (status IN ('succeeded', 'failed', 'cancelled', 'retried', 'requeued', 'released')),
+    attempt     integer     NOT NULL,
+    owner       text,
+    started_at  timestamptz,
+    finished_at timestamptz NOT NULL DEFAULT now(),
+    last_error  text,
+    result      jsonb,
+    PRIMARY KEY (seq, day)
+) PARTITION BY RANGE (day);
+-- Windows of finished_at (the dashboard's last hour): rows arrive in finished_at order, so
+-- a block range index serves them at almost no cost per row.
+CREATE INDEX job_done_finished ON job_done USING brin (finished_at);
+
+-- One row per claimed batch: whose it is, until when, which log rows. The owner's beat
+-- renews all its rows in one statement; the batch's row goes with the finish of its last
+-- job. Undone seqs of an expired or dead owner's rows are released (their done row
+-- 'released', the job appended again).
+CREATE TABLE job_lease (
+    batch      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    owner      text        NOT NULL,
+    claimed_at timestamptz NOT NULL DEFAULT now(),
+    expires_at timestamptz NOT NULL,
+    seqs       bigint[]    NOT NULL,
+    days       date[]      NOT NULL
+);
+CREATE INDEX job_lease_owner ON job_lease (owner);
+CREATE INDEX job_lease_expiry ON job_lease (expires_at);
+
+-- Where the claims of a queue's priority level are: the window of transactions (visible in
+-- hi, not in lo) and the last row taken in it. Appended, never updated: under a held
+-- horizon one row updated by every claim keeps every version (24,000 of them doubled a
+-- claim's time), while the newest of appended rows is one step of a backward index read.
+CREATE TABLE job_cursor (
+    at       bigint      GENERATED ALWAYS AS IDENTITY,
+    queue    text        NOT NULL,
+    priority integer     NOT NULL,
+    lo       pg_snapshot NOT NULL,
+    hi       pg_snapshot NOT NULL,
+    at_tx    xid8        NOT NULL,
+    at_seq   bigint      NOT NULL,
+    made_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX job_cursor_newest ON job_cursor (queue, priority, at DESC);
+
+-- One day of the log and of its done rows, created ahead by the upkeep. Plain tables
+-- attached after (CREATE ... PARTITION OF would lock the parent against every reader).
+CREATE FUNCTION job_log_add_day(d date) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['job_log', 'job_done'] LOOP
+        IF to_regclass(format('%s_d%s', t, to_char(d, 'YYYYMMDD'))) IS NULL THEN
+            EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS, CHECK (day >= %L AND day < %L))',
+                           format('%s_d%s', t, to_char(d, 'YYYYMMDD')), t, d, d + 1);
+            EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)',
+                           t, format('%s_d%s', t, to_char(d, 'YYYYMMDD')), d, d + 1);
+        END IF;
+    END LOOP;
+END $$;
+
+-- A row of a day with no partition yet (the upkeep fell behind) lands here; retention
+-- moves what is left of it into a day.
+CREATE TABLE job_log_default PARTITION OF job_log DEFAULT;
+CREATE TABLE job_done_default PARTITION OF job_done DEFAULT;
+
+DO $$
+BEGIN
+    FOR i IN -1..2 LOOP
+        PERFORM job_log_add_day(current_date + i);
+    END LOOP;
+END $$;
+
+-- The claim: up to n rows of queue q for owner who, highest priority level first, each
+-- level in the order of its windows of transactions, none while the queue is paused.
+-- Claims of a queue take turns (an advisory lock until commit): a window is read by one
+-- claim at a time, a few index entries each, never a row locked by another. The lease row
+-- is written in the same statement, so a claim that commits holds what it returned.
+--
+-- A level's window: the rows of transactions visible in hi and not in lo, read as a range
+-- from lo's xmax plus lookups of lo's running transactions, never from lo's xmin, which a
+-- transaction held open would hold back (the range would then cover every row since). A
+-- transaction that commits after hi falls in a later window, never behind the cursor.
+-- Rows with a done row (a pending job cancelled) are passed over.
+CREATE FUNCTION job_log_claim(q text, n integer, who text, lease_s double precision)
+RETURNS TABLE (batch bigint, seq bigint, day date, id uuid, queue text, actor text, body text,
+               attempt integer, max_attempts integer, lease_losses integer, max_lease_losses integer,
+               message_timestamp bigint, payload bytea, priority integer, created_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    c job_cursor;
+    level integer;
+    want integer := n;
+    moved boolean;
+    advanced boolean;
+    running xid8[];
+    p_seq bigint[];
+    p_day date[];
+    p_tx xid8[];
+    k integer;
+    b bigint;
+    taken bigint[] := '{}';
+    taken_days date[] := '{}';
+BEGIN
+    IF n < 1 OR EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = q) THEN
+        RETURN;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('job_log_claim'), hashtext(q));
+    -- the queue's levels, highest first: one index descent each (a loose index scan)
+    level := (SELECT max(l.priority) FROM job_log l WHERE l.queue = q);
+    WHILE level IS NOT NULL AND want > 0 LOOP
+        SELECT * INTO c FROM job_cursor k WHERE k.queue = q AND k.priority = level ORDER BY k.at DESC LIMIT 1;
+        IF NOT FOUND THEN
+            c.queue := q; c.priority := level; c.lo := '1:1:'; c.hi := pg_current_snapshot();
+            c.at_tx := '0'; c.at_seq := 0;
+        END IF;
+        moved := false;
+        advanced := false;
+        LOOP
+            running := ARRAY(SELECT pg_snapshot_xip(c.lo));
+            SELECT array_agg(w.seq ORDER BY w.tx, w.seq), array_agg(w.day ORDER BY w.tx, w.seq),
+                   array_agg(w.tx ORDER BY w.tx, w.seq)
+              INTO p_seq, p_day, p_tx
+              FROM ((SELECT l.seq, l.day, l.tx FROM job_log l
+                      WHERE l.queue = q AND l.priority = level
+                        AND l.tx >= greatest(pg_snapshot_xmax(c.lo), c.at_tx) AND l.tx < pg_snapshot_xmax(c.hi)
+                        AND (l.tx, l.seq) > (c.at_tx, c.at_seq) AND pg_visible_in_snapshot(l.tx, c.hi)
+                      ORDER BY l.tx, l.seq LIMIT want)
+                    UNION ALL
+                    (SELECT x.* FROM unnest(running) AS r(tx) CROSS JOIN LATERAL (
+                         SELECT l.seq, l.day, l.tx FROM job_log l
+                          WHERE l.queue = q AND l.priority = level AND l.tx = r.tx
+                            AND (l.tx, l.seq) > (c.at_tx, c.at_seq) AND pg_visible_in_snapshot(l.tx, c.hi)
+                          ORDER BY l.seq LIMIT want) x
+                      ORDER BY 3, 1 LIMIT want)
+                    ORDER BY 3, 1 LIMIT want) w;
+            IF p_seq IS NOT NULL THEN
+                k := cardinality(p_seq);
+                c.at_tx := p_tx[k]; c.at_seq := p_seq[k];
+                moved := true;
+                -- a pending job cancelled has its done row already: passed over
+                SELECT taken || coalesce(array_agg(u.s ORDER BY u.o), '{}'),
+                       taken_days || coalesce(array_agg(u.d ORDER BY u.o), '{}')
+                  INTO taken, taken_days
+                  FROM unnest(p_seq, p_day) WITH ORDINALITY AS u(s, d, o)
+                 WHERE NOT EXISTS (SELECT 1 FROM job_done x WHERE x.seq = u.s AND x.day = u.d);
+                want := n - cardinality(taken);
+                EXIT WHEN want = 0;
+                CONTINUE;  -- the same window again: it may hold more
+            END IF;
+            EXIT WHEN advanced;
+            -- the window is exhausted: on to the transactions committed since
+            c.lo := c.hi; c.hi := pg_current_snapshot(); c.at_tx := '0'; c.at_seq := 0;
+            advanced := true;
+        END LOOP;
+        -- written only when the claim took rows of the level: an idle queue's claims
+        -- append nothing (the next one moves on from the last written window)
+        IF moved THEN
+            INSERT INTO job_cursor (queue, priority, lo, hi, at_tx, at_seq) VALUES (q, level, c.lo, c.hi, c.at_tx, c.at_seq);
+        END IF;
+        level := (SELECT max(l.priority) FROM job_log l WHERE l.queue = q AND l.priority < level);
+    END LOOP;
+    IF cardinality(taken) = 0 THEN
+        RETURN;
+    END IF;
+    INSERT INTO job_lease (owner, expires_at, seqs, days)
+    VALUES (who, now() + lease_s * interval '1 second', taken, taken_days)
+    RETURNING job_lease.batch INTO b;
+    RETURN QUERY
+    SELECT b, l.seq, l.day, l.id, l.queue, l.actor, jsonb_build_array(l.args, l.kwargs, l.options)::text,
+           l.attempts + 1, l.max_attempts, l.lease_losses, l.max_lease_losses,
+           coalesce(l.message_timestamp, (extract(epoch FROM l.created_at) * 1000)::bigint), l.payload,
+           l.priority, l.created_at
+      FROM unnest(taken, taken_days) WITH ORDINALITY AS t(seq, day, o)
+      JOIN job_log l ON l.seq = t.seq AND l.day = t.day
+     ORDER BY t.o;
+END $$;
+
+-- Retention: drop every day of the log before the cutoff, with its done rows, as two
+-- DROP TABLEs (no DELETE, no vacuum after). Before a day goes, its rows with no outcome
+-- are appended to today (a job waits as long as it must), and its failed and cancelled
+-- jobs are archived into job_history, where they are kept as long as that status's
+-- retention says (the dead letters outlive the log's days). A day a lease still names is
+-- left for a later round; a partition another session holds too (the caller's
+-- lock_timeout). Returns how many log rows went (the planner's count, not a scan).
+CREATE FUNCTION job_log_drop_before(cutoff date) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    part record;
+    dropped bigint := 0;
+BEGIN
+    FOR part IN
+        SELECT c.relname, to_date(right(c.relname, 8), 'YYYYMMDD') AS d, greatest(c.reltuples, 0)::bigint AS rows
+          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+         WHERE i.inhparent = 'job_log'::regclass AND c.relname ~ '_d[0-9]{8}$'
+           AND to_date(right(c.relname, 8), 'YYYYMMDD') < cutoff
+         ORDER BY 1
+    LOOP
+        -- A claim holds the day until it commits; its lease is then visible here.
+        EXECUTE format('LOCK TABLE %I, %I IN ACCESS EXCLUSIVE MODE', part.relname,
+                       'job_done_d' || to_char(part.d, 'YYYYMMDD'));
+        CONTINUE WHEN EXISTS (SELECT 1 FROM job_lease WHERE part.d = ANY(days));
+        INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
+                             lease_losses, max_lease_losses, message_timestamp, created_at)
+        SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, l.priority, l.attempts, l.max_attempts,
+               l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at
+          FROM job_log l
+         WHERE l.day = part.d AND NOT EXISTS (SELECT 1 FROM job_done x WHERE x.seq = l.seq AND x.day = l.day);
+        INSERT INTO job_history (id, queue, actor, args, kwargs, options, status, priority, run_at, attempts,
+                                 max_attempts, lease_owner, created_at, started_at, finished_at, last_error, result,
+                                 lease_losses, max_lease_losses, message_timestamp, payload)
+        SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, x.status, l.priority, l.created_at, x.attempt,
+               coalesce(l.max_attempts, x.attempt), x.owner, l.created_at, x.started_at, x.finished_at, x.last_error,
+               x.result, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.payload
+          FROM job_done x JOIN job_log l ON l.seq = x.seq AND l.day = x.day
+         WHERE x.day = part.d AND x.status IN ('failed', 'cancelled');
+        EXECUTE format('DROP TABLE %I, %I', part.relname, 'job_done_d' || to_char(part.d, 'YYYYMMDD'));
+        dropped := dropped + part.rows;
+    END LOOP;
+    RETURN dropped;
+END $$;

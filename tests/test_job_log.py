@@ -1,0 +1,249 @@
+"""The job log's storage (migration 039, supervisor/broker/sql/joblog.py) on the real
+server: claims follow producers' transactions (a late commit is claimed, never skipped; a
+rollback never), priority levels, the done row as the one fence for every outcome,
+releases, cancels, pauses and retention by dropping days."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import pytest
+
+from supervisor.broker.sql import joblog
+from tests.conftest import plan_buffers, scalar
+
+QUEUE = "log"
+OWNER = "log-host:1:aaaaaa"
+
+
+def messages(n: int, *, priority: int = 0, queue: str = QUEUE) -> dict[str, list[Any]]:
+    """LOG_INSERT's parameters for n no-op messages."""
+    ids = [str(uuid.uuid4()) for _ in range(n)]
+    return {"id": ids, "queue": [queue] * n, "actor": ["noop"] * n, "args": [json.dumps([i]) for i in range(n)],
+            "kwargs": ["{}"] * n, "options": ["{}"] * n, "payload": [None] * n, "priority": [priority] * n,
+            "max_attempts": [None] * n, "message_timestamp": [None] * n}
+
+
+def enqueue(conn: psycopg.Connection, n: int, **kw: Any) -> list[str]:
+    params = messages(n, **kw)
+    conn.execute(joblog.LOG_INSERT, params)
+    return params["id"]
+
+
+def claim(conn: psycopg.Connection, n: int, *, owner: str = OWNER, lease_s: float = 30.0,
+          queue: str = QUEUE) -> list[Any]:
+    return conn.execute(joblog.LOG_CLAIM, {"queue": queue, "n": n, "owner": owner, "lease_s": lease_s}).fetchall()
+
+
+def finish(conn: psycopg.Connection, rows: Sequence[Any], status: str = "succeeded", *, owner: str = OWNER,
+           ended: Sequence[int] = (), run_at: Any = None, error: str | None = None) -> list[Any]:
+    """LOG_FINISH for ``rows`` (claimed rows: batch, seq, day, id, ..., attempt at 7)."""
+    n = len(rows)
+    return conn.execute(joblog.LOG_FINISH, {
+        "seq": [r[1] for r in rows], "day": [r[2] for r in rows], "status": [status] * n,
+        "attempt": [r[7] for r in rows], "started_at": [None] * n, "error": [error] * n, "result": [None] * n,
+        "run_at": [run_at] * n, "owner": owner, "ended": list(ended)}).fetchall()
+
+
+def release(conn: psycopg.Connection, owners: Sequence[str] = (), max_losses: int = 3) -> list[Any]:
+    return conn.execute(joblog.LOG_RELEASE, {"owners": list(owners), "limit": 100,
+                                             "max_losses": max_losses}).fetchall()
+
+
+def test_claims_take_each_committed_row_once_in_order(conn: psycopg.Connection) -> None:
+    ids = enqueue(conn, 10)
+    first = claim(conn, 4)
+    second = claim(conn, 100)
+    assert [str(r[3]) for r in first + second] == ids
+    assert claim(conn, 10) == []
+    assert [json.loads(r[6])[0] for r in first] == [[0], [1], [2], [3]]
+    assert {r[7] for r in first + second} == {1}  # attempt
+    assert len({r[0] for r in first}) == 1 and first[0][0] != second[0][0]  # a lease row a batch
+    assert finish(conn, first, ended=[first[0][0]]) == [(r[1], r[2]) for r in first]
+    assert scalar(conn, "SELECT count(*) FROM job_lease") == 1
+    assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded'") == 4
+
+
+def test_higher_priority_first_then_each_level_in_order(conn: psycopg.Connection) -> None:
+    low = enqueue(conn, 3, priority=0)
+    high = enqueue(conn, 2, priority=5)
+    rows = claim(conn, 4)
+    assert [str(r[3]) for r in rows] == high + low[:2]
+    more = enqueue(conn, 1, priority=5)
+    assert [str(r[3]) for r in claim(conn, 10)] == more + low[2:]
+
+
+def test_a_transaction_that_commits_late_is_claimed_and_a_rollback_never(database_url: str,
+                                                                          conn: psycopg.Connection) -> None:
+    with psycopg.connect(database_url) as early, psycopg.connect(database_url) as doomed:
+        early_ids = enqueue(early, 2)  # its seqs come first, its commit last
+        enqueue(doomed, 2)
+        late_ids = enqueue(conn, 2)
+        assert [str(r[3]) for r in claim(conn, 10)] == late_ids
+        early.commit()
+        doomed.rollback()
+    assert [str(r[3]) for r in claim(conn, 10)] == early_ids
+    assert claim(conn, 10) == []
+
+
+def test_an_open_transaction_does_not_make_claims_read_from_its_start(database_url: str,
+                                                                      conn: psycopg.Connection) -> None:
+    """A producer's transaction held open is a lookup of the windows after it, not a range
+    from its xid: claims meanwhile read only what they take."""
+    with psycopg.connect(database_url) as held:
+        held_ids = enqueue(held, 1)
+        for _ in range(30):
+            enqueue(conn, 20)
+            assert len(claim(conn, 20)) == 20
+        buffers = _claim_buffers(conn)
+        held.commit()
+    assert 10 < buffers < 150, buffers  # a range from its xid would visit the 600 rows claimed since
+    rest = [str(r[3]) for r in claim(conn, 100)]
+    assert rest[:1] == held_ids and len(rest) == 21  # and the 20 the measured claim rolled back
+
+
+def _claim_buffers(conn: psycopg.Connection) -> int:
+    """Shared buffers one claim of 20 reads (its function's statements included), rolled back."""
+    enqueue(conn, 20)
+    return plan_buffers(conn, joblog.LOG_CLAIM, {"queue": QUEUE, "n": 20, "owner": OWNER, "lease_s": 30.0})
+
+
+def test_concurrent_producers_and_claimers_take_every_committed_row_exactly_once(database_url: str,
+                                                                                  conn: psycopg.Connection) -> None:
+    committed: list[str] = []
+    claimed: list[str] = []
+    lock = threading.Lock()
+    producing = threading.Event()
+    producing.set()
+
+    def produce(seed: int) -> None:
+        rnd = random.Random(seed)
+        with psycopg.connect(database_url) as c:
+            for _ in range(40):
+                ids = []
+                for _ in range(rnd.randint(1, 3)):  # a transaction of 1-3 statements
+                    ids += enqueue(c, rnd.randint(1, 5))
+                if rnd.random() < 0.2:
+                    c.rollback()
+                else:
+                    c.commit()
+                    with lock:
+                        committed.extend(ids)
+
+    def drain(owner: str) -> None:
+        with psycopg.connect(database_url, autocommit=True) as c:
+            while True:
+                rows = claim(c, 7, owner=owner)
+                with lock:
+                    claimed.extend(str(r[3]) for r in rows)
+                if rows:
+                    finish(c, rows, owner=owner, ended=[rows[0][0]])
+                elif not producing.is_set():
+                    return
+
+    producers = [threading.Thread(target=produce, args=(i,)) for i in range(4)]
+    claimers = [threading.Thread(target=drain, args=(f"c{i}",)) for i in range(3)]
+    for t in producers + claimers:
+        t.start()
+    for t in producers:
+        t.join()
+    producing.clear()
+    for t in claimers:
+        t.join()
+    rest = [str(r[3]) for r in claim(conn, 10_000)]
+    assert sorted(claimed + rest) == sorted(committed)
+    assert len(set(claimed + rest)) == len(claimed + rest)
+
+
+def test_a_released_attempt_is_appended_again_and_its_late_ack_counts_nothing(conn: psycopg.Connection) -> None:
+    enqueue(conn, 2)
+    rows = claim(conn, 2, lease_s=-1)  # expired at once
+    assert sorted(r[0] for r in release(conn)) == sorted(str(r[3]) for r in rows)
+    assert finish(conn, rows) == []  # the reaper's done rows came first
+    again = claim(conn, 10, owner="other")
+    assert sorted(str(r[3]) for r in again) == sorted(str(r[3]) for r in rows)
+    assert {(r[7], r[9]) for r in again} == {(2, 1)}  # attempt 2, one lease loss
+    assert len(finish(conn, again, owner="other", ended=[again[0][0]])) == 2
+    assert scalar(conn, "SELECT count(*) FROM job_lease") == 0
+    statuses = conn.execute("SELECT status, count(*) FROM job_done GROUP BY 1 ORDER BY 1").fetchall()
+    assert statuses == [("released", 2), ("succeeded", 2)]
+
+
+def test_a_dead_owner_s_rows_are_released_and_lease_losses_fail_a_job_at_its_budget(conn: psycopg.Connection) -> None:
+    (job,) = enqueue(conn, 1)
+    for loss in range(1, 3):
+        (row,) = claim(conn, 1, owner=f"dead{loss}")
+        assert row[9] == loss - 1
+        assert release(conn, owners=[f"dead{loss}"], max_losses=2) == [(job, loss == 2)]
+    assert claim(conn, 1) == []
+    assert scalar(conn, "SELECT status FROM job_done ORDER BY finished_at DESC, seq DESC LIMIT 1") == "failed"
+
+
+def test_a_retry_goes_to_job_queue_and_a_requeue_back_to_the_log_uncounted(conn: psycopg.Connection) -> None:
+    a, b = enqueue(conn, 2)
+    ra, rb = claim(conn, 2)
+    finish(conn, [ra], "retried", run_at="2100-01-01T00:00:00Z", error="boom")
+    finish(conn, [rb], "requeued", ended=[rb[0]])
+    row = conn.execute("SELECT id::text, status, attempts, last_error, run_at > now() FROM job_queue").fetchone()
+    assert row == (a, "retryable", 1, "boom", True)
+    (again,) = claim(conn, 10)
+    assert (str(again[3]), again[7]) == (b, 1)  # the same attempt number: it never ran
+
+
+def test_cancel_passes_over_a_pending_job_and_fences_a_running_one(conn: psycopg.Connection) -> None:
+    pending, running = enqueue(conn, 2)
+    (row,) = claim(conn, 1)
+    assert str(row[3]) == pending
+    for job in (pending, running):
+        assert len(conn.execute(joblog.LOG_CANCEL, {"id": job, "reason": "by test"}).fetchall()) == 1
+    assert claim(conn, 10) == []
+    assert finish(conn, [row]) == []
+    assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'cancelled'") == 2
+
+
+def test_a_paused_queue_gets_no_claims(conn: psycopg.Connection) -> None:
+    enqueue(conn, 1)
+    conn.execute("INSERT INTO queue_pauses (queue) VALUES (%s)", [QUEUE])
+    assert claim(conn, 1) == []
+    conn.execute("DELETE FROM queue_pauses")
+    assert len(claim(conn, 1)) == 1
+
+
+def test_retention_drops_days_and_keeps_what_has_not_ended(conn: psycopg.Connection) -> None:
+    old = "2000-01-01"
+    conn.execute("SELECT job_log_add_day(%s::date)", [old])
+    done, failed, waiting = (str(uuid.uuid4()) for _ in range(3))
+    conn.execute("INSERT INTO job_log (seq, day, id, queue, actor) VALUES (1, %(d)s, %(a)s, 'log', 'noop'),"
+                 " (2, %(d)s, %(b)s, 'log', 'noop'), (3, %(d)s, %(c)s, 'log', 'noop')",
+                 {"d": old, "a": done, "b": failed, "c": waiting})
+    conn.execute("INSERT INTO job_done (seq, day, id, status, attempt, last_error) VALUES (1, %(d)s, %(a)s, 'succeeded', 1, NULL),"
+                 " (2, %(d)s, %(b)s, 'failed', 1, 'boom')", {"d": old, "a": done, "b": failed})
+    conn.execute(joblog.LOG_DROP_BEFORE, {"cutoff": "2000-01-02"})
+    assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is None
+    assert scalar(conn, "SELECT to_regclass('job_done_d20000101')") is None
+    assert conn.execute("SELECT id::text, day = current_date FROM job_log").fetchall() == [(waiting, True)]
+    assert conn.execute("SELECT id::text, status, last_error FROM job_history").fetchall() == [(failed, "failed", "boom")]
+
+
+def test_a_day_a_lease_names_is_kept(conn: psycopg.Connection) -> None:
+    old = "2000-01-01"
+    conn.execute("SELECT job_log_add_day(%s::date)", [old])
+    conn.execute("INSERT INTO job_log (day, id, queue, actor) VALUES (%s, gen_random_uuid(), 'log', 'noop')", [old])
+    (row,) = claim(conn, 1)
+    conn.execute(joblog.LOG_DROP_BEFORE, {"cutoff": "2000-01-02"})
+    assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is not None
+    finish(conn, [row], ended=[row[0]])
+    conn.execute(joblog.LOG_DROP_BEFORE, {"cutoff": "2000-01-02"})
+    assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is None
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_a_claim_of_nothing_takes_nothing(conn: psycopg.Connection, n: int) -> None:
+    enqueue(conn, 1)
+    assert claim(conn, n) == []
