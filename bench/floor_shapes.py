@@ -3,7 +3,7 @@
 round by round, so the machine's drift hits each alike.
 
     python bench/floor_shapes.py [--jobs 20000] [--batch 128] [--connections 2] [--rounds 3]
-                                 [--shapes today,narrow,slim,log,bound] [--pin]
+                                 [--shapes today,narrow,slim,log,joblog,bound] [--pin]
 
 - today: the product's own statements (db_floor.py's PATH): one wide row in ``job_queue``,
   the claim UPDATEs it (status, lease), FINISH deletes it and appends it to
@@ -26,6 +26,9 @@ round by round, so the machine's drift hits each alike.
   row per claim, the newest read). No job row is ever updated or deleted: retention and
   rotation are TRUNCATE or partition drops. What it does not have yet (per-job leases
   inside a batch, retries, priorities, delays, keys) is not measured here.
+- joblog: the log as built in the product (migration 039, ``supervisor/broker/sql/joblog.py``):
+  the log's shape with priority levels, days, cancels passed over and a done row per job
+  through LOG_FINISH, the one statement every outcome takes.
 - bound: no lease at all (at-most-once): the claim DELETEs the wide rows and returns them,
   FINISH only appends a narrow history row (id, queue, actor, status, times). No shape
   whose claim takes each job's own row (an UPDATE or a DELETE of it) can cost the server
@@ -53,6 +56,7 @@ from bench.basics import Figure, print_table  # noqa: E402
 from bench.common import bench_database, code_state, say, server_url  # noqa: E402
 from bench.db_floor import PATH as TODAY  # noqa: E402
 from bench.floor import Conn, JobPath, Run, run_once  # noqa: E402
+from supervisor.broker.sql import joblog  # noqa: E402
 
 SCHEMA = """
 DROP TABLE IF EXISTS fs_jobs, fs_live, fs_ready, fs_claimed, fs_history, fs_log, fs_cursor, fs_lease, fs_done,
@@ -317,6 +321,37 @@ def bound_left(conn: Conn) -> int:
     return int(conn.execute("SELECT count(*) FROM fs_live").fetchone()[0])
 
 
+def joblog_reset(conn: Conn) -> None:
+    reset(conn)
+    conn.execute("TRUNCATE job_log, job_done, job_lease, job_cursor")
+
+
+def joblog_enqueue(conn: Conn, params: list[Any]) -> None:
+    """TODAY.build's rows as joblog.LOG_INSERT's arrays (the product's log enqueue)."""
+    ids, queues, actors, args, kwargs, options, payload, priority, max_attempts, _dk, _ck, stamps = params[1:13]
+    conn.execute(joblog.LOG_INSERT, {"id": ids, "queue": queues, "actor": actors, "args": args, "kwargs": kwargs,
+                                     "options": options, "payload": payload, "priority": priority,
+                                     "max_attempts": max_attempts, "message_timestamp": stamps})
+
+
+def joblog_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
+    return conn.execute(joblog.LOG_CLAIM, {"queue": "floor", "n": batch, "owner": owner, "lease_s": 30.0}).fetchall()
+
+
+def joblog_finish(conn: Conn, owner: str, rows: list[Any]) -> None:
+    """Each row's outcome (succeeded, as a worker sends it), the batch's lease with it."""
+    n = len(rows)
+    conn.execute(joblog.LOG_FINISH, {"seq": [r[1] for r in rows], "day": [r[2] for r in rows], "id": [r[3] for r in rows],
+                                     "status": ["succeeded"] * n, "attempt": [r[7] for r in rows],
+                                     "started_at": [None] * n, "error": [None] * n, "result": [None] * n,
+                                     "run_at": [None] * n, "owner": owner, "ended": [rows[0][0]]})
+
+
+def joblog_left(conn: Conn) -> int:
+    return int(conn.execute("SELECT (SELECT count(*) FROM job_log) - (SELECT count(*) FROM job_done)"
+                            " + (SELECT count(*) FROM job_lease)").fetchone()[0])
+
+
 def enqueue_with(statement: str) -> Any:
     def enqueue(conn: Conn, params: list[Any]) -> None:
         conn.execute(statement, params[:15])  # the delay and the 14 columns; no limit keys
@@ -331,6 +366,8 @@ SHAPES = {
                     TODAY.build, enqueue_with(SLIM_ENQUEUE), settle, slim_claim, slim_finish, slim_left),
     "log": JobPath("append-only log, claims by transaction windows (PgQ), a lease row per batch", reset,
                    TODAY.build, enqueue_with(INSERT_LOG), settle, log_claim, log_finish, log_left),
+    "joblog": JobPath("the product's job log (migration 039, broker/sql/joblog.py)", joblog_reset, TODAY.build,
+                      joblog_enqueue, settle, joblog_claim, joblog_finish, joblog_left),
     "bound": JobPath("claim deletes the row, finish appends a narrow history row (no lease)", reset,
                      TODAY.build, enqueue_with(INSERT_LIVE), settle, bound_claim, bound_finish, bound_left),
 }

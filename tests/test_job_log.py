@@ -46,7 +46,7 @@ def finish(conn: psycopg.Connection, rows: Sequence[Any], status: str = "succeed
     """LOG_FINISH for ``rows`` (claimed rows: batch, seq, day, id, ..., attempt at 7)."""
     n = len(rows)
     return conn.execute(joblog.LOG_FINISH, {
-        "seq": [r[1] for r in rows], "day": [r[2] for r in rows], "status": [status] * n,
+        "seq": [r[1] for r in rows], "day": [r[2] for r in rows], "id": [r[3] for r in rows], "status": [status] * n,
         "attempt": [r[7] for r in rows], "started_at": [None] * n, "error": [error] * n, "result": [None] * n,
         "run_at": [run_at] * n, "owner": owner, "ended": list(ended)}).fetchall()
 

@@ -124,6 +124,15 @@ BEGIN
     END LOOP;
 END $$;
 
+-- A pending job of the log that was cancelled: its done row is written, and its (seq, day)
+-- here, so the claims pass it over. A small table (cancels of pending jobs are few, and
+-- retention deletes them with their day): a claim's check is a probe of nearly nothing.
+CREATE TABLE job_log_cancel (
+    seq bigint NOT NULL,
+    day date   NOT NULL,
+    PRIMARY KEY (seq, day)
+);
+
 -- The claim: up to n rows of queue q for owner who, highest priority level first, each
 -- level in the order of its windows of transactions, none while the queue is paused.
 -- Claims of a queue take turns (an advisory lock until commit): a window is read by one
@@ -134,12 +143,17 @@ END $$;
 -- from lo's xmax plus lookups of lo's running transactions, never from lo's xmin, which a
 -- transaction held open would hold back (the range would then cover every row since). A
 -- transaction that commits after hi falls in a later window, never behind the cursor.
--- Rows with a done row (a pending job cancelled) are passed over.
+-- The rows are read whole once (into an array): no second lookup of each by its key.
+-- enable_sort off: a window's rows come in index order, up to what the claim takes; the
+-- planner, whose statistics cannot know how many rows one transaction wrote (20,000 in one
+-- COPY are a range of 3 xids), would otherwise sort the whole window at every claim.
+-- jit off: a plan with a sort left in it (a few running transactions' rows) is then priced
+-- above jit_above_cost, and compiling it took 300 ms a claim.
 CREATE FUNCTION job_log_claim(q text, n integer, who text, lease_s double precision)
 RETURNS TABLE (batch bigint, seq bigint, day date, id uuid, queue text, actor text, body text,
                attempt integer, max_attempts integer, lease_losses integer, max_lease_losses integer,
                message_timestamp bigint, payload bytea, priority integer, created_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_sort = off SET jit = off AS $$
 DECLARE
     c job_cursor;
     level integer;
@@ -147,13 +161,11 @@ DECLARE
     moved boolean;
     advanced boolean;
     running xid8[];
-    p_seq bigint[];
-    p_day date[];
-    p_tx xid8[];
+    picked job_log[];
     k integer;
     b bigint;
-    taken bigint[] := '{}';
-    taken_days date[] := '{}';
+    taken job_log[] := '{}';
+    cancels boolean := EXISTS (SELECT 1 FROM job_log_cancel);
 BEGIN
     IF n < 1 OR EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = q) THEN
         RETURN;
@@ -171,32 +183,30 @@ BEGIN
         advanced := false;
         LOOP
             running := ARRAY(SELECT pg_snapshot_xip(c.lo));
-            SELECT array_agg(w.seq ORDER BY w.tx, w.seq), array_agg(w.day ORDER BY w.tx, w.seq),
-                   array_agg(w.tx ORDER BY w.tx, w.seq)
-              INTO p_seq, p_day, p_tx
-              FROM ((SELECT l.seq, l.day, l.tx FROM job_log l
+            SELECT array_agg(w.r ORDER BY w.tx, w.seq) INTO picked
+              FROM ((SELECT l AS r, l.tx, l.seq FROM job_log l
                       WHERE l.queue = q AND l.priority = level
                         AND l.tx >= greatest(pg_snapshot_xmax(c.lo), c.at_tx) AND l.tx < pg_snapshot_xmax(c.hi)
                         AND (l.tx, l.seq) > (c.at_tx, c.at_seq) AND pg_visible_in_snapshot(l.tx, c.hi)
                       ORDER BY l.tx, l.seq LIMIT want)
                     UNION ALL
-                    (SELECT x.* FROM unnest(running) AS r(tx) CROSS JOIN LATERAL (
-                         SELECT l.seq, l.day, l.tx FROM job_log l
-                          WHERE l.queue = q AND l.priority = level AND l.tx = r.tx
+                    (SELECT x.* FROM unnest(running) AS t(tx) CROSS JOIN LATERAL (
+                         SELECT l AS r, l.tx, l.seq FROM job_log l
+                          WHERE l.queue = q AND l.priority = level AND l.tx = t.tx
                             AND (l.tx, l.seq) > (c.at_tx, c.at_seq) AND pg_visible_in_snapshot(l.tx, c.hi)
                           ORDER BY l.seq LIMIT want) x
-                      ORDER BY 3, 1 LIMIT want)
-                    ORDER BY 3, 1 LIMIT want) w;
-            IF p_seq IS NOT NULL THEN
-                k := cardinality(p_seq);
-                c.at_tx := p_tx[k]; c.at_seq := p_seq[k];
+                      ORDER BY 2, 3 LIMIT want)
+                    ORDER BY 2, 3 LIMIT want) w;
+            IF picked IS NOT NULL THEN
+                k := cardinality(picked);
+                c.at_tx := picked[k].tx; c.at_seq := picked[k].seq;
                 moved := true;
-                -- a pending job cancelled has its done row already: passed over
-                SELECT taken || coalesce(array_agg(u.s ORDER BY u.o), '{}'),
-                       taken_days || coalesce(array_agg(u.d ORDER BY u.o), '{}')
-                  INTO taken, taken_days
-                  FROM unnest(p_seq, p_day) WITH ORDINALITY AS u(s, d, o)
-                 WHERE NOT EXISTS (SELECT 1 FROM job_done x WHERE x.seq = u.s AND x.day = u.d);
+                IF cancels THEN  -- a pending job cancelled is passed over
+                    picked := ARRAY(SELECT u FROM unnest(picked) WITH ORDINALITY AS u
+                                     WHERE NOT EXISTS (SELECT 1 FROM job_log_cancel x WHERE x.seq = u.seq AND x.day = u.day)
+                                     ORDER BY u.ordinality);
+                END IF;
+                taken := taken || picked;
                 want := n - cardinality(taken);
                 EXIT WHEN want = 0;
                 CONTINUE;  -- the same window again: it may hold more
@@ -217,16 +227,16 @@ BEGIN
         RETURN;
     END IF;
     INSERT INTO job_lease (owner, expires_at, seqs, days)
-    VALUES (who, now() + lease_s * interval '1 second', taken, taken_days)
+    SELECT who, now() + lease_s * interval '1 second', array_agg(t.seq ORDER BY t.ordinality), array_agg(t.day ORDER BY t.ordinality)
+      FROM unnest(taken) WITH ORDINALITY AS t
     RETURNING job_lease.batch INTO b;
     RETURN QUERY
     SELECT b, l.seq, l.day, l.id, l.queue, l.actor, jsonb_build_array(l.args, l.kwargs, l.options)::text,
            l.attempts + 1, l.max_attempts, l.lease_losses, l.max_lease_losses,
            coalesce(l.message_timestamp, (extract(epoch FROM l.created_at) * 1000)::bigint), l.payload,
            l.priority, l.created_at
-      FROM unnest(taken, taken_days) WITH ORDINALITY AS t(seq, day, o)
-      JOIN job_log l ON l.seq = t.seq AND l.day = t.day
-     ORDER BY t.o;
+      FROM unnest(taken) WITH ORDINALITY AS l
+     ORDER BY l.ordinality;
 END $$;
 
 -- Retention: drop every day of the log before the cutoff, with its done rows, as two
@@ -266,6 +276,7 @@ BEGIN
                x.result, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.payload
           FROM job_done x JOIN job_log l ON l.seq = x.seq AND l.day = x.day
          WHERE x.day = part.d AND x.status IN ('failed', 'cancelled');
+        DELETE FROM job_log_cancel WHERE day = part.d;
         EXECUTE format('DROP TABLE %I, %I', part.relname, 'job_done_d' || to_char(part.d, 'YYYYMMDD'));
         dropped := dropped + part.rows;
     END LOOP;

@@ -31,21 +31,20 @@ SELECT * FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(arg
 LOG_CLAIM = "SELECT * FROM job_log_claim(%(queue)s, %(n)s, %(owner)s, %(lease_s)s)"
 
 # The one way an attempt of a log row ends: a batch of outcomes, any mix. Per row: seq,
-# day, status (succeeded, failed, cancelled, retried, requeued), the attempt, when it began
+# day, the job's id, status (succeeded, failed, cancelled, retried, requeued), the attempt, when it began
 # running, its error and result, and for a retry its run_at. Leases whose every row has
 # ended (the owner knows: ``ended``) go in the same statement. Returns the (seq, day) of
 # the rows whose outcome this statement wrote; any other was ended before (released by
 # the reaper, cancelled) and its outcome here counts for nothing.
 LOG_FINISH = """
 WITH f AS (
-    SELECT * FROM unnest(%(seq)s::bigint[], %(day)s::date[], %(status)s::text[], %(attempt)s::int[],
+    SELECT * FROM unnest(%(seq)s::bigint[], %(day)s::date[], %(id)s::uuid[], %(status)s::text[], %(attempt)s::int[],
                          %(started_at)s::timestamptz[], %(error)s::text[], %(result)s::jsonb[],
                          %(run_at)s::timestamptz[])
-        AS f(seq, day, status, attempt, started_at, error, result, run_at)
+        AS f(seq, day, id, status, attempt, started_at, error, result, run_at)
 ), done AS (
     INSERT INTO job_done (seq, day, id, status, attempt, owner, started_at, last_error, result)
-    SELECT f.seq, f.day, l.id, f.status, f.attempt, %(owner)s, f.started_at, f.error, f.result
-      FROM f JOIN job_log l ON l.seq = f.seq AND l.day = f.day
+    SELECT f.seq, f.day, f.id, f.status, f.attempt, %(owner)s, f.started_at, f.error, f.result FROM f
     ON CONFLICT (seq, day) DO NOTHING
     RETURNING seq, day, status
 ), retried AS (
@@ -110,16 +109,21 @@ SELECT id::text, status = 'failed' FROM released
 """
 
 # Cancel a job of the log that has not ended: its newest attempt gets a 'cancelled' done
-# row (a pending one is then passed over by the claims; a running one's ack counts
-# nothing, and the cancel channel interrupts it). Returns the cancelled seqs.
+# row (a running one's ack then counts nothing, and the cancel channel interrupts it) and
+# a job_log_cancel row, which the claims pass over. Returns the cancelled seqs.
 LOG_CANCEL = """
-INSERT INTO job_done (seq, day, id, status, attempt, owner, last_error)
-SELECT l.seq, l.day, l.id, 'cancelled', l.attempts + 1, NULL, %(reason)s
-  FROM job_log l
- WHERE l.id = %(id)s::uuid
-   AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
-ON CONFLICT (seq, day) DO NOTHING
-RETURNING seq
+WITH done AS (
+    INSERT INTO job_done (seq, day, id, status, attempt, owner, last_error)
+    SELECT l.seq, l.day, l.id, 'cancelled', l.attempts + 1, NULL, %(reason)s
+      FROM job_log l
+     WHERE l.id = %(id)s::uuid
+       AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
+    ON CONFLICT (seq, day) DO NOTHING
+    RETURNING seq, day
+), passed AS (
+    INSERT INTO job_log_cancel (seq, day) SELECT seq, day FROM done
+)
+SELECT seq FROM done
 """
 
 # Days of the log made ahead, and retention: job_log_drop_before (039) drops each day
