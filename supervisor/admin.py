@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 
 from . import db, defaults, jobsearch
 from .broker import reads, sql
+from .broker.sql import joblog
 from .identity import operator
 from .worker import registry, scheduler_sql
 
@@ -48,7 +49,8 @@ def retry_job(conn: psycopg.Connection, job_id: str) -> bool:
 def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
     """Cancel a pending, retryable or running job (its process interrupts it).
     Cancelling a cancelled job again is harmless: True, nothing written."""
-    row = conn.execute(sql.CANCEL, {"id": job_id, "who": operator(), "reason": "cancelled by operator"}).fetchone()
+    params = {"id": job_id, "who": operator(), "reason": "cancelled by operator"}
+    row = conn.execute(sql.CANCEL, params).fetchone() or conn.execute(joblog.LOG_CANCEL, params).fetchone()
     if row is not None:
         return True
     status = conn.execute(reads.STATUS, {"id": job_id}).fetchone()

@@ -43,6 +43,16 @@ ENQUEUE_RETRY_SECONDS = 10.0
 THREADS = 8
 # What runs its jobs (worker/process.py): supervisor's own executor (worker/executor.py),
 # or dramatiq.Worker.
+# Where a broker puts the jobs it sends (logstore.py): "table", every job in job_queue; "log",
+# the jobs that need no key, delay or dedupe appended to the job log (migration 039), the
+# rest in job_queue. A worker of a "log" broker claims both. SUPERVISOR_STORAGE sets it for
+# every broker a process makes that is not told (producers' setup_broker included).
+STORAGES = ("table", "log")
+STORAGE = "table"
+STORAGE_ENV = "SUPERVISOR_STORAGE"
+# With the log, every this-many-th claim of a consumer asks job_queue before the log
+# (broker.claim): its retries and delayed jobs wait at most that many claims under load.
+LOG_TABLE_TURN = 8
 EXECUTORS = ("own", "dramatiq")
 EXECUTOR = "own"
 # Coroutines of async actors one process runs at once (its own executor: on its event loop,

@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 
 from . import db, defaults
-from .broker import sql
+from .broker import logstore, sql
+from .broker.sql import joblog
 from .identity import operator
 from .worker import registry
 
@@ -40,6 +41,8 @@ def forget(conn: psycopg.Connection, node: str) -> dict[str, Any]:
                             "processes are alive; stop them (or wait until they stop beating) first")
         released = conn.execute(sql.RELEASE_NODE, {"node": node, "who": operator(), "why": f"node {node} forgotten",
                                                    "default_max_losses": defaults.MAX_LEASE_LOSSES}).fetchall()
+        released += conn.execute(joblog.LOG_RELEASE, logstore.release_params(
+            operator(), why=f"node {node} forgotten", node=node)).fetchall()
         lost = [r[0] for r in conn.execute(registry.FORGET_NODE, {"node": node})]
     return {"node": node, "jobs_released": len(released), "processes_lost": len(lost),
             "failed_as_poison": sum(1 for r in released if r[1] == "failed")}

@@ -15,6 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from supervisor.broker.logstore import LogRow, release_params
+from supervisor.broker.outcomes import Finish, log_finish_params
 from supervisor.broker.sql import joblog
 from tests.conftest import plan_buffers, scalar
 
@@ -41,19 +43,21 @@ def claim(conn: psycopg.Connection, n: int, *, owner: str = OWNER, lease_s: floa
     return conn.execute(joblog.LOG_CLAIM, {"queue": queue, "n": n, "owner": owner, "lease_s": lease_s}).fetchall()
 
 
-def finish(conn: psycopg.Connection, rows: Sequence[Any], status: str = "succeeded", *, owner: str = OWNER,
-           ended: Sequence[int] = (), run_at: Any = None, error: str | None = None) -> list[Any]:
-    """LOG_FINISH for ``rows`` (claimed rows: batch, seq, day, id, ..., attempt at 7)."""
-    n = len(rows)
-    return conn.execute(joblog.LOG_FINISH, {
-        "seq": [r[1] for r in rows], "day": [r[2] for r in rows], "id": [r[3] for r in rows], "status": [status] * n,
-        "attempt": [r[7] for r in rows], "started_at": [None] * n, "error": [error] * n, "result": [None] * n,
-        "run_at": [run_at] * n, "owner": owner, "ended": list(ended)}).fetchall()
+def finish(conn: psycopg.Connection, rows: Sequence[Any], kind: str = "succeeded", *, owner: str = OWNER,
+           ended: Sequence[int] = (), delay_ms: int | None = None, error: str | None = None) -> int:
+    """LOG_FINISH for claimed ``rows`` (batch, seq, day, id, ..., attempt at 7); how many it wrote."""
+    outcomes = [Finish(str(r[3]), r[7], kind, error=error, delay_ms=delay_ms) for r in rows]
+    where = [LogRow(r[1], r[2], r[0]) for r in rows]
+    return conn.execute(joblog.LOG_FINISH, log_finish_params(owner, outcomes, where, ended)).fetchone()[0]
 
 
 def release(conn: psycopg.Connection, owners: Sequence[str] = (), max_losses: int = 3) -> list[Any]:
-    return conn.execute(joblog.LOG_RELEASE, {"owners": list(owners), "limit": 100,
-                                             "max_losses": max_losses}).fetchall()
+    params = release_params("test", why="test", margin_s=None if owners else 0.0, owners=owners)
+    return [(r[0], r[1] == "failed") for r in conn.execute(joblog.LOG_RELEASE, {**params, "max_losses": max_losses})]
+
+
+def cancel(conn: psycopg.Connection, job: str) -> list[Any]:
+    return conn.execute(joblog.LOG_CANCEL, {"id": job, "who": "test", "reason": "by test"}).fetchall()
 
 
 def test_claims_take_each_committed_row_once_in_order(conn: psycopg.Connection) -> None:
@@ -65,7 +69,7 @@ def test_claims_take_each_committed_row_once_in_order(conn: psycopg.Connection) 
     assert [json.loads(r[6])[0] for r in first] == [[0], [1], [2], [3]]
     assert {r[7] for r in first + second} == {1}  # attempt
     assert len({r[0] for r in first}) == 1 and first[0][0] != second[0][0]  # a lease row a batch
-    assert finish(conn, first, ended=[first[0][0]]) == [(r[1], r[2]) for r in first]
+    assert finish(conn, first, ended=[first[0][0]]) == 4
     assert scalar(conn, "SELECT count(*) FROM job_lease") == 1
     assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded'") == 4
 
@@ -165,11 +169,11 @@ def test_a_released_attempt_is_appended_again_and_its_late_ack_counts_nothing(co
     enqueue(conn, 2)
     rows = claim(conn, 2, lease_s=-1)  # expired at once
     assert sorted(r[0] for r in release(conn)) == sorted(str(r[3]) for r in rows)
-    assert finish(conn, rows) == []  # the reaper's done rows came first
+    assert finish(conn, rows) == 0  # the reaper's done rows came first
     again = claim(conn, 10, owner="other")
     assert sorted(str(r[3]) for r in again) == sorted(str(r[3]) for r in rows)
     assert {(r[7], r[9]) for r in again} == {(2, 1)}  # attempt 2, one lease loss
-    assert len(finish(conn, again, owner="other", ended=[again[0][0]])) == 2
+    assert finish(conn, again, owner="other", ended=[again[0][0]]) == 2
     assert scalar(conn, "SELECT count(*) FROM job_lease") == 0
     statuses = conn.execute("SELECT status, count(*) FROM job_done GROUP BY 1 ORDER BY 1").fetchall()
     assert statuses == [("released", 2), ("succeeded", 2)]
@@ -188,8 +192,8 @@ def test_a_dead_owner_s_rows_are_released_and_lease_losses_fail_a_job_at_its_bud
 def test_a_retry_goes_to_job_queue_and_a_requeue_back_to_the_log_uncounted(conn: psycopg.Connection) -> None:
     a, b = enqueue(conn, 2)
     ra, rb = claim(conn, 2)
-    finish(conn, [ra], "retried", run_at="2100-01-01T00:00:00Z", error="boom")
-    finish(conn, [rb], "requeued", ended=[rb[0]])
+    finish(conn, [ra], "retry", delay_ms=3_600_000, error="boom")
+    finish(conn, [rb], "requeue", ended=[rb[0]])
     row = conn.execute("SELECT id::text, status, attempts, last_error, run_at > now() FROM job_queue").fetchone()
     assert row == (a, "retryable", 1, "boom", True)
     (again,) = claim(conn, 10)
@@ -201,9 +205,9 @@ def test_cancel_passes_over_a_pending_job_and_fences_a_running_one(conn: psycopg
     (row,) = claim(conn, 1)
     assert str(row[3]) == pending
     for job in (pending, running):
-        assert len(conn.execute(joblog.LOG_CANCEL, {"id": job, "reason": "by test"}).fetchall()) == 1
+        assert cancel(conn, job) == [(uuid.UUID(job),)]
     assert claim(conn, 10) == []
-    assert finish(conn, [row]) == []
+    assert finish(conn, [row]) == 0
     assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'cancelled'") == 2
 
 

@@ -59,11 +59,22 @@ CREATE TABLE job_done (
     finished_at timestamptz NOT NULL DEFAULT now(),
     last_error  text,
     result      jsonb,
+    progress    jsonb,
     PRIMARY KEY (seq, day)
 ) PARTITION BY RANGE (day);
 -- Windows of finished_at (the dashboard's last hour): rows arrive in finished_at order, so
 -- a block range index serves them at almost no cost per row.
 CREATE INDEX job_done_finished ON job_done USING brin (finished_at);
+
+-- Rows appended wake the consumers of their queues, as job_queue's inserts do (one NOTIFY
+-- per queue and statement).
+CREATE FUNCTION job_log_notify_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('actor_supervisor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM new_rows) AS q;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER job_log_notify_insert AFTER INSERT ON job_log
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION job_log_notify_insert();
 
 -- One row per claimed batch: whose it is, until when, which log rows. The owner's beat
 -- renews all its rows in one statement; the batch's row goes with the finish of its last

@@ -29,7 +29,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import db, defaults
 from ..identity import owner_id
-from . import bulk, late_keys, sending, sql
+from . import bulk, late_keys, logstore, sending, sql
 from .capacity import Capacity
 from .consumer import PostgresConsumer
 from .fencing import Fence
@@ -45,6 +45,7 @@ from .outcomes import AckBatcher, Finish, Outcomes
 from .progress import ProgressBuffer
 from .results import PostgresBackend
 from .signals import Signals
+from .sql import joblog
 from .timer import DueTimer
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,8 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         the dramatiq CLI); a supervisor worker process does it in its upkeep thread.
       queue_priorities: queue -> the priority of a message sent there without one
         (the config's roles' ``priority``).
+      storage: "table" or "log" (default: SUPERVISOR_STORAGE, else "table"): where the
+        jobs it sends go, and whether its consumers claim the job log too (logstore.py).
     """
 
     def __init__(
@@ -103,7 +106,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         fail_fast_default: bool = False,
         keep_leases: bool = False,
         queue_priorities: dict[str, int] | None = None,
+        storage: str | None = None,
     ) -> None:
+        self.storage = logstore.storage(storage)
         self.url = db.resolve_url(url)
         # A failed connection attempt tells the leases at once (see Leases.beat_expiry).
         self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker",
@@ -140,7 +145,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self.failures = Failures(keep=fail_fast_default)
         self.claiming = threading.Event()
         self.claiming.set()
-        self.leases = Leases(self.pool, self.owner, lease_seconds)
+        self.batches = logstore.Batches()  # the log batches this process holds
+        self.leases = Leases(self.pool, self.owner, lease_seconds, batches=self.batches)
+        self._log_turn = 0  # claims since this process last asked job_queue (claim)
         self.floors = ClaimFloors()  # where this process's next claim of each queue starts
         self.gates = Gates()  # the keyed part's turn cursor and announced wake-up, per queue
         # Last, so its after_process_message runs first (see Fence).
@@ -235,9 +242,27 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
             return self._retry(message, delay)  # type: ignore[return-value]
         self.emit_before("enqueue", message, delay)
         row = self._row(message, delay)
-        message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
+        if self.storage == "log" and logstore.eligible(row, self.actors):
+            message = self._send(self._log_writer([row], lambda c: message), conn, "enqueue 1 message")
+        else:
+            message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
         self.emit_after("enqueue", message, delay)
         return message
+
+    def _log_writer(self, rows: list[dict[str, Any]], rest: Callable[[psycopg.Connection], T]
+                    ) -> Callable[[psycopg.Connection], T]:
+        """A producer's write that appends ``rows`` to the log, then does ``rest`` (the
+        job_queue part, if any), in one transaction; written again on a fresh connection, it
+        appends only the rows the first write did not (sending.py)."""
+        params = logstore.insert_params(rows)
+        tries = [0]
+
+        def write(c: psycopg.Connection) -> T:
+            tries[0] += 1
+            with c.transaction():
+                c.execute(joblog.LOG_INSERT if tries[0] == 1 else joblog.LOG_INSERT_AGAIN, params)
+                return rest(c)
+        return write
 
     def enqueue_many(
         self, messages: Iterable[Message[Any]], *, delay: int | None = None,
@@ -252,9 +277,24 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         if not messages:
             return []
         retries = self._retries()
-        return self._send(lambda c: bulk.enqueue_many(c, messages, actors=self.actors, retries=retries,
-                                                      delay=int(delay or 0), priorities=self.queue_priorities),
-                          conn, f"enqueue {len(messages)} messages")
+        table = messages
+        logged: list[dict[str, Any]] = []
+        if self.storage == "log" and not delay:
+            rows = [self._row(m, None) for m in messages]
+            logged = [r for r in rows if logstore.eligible(r, self.actors)]
+            if logged:
+                table = [m for m, r in zip(messages, rows, strict=True) if not logstore.eligible(r, self.actors)]
+
+        def write_table(c: psycopg.Connection) -> list[Message[Any]]:
+            return bulk.enqueue_many(c, table, actors=self.actors, retries=retries, delay=int(delay or 0),
+                                     priorities=self.queue_priorities) if table else []
+
+        what = f"enqueue {len(messages)} messages"
+        if not logged:
+            return self._send(write_table, conn, what)
+        written = iter(self._send(self._log_writer(logged, write_table), conn, what))
+        kept = {r["id"] for r in logged}  # in the caller's order: a table message as bulk returns it
+        return [m if m.message_id in kept else next(written) for m in messages]
 
     def _send(self, write: Callable[[psycopg.Connection], T], conn: psycopg.Connection | None, what: str) -> T:
         """A producer's write: on the caller's connection (its transaction, never
@@ -362,18 +402,30 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         """Claim up to n rows; ``idle`` when the previous claim found the queue short.
 
         A row that cannot become a message fails at once, alone; only the others
-        are returned (the consumer frees the capacity the bad ones reserved)."""
-        floors, sweep = self.floors.params(queue)
-        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
-                  **self._budgets(), **floors, **self.gates.params(queue, n)}
-        sent = time.monotonic()
+        are returned (the consumer frees the capacity the bad ones reserved).
+
+        With the log (storage "log"): its rows first, then job_queue's for what is left;
+        every LOG_TABLE_TURN-th claim asks job_queue first, so its rows (retries, delayed
+        and keyed jobs) are never starved by a log that always has more."""
+        if self.storage != "log":
+            return self._claim_table(queue, n, idle)
+        self._log_turn += 1
+        first = self._log_turn % defaults.LOG_TABLE_TURN == 0
+        out = self._claim_table(queue, n, idle) if first else []
+        if len(out) < n:
+            out += self._claim_log(queue, n - len(out))
+        if not first and len(out) < n:
+            out += self._claim_table(queue, n - len(out), idle)
+        return out
+
+    def _claiming(self, statement: Callable[[psycopg.Connection], T]) -> T:
+        """A claim's statement on the pool, as an outage wants it (see claim)."""
         # In an outage, ask for a connection only briefly: the consumer tries again
         # at once, and each try makes the pool attempt a fresh connection.
         timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
         try:
             with self._conn(pool=self.pool, timeout=timeout) as c:
-                keyed, probe = self.gates.statement(queue)
-                rows = c.execute(sql.claim(n, keyed=keyed, probe=probe), params).fetchall()
+                result = statement(c)
         except BrokerConnectionError:
             self._claims_failing = True
             self.leases.may_have_orphaned()  # the claim may have committed with its answer lost
@@ -381,6 +433,34 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
                 self.pool.check()  # drop every broken idle connection now, not one per try
             raise
         self._claims_failing = False
+        return result
+
+    def _claim_log(self, queue: str, n: int) -> list[PgMessageProxy]:
+        """Up to n rows of the queue's log, as one leased batch."""
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds}
+        sent = time.monotonic()
+        rows = self._claiming(lambda c: c.execute(joblog.LOG_CLAIM, params).fetchall())
+        if not rows:
+            return []
+        out, bad = logstore.decode(rows, self.actors, self._budgets()["default_max_attempts"])
+        self.batches.hold([(m.message_id, m.log_row) for m in out] + [(b[0], b[3]) for b in bad])
+        self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
+        if bad:
+            self.leases.fail_unreadable([b[:3] for b in bad])
+            for job_id, _, _, _ in bad:
+                actor = next(str(r[5]) for r in rows if str(r[3]) == job_id)
+                if actor not in self.actors:
+                    self.failures.record(job_id, ActorNotFound(actor))
+        return out
+
+    def _claim_table(self, queue: str, n: int, idle: bool) -> list[PgMessageProxy]:
+        """Up to n rows of the queue in job_queue (sql.claim)."""
+        floors, sweep = self.floors.params(queue)
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
+                  **self._budgets(), **floors, **self.gates.params(queue, n)}
+        sent = time.monotonic()
+        keyed, probe = self.gates.statement(queue)
+        rows = self._claiming(lambda c: c.execute(sql.claim(n, keyed=keyed, probe=probe), params).fetchall())
         if rows and rows[0][0] is None:  # the keyed part's META row (sql/flow.py)
             self._gated(queue, n, rows.pop(0))
         self.floors.claimed(queue, rows, sweep, time.monotonic() - sent)

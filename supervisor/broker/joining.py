@@ -15,6 +15,7 @@ from psycopg_pool import ConnectionPool
 from .. import db
 from . import sql
 from .message import PgMessageProxy, decode_claimed
+from .sql import joblog
 
 # How often join looks at the queue.
 JOIN_POLL_SECONDS = 0.02
@@ -106,6 +107,7 @@ class QueueHelpers:
         """Drop the queue's pending and retryable jobs."""
         with self.pool.connection(timeout=10) as c:
             c.execute(sql.FLUSH_QUEUE, {"queue": queue_name})
+            c.execute(joblog.LOG_FLUSH, {"queue": queue_name})
 
     def flush_all(self) -> None:
         """Flush every queue; ``join`` forgets earlier failures (the stub drops its dead letters)."""
@@ -120,6 +122,9 @@ class QueueHelpers:
         params = {"queues": list(self.queues), "since": self.failures.since}
         with self.pool.connection(timeout=10) as c:
             rows = c.execute(sql.DEAD_LETTERS, params).fetchall()
+            logged = c.execute(joblog.LOG_DEAD_LETTERS, params).fetchall()
+        if logged:  # in the order they failed, with job_history's (finished_at, id)
+            rows = sorted([*rows, *logged], key=lambda r: (r[-1], str(r[0])))
         # Every actor name is accepted here (a dead letter may name one this process lacks);
         # rows that cannot become a message at all are left out.
         return decode_claimed(rows, {row[2] for row in rows})[0]
@@ -150,9 +155,13 @@ def join(pool: ConnectionPool, queue: str, *, timeout_ms: int | None, fail_fast:
     while True:
         with pool.connection(timeout=10) as c:
             live = db.one(c.execute(sql.LIVE_IN_QUEUE, {"queue": queue}))
+            if live == 0:
+                live = db.one(c.execute(joblog.LOG_LIVE_IN_QUEUE, {"queue": queue}))
             failed = None
             if live == 0 and fail_fast:
-                failed = c.execute(sql.FAILED_SINCE, {"queue": queue, "since": failures.since}).fetchone()
+                since = {"queue": queue, "since": failures.since}
+                failed = c.execute(sql.FAILED_SINCE, since).fetchone() or c.execute(joblog.LOG_FAILED_SINCE,
+                                                                                     since).fetchone()
         if live == 0:
             if failed is not None:
                 # Not "from None": a kept exception's cause is its actor's traceback.

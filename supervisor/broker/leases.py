@@ -17,8 +17,9 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import defaults
-from . import sql
-from .outcomes import Finish, finish_params
+from . import logstore, sql
+from .outcomes import Finish, finish_params, log_finish_params
+from .sql import joblog
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,10 @@ class Leases:
     """
 
     def __init__(self, pool: ConnectionPool, owner: str, lease_seconds: float,
-                 reap_margin: float = defaults.REAP_MARGIN_SECONDS) -> None:
+                 reap_margin: float = defaults.REAP_MARGIN_SECONDS, batches: logstore.Batches | None = None) -> None:
         self.pool = pool
+        # the log batches this process holds (the broker's); its jobs' leases are their batches'
+        self.batches = batches if batches is not None else logstore.Batches()
         self.owner = owner
         self.lease_seconds = lease_seconds
         self.reap_margin = reap_margin
@@ -153,7 +156,8 @@ class Leases:
         if not sent:
             self._unreachable = False
             return 0
-        params = {"ids": [job_id for job_id, _ in sent], "owner": self.owner, "lease_s": self.lease_seconds}
+        params = {"ids": [job_id for job_id, _ in sent if self.batches.row(job_id) is None], "owner": self.owner,
+                  "lease_s": self.lease_seconds}
         try:
             renewed = self._renew(params)
         except PoolTimeout:
@@ -176,8 +180,21 @@ class Leases:
         return len(renewed)
 
     def _renew(self, params: dict[str, object]) -> set[str]:
-        with self.pool.connection(timeout=10) as c:
-            return {row[0] for row in c.execute(sql.HEARTBEAT, params).fetchall()}
+        """The held ids renewed: job_queue's rows by sql.HEARTBEAT, the log's by their
+        batches (sql.LOG_RENEW, which also drops the batches whose outcomes are all written)."""
+        batches, ended = self.batches.held(), self.batches.take_ended()
+        try:
+            with self.pool.connection(timeout=10) as c:
+                renewed = {row[0] for row in c.execute(sql.HEARTBEAT, params).fetchall()} if params["ids"] else set()
+                if batches or ended:
+                    kept = [row[0] for row in c.execute(joblog.LOG_RENEW, {
+                        "batches": batches, "ended": ended, "owner": self.owner,
+                        "lease_s": self.lease_seconds}).fetchall()]
+                    renewed.update(self.batches.jobs_of(kept))
+        except BaseException:
+            self.batches.give_back(ended)
+            raise
+        return renewed
 
     def fail_unreadable(self, bad: list[tuple[str, int, str]]) -> None:
         """Fail held rows that cannot become messages ((id, attempt, why) each), at
@@ -187,9 +204,21 @@ class Leases:
             log.error("job %s %s; failing it", job_id, why)
         rows = [Finish(job_id, attempt, "failed", error=why, error_type="Unreadable", error_where="", reason=why)
                 for job_id, attempt, why in bad]
+        logged = [r for r in rows if self.batches.row(r.id) is not None]
+        rows = [r for r in rows if self.batches.row(r.id) is None]
         try:
             with self.pool.connection(timeout=10) as c:
-                c.execute(sql.FINISH, finish_params(self.owner, rows))
+                if rows:
+                    c.execute(sql.FINISH, finish_params(self.owner, rows))
+                if logged:
+                    where = [w for r in logged if (w := self.batches.row(r.id)) is not None]
+                    ended = self.batches.take_ended()
+                    try:
+                        c.execute(joblog.LOG_FINISH, log_finish_params(self.owner, logged, where, ended))
+                    except BaseException:
+                        self.batches.give_back(ended)
+                        raise
+                    self.batches.written([r.id for r in logged])
         except (psycopg.OperationalError, PoolTimeout) as exc:  # never lose the good rows claimed with them
             self.may_have_orphaned()
             log.warning("could not fail %d unreadable job(s) (%s); their leases will expire", len(bad), exc)
@@ -204,6 +233,10 @@ class Leases:
         with self.pool.connection(timeout=10) as c:
             rows = c.execute(sql.REAP_EXPIRED, reap_params(self.owner, margin_s=self.reap_margin, limit=limit,
                                                            me=None if orphaned is None else self.owner)).fetchall()
+            # the log's batches: every owner renews all it holds at each beat, so an expired one
+            # is held by nobody who can still finish it
+            rows += c.execute(joblog.LOG_RELEASE, logstore.release_params(
+                self.owner, why="lease expired", margin_s=self.reap_margin, limit=limit)).fetchall()
         if orphaned is not None and len(rows) < limit and started > orphaned + self.lease_seconds + self.reap_margin:
             # every row it may have orphaned then had expired: this reap released them
             # (unless a newer orphaning came since: that one stands)
@@ -221,6 +254,9 @@ class Leases:
             rows = c.execute(sql.RELEASE_DEAD, {
                 "stale_beats": stale_beats, "who": self.owner, "default_max_losses": defaults.MAX_LEASE_LOSSES,
                 "why": "its process stopped beating and has no session left"}).fetchall()
+            rows += c.execute(joblog.LOG_RELEASE, logstore.release_params(
+                self.owner, why="its process stopped beating and has no session left",
+                stale_beats=stale_beats)).fetchall()
         for job_id, status, owner in rows:
             log.warning("reclaimed job %s from %s (no beat, no session: the process is gone) -> %s",
                         job_id, owner, status)
@@ -231,4 +267,6 @@ class Leases:
         with self.pool.connection(timeout=10) as c:
             rows = c.execute(sql.RELEASE_OWNER, {"owner": owner, "who": self.owner, "why": why,
                                                  "default_max_losses": defaults.MAX_LEASE_LOSSES}).fetchall()
+            rows += c.execute(joblog.LOG_RELEASE, logstore.release_params(self.owner, why=why,
+                                                                          owners=[owner])).fetchall()
         return [(str(r[0]), r[1], r[2]) for r in rows]

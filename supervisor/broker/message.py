@@ -110,6 +110,9 @@ class PgMessageProxy(MessageProxy):
         # stop it (the Fence calls it with the Interrupt, where it would raise one in a
         # thread); None for a job that runs in a thread.
         self.interrupt: Callable[[type[BaseException]], None] | None = None
+        # Where a job claimed from the log lives there (logstore.LogRow), None for a
+        # job_queue row: its outcome goes to sql.LOG_FINISH instead of sql.FINISH.
+        self.log_row: Any = None
 
     @property
     def deliveries(self) -> int:

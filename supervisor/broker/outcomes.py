@@ -22,8 +22,9 @@ from dramatiq.errors import BrokerConnectionError
 from psycopg_pool import ConnectionPool
 
 from .. import backoff, db
-from . import error_key, sql, threads
+from . import error_key, logstore, sql, threads
 from .message import PgMessageProxy, body_columns, error_text
+from .sql import joblog
 
 if TYPE_CHECKING:  # the broker's parts this mixin reads (leases imports Finish from here)
     from .floors import ClaimFloors
@@ -86,6 +87,16 @@ def finish_params(owner: str, rows: Sequence[Finish], progress: Any = None) -> d
     }
 
 
+
+
+def log_finish_params(owner: str, rows: Sequence[Finish], where: Sequence[logstore.LogRow], ended: Sequence[int],
+                      progress: Any = None) -> dict[str, Any]:
+    """sql.LOG_FINISH's parameters: sql.FINISH's for ``rows``, each row's place in the log,
+    and the batches whose every outcome is then written (``ended``)."""
+    return {**finish_params(owner, rows, progress),
+            "seqs": db.array_ints([w.seq for w in where]),
+            "days": db.array_text([w.day.isoformat() for w in where]),
+            "ended": db.array_ints(ended)}
 
 
 def ack_params(owner: str, ids: Sequence[str], attempts: Sequence[int], started: Sequence[float | None],
@@ -203,6 +214,7 @@ class Outcomes:
     owner: str
     pool: ConnectionPool
     leases: Leases
+    batches: logstore.Batches
     floors: ClaimFloors
     jobs_done: int
     _acks: AckBatcher | None
@@ -224,8 +236,18 @@ class Outcomes:
 
     def _write_acks(self, ids: list[str], attempts: list[int], started: list[float | None],
                     ended: list[float | None]) -> None:
-        """A batch of successes (the ack batcher's write): sql.FINISH, as every outcome."""
+        """A batch of successes (the ack batcher's write): sql.FINISH, as every outcome (and
+        sql.LOG_FINISH for the jobs claimed from the log, through _finish)."""
         with self.pool.connection(timeout=10) as c:
+            if self.batches:
+                logged, _ = self.batches.split(ids)
+                if logged:
+                    self._finish(c, [Finish(ids[i], attempts[i], "succeeded", started[i], ended[i]) for i in logged])
+                    rest = [i for i in range(len(ids)) if i not in set(logged)]
+                    if not rest:
+                        return
+                    ids, attempts = [ids[i] for i in rest], [attempts[i] for i in rest]
+                    started, ended = [started[i] for i in rest], [ended[i] for i in rest]
             if self._progress is None:
                 c.execute(sql.FINISH, ack_params(self.owner, ids, attempts, started, ended))
                 return
@@ -234,14 +256,43 @@ class Outcomes:
 
     def _finish(self, conn: psycopg.Connection, rows: Sequence[Finish], progress: Any = None) -> int:
         """Write these outcomes (the one way any attempt's outcome is written); how many
-        rows were still this process's to finish."""
-        return int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rows, progress))))
+        rows were still this process's to finish. Rows claimed from the log go to
+        sql.LOG_FINISH, the others to sql.FINISH: each fenced its own way, one statement."""
+        logged = [r for r in rows if self.batches.row(r.id) is not None] if self.batches else []
+        if not logged:
+            return int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rows, progress))))
+        written = 0
+        if len(logged) < len(rows):
+            rest = [r for r in rows if self.batches.row(r.id) is None]
+            written = int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rest))))
+        return written + self._finish_log(conn, logged)
+
+    def _finish_log(self, conn: psycopg.Connection, rows: Sequence[Finish]) -> int:
+        """sql.LOG_FINISH for outcomes of log rows; the batches this completes go with the
+        next statement (logstore.Batches)."""
+        where = [w for r in rows if (w := self.batches.row(r.id)) is not None]
+        ids = [r.id for r in rows]
+        ended = self.batches.take_ended()
+        try:
+            if self._progress is None:
+                written = db.one(conn.execute(joblog.LOG_FINISH, log_finish_params(self.owner, rows, where,
+                                                                                          ended)))
+            else:
+                with self._progress.for_ack(conn, ids) as progress:
+                    written = db.one(conn.execute(joblog.LOG_FINISH, log_finish_params(
+                        self.owner, rows, where, ended, progress)))
+        except BaseException:
+            self.batches.give_back(ended)
+            raise
+        self.batches.written(ids)
+        return int(written)
 
     def ack(self, message: PgMessageProxy, on_written: Callable[[int], None] | None = None) -> None:
         """``on_written(1)`` runs once the outcome is committed (or nothing is to be written;
         the ack batcher calls it once for all of a batch's acks that share it, with how many)."""
         if message.fenced:  # interrupted: another process may own it now; write nothing
             self.leases.let_go(message.message_id)
+            self.batches.written([message.message_id])  # its batch was released, or it was cancelled
             self.leases.may_have_orphaned()  # else still ours, renewed until now: reaped once it expires
             if on_written is not None:
                 on_written(1)
@@ -262,6 +313,7 @@ class Outcomes:
     def nack(self, message: PgMessageProxy) -> None:
         if message.fenced:
             self.leases.let_go(message.message_id)
+            self.batches.written([message.message_id])
             self.leases.may_have_orphaned()
             return
         exc = getattr(message, "_exception", None)

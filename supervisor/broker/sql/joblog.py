@@ -22,6 +22,13 @@ INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority,
 SELECT * FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(args)s::jsonb[], %(kwargs)s::jsonb[],
                      %(options)s::jsonb[], %(payload)s::bytea[], %(priority)s::int[], %(max_attempts)s::int[],
                      %(message_timestamp)s::bigint[])
+    AS m(id, queue, actor, args, kwargs, options, payload, priority, max_attempts, message_timestamp)
+"""
+
+# LOG_INSERT written again on a fresh connection (sending.py): the first write may have
+# committed before its connection died, and a log row has no key to conflict on.
+LOG_INSERT_AGAIN = LOG_INSERT.rstrip() + """
+ WHERE NOT EXISTS (SELECT 1 FROM job_log l WHERE l.id = m.id)
 """
 
 # Up to n ready rows of a queue for an owner, as one leased batch (job_log_claim, 039).
@@ -30,61 +37,117 @@ SELECT * FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(arg
 # message_timestamp, payload, priority, created_at.
 LOG_CLAIM = "SELECT * FROM job_log_claim(%(queue)s, %(n)s, %(owner)s, %(lease_s)s)"
 
-# The one way an attempt of a log row ends: a batch of outcomes, any mix. Per row: seq,
-# day, the job's id, status (succeeded, failed, cancelled, retried, requeued), the attempt, when it began
-# running, its error and result, and for a retry its run_at. Leases whose every row has
-# ended (the owner knows: ``ended``) go in the same statement. Returns the (seq, day) of
-# the rows whose outcome this statement wrote; any other was ended before (released by
-# the reaper, cancelled) and its outcome here counts for nothing.
+# The one way an attempt of a log row ends (sql.FINISH's counterpart, with its parameters
+# plus each row's seq and day: outcomes.finish_params): a batch of outcomes, any mix.
+#   succeeded, failed: the done row is all (a failure's traceback and its event, grouped on
+#       the Errors page as sql.FINISH's are);
+#   retry: done 'retried', and the job goes on in job_queue, 'retryable' at now() + delay_ms
+#       with the message's new options (its retry count), and an event;
+#   requeue (claimed, never started): done 'requeued', appended to the log again, the
+#       attempt not counted; limited (RateLimited, no limit key on a log row): the same,
+#       but into job_queue, pending at now() + delay_ms.
+# started_us / ended_us: how long ago the attempt started and ended running in its thread
+# (the server's now() sets the times). Leases whose every row has an outcome written
+# (``ended``: the owner knows) go in the same statement. Returns how many rows this
+# statement wrote; any other was ended before (released by a reaper, cancelled) and its
+# outcome here counts for nothing.
 LOG_FINISH = """
 WITH f AS (
-    SELECT * FROM unnest(%(seq)s::bigint[], %(day)s::date[], %(id)s::uuid[], %(status)s::text[], %(attempt)s::int[],
-                         %(started_at)s::timestamptz[], %(error)s::text[], %(result)s::jsonb[],
-                         %(run_at)s::timestamptz[])
-        AS f(seq, day, id, status, attempt, started_at, error, result, run_at)
+    SELECT * FROM unnest(%(seqs)s::bigint[], %(days)s::date[], %(ids)s::uuid[], %(attempts)s::int[],
+                         %(kinds)s::text[], %(progress)s::jsonb[], %(started_us)s::bigint[], %(ended_us)s::bigint[],
+                         %(errors)s::text[], %(error_types)s::text[], %(error_wheres)s::text[], %(reasons)s::text[],
+                         %(delays_ms)s::bigint[], %(options)s::jsonb[], %(payloads)s::bytea[])
+        AS f(seq, day, id, attempt, kind, progress, started_us, ended_us, error, error_type, error_where, reason,
+             delay_ms, options, payload)
 ), done AS (
-    INSERT INTO job_done (seq, day, id, status, attempt, owner, started_at, last_error, result)
-    SELECT f.seq, f.day, f.id, f.status, f.attempt, %(owner)s, f.started_at, f.error, f.result FROM f
+    INSERT INTO job_done (seq, day, id, status, attempt, owner, started_at, finished_at, last_error, progress)
+    SELECT f.seq, f.day, f.id,
+           CASE f.kind WHEN 'retry' THEN 'retried' WHEN 'requeue' THEN 'requeued' WHEN 'limited' THEN 'requeued'
+                       ELSE f.kind END,
+           f.attempt, %(owner)s, now() - f.started_us * interval '1 microsecond',
+           now() - coalesce(f.ended_us, 0) * interval '1 microsecond', f.error, f.progress
+      FROM f
     ON CONFLICT (seq, day) DO NOTHING
-    RETURNING seq, day, status
-), retried AS (
-    INSERT INTO job_queue (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
-                           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error)
-    SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, 'retryable', l.priority,
-           coalesce(f.run_at, now()), f.attempt, l.max_attempts, l.lease_losses, l.max_lease_losses,
-           l.message_timestamp, l.created_at, f.error
+    RETURNING seq, day
+), went AS (
+    -- the rows written whose job goes on, or that leave an event: their log row's body
+    SELECT f.*, l.queue, l.actor, l.args, l.kwargs, l.options AS old_options, l.payload AS old_payload,
+           l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at
       FROM done d JOIN f ON f.seq = d.seq AND f.day = d.day JOIN job_log l ON l.seq = d.seq AND l.day = d.day
-     WHERE d.status = 'retried'
-), requeued AS (
-    -- given back unstarted: the attempt is not counted
+     WHERE f.kind <> 'succeeded'
+), queued AS (
+    INSERT INTO job_queue (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
+                           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error,
+                           started_at)
+    SELECT id, queue, actor, args, kwargs, coalesce(options, old_options),
+           CASE kind WHEN 'retry' THEN payload ELSE old_payload END,
+           CASE kind WHEN 'retry' THEN 'retryable' ELSE 'pending' END, priority,
+           now() + coalesce(delay_ms, 0) * interval '1 millisecond',
+           CASE kind WHEN 'retry' THEN attempt ELSE attempt - 1 END, max_attempts, lease_losses, max_lease_losses,
+           message_timestamp, created_at, error, now() - started_us * interval '1 microsecond'
+      FROM went WHERE kind IN ('retry', 'limited')
+), again AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
                          lease_losses, max_lease_losses, message_timestamp, created_at)
-    SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, l.priority, f.attempt - 1,
-           l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at
-      FROM done d JOIN f ON f.seq = d.seq AND f.day = d.day JOIN job_log l ON l.seq = d.seq AND l.day = d.day
-     WHERE d.status = 'requeued'
+    SELECT id, queue, actor, args, kwargs, old_options, old_payload, priority, attempt - 1, max_attempts,
+           lease_losses, max_lease_losses, message_timestamp, created_at
+      FROM went WHERE kind = 'requeue'
+), ev AS (
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
+    SELECT id, %(owner)s, 'running',
+           CASE kind WHEN 'failed' THEN 'failed' WHEN 'retry' THEN 'retryable' ELSE 'pending' END,
+           reason, actor, error_type, error_where
+      FROM went
+), wake AS (
+    SELECT pg_notify('actor_supervisor_jobs', CASE WHEN coalesce(delay_ms, 0) > 0 THEN '@' ELSE '' END || queue)
+      FROM (SELECT DISTINCT queue, delay_ms FROM went WHERE kind IN ('retry', 'limited')) AS w
 ), ended AS (
     DELETE FROM job_lease WHERE batch = ANY(%(ended)s::bigint[]) AND owner = %(owner)s
 )
-SELECT seq, day FROM done
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM wake)
 """
 
 # The owner's beat: every lease it holds, one statement, whatever their number.
+# Only the batches it knows it holds: a batch whose claim committed but never reached the
+# process (its answer lost) expires and is released, never kept alive by a healthy beat
+# (as sql.HEARTBEAT). Batches whose every outcome is written (``ended``) go with it.
+# Returns the batches renewed: a held one missing was released (the reaper found it
+# expired) and its jobs must stop.
 LOG_RENEW = """
-UPDATE job_lease SET expires_at = now() + %(lease_s)s * interval '1 second' WHERE owner = %(owner)s
+WITH ended AS (
+    DELETE FROM job_lease WHERE batch = ANY(%(ended)s::bigint[]) AND owner = %(owner)s
+)
+UPDATE job_lease SET expires_at = now() + %(lease_s)s * interval '1 second'
+ WHERE batch = ANY(%(batches)s::bigint[]) AND owner = %(owner)s
+RETURNING batch
 """
 
-# Release the leases that expired, or all of the given owners' (found dead: ``owners``,
-# else an empty array): every row of theirs with no outcome yet is released (its done row
-# 'released', written first, so an ack that comes later counts nothing) and appended to the
-# log again with one lease loss more, or failed once its losses reach its budget
-# (max_lease_losses, else ``max_losses``). Leases another release holds are skipped.
-# Returns each released row's id and whether it failed.
+# Release batches whose owner can no longer finish them, any of: leases expired
+# ``margin_s`` ago (NULL: none by expiry), the given ``owners`` (a process seen gone or
+# stopping), processes found dead by their beat (``stale_beats``, NULL: none; the rule
+# of sql.RELEASE_DEAD: beat stale, no session left, same server instance), the processes
+# of a node forgotten (``node``, NULL: none). Every row of theirs with no outcome yet
+# gets its done row first ('released'), so an ack that comes later counts nothing, and
+# is appended to the log again with one lease loss more, or fails ('failed') once its
+# losses reach its budget (max_lease_losses, else ``max_losses``), with an event as
+# sql.FINISH's releases write. Batches another release holds are skipped. Returns each
+# released job's id, status and prior owner.
 LOG_RELEASE = """
-WITH lease AS (
+WITH gone AS MATERIALIZED (
+    SELECT w.id FROM workers w
+     WHERE %(stale_beats)s::float8 IS NOT NULL
+       AND w.stopped_at IS NULL AND w.beat_seconds IS NOT NULL AND w.session_name IS NOT NULL
+       AND w.heartbeat_at < now() - w.beat_seconds * %(stale_beats)s::float8 * interval '1 second'
+       AND w.server_started = pg_postmaster_start_time()
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                        WHERE a.datname = current_database() AND a.application_name = w.session_name)
+), lease AS (
     DELETE FROM job_lease WHERE batch IN (
         SELECT batch FROM job_lease
-         WHERE expires_at < now() OR owner = ANY(%(owners)s::text[])
+         WHERE expires_at < now() - %(margin_s)s::float8 * interval '1 second'
+            OR owner = ANY(%(owners)s::text[])
+            OR owner IN (SELECT id FROM gone)
+            OR left(owner, length(%(node)s::text) + 1) = %(node)s::text || ':'
          ORDER BY batch LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
     RETURNING owner, seqs, days
 ), rows AS (
@@ -93,24 +156,38 @@ WITH lease AS (
     INSERT INTO job_done (seq, day, id, status, attempt, owner, last_error)
     SELECT l.seq, l.day, l.id,
            CASE WHEN l.lease_losses + 1 >= coalesce(l.max_lease_losses, %(max_losses)s) THEN 'failed' ELSE 'released' END,
-           l.attempts + 1, r.owner, 'lease lost: its owner stopped renewing it'
+           l.attempts + 1, r.owner,
+           CASE WHEN l.lease_losses + 1 >= coalesce(l.max_lease_losses, %(max_losses)s)
+                THEN format('poison pill: lease lost %%s times while running (the job killed or stalled its process;'
+                            ' last owner %%s, %%s); budget max_lease_losses=%%s used up, giving up',
+                            l.lease_losses + 1, r.owner, %(why)s::text, coalesce(l.max_lease_losses, %(max_losses)s))
+           END
       FROM rows r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
     ON CONFLICT (seq, day) DO NOTHING
-    RETURNING seq, day, id, status
+    RETURNING seq, day, id, status, owner
+), went AS (
+    SELECT r.status, r.owner, l.* FROM released r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
 ), again AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
                          lease_losses, max_lease_losses, message_timestamp, created_at)
-    SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, l.priority, l.attempts + 1,
-           l.max_attempts, l.lease_losses + 1, l.max_lease_losses, l.message_timestamp, l.created_at
-      FROM released r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
-     WHERE r.status = 'released'
+    SELECT id, queue, actor, args, kwargs, options, payload, priority, attempts + 1, max_attempts,
+           lease_losses + 1, max_lease_losses, message_timestamp, created_at
+      FROM went WHERE status = 'released'
+), ev AS (
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
+    SELECT id, %(who)s::text, 'running', CASE status WHEN 'failed' THEN 'failed' ELSE 'pending' END,
+           format('%%s; prior owner %%s; lease loss %%s of %%s', %(why)s::text, owner, lease_losses + 1,
+                  coalesce(max_lease_losses, %(max_losses)s)),
+           actor, CASE WHEN status = 'failed' THEN 'PoisonPill' ELSE 'LeaseLost' END, ''
+      FROM went
 )
-SELECT id::text, status = 'failed' FROM released
+SELECT id::text, CASE status WHEN 'released' THEN 'pending' ELSE status END, owner FROM went
 """
 
 # Cancel a job of the log that has not ended: its newest attempt gets a 'cancelled' done
-# row (a running one's ack then counts nothing, and the cancel channel interrupts it) and
-# a job_log_cancel row, which the claims pass over. Returns the cancelled seqs.
+# row (a running one's ack then counts nothing, and its process, told on the cancel
+# channel, interrupts it, as sql.CANCEL's), a job_log_cancel row, which the claims pass
+# over, and an event. Returns the cancelled job's id.
 LOG_CANCEL = """
 WITH done AS (
     INSERT INTO job_done (seq, day, id, status, attempt, owner, last_error)
@@ -119,14 +196,60 @@ WITH done AS (
      WHERE l.id = %(id)s::uuid
        AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
     ON CONFLICT (seq, day) DO NOTHING
-    RETURNING seq, day
+    RETURNING seq, day, id
 ), passed AS (
     INSERT INTO job_log_cancel (seq, day) SELECT seq, day FROM done
+), was AS (
+    SELECT done.id, EXISTS (SELECT 1 FROM job_lease x WHERE done.seq = ANY(x.seqs)) AS running FROM done
+), told AS (
+    SELECT pg_notify('actor_supervisor_cancel', id::text) FROM was WHERE running
 )
-SELECT seq FROM done
+INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+SELECT id, %(who)s, CASE WHEN running THEN 'running' ELSE 'pending' END, 'cancelled', %(reason)s
+  FROM was, (SELECT count(*) FROM told) AS t
+RETURNING job_id
 """
 
 # Days of the log made ahead, and retention: job_log_drop_before (039) drops each day
 # before the cutoff with its done rows, after appending its rows with no outcome to today.
 LOG_ADD_DAY = "SELECT job_log_add_day(current_date + %(ahead)s)"
 LOG_DROP_BEFORE = "SELECT job_log_drop_before(%(cutoff)s::date)"
+
+# Broker.join: the queue's log rows with no outcome yet (pending or running).
+LOG_LIVE_IN_QUEUE = """
+SELECT count(*) FROM job_log l
+ WHERE l.queue = %(queue)s AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
+"""
+
+# Broker.flush: the queue's log rows that no claim holds and have no outcome are
+# cancelled (the claims pass them over, as a pending job an operator cancels).
+LOG_FLUSH = """
+WITH done AS (
+    INSERT INTO job_done (seq, day, id, status, attempt, last_error)
+    SELECT l.seq, l.day, l.id, 'cancelled', l.attempts + 1, 'flushed'
+      FROM job_log l
+     WHERE l.queue = %(queue)s
+       AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
+       AND NOT EXISTS (SELECT 1 FROM job_lease x WHERE l.seq = ANY(x.seqs))
+    ON CONFLICT (seq, day) DO NOTHING
+    RETURNING seq, day
+)
+INSERT INTO job_log_cancel (seq, day) SELECT seq, day FROM done
+"""
+
+# Broker.join's fail_fast and dead_letters: the log's failed attempts since a cut-off, as
+# sql.FAILED_SINCE and sql.DEAD_LETTERS read job_history's (the same columns).
+LOG_FAILED_SINCE = """
+SELECT d.id, l.actor, d.last_error FROM job_done d JOIN job_log l ON l.seq = d.seq AND l.day = d.day
+ WHERE l.queue = %(queue)s AND d.status = 'failed' AND d.finished_at >= %(since)s
+ ORDER BY d.finished_at
+ LIMIT 1
+"""
+LOG_DEAD_LETTERS = """
+SELECT d.id::text, l.queue, l.actor, jsonb_build_array(l.args, l.kwargs, l.options)::text, d.attempt,
+       coalesce(l.max_attempts, d.attempt), NULL::text, l.lease_losses,
+       coalesce(l.message_timestamp, (extract(epoch FROM l.created_at) * 1000)::bigint), l.payload, l.priority,
+       l.created_at, d.finished_at
+  FROM job_done d JOIN job_log l ON l.seq = d.seq AND l.day = d.day
+ WHERE l.queue = ANY(%(queues)s) AND d.status = 'failed' AND d.finished_at >= %(since)s
+"""

@@ -69,7 +69,7 @@ NOW = "SELECT clock_timestamp()"
 
 # Broker.dead_letters: the stub broker's view of failed jobs (since a cut-off).
 DEAD_LETTERS = f"""
-SELECT {_CLAIMED}
+SELECT {_CLAIMED}, j.finished_at
   FROM job_history j
  WHERE j.queue = ANY(%(queues)s) AND j.status = 'failed' AND j.finished_at >= %(since)s
  ORDER BY j.finished_at, j.id

@@ -1,0 +1,155 @@
+"""The job log's side of the broker (migration 039, sql/joblog.py): which messages a
+producer appends to the log, log rows claimed as messages, the batches a process holds,
+and the parameters of their outcomes and releases.
+
+A broker with ``storage="log"`` appends to the log every message that needs nothing the
+log does not keep: due now, no dedupe, concurrency or limit key, an actor it knows.
+Everything else (and every retry with a delay) lives in ``job_queue`` as before; a worker
+of such a broker claims both.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+from collections.abc import Container, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import defaults
+from .message import PgMessageProxy, Unreadable, from_claimed_row
+
+
+@dataclass(frozen=True)
+class LogRow:
+    """Where a claimed job's attempt lives in the log: its row (seq, day) and the leased
+    batch it was claimed in."""
+
+    seq: int
+    day: datetime.date
+    batch: int
+
+
+def eligible(row: dict[str, Any], actors: Container[str]) -> bool:
+    """Whether a producer's row (PostgresBroker._row) can be appended to the log."""
+    return (not row["delay_ms"] and row["dedupe_key"] is None and row["concurrency_key"] is None
+            and row["flow_key"] is None and row["actor"] in actors)
+
+
+def storage(value: str | None) -> str:
+    """A broker's storage: ``value``, else SUPERVISOR_STORAGE, else the default; one line
+    naming the choices when it is none of them."""
+    chosen = value or os.environ.get(defaults.STORAGE_ENV) or defaults.STORAGE
+    if chosen not in defaults.STORAGES:
+        raise ValueError(f"storage must be one of {', '.join(defaults.STORAGES)}, not {chosen!r}"
+                         f"{'' if value else f' (from {defaults.STORAGE_ENV})'}")
+    return chosen
+
+
+def insert_params(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
+    """sql.LOG_INSERT's arrays for producer rows."""
+    return {"id": [r["id"] for r in rows], "queue": [r["queue"] for r in rows],
+            "actor": [r["actor"] for r in rows], "args": [r["args"] for r in rows],
+            "kwargs": [r["kwargs"] for r in rows], "options": [r["options"] for r in rows],
+            "payload": [r["payload"] for r in rows], "priority": [r["priority"] for r in rows],
+            "max_attempts": [r["max_attempts"] for r in rows],
+            "message_timestamp": [r["message_timestamp"] for r in rows]}
+
+
+# LOG_CLAIM's columns (job_log_claim, migration 039)
+_BATCH, _SEQ, _DAY, _ID, _QUEUE, _ACTOR, _BODY, _ATTEMPT, _MAX_ATTEMPTS, _LOSSES, _MAX_LOSSES, _STAMP, _PAYLOAD = range(13)
+
+
+def decode(rows: Iterable[tuple[Any, ...]], actors: Container[str], default_max_attempts: int
+           ) -> tuple[list[PgMessageProxy], list[tuple[str, int, str, LogRow]]]:
+    """The messages of claimed log rows (each with its ``log_row``), and (id, attempt,
+    why, row) of those that cannot be one."""
+    out, bad = [], []
+    for r in rows:
+        where = LogRow(r[_SEQ], r[_DAY], r[_BATCH])
+        # sql.CLAIM's column order (message.from_claimed_row): a log row has no concurrency key
+        shaped = (str(r[_ID]), r[_QUEUE], r[_ACTOR], r[_BODY], r[_ATTEMPT],
+                  r[_MAX_ATTEMPTS] or default_max_attempts, None, r[_LOSSES], r[_STAMP], r[_PAYLOAD])
+        try:
+            message = from_claimed_row(shaped, actors)
+        except (Unreadable, ValueError, TypeError) as exc:
+            bad.append((str(r[_ID]), int(r[_ATTEMPT]), f"cannot become a message: {exc}", where))
+            continue
+        message.log_row = where
+        out.append(message)
+    return out, bad
+
+
+def release_params(who: str, *, why: str, margin_s: float | None = None, owners: Sequence[str] = (),
+                   stale_beats: float | None = None, node: str | None = None,
+                   limit: int = 1000) -> dict[str, Any]:
+    """sql.LOG_RELEASE's parameters (each arm off unless given)."""
+    return {"who": who, "why": why, "margin_s": margin_s, "owners": list(owners), "stale_beats": stale_beats,
+            "node": node, "limit": limit, "max_losses": defaults.MAX_LEASE_LOSSES}
+
+
+class Batches:
+    """The log batches a process holds: which of its claimed jobs' outcomes are not yet
+    written, per batch. A batch's lease row may go only once every outcome of it is
+    committed (else a crash in between would leave a job with no lease and no outcome,
+    which nothing would release): ``written`` says which batches that makes whole, and
+    they go with the next outcome statement or beat (``take_ended``)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, LogRow] = {}  # job id -> its claimed row
+        self._open: dict[int, set[str]] = {}  # batch -> job ids with no outcome written
+        self._ended: set[int] = set()
+        self._lock = threading.Lock()
+
+    def hold(self, rows: Iterable[tuple[str, LogRow]]) -> None:
+        """Claimed rows: (job id, its row)."""
+        with self._lock:
+            for job_id, row in rows:
+                self._rows[job_id] = row
+                self._open.setdefault(row.batch, set()).add(job_id)
+
+    def row(self, job_id: str) -> LogRow | None:
+        return self._rows.get(job_id)
+
+    def __bool__(self) -> bool:
+        return bool(self._rows) or bool(self._ended)
+
+    def split(self, job_ids: Sequence[str]) -> tuple[list[int], list[LogRow]]:
+        """Indexes of ``job_ids`` held in the log, and their rows."""
+        rows = self._rows
+        idx = [i for i, j in enumerate(job_ids) if j in rows]
+        return idx, [rows[job_ids[i]] for i in idx]
+
+    def written(self, job_ids: Iterable[str]) -> None:
+        """Their outcomes are committed (or were ended by others: a release, a cancel)."""
+        with self._lock:
+            for job_id in job_ids:
+                row = self._rows.pop(job_id, None)
+                if row is None:
+                    continue
+                left = self._open.get(row.batch)
+                if left is not None:
+                    left.discard(job_id)
+                    if not left:
+                        del self._open[row.batch]
+                        self._ended.add(row.batch)
+
+    def take_ended(self) -> list[int]:
+        with self._lock:
+            out = sorted(self._ended)
+            self._ended.clear()
+            return out
+
+    def give_back(self, ended: Iterable[int]) -> None:
+        """Batches taken whose statement failed: ended again by the next one."""
+        with self._lock:
+            self._ended.update(ended)
+
+    def held(self) -> list[int]:
+        with self._lock:
+            return list(self._open)
+
+    def jobs_of(self, batches: Iterable[int]) -> list[str]:
+        with self._lock:
+            return [j for b in batches for j in self._open.get(b, ())]
