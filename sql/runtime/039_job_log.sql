@@ -55,6 +55,7 @@ CREATE TABLE job_done (
     status      text        NOT NULL CHECK (status IN ('succeeded', 'failed', 'cancelled', 'retried', 'requeued', 'released')),
     attempt     integer     NOT NULL,
     owner       text,
+    claimed_at  timestamptz,
     started_at  timestamptz,
     finished_at timestamptz NOT NULL DEFAULT now(),
     last_error  text,
@@ -213,9 +214,10 @@ BEGIN
                 c.at_tx := picked[k].tx; c.at_seq := picked[k].seq;
                 moved := true;
                 IF cancels THEN  -- a pending job cancelled is passed over
-                    picked := ARRAY(SELECT u FROM unnest(picked) WITH ORDINALITY AS u
-                                     WHERE NOT EXISTS (SELECT 1 FROM job_log_cancel x WHERE x.seq = u.seq AND x.day = u.day)
-                                     ORDER BY u.ordinality);
+                    picked := ARRAY(SELECT picked[i] FROM generate_subscripts(picked, 1) AS i
+                                     WHERE NOT EXISTS (SELECT 1 FROM job_log_cancel x
+                                                        WHERE x.seq = (picked[i]).seq AND x.day = (picked[i]).day)
+                                     ORDER BY i);
                 END IF;
                 taken := taken || picked;
                 want := n - cardinality(taken);
@@ -293,3 +295,57 @@ BEGIN
     END LOOP;
     RETURN dropped;
 END $$;
+
+-- The views read the log's jobs too, with the old columns: a live one (no outcome yet:
+-- 'running' while a batch holds it, else 'pending'; due at its creation) and a finished
+-- one (its done row's final status). Attempts that went on as another row (retried,
+-- requeued, released) are not shown: their next row is. Running rows come from the
+-- leases (a few rows, their seqs looked up); pending ones are the rest, against one hashed
+-- set of the leased seqs.
+CREATE OR REPLACE VIEW jobs AS
+SELECT id, queue, actor, args, kwargs, options, status, priority, run_at, attempts, max_attempts, lease_owner, claimed_at, heartbeat_at, lease_expires_at, dedupe_key, concurrency_key, last_error, result, progress, created_at, started_at, finished_at, lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow FROM job_queue
+UNION ALL
+SELECT id, queue, actor, args, kwargs, options, status, priority, run_at, attempts, max_attempts, lease_owner, claimed_at, heartbeat_at, lease_expires_at, dedupe_key, concurrency_key, last_error, result, progress, created_at, started_at, finished_at, lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow FROM job_history
+UNION ALL
+SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, 'running', l.priority, l.created_at, l.attempts + 1, l.max_attempts,
+       x.owner, x.claimed_at, NULL::timestamptz, x.expires_at, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::jsonb,
+       l.created_at, NULL::timestamptz, NULL::timestamptz, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.payload,
+       NULL::text, NULL::jsonb
+  FROM job_lease x CROSS JOIN LATERAL unnest(x.seqs, x.days) AS u(seq, day)
+  JOIN job_log l ON l.seq = u.seq AND l.day = u.day
+ WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
+UNION ALL
+SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, 'pending', l.priority, l.created_at, l.attempts, l.max_attempts,
+       NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::text, NULL::jsonb,
+       NULL::jsonb, l.created_at, NULL::timestamptz, NULL::timestamptz, l.lease_losses, l.max_lease_losses,
+       l.message_timestamp, l.payload, NULL::text, NULL::jsonb
+  FROM job_log l
+ WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
+   AND l.seq NOT IN (SELECT u.seq FROM job_lease x CROSS JOIN LATERAL unnest(x.seqs) AS u(seq))
+UNION ALL
+SELECT d.id, l.queue, l.actor, l.args, l.kwargs, l.options, d.status, l.priority, l.created_at, d.attempt, l.max_attempts,
+       d.owner, d.claimed_at, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, d.last_error, d.result,
+       d.progress, l.created_at, d.started_at, d.finished_at, l.lease_losses, l.max_lease_losses, l.message_timestamp,
+       l.payload, NULL::text, NULL::jsonb
+  FROM job_done d JOIN job_log l ON l.seq = d.seq AND l.day = d.day
+ WHERE d.status IN ('succeeded', 'failed', 'cancelled');
+
+CREATE OR REPLACE VIEW jobs_live AS
+SELECT id, queue, actor, status, priority, run_at, created_at, started_at, lease_owner
+  FROM job_queue WHERE status IN ('pending', 'retryable')
+UNION ALL
+SELECT id, queue, actor, status, priority, run_at, created_at, started_at, lease_owner
+  FROM job_queue WHERE status = 'running' AND claimed_at IS NOT NULL
+UNION ALL
+SELECT id, queue, actor, status, priority, run_at, created_at, started_at, lease_owner
+  FROM job_queue WHERE status = 'waiting'
+UNION ALL
+SELECT l.id, l.queue, l.actor, 'running', l.priority, l.created_at, l.created_at, NULL::timestamptz, x.owner
+  FROM job_lease x CROSS JOIN LATERAL unnest(x.seqs, x.days) AS u(seq, day)
+  JOIN job_log l ON l.seq = u.seq AND l.day = u.day
+ WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
+UNION ALL
+SELECT l.id, l.queue, l.actor, 'pending', l.priority, l.created_at, l.created_at, NULL::timestamptz, NULL::text
+  FROM job_log l
+ WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
+   AND l.seq NOT IN (SELECT u.seq FROM job_lease x CROSS JOIN LATERAL unnest(x.seqs) AS u(seq));

@@ -259,8 +259,12 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
 
         def write(c: psycopg.Connection) -> T:
             tries[0] += 1
+            statement = joblog.LOG_INSERT if tries[0] == 1 else joblog.LOG_INSERT_AGAIN
+            if not c.autocommit:  # the caller's transaction: it commits both parts, or neither
+                c.execute(statement, params)
+                return rest(c)
             with c.transaction():
-                c.execute(joblog.LOG_INSERT if tries[0] == 1 else joblog.LOG_INSERT_AGAIN, params)
+                c.execute(statement, params)
                 return rest(c)
         return write
 

@@ -96,7 +96,7 @@ def log_finish_params(owner: str, rows: Sequence[Finish], where: Sequence[logsto
     return {**finish_params(owner, rows, progress),
             "seqs": db.array_ints([w.seq for w in where]),
             "days": db.array_text([w.day.isoformat() for w in where]),
-            "ended": db.array_ints(ended)}
+            "batches": db.array_ints([w.batch for w in where]), "ended": db.array_ints(ended)}
 
 
 def ack_params(owner: str, ids: Sequence[str], attempts: Sequence[int], started: Sequence[float | None],

@@ -56,17 +56,21 @@ WITH f AS (
     SELECT * FROM unnest(%(seqs)s::bigint[], %(days)s::date[], %(ids)s::uuid[], %(attempts)s::int[],
                          %(kinds)s::text[], %(progress)s::jsonb[], %(started_us)s::bigint[], %(ended_us)s::bigint[],
                          %(errors)s::text[], %(error_types)s::text[], %(error_wheres)s::text[], %(reasons)s::text[],
-                         %(delays_ms)s::bigint[], %(options)s::jsonb[], %(payloads)s::bytea[])
+                         %(delays_ms)s::bigint[], %(options)s::jsonb[], %(payloads)s::bytea[], %(batches)s::bigint[])
         AS f(seq, day, id, attempt, kind, progress, started_us, ended_us, error, error_type, error_where, reason,
-             delay_ms, options, payload)
+             delay_ms, options, payload, batch)
+), b AS (
+    -- when each batch was claimed (the jobs' claimed_at), one lookup a batch
+    SELECT x.batch, x.claimed_at FROM job_lease x WHERE x.batch = ANY(ARRAY(SELECT DISTINCT batch FROM f))
 ), done AS (
-    INSERT INTO job_done (seq, day, id, status, attempt, owner, started_at, finished_at, last_error, progress)
+    INSERT INTO job_done (seq, day, id, status, attempt, owner, claimed_at, started_at, finished_at, last_error,
+                          progress)
     SELECT f.seq, f.day, f.id,
            CASE f.kind WHEN 'retry' THEN 'retried' WHEN 'requeue' THEN 'requeued' WHEN 'limited' THEN 'requeued'
                        ELSE f.kind END,
-           f.attempt, %(owner)s, now() - f.started_us * interval '1 microsecond',
+           f.attempt, %(owner)s, b.claimed_at, now() - f.started_us * interval '1 microsecond',
            now() - coalesce(f.ended_us, 0) * interval '1 microsecond', f.error, f.progress
-      FROM f
+      FROM f LEFT JOIN b ON b.batch = f.batch
     ON CONFLICT (seq, day) DO NOTHING
     RETURNING seq, day
 ), went AS (

@@ -1,0 +1,216 @@
+"""A broker with storage "log" (logstore.py) end to end, in one process against the real
+server: what it sends goes to the log or to job_queue as the job needs, its workers run
+both, and every outcome (success, failure, retry, requeue, release, cancel) is written
+once, through LOG_FINISH for log rows, and read back through the jobs view."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import dramatiq
+import psycopg
+import pytest
+from dramatiq.middleware import CurrentMessage
+
+from supervisor import admin
+from supervisor.broker import PostgresBroker
+from supervisor.broker.outcomes import Finish
+from tests.conftest import in_process_worker, scalar, wait_for
+
+QUEUE = "logged"
+ran: list[int] = []
+started = threading.Event()
+release = threading.Event()
+
+
+@pytest.fixture
+def broker(database_url: str, conn: psycopg.Connection) -> Iterator[PostgresBroker]:
+    b = PostgresBroker(database_url, storage="log", lease_seconds=30, poll_interval=0.2)
+
+    @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="log_record", max_retries=0)
+    def log_record(n: int) -> None:
+        ran.append(n)
+
+    @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="log_flaky", max_retries=1, min_backoff=10, max_backoff=10)
+    def log_flaky(n: int) -> None:
+        ran.append(n)
+        if ran.count(n) == 1:
+            raise RuntimeError(f"first try of {n}")
+
+    @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="log_broken", max_retries=0)
+    def log_broken() -> None:
+        raise ValueError("always")
+
+    @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="log_block", max_retries=0)
+    def log_block() -> None:
+        started.set()
+        release.wait(10)
+        ran.append(-1)
+
+    ran.clear()
+    started.clear()
+    release.clear()
+    yield b
+    release.set()
+    b.close()
+
+
+def job(conn: psycopg.Connection, job_id: str) -> tuple:
+    return conn.execute("SELECT status, attempts, claimed_at <= started_at, started_at <= finished_at, last_error"
+                        " FROM jobs WHERE id = %s", (job_id,)).fetchone()
+
+
+def test_a_plain_job_goes_to_the_log_and_finishes_once(conn, broker) -> None:
+    message = broker.actors["log_record"].send(7)
+    assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (message.message_id,)) == 1
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (message.message_id,)) == "pending"
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        broker.join(QUEUE, timeout=10_000)
+    assert ran == [7]
+    assert job(conn, message.message_id) == ("succeeded", 1, True, True, None)
+    assert scalar(conn, "SELECT count(*) FROM job_lease") <= 1  # the last batch goes with the next beat
+
+
+def test_jobs_that_need_the_table_go_there_and_the_order_of_a_batch_is_kept(conn, broker) -> None:
+    actor = broker.actors["log_record"]
+    messages = [actor.message(1), actor.message_with_options(args=(2,), dedupe_key="k"), actor.message(3),
+                actor.message_with_options(args=(4,), dedupe_key="k")]
+    sent = broker.enqueue_many(messages)
+    assert [m.args for m in sent] == [(1,), (2,), (3,), (4,)]
+    assert sent[3].message_id == sent[1].message_id  # the live job of its dedupe key
+    assert scalar(conn, "SELECT count(*) FROM job_log") == 2
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 1
+    delayed = actor.send_with_options(args=(5,), delay=60_000)
+    assert scalar(conn, "SELECT status FROM job_queue WHERE id = %s", (delayed.message_id,)) == "pending"
+
+
+def test_a_producer_s_transaction_decides(conn, broker, database_url) -> None:
+    actor = broker.actors["log_record"]
+    with psycopg.connect(database_url) as tx:
+        with broker.transaction(tx):
+            gone = actor.send(1)
+        tx.rollback()
+        with broker.transaction(tx):
+            kept = actor.send(2)
+        tx.commit()
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s", (gone.message_id,)) == 0
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s", (kept.message_id,)) == 1
+
+
+def test_a_retry_goes_on_in_job_queue_and_runs_again(conn, broker) -> None:
+    message = broker.actors["log_flaky"].send(3)
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (message.message_id,)) == "succeeded",
+                 10, message="the retry to succeed")
+    assert ran == [3, 3]
+    assert scalar(conn, "SELECT attempts FROM jobs WHERE id = %s", (message.message_id,)) == 2
+    assert conn.execute("SELECT status FROM job_done").fetchall() == [("retried",)]
+    events = conn.execute("SELECT to_status FROM job_events WHERE job_id = %s ORDER BY at",
+                          (message.message_id,)).fetchall()
+    assert events[0] == ("retryable",)
+
+
+def test_a_failure_is_written_once_and_join_raises_it(conn, broker) -> None:
+    message = broker.actors["log_broken"].send()
+    # (JobFailed: this broker keeps no exceptions)
+    with in_process_worker(broker, [QUEUE], executor="own"), pytest.raises(Exception, match="ValueError: always"):
+        broker.join(QUEUE, timeout=10_000, fail_fast=True)
+    status, attempts, _, _, error = job(conn, message.message_id)
+    assert (status, attempts) == ("failed", 1) and "ValueError: always" in error
+    assert [m.message_id for m in broker.dead_letters] == [message.message_id]
+    assert scalar(conn, "SELECT error_type FROM job_events WHERE job_id = %s", (message.message_id,)) == "ValueError"
+
+
+def test_rows_given_back_unstarted_are_claimed_again_uncounted(conn, broker) -> None:
+    actor = broker.actors["log_record"]
+    sent = [actor.send(i) for i in range(3)]
+    claimed = broker.claim(QUEUE, 3)
+    assert len(claimed) == 3 and all(m.log_row is not None for m in claimed)
+    assert broker.requeue(claimed) == 3
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        broker.join(QUEUE, timeout=10_000)
+    assert sorted(ran) == [0, 1, 2]
+    assert [job(conn, m.message_id)[:2] for m in sent] == [("succeeded", 1)] * 3
+
+
+def test_a_lease_lost_is_released_elsewhere_and_the_late_ack_counts_nothing(conn, broker, database_url) -> None:
+    message = broker.actors["log_record"].send(9)
+    lost = PostgresBroker(database_url, storage="log", owner="gone:1:aaaaaa", lease_seconds=0.1, pool_size=1)
+    try:
+        lost.actors.update(broker.actors)
+        lost.declare_queue(QUEUE)
+        [held] = lost.claim(QUEUE, 1)
+        time.sleep(0.2)  # its lease runs out: nothing renews it
+        broker.leases.reap_margin = 0.0
+        assert [r[0] for r in broker.leases.reap_expired()] == [message.message_id]
+        with in_process_worker(broker, [QUEUE], executor="own"):
+            broker.join(QUEUE, timeout=10_000)
+        assert lost._finish(conn, [Finish(held.message_id, held.attempts, "succeeded")]) == 0  # the fence
+    finally:
+        lost.close()
+    assert ran == [9]
+    assert job(conn, message.message_id)[:2] == ("succeeded", 2)
+    assert conn.execute("SELECT status FROM job_done ORDER BY finished_at").fetchall() == [("released",),
+                                                                                          ("succeeded",)]
+
+
+def test_a_dead_owner_s_batches_go_back(conn, broker, database_url) -> None:
+    message = broker.actors["log_record"].send(4)
+    dead = PostgresBroker(database_url, storage="log", owner="dead:1:aaaaaa", pool_size=1)
+    try:
+        dead.actors.update(broker.actors)
+        dead.declare_queue(QUEUE)
+        assert len(dead.claim(QUEUE, 1)) == 1
+    finally:
+        dead.close()
+    assert broker.leases.release_owner("dead:1:aaaaaa") == [(message.message_id, "pending", "dead:1:aaaaaa")]
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        broker.join(QUEUE, timeout=10_000)
+    assert ran == [4]
+
+
+def test_cancel_passes_over_a_pending_job_and_stops_a_running_one(conn, broker) -> None:
+    pending = broker.actors["log_record"].send(1)
+    assert admin.cancel_job(conn, pending.message_id)
+    running = broker.actors["log_block"].send()
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        assert started.wait(10)
+        assert admin.cancel_job(conn, running.message_id)
+        broker.join(QUEUE, timeout=10_000)
+    assert ran == []  # neither ran to its end: the running one was interrupted
+    assert job(conn, pending.message_id)[0] == job(conn, running.message_id)[0] == "cancelled"
+
+
+def test_flush_drops_the_queue_s_pending_log_jobs(conn, broker) -> None:
+    broker.actors["log_record"].send(1)
+    broker.flush(QUEUE)
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        broker.join(QUEUE, timeout=10_000)
+    assert ran == []
+
+
+def test_a_job_that_reads_its_message_sees_the_one_it_was_sent_as(conn, database_url) -> None:
+    b = PostgresBroker(database_url, storage="log", poll_interval=0.2)
+    b.add_middleware(CurrentMessage())
+    seen: list[tuple] = []
+
+    @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="log_echo")
+    def log_echo(*args, **kwargs) -> None:
+        m = CurrentMessage.get_current_message()
+        seen.append((m.message_id, m.args, m.kwargs, m.options.get("note")))
+
+    try:
+        message = log_echo.send_with_options(args=(1, "two"), kwargs={"k": [3]}, note="n")
+        with in_process_worker(b, [QUEUE], executor="own"):
+            b.join(QUEUE, timeout=10_000)
+    finally:
+        b.close()
+    assert seen == [(message.message_id, (1, "two"), {"k": [3]}, "n")]
+
+
+def test_an_unknown_storage_is_one_line() -> None:
+    with pytest.raises(ValueError, match="storage must be one of table, log, not 'lake'"):
+        PostgresBroker("postgresql://127.0.0.1:1/x", storage="lake")
