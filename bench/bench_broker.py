@@ -50,10 +50,13 @@ from bench.common import (  # noqa: E402
     wait_until,
 )
 
-# Cheap enough to run every 10 ms: both halves are partial-index probes.
+# Cheap enough to run every 10 ms: the first two are partial-index probes of job_queue; the
+# last, the job log's (storage "log": SUPERVISOR_STORAGE), every log row has its done row,
+# two counts of narrow tables (nothing to count under storage "table").
 ANY_LIVE = """
-SELECT EXISTS (SELECT 1 FROM jobs WHERE queue = 'bench' AND status IN ('pending', 'retryable'))
-    OR EXISTS (SELECT 1 FROM jobs WHERE status = 'running')
+SELECT EXISTS (SELECT 1 FROM job_queue WHERE queue = 'bench' AND status IN ('pending', 'retryable'))
+    OR EXISTS (SELECT 1 FROM job_queue WHERE status = 'running')
+    OR (SELECT count(*) FROM job_log) > (SELECT count(*) FROM job_done)
 """
 
 W3_IDEAL = 2 * 16 / 0.05
@@ -138,7 +141,7 @@ def _warm_up(url: str, conn: psycopg.Connection, broker, actor, n: int = 200) ->
     timed part measures the steady state rather than connection set-up."""
     broker.enqueue_many([actor.message() for _ in range(n)])
     wait_until(lambda: not conn.execute(ANY_LIVE).fetchone()[0], 60, what="warm-up jobs")
-    conn.execute("TRUNCATE job_queue, job_history")
+    conn.execute("TRUNCATE job_queue, job_history, job_log, job_done")
 
 
 def w1(url: str, broker, actors, *, jobs: int, threads: int, chunk: int, pool: dict | None = None) -> dict[str, float]:
@@ -174,7 +177,7 @@ def w2(url: str, actors, *, jobs: int, threads: int, interval: float, processes:
             wait_until(lambda: conn.execute("SELECT count(*) FROM bench_latency").fetchone()[0] == 20, 30,
                        what="warm-up jobs")
             conn.execute("DELETE FROM bench_latency")
-            conn.execute("TRUNCATE job_queue, job_history")
+            reset(conn)
             send_ms = []
             returned: dict[str, float] = {}  # job id -> when send() returned (the job is committed)
             start = time.monotonic()
@@ -244,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="W1/W3 workers hold up to factor x threads claimed rows (default 0: the product's"
                         " default, paced)")
     p.add_argument("--chunk", type=int, default=0, help="W1 enqueue_many batch size (0: one call)")
-    p.add_argument("--executors", default="own", help="comma-separated executors (own, dramatiq), alternated run by run")
+    p.add_argument("--executors", default="own",
+                   help="comma-separated executors (own, dramatiq), each optionally with a job storage (own:log,"
+                        " dramatiq:table; default table), alternated run by run")
     p.add_argument("--database-url", default=None,
                    help="server to create the bench database on (default $DATABASE_URL, else local)")
     args = p.parse_args(argv)
@@ -253,6 +258,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def named(config: str, executor: str) -> str:
         return config if executors == ["own"] else f"{config}, {executor}"
+
+    def variant(name: str, pool: dict) -> dict:
+        """The worker pool's options for an executor[:storage] variant; the producer's storage
+        set to match (storage "log": logstore.py)."""
+        executor, _, storage = name.partition(":")
+        broker.storage = storage or "table"
+        return {**pool, "executor": executor, "env": {"SUPERVISOR_STORAGE": broker.storage}}
 
     server = server_url(args.database_url)
     figures: list[Figure] = []
@@ -277,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                         say(f"W1 run {run + 1}/{args.repeat}: {args.jobs:,} no-op jobs, 2 processes x {threads} "
                             f"threads, executor {executor}")
                         r = w1(url, broker, actors, jobs=args.jobs, threads=threads, chunk=args.chunk,
-                               pool={"prefetch": threads * args.prefetch_factor or None, "executor": executor})
+                               pool=variant(executor, {"prefetch": threads * args.prefetch_factor or None}))
                         drains.setdefault((threads, executor), []).append(r["drain"])
                         enqueues.append(r["enqueue"])
                         inserts.append(r["insert"])
@@ -299,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                     say(f"W2 run {run + 1}/{args.repeat}: {args.w2_jobs:,} sends 10 ms apart, "
                         f"2 idle processes x {args.w2_threads} threads, executor {executor}")
                     r = w2(url, actors, jobs=args.w2_jobs, threads=args.w2_threads, interval=0.01,
-                           pool={"executor": executor})
+                           pool=variant(executor, {}))
                     got = w2s[executor]
                     for name, values, q in (("p50", r["start"], 50), ("p95", r["start"], 95),
                                             ("p99", r["start"], 99), ("db99", r["db"], 99), ("send50", r["send"], 50),
@@ -326,8 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                     say(f"W3 run {run + 1}/{args.repeat}: {args.w3_jobs:,} x 50 ms sleeps, 2 processes x 16 threads,"
                         f" executor {executor}")
                     rates[executor].append(w3(url, broker, actors, jobs=args.w3_jobs, sleep_s=0.05,
-                                              pool={"prefetch": 16 * args.prefetch_factor or None,
-                                                    "executor": executor}))
+                                              pool=variant(executor, {"prefetch": 16 * args.prefetch_factor or None})))
             for executor, values in rates.items():
                 cfg = named("2 proc x 16 thr", executor)
                 figures.append(Figure("W3 drain", "jobs/s", tuple(values), target=0.9 * W3_IDEAL, config=cfg))

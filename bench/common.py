@@ -65,7 +65,8 @@ def bench_database(server: str, *, prefix: str = "as_bench") -> Iterator[str]:
 
 def reset(conn: psycopg.Connection) -> None:
     """Empty the tables between runs (workers must be stopped)."""
-    conn.execute("TRUNCATE job_queue, job_history, job_events, job_concurrency, workers, bench_latency")
+    conn.execute("TRUNCATE job_queue, job_history, job_events, job_concurrency, workers, bench_latency, job_log, job_done,"
+                 " job_lease, job_cursor, job_log_cancel")
 
 
 @dataclass
