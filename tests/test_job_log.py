@@ -10,6 +10,7 @@ import random
 import threading
 import uuid
 from collections.abc import Sequence
+from datetime import date, timedelta
 from typing import Any
 
 import psycopg
@@ -228,7 +229,7 @@ def test_retention_drops_days_and_keeps_what_has_not_ended(conn: psycopg.Connect
                  {"d": old, "a": done, "b": failed, "c": waiting})
     conn.execute("INSERT INTO job_done (seq, day, id, status, attempt, last_error) VALUES (1, %(d)s, %(a)s, 'succeeded', 1, NULL),"
                  " (2, %(d)s, %(b)s, 'failed', 1, 'boom')", {"d": old, "a": done, "b": failed})
-    conn.execute(joblog.LOG_DROP_BEFORE, {"cutoff": "2000-01-02"})
+    conn.execute("SELECT job_log_drop_before(%s::date)", ["2000-01-02"])
     assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is None
     assert scalar(conn, "SELECT to_regclass('job_done_d20000101')") is None
     assert conn.execute("SELECT id::text, day = current_date FROM job_log").fetchall() == [(waiting, True)]
@@ -240,10 +241,10 @@ def test_a_day_a_lease_names_is_kept(conn: psycopg.Connection) -> None:
     conn.execute("SELECT job_log_add_day(%s::date)", [old])
     conn.execute("INSERT INTO job_log (day, id, queue, actor) VALUES (%s, gen_random_uuid(), 'log', 'noop')", [old])
     (row,) = claim(conn, 1)
-    conn.execute(joblog.LOG_DROP_BEFORE, {"cutoff": "2000-01-02"})
+    conn.execute("SELECT job_log_drop_before(%s::date)", ["2000-01-02"])
     assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is not None
     finish(conn, [row], ended=[row[0]])
-    conn.execute(joblog.LOG_DROP_BEFORE, {"cutoff": "2000-01-02"})
+    conn.execute("SELECT job_log_drop_before(%s::date)", ["2000-01-02"])
     assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is None
 
 
@@ -251,3 +252,16 @@ def test_a_day_a_lease_names_is_kept(conn: psycopg.Connection) -> None:
 def test_a_claim_of_nothing_takes_nothing(conn: psycopg.Connection, n: int) -> None:
     enqueue(conn, 1)
     assert claim(conn, n) == []
+
+
+def test_the_upkeep_makes_days_ahead_and_drops_the_days_past_retention(conn: psycopg.Connection) -> None:
+    """LOG_ADD_DAY and LOG_DROP_DAYS as the upkeep runs them (worker/upkeep.py)."""
+    today: date = scalar(conn, "SELECT current_date")  # the server's
+    conn.execute(joblog.LOG_ADD_DAY, {"days": 3})
+    assert scalar(conn, "SELECT to_regclass(%s)", [f"job_log_d{(today + timedelta(days=3)):%Y%m%d}"])
+    yesterday = today - timedelta(days=1)
+    conn.execute("INSERT INTO job_log (day, id, queue, actor) VALUES (%s, gen_random_uuid(), 'log', 'noop')",
+                 [yesterday])
+    conn.execute(joblog.LOG_DROP_DAYS, {"older_than_s": 0})  # yesterday is past a retention of 0
+    assert scalar(conn, "SELECT to_regclass(%s)", [f"job_log_d{yesterday:%Y%m%d}"]) is None
+    assert scalar(conn, "SELECT day FROM job_log") == today  # its waiting job moved on

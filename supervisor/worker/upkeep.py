@@ -16,6 +16,7 @@ from .. import audit, db, defaults
 from ..broker import PostgresBroker, threads
 from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
+from ..broker.sql import joblog
 from ..config import Retention
 from . import liveness, scheduler_sql
 from .registry import Beat, Registration
@@ -178,6 +179,20 @@ class Upkeep(threading.Thread):
         return dropped + self._batches(
             conn, jobs_sql.PRUNE_ROWS, status=status, older_than_s=older_than_s)
 
+    def _log_days(self, conn: psycopg.Connection, older_than_s: float) -> int:
+        """The job log's days: made ahead, and those past the retention of succeeded jobs
+        dropped whole (sql/joblog.py); how many log rows went."""
+        try:
+            for days in range(jobs_sql.DAYS_AHEAD + 1):
+                with conn.transaction():
+                    conn.execute(joblog.LOG_ADD_DAY, {"days": days})
+            with conn.transaction():
+                row = conn.execute(joblog.LOG_DROP_DAYS, {"older_than_s": older_than_s}).fetchone()
+                return int(row[1]) if row else 0
+        except psycopg.errors.LockNotAvailable:
+            log.info("job log: a reader held a day; its days are kept until the next prune")
+            return 0
+
     def prune(self) -> dict[str, int]:
         """Delete what the retention settings no longer keep; returns counts by kind."""
         r = self.settings.retention
@@ -186,6 +201,7 @@ class Upkeep(threading.Thread):
         with db.connect(self.broker.url, name=db.MAINTENANCE_NAME) as c:
             counts = {status: self._history(c, status, getattr(r, status))
                       for status in ("succeeded", "failed", "cancelled")}
+            counts["log"] = self._log_days(c, r.succeeded)
             counts["events"] = self._batches(c, jobs_sql.PRUNE_EVENTS, older_than_s=r.events)
             counts["progress"] = self._batches(c, jobs_sql.PRUNE_PROGRESS, older_than_s=r.events)
             counts["runs"] = self._batches(c, scheduler_sql.PRUNE_RUNS, older_than_s=r.runs)

@@ -214,10 +214,17 @@ SELECT id, %(who)s, CASE WHEN running THEN 'running' ELSE 'pending' END, 'cancel
 RETURNING job_id
 """
 
-# Days of the log made ahead, and retention: job_log_drop_before (039) drops each day
-# before the cutoff with its done rows, after appending its rows with no outcome to today.
-LOG_ADD_DAY = "SELECT job_log_add_day(current_date + %(ahead)s)"
-LOG_DROP_BEFORE = "SELECT job_log_drop_before(%(cutoff)s::date)"
+# Days of the log made ahead (the upkeep, as history.ADD_DAY: attaching a day locks the
+# default partitions for a moment), and retention: job_log_drop_before (039) drops each
+# day that ended before the retention of succeeded jobs, with its done rows, after
+# appending its rows with no outcome to today and archiving its failed and cancelled
+# jobs into job_history (their own retention). lock_timeout: a day a reader holds goes
+# at the next round. Local to the transaction (pooled connections).
+LOG_ADD_DAY = "SELECT set_config('lock_timeout', '200ms', true), job_log_add_day(current_date + %(days)s::int)"
+LOG_DROP_DAYS = """
+SELECT set_config('lock_timeout', '200ms', true),
+       job_log_drop_before((now() - %(older_than_s)s * interval '1 second')::date)
+"""
 
 # Broker.join: the queue's log rows with no outcome yet (pending or running).
 LOG_LIVE_IN_QUEUE = """
