@@ -265,3 +265,16 @@ def test_the_upkeep_makes_days_ahead_and_drops_the_days_past_retention(conn: psy
     conn.execute(joblog.LOG_DROP_DAYS, {"older_than_s": 0})  # yesterday is past a retention of 0
     assert scalar(conn, "SELECT to_regclass(%s)", [f"job_log_d{yesterday:%Y%m%d}"]) is None
     assert scalar(conn, "SELECT day FROM job_log") == today  # its waiting job moved on
+
+
+def test_cursor_rows_no_claim_reads_are_pruned_and_each_level_keeps_its_newest(conn: psycopg.Connection) -> None:
+    for _ in range(3):
+        enqueue(conn, 2)
+        enqueue(conn, 1, priority=5)
+        claim(conn, 10)
+    conn.execute("UPDATE job_cursor SET made_at = made_at - interval '2 minutes'")
+    newest = conn.execute("SELECT DISTINCT ON (priority) priority, at FROM job_cursor ORDER BY priority, at DESC").fetchall()
+    assert conn.execute(joblog.LOG_PRUNE_CURSORS, {"limit": 100}).rowcount == 4
+    assert conn.execute("SELECT priority, at FROM job_cursor ORDER BY priority").fetchall() == newest
+    enqueue(conn, 1)
+    assert len(claim(conn, 10)) == 1  # the kept rows are where the claims go on

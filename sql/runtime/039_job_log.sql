@@ -97,7 +97,7 @@ CREATE INDEX job_lease_expiry ON job_lease (expires_at);
 -- horizon one row updated by every claim keeps every version (24,000 of them doubled a
 -- claim's time), while the newest of appended rows is one step of a backward index read.
 CREATE TABLE job_cursor (
-    at       bigint      GENERATED ALWAYS AS IDENTITY,
+    at       bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue    text        NOT NULL,
     priority integer     NOT NULL,
     lo       pg_snapshot NOT NULL,
@@ -107,6 +107,9 @@ CREATE TABLE job_cursor (
     made_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX job_cursor_newest ON job_cursor (queue, priority, at DESC);
+-- A claim reads only the newest row of its level; the upkeep deletes the older ones
+-- (LOG_PRUNE_CURSORS), a few narrow rows a second, none of which a claim walks: the
+-- index is read from its newest entry down.
 
 -- One day of the log and of its done rows, created ahead by the upkeep. Plain tables
 -- attached after (CREATE ... PARTITION OF would lock the parent against every reader).

@@ -202,6 +202,7 @@ class Upkeep(threading.Thread):
             counts = {status: self._history(c, status, getattr(r, status))
                       for status in ("succeeded", "failed", "cancelled")}
             counts["log"] = self._log_days(c, r.succeeded)
+            counts["cursors"] = self._batches(c, joblog.LOG_PRUNE_CURSORS)
             counts["events"] = self._batches(c, jobs_sql.PRUNE_EVENTS, older_than_s=r.events)
             counts["progress"] = self._batches(c, jobs_sql.PRUNE_PROGRESS, older_than_s=r.events)
             counts["runs"] = self._batches(c, scheduler_sql.PRUNE_RUNS, older_than_s=r.runs)

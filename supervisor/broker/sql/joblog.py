@@ -226,6 +226,17 @@ SELECT set_config('lock_timeout', '200ms', true),
        job_log_drop_before((now() - %(older_than_s)s * interval '1 second')::date)
 """
 
+# The cursor rows no claim reads any more: every one older than a minute that a newer row of
+# its level follows, oldest first, a bounded batch per call (the upkeep's _batches).
+LOG_PRUNE_CURSORS = """
+DELETE FROM job_cursor c
+ WHERE c.at = ANY(ARRAY(SELECT o.at FROM job_cursor o
+                         WHERE o.made_at < now() - interval '1 minute'
+                           AND EXISTS (SELECT 1 FROM job_cursor n
+                                        WHERE n.queue = o.queue AND n.priority = o.priority AND n.at > o.at)
+                         ORDER BY o.at LIMIT %(limit)s))
+"""
+
 # Broker.join: the queue's log rows with no outcome yet (pending or running).
 LOG_LIVE_IN_QUEUE = """
 SELECT count(*) FROM job_log l
