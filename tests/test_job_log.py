@@ -48,7 +48,7 @@ def finish(conn: psycopg.Connection, rows: Sequence[Any], kind: str = "succeeded
            ended: Sequence[int] = (), delay_ms: int | None = None, error: str | None = None) -> int:
     """LOG_FINISH for claimed ``rows`` (batch, seq, day, id, ..., attempt at 7); how many it wrote."""
     outcomes = [Finish(str(r[3]), r[7], kind, error=error, delay_ms=delay_ms) for r in rows]
-    where = [LogRow(r[1], r[2], r[0]) for r in rows]
+    where = [LogRow(r[1], r[2], r[0], r[4], r[5]) for r in rows]
     return conn.execute(joblog.LOG_FINISH, log_finish_params(owner, outcomes, where, ended)).fetchone()[0]
 
 
@@ -227,8 +227,9 @@ def test_retention_drops_days_and_keeps_what_has_not_ended(conn: psycopg.Connect
     conn.execute("INSERT INTO job_log (seq, day, id, queue, actor) VALUES (1, %(d)s, %(a)s, 'log', 'noop'),"
                  " (2, %(d)s, %(b)s, 'log', 'noop'), (3, %(d)s, %(c)s, 'log', 'noop')",
                  {"d": old, "a": done, "b": failed, "c": waiting})
-    conn.execute("INSERT INTO job_done (seq, day, id, status, attempt, last_error) VALUES (1, %(d)s, %(a)s, 'succeeded', 1, NULL),"
-                 " (2, %(d)s, %(b)s, 'failed', 1, 'boom')", {"d": old, "a": done, "b": failed})
+    conn.execute("INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, last_error)"
+                 " VALUES (1, %(d)s, %(a)s, 'log', 'noop', 'succeeded', 1, NULL),"
+                 " (2, %(d)s, %(b)s, 'log', 'noop', 'failed', 1, 'boom')", {"d": old, "a": done, "b": failed})
     conn.execute("SELECT job_log_drop_before(%s::date)", ["2000-01-02"])
     assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is None
     assert scalar(conn, "SELECT to_regclass('job_done_d20000101')") is None
@@ -274,7 +275,30 @@ def test_cursor_rows_no_claim_reads_are_pruned_and_each_level_keeps_its_newest(c
         claim(conn, 10)
     conn.execute("UPDATE job_cursor SET made_at = made_at - interval '2 minutes'")
     newest = conn.execute("SELECT DISTINCT ON (priority) priority, at FROM job_cursor ORDER BY priority, at DESC").fetchall()
-    assert conn.execute(joblog.LOG_PRUNE_CURSORS, {"limit": 100}).rowcount == 4
+    # 3 claims of 2 levels, and the first enqueue's cursor of each level: all but the newest two go
+    assert conn.execute(joblog.LOG_PRUNE_CURSORS, {"limit": 100}).rowcount == 6
     assert conn.execute("SELECT priority, at FROM job_cursor ORDER BY priority").fetchall() == newest
     enqueue(conn, 1)
     assert len(claim(conn, 10)) == 1  # the kept rows are where the claims go on
+
+
+def test_the_jobs_view_shows_each_log_job_once_by_its_state(conn: psycopg.Connection) -> None:
+    """Pending (past no cursor), running (leased), finished (a final done row); an attempt
+    that went on as another row is shown as that row."""
+    done_id, failed_id, running_id, released_id, pending_id = enqueue(conn, 5)
+    rows = claim(conn, 4, lease_s=-1)  # all but the last, under a lease that expired at once
+    by_id = {str(r[3]): r for r in rows}
+    finish(conn, [by_id[done_id]])
+    finish(conn, [by_id[failed_id]], "failed", error="boom")
+    conn.execute("UPDATE job_lease SET seqs = array_remove(seqs, %s)", [by_id[released_id][1]])  # keep one leased
+    conn.execute("INSERT INTO job_lease (owner, expires_at, seqs, days) VALUES ('x', now() - interval '1 hour', %s, %s)",
+                 [[by_id[released_id][1]], [by_id[released_id][2]]])
+    conn.execute("UPDATE job_lease SET expires_at = now() + interval '1 hour' WHERE owner = %s", [OWNER])
+    assert [r[0] for r in release(conn)] == [released_id]
+    seen = dict(conn.execute("SELECT id::text, status FROM jobs").fetchall())
+    assert seen == {done_id: "succeeded", failed_id: "failed", running_id: "running", released_id: "pending",
+                    pending_id: "pending"}
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 5
+    assert dict(conn.execute("SELECT status, count(*) FROM jobs_live GROUP BY 1").fetchall()) == {"running": 1,
+                                                                                                   "pending": 2}
+    assert scalar(conn, "SELECT args FROM jobs WHERE id = %s", [failed_id]) == [1]

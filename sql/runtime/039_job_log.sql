@@ -52,6 +52,8 @@ CREATE TABLE job_done (
     seq         bigint      NOT NULL,
     day         date        NOT NULL,
     id          uuid        NOT NULL,
+    queue       text        NOT NULL,  -- the log row's, kept so the reads of finished jobs need no join
+    actor       text        NOT NULL,
     status      text        NOT NULL CHECK (status IN ('succeeded', 'failed', 'cancelled', 'retried', 'requeued', 'released')),
     attempt     integer     NOT NULL,
     owner       text,
@@ -69,8 +71,14 @@ CREATE INDEX job_done_finished ON job_done USING brin (finished_at);
 
 -- Rows appended wake the consumers of their queues, as job_queue's inserts do (one NOTIFY
 -- per queue and statement).
+-- A level's first rows get it a cursor (its window: nothing seen yet), so every level has
+-- one and the views find a level's pending rows from its cursor, never by scanning the log.
+-- Two producers may both write one: the claims read the newest, and both mean the same.
 CREATE FUNCTION job_log_notify_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    INSERT INTO job_cursor (queue, priority, lo, hi, at_tx, at_seq)
+    SELECT n.queue, n.priority, '1:1:', '1:1:', '0', 0 FROM (SELECT DISTINCT queue, priority FROM new_rows) AS n
+     WHERE NOT EXISTS (SELECT 1 FROM job_cursor c WHERE c.queue = n.queue AND c.priority = n.priority);
     PERFORM pg_notify('actor_supervisor_jobs', q.queue) FROM (SELECT DISTINCT queue FROM new_rows) AS q;
     RETURN NULL;
 END $$;
@@ -299,12 +307,29 @@ BEGIN
     RETURN dropped;
 END $$;
 
--- The views read the log's jobs too, with the old columns: a live one (no outcome yet:
--- 'running' while a batch holds it, else 'pending'; due at its creation) and a finished
--- one (its done row's final status). Attempts that went on as another row (retried,
--- requeued, released) are not shown: their next row is. Running rows come from the
--- leases (a few rows, their seqs looked up); pending ones are the rest, against one hashed
--- set of the leased seqs.
+-- The views read the log's jobs too, with the old columns, each part from what bounds it:
+--   running: the leases (a few rows), their rows looked up;
+--   pending: per level, from its newest cursor, the rows no claim took yet (a range from its
+--            window's lo xmax plus lo's running transactions: the backlog and one window,
+--            never the whole log), less those cancelled;
+--   finished: the done rows with a final status (queue, actor and times on them: counting
+--            or grouping them reads no log row; the body is looked up per row, and only
+--            where a read asks for it). Attempts that went on as another row (retried,
+--            requeued, released) are not shown: their next row is.
+-- A pending job is due at its creation.
+CREATE FUNCTION job_log_pending() RETURNS SETOF job_log LANGUAGE sql STABLE AS $$
+    SELECT l.*
+      FROM (SELECT DISTINCT ON (k.queue, k.priority) k.* FROM job_cursor k ORDER BY k.queue, k.priority, k.at DESC) c
+     CROSS JOIN LATERAL (
+        SELECT l.* FROM job_log l
+         WHERE l.queue = c.queue AND l.priority = c.priority AND l.tx >= pg_snapshot_xmax(c.lo)
+        UNION ALL
+        SELECT l.* FROM unnest(ARRAY(SELECT pg_snapshot_xip(c.lo))) AS x(tx)
+          JOIN job_log l ON l.queue = c.queue AND l.priority = c.priority AND l.tx = x.tx) l
+     WHERE NOT (pg_visible_in_snapshot(l.tx, c.hi) AND (l.tx, l.seq) <= (c.at_tx, c.at_seq))
+       AND NOT EXISTS (SELECT 1 FROM job_log_cancel x WHERE x.seq = l.seq AND x.day = l.day)
+$$;
+
 CREATE OR REPLACE VIEW jobs AS
 SELECT id, queue, actor, args, kwargs, options, status, priority, run_at, attempts, max_attempts, lease_owner, claimed_at, heartbeat_at, lease_expires_at, dedupe_key, concurrency_key, last_error, result, progress, created_at, started_at, finished_at, lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow FROM job_queue
 UNION ALL
@@ -322,15 +347,27 @@ SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, 'pending', l.priorit
        NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::text, NULL::jsonb,
        NULL::jsonb, l.created_at, NULL::timestamptz, NULL::timestamptz, l.lease_losses, l.max_lease_losses,
        l.message_timestamp, l.payload, NULL::text, NULL::jsonb
-  FROM job_log l
- WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
-   AND l.seq NOT IN (SELECT u.seq FROM job_lease x CROSS JOIN LATERAL unnest(x.seqs) AS u(seq))
+  FROM job_log_pending() l
 UNION ALL
-SELECT d.id, l.queue, l.actor, l.args, l.kwargs, l.options, d.status, l.priority, l.created_at, d.attempt, l.max_attempts,
+SELECT d.id, d.queue, d.actor,
+       (SELECT l.args FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.kwargs FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.options FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       d.status,
+       (SELECT l.priority FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.created_at FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       d.attempt,
+       (SELECT l.max_attempts FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
        d.owner, d.claimed_at, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, d.last_error, d.result,
-       d.progress, l.created_at, d.started_at, d.finished_at, l.lease_losses, l.max_lease_losses, l.message_timestamp,
-       l.payload, NULL::text, NULL::jsonb
-  FROM job_done d JOIN job_log l ON l.seq = d.seq AND l.day = d.day
+       d.progress,
+       (SELECT l.created_at FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       d.started_at, d.finished_at,
+       (SELECT l.lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.max_lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.message_timestamp FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.payload FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       NULL::text, NULL::jsonb
+  FROM job_done d
  WHERE d.status IN ('succeeded', 'failed', 'cancelled');
 
 CREATE OR REPLACE VIEW jobs_live AS
@@ -349,6 +386,4 @@ SELECT l.id, l.queue, l.actor, 'running', l.priority, l.created_at, l.created_at
  WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
 UNION ALL
 SELECT l.id, l.queue, l.actor, 'pending', l.priority, l.created_at, l.created_at, NULL::timestamptz, NULL::text
-  FROM job_log l
- WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
-   AND l.seq NOT IN (SELECT u.seq FROM job_lease x CROSS JOIN LATERAL unnest(x.seqs) AS u(seq));
+  FROM job_log_pending() l;

@@ -154,9 +154,7 @@ def join(pool: ConnectionPool, queue: str, *, timeout_ms: int | None, fail_fast:
     deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
     while True:
         with pool.connection(timeout=10) as c:
-            live = db.one(c.execute(sql.LIVE_IN_QUEUE, {"queue": queue}))
-            if live == 0:
-                live = db.one(c.execute(joblog.LOG_LIVE_IN_QUEUE, {"queue": queue}))
+            live = db.one(c.execute(sql.LIVE_IN_QUEUE, {"queue": queue}))  # the log's live jobs too (039)
             failed = None
             if live == 0 and fail_fast:
                 since = {"queue": queue, "since": failures.since}

@@ -29,6 +29,8 @@ class LogRow:
     seq: int
     day: datetime.date
     batch: int
+    queue: str
+    actor: str
 
 
 def eligible(row: dict[str, Any], actors: Container[str]) -> bool:
@@ -67,7 +69,7 @@ def decode(rows: Iterable[tuple[Any, ...]], actors: Container[str], default_max_
     why, row) of those that cannot be one."""
     out, bad = [], []
     for r in rows:
-        where = LogRow(r[_SEQ], r[_DAY], r[_BATCH])
+        where = LogRow(r[_SEQ], r[_DAY], r[_BATCH], r[_QUEUE], r[_ACTOR])
         # sql.CLAIM's column order (message.from_claimed_row): a log row has no concurrency key
         shaped = (str(r[_ID]), r[_QUEUE], r[_ACTOR], r[_BODY], r[_ATTEMPT],
                   r[_MAX_ATTEMPTS] or default_max_attempts, None, r[_LOSSES], r[_STAMP], r[_PAYLOAD])

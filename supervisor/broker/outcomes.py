@@ -91,9 +91,11 @@ def finish_params(owner: str, rows: Sequence[Finish], progress: Any = None) -> d
 
 def log_finish_params(owner: str, rows: Sequence[Finish], where: Sequence[logstore.LogRow], ended: Sequence[int],
                       progress: Any = None) -> dict[str, Any]:
-    """sql.LOG_FINISH's parameters: sql.FINISH's for ``rows``, each row's place in the log,
-    and the batches whose every outcome is then written (``ended``)."""
+    """sql.LOG_FINISH's parameters: sql.FINISH's for ``rows``, each row's place in the log
+    (its queue and actor too: the done row keeps them for the reads), and the batches whose
+    every outcome is then written (``ended``)."""
     return {**finish_params(owner, rows, progress),
+            "queues": db.array_text([w.queue for w in where]), "actors": db.array_text([w.actor for w in where]),
             "seqs": db.array_ints([w.seq for w in where]),
             "days": db.array_text([w.day.isoformat() for w in where]),
             "batches": db.array_ints([w.batch for w in where]), "ended": db.array_ints(ended)}

@@ -56,16 +56,17 @@ WITH f AS (
     SELECT * FROM unnest(%(seqs)s::bigint[], %(days)s::date[], %(ids)s::uuid[], %(attempts)s::int[],
                          %(kinds)s::text[], %(progress)s::jsonb[], %(started_us)s::bigint[], %(ended_us)s::bigint[],
                          %(errors)s::text[], %(error_types)s::text[], %(error_wheres)s::text[], %(reasons)s::text[],
-                         %(delays_ms)s::bigint[], %(options)s::jsonb[], %(payloads)s::bytea[], %(batches)s::bigint[])
+                         %(delays_ms)s::bigint[], %(options)s::jsonb[], %(payloads)s::bytea[], %(batches)s::bigint[],
+                         %(queues)s::text[], %(actors)s::text[])
         AS f(seq, day, id, attempt, kind, progress, started_us, ended_us, error, error_type, error_where, reason,
-             delay_ms, options, payload, batch)
+             delay_ms, options, payload, batch, queue, actor)
 ), b AS (
     -- when each batch was claimed (the jobs' claimed_at), one lookup a batch
     SELECT x.batch, x.claimed_at FROM job_lease x WHERE x.batch = ANY(ARRAY(SELECT DISTINCT batch FROM f))
 ), done AS (
-    INSERT INTO job_done (seq, day, id, status, attempt, owner, claimed_at, started_at, finished_at, last_error,
-                          progress)
-    SELECT f.seq, f.day, f.id,
+    INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, owner, claimed_at, started_at, finished_at,
+                          last_error, progress)
+    SELECT f.seq, f.day, f.id, f.queue, f.actor,
            CASE f.kind WHEN 'retry' THEN 'retried' WHEN 'requeue' THEN 'requeued' WHEN 'limited' THEN 'requeued'
                        ELSE f.kind END,
            f.attempt, %(owner)s, b.claimed_at, now() - f.started_us * interval '1 microsecond',
@@ -75,7 +76,7 @@ WITH f AS (
     RETURNING seq, day
 ), went AS (
     -- the rows written whose job goes on, or that leave an event: their log row's body
-    SELECT f.*, l.queue, l.actor, l.args, l.kwargs, l.options AS old_options, l.payload AS old_payload,
+    SELECT f.*, l.args, l.kwargs, l.options AS old_options, l.payload AS old_payload,
            l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at
       FROM done d JOIN f ON f.seq = d.seq AND f.day = d.day JOIN job_log l ON l.seq = d.seq AND l.day = d.day
      WHERE f.kind <> 'succeeded'
@@ -157,8 +158,8 @@ WITH gone AS MATERIALIZED (
 ), rows AS (
     SELECT lease.owner, u.seq, u.day FROM lease, unnest(lease.seqs, lease.days) AS u(seq, day)
 ), released AS (
-    INSERT INTO job_done (seq, day, id, status, attempt, owner, last_error)
-    SELECT l.seq, l.day, l.id,
+    INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, owner, last_error)
+    SELECT l.seq, l.day, l.id, l.queue, l.actor,
            CASE WHEN l.lease_losses + 1 >= coalesce(l.max_lease_losses, %(max_losses)s) THEN 'failed' ELSE 'released' END,
            l.attempts + 1, r.owner,
            CASE WHEN l.lease_losses + 1 >= coalesce(l.max_lease_losses, %(max_losses)s)
@@ -194,8 +195,8 @@ SELECT id::text, CASE status WHEN 'released' THEN 'pending' ELSE status END, own
 # over, and an event. Returns the cancelled job's id.
 LOG_CANCEL = """
 WITH done AS (
-    INSERT INTO job_done (seq, day, id, status, attempt, owner, last_error)
-    SELECT l.seq, l.day, l.id, 'cancelled', l.attempts + 1, NULL, %(reason)s
+    INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, owner, last_error)
+    SELECT l.seq, l.day, l.id, l.queue, l.actor, 'cancelled', l.attempts + 1, NULL, %(reason)s
       FROM job_log l
      WHERE l.id = %(id)s::uuid
        AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
@@ -237,18 +238,12 @@ DELETE FROM job_cursor c
                          ORDER BY o.at LIMIT %(limit)s))
 """
 
-# Broker.join: the queue's log rows with no outcome yet (pending or running).
-LOG_LIVE_IN_QUEUE = """
-SELECT count(*) FROM job_log l
- WHERE l.queue = %(queue)s AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
-"""
-
 # Broker.flush: the queue's log rows that no claim holds and have no outcome are
 # cancelled (the claims pass them over, as a pending job an operator cancels).
 LOG_FLUSH = """
 WITH done AS (
-    INSERT INTO job_done (seq, day, id, status, attempt, last_error)
-    SELECT l.seq, l.day, l.id, 'cancelled', l.attempts + 1, 'flushed'
+    INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, last_error)
+    SELECT l.seq, l.day, l.id, l.queue, l.actor, 'cancelled', l.attempts + 1, 'flushed'
       FROM job_log l
      WHERE l.queue = %(queue)s
        AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
@@ -262,8 +257,8 @@ INSERT INTO job_log_cancel (seq, day) SELECT seq, day FROM done
 # Broker.join's fail_fast and dead_letters: the log's failed attempts since a cut-off, as
 # sql.FAILED_SINCE and sql.DEAD_LETTERS read job_history's (the same columns).
 LOG_FAILED_SINCE = """
-SELECT d.id, l.actor, d.last_error FROM job_done d JOIN job_log l ON l.seq = d.seq AND l.day = d.day
- WHERE l.queue = %(queue)s AND d.status = 'failed' AND d.finished_at >= %(since)s
+SELECT d.id, d.actor, d.last_error FROM job_done d
+ WHERE d.queue = %(queue)s AND d.status = 'failed' AND d.finished_at >= %(since)s
  ORDER BY d.finished_at
  LIMIT 1
 """
@@ -273,5 +268,5 @@ SELECT d.id::text, l.queue, l.actor, jsonb_build_array(l.args, l.kwargs, l.optio
        coalesce(l.message_timestamp, (extract(epoch FROM l.created_at) * 1000)::bigint), l.payload, l.priority,
        l.created_at, d.finished_at
   FROM job_done d JOIN job_log l ON l.seq = d.seq AND l.day = d.day
- WHERE l.queue = ANY(%(queues)s) AND d.status = 'failed' AND d.finished_at >= %(since)s
+ WHERE d.queue = ANY(%(queues)s) AND d.status = 'failed' AND d.finished_at >= %(since)s
 """
