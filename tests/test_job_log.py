@@ -48,7 +48,7 @@ def finish(conn: psycopg.Connection, rows: Sequence[Any], kind: str = "succeeded
            ended: Sequence[int] = (), delay_ms: int | None = None, error: str | None = None) -> int:
     """LOG_FINISH for claimed ``rows`` (batch, seq, day, id, ..., attempt at 7); how many it wrote."""
     outcomes = [Finish(str(r[3]), r[7], kind, error=error, delay_ms=delay_ms) for r in rows]
-    where = [LogRow(r[1], r[2], r[0], r[4], r[5]) for r in rows]
+    where = [LogRow(r[1], r[2], r[0], r[4], r[5], r[14]) for r in rows]
     return conn.execute(joblog.LOG_FINISH, log_finish_params(owner, outcomes, where, ended)).fetchone()[0]
 
 
@@ -227,9 +227,9 @@ def test_retention_drops_days_and_keeps_what_has_not_ended(conn: psycopg.Connect
     conn.execute("INSERT INTO job_log (seq, day, id, queue, actor) VALUES (1, %(d)s, %(a)s, 'log', 'noop'),"
                  " (2, %(d)s, %(b)s, 'log', 'noop'), (3, %(d)s, %(c)s, 'log', 'noop')",
                  {"d": old, "a": done, "b": failed, "c": waiting})
-    conn.execute("INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, last_error)"
-                 " VALUES (1, %(d)s, %(a)s, 'log', 'noop', 'succeeded', 1, NULL),"
-                 " (2, %(d)s, %(b)s, 'log', 'noop', 'failed', 1, 'boom')", {"d": old, "a": done, "b": failed})
+    conn.execute("INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, last_error)"
+                 " VALUES (1, %(d)s, %(a)s, 'log', 'noop', now(), 'succeeded', 1, NULL),"
+                 " (2, %(d)s, %(b)s, 'log', 'noop', now(), 'failed', 1, 'boom')", {"d": old, "a": done, "b": failed})
     conn.execute("SELECT job_log_drop_before(%s::date)", ["2000-01-02"])
     assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is None
     assert scalar(conn, "SELECT to_regclass('job_done_d20000101')") is None

@@ -57,6 +57,7 @@ CREATE TABLE job_done (
     status      text        NOT NULL CHECK (status IN ('succeeded', 'failed', 'cancelled', 'retried', 'requeued', 'released')),
     attempt     integer     NOT NULL,
     owner       text,
+    created_at  timestamptz NOT NULL,  -- the log row's: the reads' start waits need no join
     claimed_at  timestamptz,
     started_at  timestamptz,
     finished_at timestamptz NOT NULL DEFAULT now(),
@@ -355,13 +356,11 @@ SELECT d.id, d.queue, d.actor,
        (SELECT l.options FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
        d.status,
        (SELECT l.priority FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
-       (SELECT l.created_at FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       d.created_at,
        d.attempt,
        (SELECT l.max_attempts FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
        d.owner, d.claimed_at, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, d.last_error, d.result,
-       d.progress,
-       (SELECT l.created_at FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
-       d.started_at, d.finished_at,
+       d.progress, d.created_at, d.started_at, d.finished_at,
        (SELECT l.lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
        (SELECT l.max_lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
        (SELECT l.message_timestamp FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
@@ -387,3 +386,72 @@ SELECT l.id, l.queue, l.actor, 'running', l.priority, l.created_at, l.created_at
 UNION ALL
 SELECT l.id, l.queue, l.actor, 'pending', l.priority, l.created_at, l.created_at, NULL::timestamptz, NULL::text
   FROM job_log_pending() l;
+
+-- Finished jobs of both stores, with the columns the dashboard's windows read (reads.py,
+-- actor_reads.py, the recorder): job_history's rows (its partitions pruned by a window of
+-- finished_at) and the log's final done rows (a block range index of finished_at each).
+CREATE VIEW jobs_finished AS
+SELECT id, queue, actor, status, lease_owner, created_at, run_at, started_at, finished_at, last_error, attempts
+  FROM job_history
+UNION ALL
+SELECT id, queue, actor, status, owner, created_at, created_at, started_at, finished_at, last_error, attempt
+  FROM job_done
+ WHERE status IN ('succeeded', 'failed', 'cancelled');
+
+-- The capacity plan counts the log's finished jobs too (036's view, over jobs_finished).
+CREATE OR REPLACE VIEW v_queue_capacity AS
+WITH live AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status IN ('pending', 'waiting') AND run_at <= now())   AS ready,
+           count(*) FILTER (WHERE status IN ('pending', 'retryable', 'waiting') AND run_at > now())
+                                                                                         AS scheduled,
+           count(*) FILTER (WHERE status = 'running')                                    AS running,
+           count(*) FILTER (WHERE status = 'retryable' AND run_at <= now())              AS retryable
+      FROM jobs_live
+     GROUP BY queue
+), done AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'succeeded')                                  AS succeeded_1h,
+           count(*) FILTER (WHERE status = 'failed')                                     AS failed_1h,
+           avg(extract(epoch FROM finished_at - started_at)) FILTER (WHERE status = 'succeeded')
+                                                                                         AS avg_duration_s,
+           count(*) FILTER (WHERE status IN ('succeeded', 'failed'))                     AS finished_1h,
+           count(DISTINCT lease_owner) FILTER (WHERE status IN ('succeeded', 'failed'))  AS busy_workers_1h
+      FROM jobs_finished
+     WHERE status IN ('succeeded', 'failed', 'cancelled') AND finished_at > now() - interval '1 hour'
+     GROUP BY queue
+), w AS (
+    SELECT q AS queue, count(*) AS active_workers, coalesce(sum(capacity), 0) AS capacity,
+           coalesce(sum(jobs_in_flight), 0) AS in_flight
+      FROM workers CROSS JOIN LATERAL unnest(queues) AS q
+     WHERE stopped_at IS NULL AND role <> 'master' AND heartbeat_at > now() - interval '1 minute'
+     GROUP BY q
+), names AS (
+    SELECT queue FROM live UNION SELECT queue FROM done UNION SELECT queue FROM w
+    UNION SELECT queue FROM queue_pauses
+), rates AS (
+    SELECT n.queue,
+           coalesce(l.ready, 0) AS ready, coalesce(l.scheduled, 0) AS scheduled,
+           coalesce(l.running, 0) AS running, coalesce(l.retryable, 0) AS retryable,
+           coalesce(d.succeeded_1h, 0) AS succeeded_1h, coalesce(d.failed_1h, 0) AS failed_1h,
+           round(d.avg_duration_s::numeric, 3)::float8 AS avg_duration_s,
+           coalesce(w.active_workers, 0) AS active_workers, coalesce(w.capacity, 0) AS capacity,
+           coalesce(w.in_flight, 0) AS in_flight,
+           (d.finished_1h::float8 / nullif(d.busy_workers_1h, 0)) AS throughput_per_worker_hour,
+           coalesce(l.ready, 0) + coalesce(l.scheduled, 0) + coalesce(l.running, 0) + coalesce(l.retryable, 0)
+               AS backlog,
+           p.queue IS NOT NULL AS paused, p.reason AS paused_reason
+      FROM names n
+      LEFT JOIN live l ON l.queue = n.queue
+      LEFT JOIN done d ON d.queue = n.queue
+      LEFT JOIN w ON w.queue = n.queue
+      LEFT JOIN queue_pauses p ON p.queue = n.queue
+)
+SELECT rates.*,
+       CASE WHEN backlog = 0 THEN 0
+            ELSE round((backlog * 3600.0 / nullif(throughput_per_worker_hour * active_workers, 0))::numeric, 1)::float8
+       END AS drain_seconds,
+       CASE WHEN backlog = 0 THEN 0 ELSE ceil(backlog / throughput_per_worker_hour)::int END AS workers_needed_1h,
+       CASE WHEN backlog = 0 THEN 0 ELSE ceil(backlog / (4 * throughput_per_worker_hour))::int END AS workers_needed_4h,
+       CASE WHEN backlog = 0 THEN 0 ELSE ceil(backlog / (8 * throughput_per_worker_hour))::int END AS workers_needed_8h
+  FROM rates;

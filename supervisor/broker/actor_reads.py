@@ -103,7 +103,7 @@ SELECT actor,
                CASE WHEN status IN ('succeeded', 'failed') THEN date_part('epoch', finished_at - started_at)
                     END AS run,
                CASE WHEN status IN ('succeeded', 'failed') THEN {WAIT_S} END AS wait
-          FROM job_history
+          FROM jobs_finished
          WHERE finished_at > now() - %(window_s)s * interval '1 second'
          ORDER BY finished_at DESC
          LIMIT %(cap)s) AS f

@@ -31,6 +31,7 @@ class LogRow:
     batch: int
     queue: str
     actor: str
+    created_at: datetime.datetime
 
 
 def eligible(row: dict[str, Any], actors: Container[str]) -> bool:
@@ -60,7 +61,8 @@ def insert_params(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 # LOG_CLAIM's columns (job_log_claim, migration 039)
-_BATCH, _SEQ, _DAY, _ID, _QUEUE, _ACTOR, _BODY, _ATTEMPT, _MAX_ATTEMPTS, _LOSSES, _MAX_LOSSES, _STAMP, _PAYLOAD = range(13)
+(_BATCH, _SEQ, _DAY, _ID, _QUEUE, _ACTOR, _BODY, _ATTEMPT, _MAX_ATTEMPTS, _LOSSES, _MAX_LOSSES, _STAMP, _PAYLOAD,
+ _PRIORITY, _CREATED) = range(15)
 
 
 def decode(rows: Iterable[tuple[Any, ...]], actors: Container[str], default_max_attempts: int
@@ -69,7 +71,7 @@ def decode(rows: Iterable[tuple[Any, ...]], actors: Container[str], default_max_
     why, row) of those that cannot be one."""
     out, bad = [], []
     for r in rows:
-        where = LogRow(r[_SEQ], r[_DAY], r[_BATCH], r[_QUEUE], r[_ACTOR])
+        where = LogRow(r[_SEQ], r[_DAY], r[_BATCH], r[_QUEUE], r[_ACTOR], r[_CREATED])
         # sql.CLAIM's column order (message.from_claimed_row): a log row has no concurrency key
         shaped = (str(r[_ID]), r[_QUEUE], r[_ACTOR], r[_BODY], r[_ATTEMPT],
                   r[_MAX_ATTEMPTS] or default_max_attempts, None, r[_LOSSES], r[_STAMP], r[_PAYLOAD])

@@ -96,6 +96,7 @@ def log_finish_params(owner: str, rows: Sequence[Finish], where: Sequence[logsto
     every outcome is then written (``ended``)."""
     return {**finish_params(owner, rows, progress),
             "queues": db.array_text([w.queue for w in where]), "actors": db.array_text([w.actor for w in where]),
+            "created": db.array_text([w.created_at.isoformat() for w in where]),
             "seqs": db.array_ints([w.seq for w in where]),
             "days": db.array_text([w.day.isoformat() for w in where]),
             "batches": db.array_ints([w.batch for w in where]), "ended": db.array_ints(ended)}

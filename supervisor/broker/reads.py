@@ -139,8 +139,10 @@ def count_plan(names: frozenset[str]) -> str:
 
 # --- the dashboard's reads: only indexed slices (live rows, rows finished lately) ---
 #
-# Each read of finished rows names job_history and a window of finished_at: it reads
-# only the days of its window (partition pruning), through job_history_finished, newest
+# Each read of finished rows names jobs_finished (job_history and the job log's final done
+# rows, migration 039) and a window of finished_at: of job_history it reads only the days
+# of its window (partition pruning), through job_history_finished (of job_done, a block
+# range index of finished_at per day), newest
 # first; a window longer than an hour reads at most its newest %(cap)s rows, and says
 # from when they start. Live rows are read through jobs_live (the claim and running
 # indexes): as many as the backlog.
@@ -151,7 +153,7 @@ FINISHED_PER_BUCKET = """
 SELECT date_bin(%(step_s)s * interval '1 second', finished_at, timestamptz 'epoch') AS t,
        count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
        count(*) FILTER (WHERE status = 'failed')    AS failed
-  FROM job_history
+  FROM jobs_finished
  WHERE finished_at > now() - %(window_s)s * interval '1 second'
  GROUP BY 1 ORDER BY 1
 """
@@ -172,7 +174,7 @@ START_LATENCY = f"""
 SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDER BY wait) AS pct,
        min(finished_at) AS oldest
   FROM (SELECT {_WAIT_S} AS wait, finished_at
-          FROM job_history
+          FROM jobs_finished
          WHERE status IN ('succeeded', 'failed') AND finished_at > now() - %(window_s)s * interval '1 second'
            AND started_at IS NOT NULL
          ORDER BY finished_at DESC
@@ -198,7 +200,7 @@ SELECT queue,
 # planner would: its row count (reltuples, scaled to the table's size now) times the
 # queue's frequency among the most common values of its sample (pg_stats). A day not yet
 # analyzed, or a queue too rare to be among them, adds nothing.
-FAILED_BY_QUEUE = "SELECT queue, count(*) AS failed FROM job_history WHERE status = 'failed' GROUP BY queue"
+FAILED_BY_QUEUE = "SELECT queue, count(*) AS failed FROM jobs_finished WHERE status = 'failed' GROUP BY queue"
 FAILED_BY_QUEUE_ESTIMATE = """
 SELECT v.queue, round(sum(c.reltuples * v.freq * pg_relation_size(c.oid)
                           / (current_setting('block_size')::int * c.relpages)))::bigint AS failed
@@ -230,7 +232,7 @@ SELECT queue, failed_1h, finished_1h, avg_s, p95_s, owners_1h,
           FROM (SELECT queue, status, lease_owner,
                        date_part('epoch', finished_at - started_at) AS dur_s,
                        CASE WHEN status IN ('succeeded', 'failed') THEN {_WAIT_S} END AS wait_s
-                  FROM job_history
+                  FROM jobs_finished
                  WHERE finished_at > now() - interval '1 hour') AS f
          GROUP BY queue) AS q
 """

@@ -71,7 +71,11 @@ UPDATE job_runs r
        completed_at = coalesce(j.finished_at, now()),
        error_text = CASE WHEN j.status = 'succeeded' THEN NULL
                          ELSE coalesce(right(j.last_error, 2000), 'job ' || j.status) END
-  FROM job_history j
+  FROM (SELECT id, status, finished_at, last_error FROM job_history
+        UNION ALL  -- the job log's (storage "log"), found by its id index
+        SELECT d.id, d.status, d.finished_at, d.last_error
+          FROM job_runs x JOIN job_log l ON l.id = x.job_id JOIN job_done d ON d.seq = l.seq AND d.day = l.day
+         WHERE x.status = 'running' AND d.status IN ('succeeded', 'failed', 'cancelled')) j
  WHERE r.status = 'running' AND r.job_id = j.id
 """
 

@@ -57,16 +57,16 @@ WITH f AS (
                          %(kinds)s::text[], %(progress)s::jsonb[], %(started_us)s::bigint[], %(ended_us)s::bigint[],
                          %(errors)s::text[], %(error_types)s::text[], %(error_wheres)s::text[], %(reasons)s::text[],
                          %(delays_ms)s::bigint[], %(options)s::jsonb[], %(payloads)s::bytea[], %(batches)s::bigint[],
-                         %(queues)s::text[], %(actors)s::text[])
+                         %(queues)s::text[], %(actors)s::text[], %(created)s::timestamptz[])
         AS f(seq, day, id, attempt, kind, progress, started_us, ended_us, error, error_type, error_where, reason,
-             delay_ms, options, payload, batch, queue, actor)
+             delay_ms, options, payload, batch, queue, actor, created_at)
 ), b AS (
     -- when each batch was claimed (the jobs' claimed_at), one lookup a batch
     SELECT x.batch, x.claimed_at FROM job_lease x WHERE x.batch = ANY(ARRAY(SELECT DISTINCT batch FROM f))
 ), done AS (
-    INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, owner, claimed_at, started_at, finished_at,
-                          last_error, progress)
-    SELECT f.seq, f.day, f.id, f.queue, f.actor,
+    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, claimed_at, started_at,
+                          finished_at, last_error, progress)
+    SELECT f.seq, f.day, f.id, f.queue, f.actor, f.created_at,
            CASE f.kind WHEN 'retry' THEN 'retried' WHEN 'requeue' THEN 'requeued' WHEN 'limited' THEN 'requeued'
                        ELSE f.kind END,
            f.attempt, %(owner)s, b.claimed_at, now() - f.started_us * interval '1 microsecond',
@@ -77,7 +77,7 @@ WITH f AS (
 ), went AS (
     -- the rows written whose job goes on, or that leave an event: their log row's body
     SELECT f.*, l.args, l.kwargs, l.options AS old_options, l.payload AS old_payload,
-           l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at
+           l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp
       FROM done d JOIN f ON f.seq = d.seq AND f.day = d.day JOIN job_log l ON l.seq = d.seq AND l.day = d.day
      WHERE f.kind <> 'succeeded'
 ), queued AS (
@@ -158,8 +158,8 @@ WITH gone AS MATERIALIZED (
 ), rows AS (
     SELECT lease.owner, u.seq, u.day FROM lease, unnest(lease.seqs, lease.days) AS u(seq, day)
 ), released AS (
-    INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, owner, last_error)
-    SELECT l.seq, l.day, l.id, l.queue, l.actor,
+    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, last_error)
+    SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at,
            CASE WHEN l.lease_losses + 1 >= coalesce(l.max_lease_losses, %(max_losses)s) THEN 'failed' ELSE 'released' END,
            l.attempts + 1, r.owner,
            CASE WHEN l.lease_losses + 1 >= coalesce(l.max_lease_losses, %(max_losses)s)
@@ -195,8 +195,8 @@ SELECT id::text, CASE status WHEN 'released' THEN 'pending' ELSE status END, own
 # over, and an event. Returns the cancelled job's id.
 LOG_CANCEL = """
 WITH done AS (
-    INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, owner, last_error)
-    SELECT l.seq, l.day, l.id, l.queue, l.actor, 'cancelled', l.attempts + 1, NULL, %(reason)s
+    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, last_error)
+    SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'cancelled', l.attempts + 1, NULL, %(reason)s
       FROM job_log l
      WHERE l.id = %(id)s::uuid
        AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
@@ -242,8 +242,8 @@ DELETE FROM job_cursor c
 # cancelled (the claims pass them over, as a pending job an operator cancels).
 LOG_FLUSH = """
 WITH done AS (
-    INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, last_error)
-    SELECT l.seq, l.day, l.id, l.queue, l.actor, 'cancelled', l.attempts + 1, 'flushed'
+    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, last_error)
+    SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'cancelled', l.attempts + 1, 'flushed'
       FROM job_log l
      WHERE l.queue = %(queue)s
        AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)

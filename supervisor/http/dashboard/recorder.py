@@ -50,7 +50,7 @@ live AS (
 ), done AS (
     SELECT queue, count(*) FILTER (WHERE status = 'succeeded') AS succeeded,
            count(*) FILTER (WHERE status = 'failed') AS failed
-      FROM job_history, p
+      FROM jobs_finished, p
      WHERE finished_at >= p.at - 2 * %(step_s)s * interval '1 second'
        AND finished_at < p.at - %(step_s)s * interval '1 second'
      GROUP BY queue
