@@ -67,8 +67,12 @@ CREATE TABLE job_done (
     PRIMARY KEY (seq, day)
 ) PARTITION BY RANGE (day);
 -- Windows of finished_at (the dashboard's last hour): rows arrive in finished_at order, so
--- a block range index serves them at almost no cost per row.
+-- a block range index serves them at almost no cost per row. A job page and the Errors
+-- page find a finished job by its id; the jobs list pages through (created_at, id), as
+-- job_history's indexes serve them (each a btree entry per job: the reads stay bounded).
 CREATE INDEX job_done_finished ON job_done USING brin (finished_at);
+CREATE INDEX job_done_id ON job_done (id);
+CREATE INDEX job_done_created ON job_done (created_at, id);
 
 -- Rows appended wake the consumers of their queues, as job_queue's inserts do (one NOTIFY
 -- per queue and statement).
@@ -340,7 +344,9 @@ SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, 'running', l.priorit
        x.owner, x.claimed_at, NULL::timestamptz, x.expires_at, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::jsonb,
        l.created_at, NULL::timestamptz, NULL::timestamptz, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.payload,
        NULL::text, NULL::jsonb
-  FROM job_lease x CROSS JOIN LATERAL unnest(x.seqs, x.days) AS u(seq, day)
+  FROM (SELECT * FROM job_lease ORDER BY batch) x  -- in key order: readable by its index (a planner that
+                                                   -- prices the table as large finds it so)
+ CROSS JOIN LATERAL unnest(x.seqs, x.days) AS u(seq, day)
   JOIN job_log l ON l.seq = u.seq AND l.day = u.day
  WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
 UNION ALL
@@ -380,7 +386,7 @@ SELECT id, queue, actor, status, priority, run_at, created_at, started_at, lease
   FROM job_queue WHERE status = 'waiting'
 UNION ALL
 SELECT l.id, l.queue, l.actor, 'running', l.priority, l.created_at, l.created_at, NULL::timestamptz, x.owner
-  FROM job_lease x CROSS JOIN LATERAL unnest(x.seqs, x.days) AS u(seq, day)
+  FROM (SELECT * FROM job_lease ORDER BY batch) x CROSS JOIN LATERAL unnest(x.seqs, x.days) AS u(seq, day)
   JOIN job_log l ON l.seq = u.seq AND l.day = u.day
  WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
 UNION ALL

@@ -60,7 +60,11 @@ SELECT g.i, f.first_seen, s.job_id, s.reason, s.traceback, s.last_error AS messa
                      WHERE NOT EXISTS (SELECT 1 FROM job_events l
                                         WHERE l.job_id = c.job_id AND l.at > c.at AND l.error_type IS NOT NULL
                                           AND l.to_status IN ('retryable', 'failed'))
-                       AND EXISTS (SELECT 1 FROM jobs k WHERE k.id = c.job_id)
+                       -- the job is still kept: by each store's id index (through the jobs view the
+                       -- planner read every job to make a hashed set of them)
+                       AND (EXISTS (SELECT 1 FROM job_queue k WHERE k.id = c.job_id)
+                            OR EXISTS (SELECT 1 FROM job_history k WHERE k.id = c.job_id)
+                            OR EXISTS (SELECT 1 FROM job_log k WHERE k.id = c.job_id))
                      ORDER BY c.at DESC LIMIT 1) AS pick
              CROSS JOIN LATERAL (SELECT x.reason, x.to_status FROM job_events x
                                   WHERE x.job_id = pick.job_id AND x.at = pick.at AND x.error_type IS NOT NULL

@@ -83,7 +83,9 @@ SYNC_LOST = """
 UPDATE job_runs r
    SET status = 'crashed', completed_at = now(), error_text = 'its job ' || r.job_id || ' no longer exists'
  WHERE r.status = 'running' AND r.job_id IS NOT NULL
-   AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = r.job_id)
+   AND NOT EXISTS (SELECT 1 FROM job_queue j WHERE j.id = r.job_id)  -- each store by its id index
+   AND NOT EXISTS (SELECT 1 FROM job_history j WHERE j.id = r.job_id)
+   AND NOT EXISTS (SELECT 1 FROM job_log j WHERE j.id = r.job_id)
 """
 
 # At start: runs whose scheduler died between recording the run and enqueueing
