@@ -335,7 +335,8 @@ def joblog_enqueue(conn: Conn, params: list[Any]) -> None:
 
 
 def joblog_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
-    return conn.execute(joblog.LOG_CLAIM, {"queue": "floor", "n": batch, "owner": owner, "lease_s": 30.0}).fetchall()
+    params = {"queue": "floor", "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False}
+    return conn.execute(joblog.LOG_CLAIM, params).fetchall()
 
 
 def joblog_finish(conn: Conn, owner: str, rows: list[Any]) -> None:

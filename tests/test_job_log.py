@@ -41,7 +41,8 @@ def enqueue(conn: psycopg.Connection, n: int, **kw: Any) -> list[str]:
 
 def claim(conn: psycopg.Connection, n: int, *, owner: str = OWNER, lease_s: float = 30.0,
           queue: str = QUEUE) -> list[Any]:
-    return conn.execute(joblog.LOG_CLAIM, {"queue": queue, "n": n, "owner": owner, "lease_s": lease_s}).fetchall()
+    params = {"queue": queue, "n": n, "owner": owner, "lease_s": lease_s, "relaxed": False}
+    return conn.execute(joblog.LOG_CLAIM, params).fetchall()
 
 
 def finish(conn: psycopg.Connection, rows: Sequence[Any], kind: str = "succeeded", *, owner: str = OWNER,
@@ -116,7 +117,8 @@ def test_an_open_transaction_does_not_make_claims_read_from_its_start(database_u
 def _claim_buffers(conn: psycopg.Connection) -> int:
     """Shared buffers one claim of 20 reads (its function's statements included), rolled back."""
     enqueue(conn, 20)
-    return plan_buffers(conn, joblog.LOG_CLAIM, {"queue": QUEUE, "n": 20, "owner": OWNER, "lease_s": 30.0})
+    params = {"queue": QUEUE, "n": 20, "owner": OWNER, "lease_s": 30.0, "relaxed": False}
+    return plan_buffers(conn, joblog.LOG_CLAIM, params)
 
 
 def test_concurrent_producers_and_claimers_take_every_committed_row_exactly_once(database_url: str,

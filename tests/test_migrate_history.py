@@ -107,3 +107,68 @@ def test_retention_drops_whole_days_and_keeps_the_rest(conn, database_url):
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 5
     ahead = f"job_history_failed_d{scalar(conn, 'SELECT to_char(current_date + 2, %s)', ('YYYYMMDD',))}"
     assert scalar(conn, "SELECT to_regclass(%s) IS NOT NULL", (ahead,))
+
+
+# Rows as the release before the job log (migration 038) left them: live ones of every kind
+# in job_queue (a running one leased to a stopped worker, its concurrency slot held; a
+# retry due in two seconds; a waiting one with a dedupe key), finished ones in history.
+FILL_038 = """
+INSERT INTO job_queue (id, queue, actor, args, status, run_at, attempts, lease_owner, claimed_at, heartbeat_at,
+                       lease_expires_at, dedupe_key, concurrency_key)
+SELECT gen_random_uuid(), 'tests', 'record', jsonb_build_array(g), s.status,
+       CASE WHEN s.status = 'retryable' THEN now() + interval '2 seconds' ELSE now() END,
+       CASE WHEN s.status = 'pending' THEN 0 ELSE 1 END,
+       CASE WHEN s.status = 'running' THEN 'old-host:4242:gone' END,
+       CASE WHEN s.status <> 'pending' THEN now() END,
+       CASE WHEN s.status = 'running' THEN now() END,
+       CASE WHEN s.status = 'running' THEN now() + interval '2 seconds' END,
+       CASE WHEN g % 10 = 0 THEN 'dedupe-' || s.status || '-' || g END,
+       CASE WHEN s.status = 'running' AND g = 1 THEN 'slot-a' END
+  FROM (VALUES ('pending'), ('retryable'), ('running')) AS s(status)
+ CROSS JOIN generate_series(1, 20) AS g;
+INSERT INTO job_concurrency (key, job_id) SELECT concurrency_key, id FROM job_queue WHERE concurrency_key IS NOT NULL;
+INSERT INTO job_history (id, queue, actor, status, finished_at)
+SELECT gen_random_uuid(), 'tests', 'record', s.status, now() - g * interval '1 hour'
+  FROM (VALUES ('succeeded'), ('failed'), ('cancelled')) AS s(status) CROSS JOIN generate_series(1, 20) AS g;
+"""
+
+
+def test_a_database_before_the_job_log_migrates_and_a_log_worker_finishes_every_job_once(fresh_database, workers):
+    """Migration 039 adds the log beside job_queue: nothing moves. A worker of this release
+    on storage "log" finishes the old live rows from job_queue (each once) and the plain
+    jobs sent after from the log (each once)."""
+    import psycopg
+
+    from supervisor.broker import PostgresBroker
+
+    url = fresh_database
+    migrate(url, until=38)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(TEST_TABLES)
+        conn.execute(FILL_038)
+        old = {str(r[0]) for r in conn.execute("SELECT id FROM job_queue")}
+        migrate(url)
+        assert scalar(conn, "SELECT count(*) FROM jobs WHERE status IN ('pending', 'retryable', 'running')") == 60
+        assert scalar(conn, "SELECT count(*) FROM jobs") == 120
+
+        producer = PostgresBroker(url, storage="log", pool_size=1)
+        try:
+            producer.declare_queue("tests")
+            import dramatiq
+
+            @dramatiq.actor(broker=producer, queue_name="tests", actor_name="record")
+            def record(n: int) -> None:  # the worker's is tests.sample_actors.record
+                pass
+
+            new = {m.message_id for m in producer.enqueue_many([record.message(1000 + i) for i in range(40)])}
+        finally:
+            producer.close()
+        assert scalar(conn, "SELECT count(*) FROM job_log") == 40
+
+        w = workers(url, threads=4, lease=2, heartbeat=0.5, extra_env={"SUPERVISOR_STORAGE": "log"})
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs_live") == 0, 60, message="every live job to finish")
+        assert w.proc.poll() is None, w.stderr()
+        runs = dict(conn.execute("SELECT job_id::text, count(*) FROM test_results GROUP BY 1").fetchall())
+        assert set(runs) == old | new and set(runs.values()) == {1}, runs
+        assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded'") == 40
+        assert scalar(conn, "SELECT count(*) FROM job_concurrency") == 0

@@ -98,6 +98,7 @@ CREATE TABLE job_lease (
     batch      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     owner      text        NOT NULL,
     claimed_at timestamptz NOT NULL DEFAULT now(),
+    renewed_at timestamptz NOT NULL DEFAULT now(),  -- the owner's last renewal (the jobs view's heartbeat_at)
     expires_at timestamptz NOT NULL,
     seqs       bigint[]    NOT NULL,
     days       date[]      NOT NULL
@@ -177,7 +178,7 @@ CREATE TABLE job_log_cancel (
 -- COPY are a range of 3 xids), would otherwise sort the whole window at every claim.
 -- jit off: a plan with a sort left in it (a few running transactions' rows) is then priced
 -- above jit_above_cost, and compiling it took 300 ms a claim.
-CREATE FUNCTION job_log_claim(q text, n integer, who text, lease_s double precision)
+CREATE FUNCTION job_log_claim(q text, n integer, who text, lease_s double precision, relaxed boolean DEFAULT false)
 RETURNS TABLE (batch bigint, seq bigint, day date, id uuid, queue text, actor text, body text,
                attempt integer, max_attempts integer, lease_losses integer, max_lease_losses integer,
                message_timestamp bigint, payload bytea, priority integer, created_at timestamptz)
@@ -199,6 +200,11 @@ BEGIN
         RETURN;
     END IF;
     PERFORM pg_advisory_xact_lock(hashtext('job_log_claim'), hashtext(q));
+    IF relaxed THEN
+        -- an idle claim's commit does not wait for its WAL flush (as sql.CLAIM's): a claim
+        -- lost in a server crash only leaves its rows leased until the lease expires
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     -- the queue's levels, highest first: one index descent each (a loose index scan)
     level := (SELECT max(l.priority) FROM job_log l WHERE l.queue = q);
     WHILE level IS NOT NULL AND want > 0 LOOP
@@ -341,7 +347,7 @@ UNION ALL
 SELECT id, queue, actor, args, kwargs, options, status, priority, run_at, attempts, max_attempts, lease_owner, claimed_at, heartbeat_at, lease_expires_at, dedupe_key, concurrency_key, last_error, result, progress, created_at, started_at, finished_at, lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow FROM job_history
 UNION ALL
 SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, 'running', l.priority, l.created_at, l.attempts + 1, l.max_attempts,
-       x.owner, x.claimed_at, NULL::timestamptz, x.expires_at, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::jsonb,
+       x.owner, x.claimed_at, x.renewed_at, x.expires_at, NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::jsonb,
        l.created_at, NULL::timestamptz, NULL::timestamptz, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.payload,
        NULL::text, NULL::jsonb
   FROM (SELECT * FROM job_lease ORDER BY batch) x  -- in key order: readable by its index (a planner that

@@ -417,7 +417,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         first = self._log_turn % defaults.LOG_TABLE_TURN == 0
         out = self._claim_table(queue, n, idle) if first else []
         if len(out) < n:
-            out += self._claim_log(queue, n - len(out))
+            out += self._claim_log(queue, n - len(out), idle)
         if not first and len(out) < n:
             out += self._claim_table(queue, n - len(out), idle)
         return out
@@ -439,9 +439,9 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self._claims_failing = False
         return result
 
-    def _claim_log(self, queue: str, n: int) -> list[PgMessageProxy]:
-        """Up to n rows of the queue's log, as one leased batch."""
-        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds}
+    def _claim_log(self, queue: str, n: int, idle: bool) -> list[PgMessageProxy]:
+        """Up to n rows of the queue's log, as one leased batch (``idle``: see claim)."""
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle}
         sent = time.monotonic()
         rows = self._claiming(lambda c: c.execute(joblog.LOG_CLAIM, params).fetchall())
         if not rows:

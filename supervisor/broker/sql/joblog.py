@@ -31,11 +31,12 @@ LOG_INSERT_AGAIN = LOG_INSERT.rstrip() + """
  WHERE NOT EXISTS (SELECT 1 FROM job_log l WHERE l.id = m.id)
 """
 
-# Up to n ready rows of a queue for an owner, as one leased batch (job_log_claim, 039).
+# Up to n ready rows of a queue for an owner, as one leased batch (job_log_claim, 039);
+# ``relaxed``: an idle claim, committed without waiting for its WAL flush.
 # Columns: batch, seq, day, id, queue, actor, body (args, kwargs, options as one JSON
 # array), attempt (this one), max_attempts, lease_losses, max_lease_losses,
 # message_timestamp, payload, priority, created_at.
-LOG_CLAIM = "SELECT * FROM job_log_claim(%(queue)s, %(n)s, %(owner)s, %(lease_s)s)"
+LOG_CLAIM = "SELECT * FROM job_log_claim(%(queue)s, %(n)s, %(owner)s, %(lease_s)s, %(relaxed)s)"
 
 # The one way an attempt of a log row ends (sql.FINISH's counterpart, with its parameters
 # plus each row's seq and day: outcomes.finish_params): a batch of outcomes, any mix.
@@ -122,7 +123,7 @@ LOG_RENEW = """
 WITH ended AS (
     DELETE FROM job_lease WHERE batch = ANY(%(ended)s::bigint[]) AND owner = %(owner)s
 )
-UPDATE job_lease SET expires_at = now() + %(lease_s)s * interval '1 second'
+UPDATE job_lease SET renewed_at = now(), expires_at = now() + %(lease_s)s * interval '1 second'
  WHERE batch = ANY(%(batches)s::bigint[]) AND owner = %(owner)s
 RETURNING batch
 """
