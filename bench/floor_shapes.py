@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ from bench.basics import Figure, print_table  # noqa: E402
 from bench.common import bench_database, code_state, say, server_url  # noqa: E402
 from bench.db_floor import PATH as TODAY  # noqa: E402
 from bench.floor import Conn, JobPath, Run, run_once  # noqa: E402
+from supervisor.broker.logstore import LogRow  # noqa: E402
+from supervisor.broker.outcomes import Finish, log_finish_params  # noqa: E402
 from supervisor.broker.sql import joblog  # noqa: E402
 
 SCHEMA = """
@@ -340,12 +343,12 @@ def joblog_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
 
 
 def joblog_finish(conn: Conn, owner: str, rows: list[Any]) -> None:
-    """Each row's outcome (succeeded, as a worker sends it), the batch's lease with it."""
-    n = len(rows)
-    conn.execute(joblog.LOG_FINISH, {"seq": [r[1] for r in rows], "day": [r[2] for r in rows], "id": [r[3] for r in rows],
-                                     "status": ["succeeded"] * n, "attempt": [r[7] for r in rows],
-                                     "started_at": [None] * n, "error": [None] * n, "result": [None] * n,
-                                     "run_at": [None] * n, "owner": owner, "ended": [rows[0][0]]})
+    """Each row's outcome (succeeded), as a worker's ack writes it (outcomes.log_finish_params),
+    the batch's lease with it."""
+    now = time.monotonic()  # each attempt ran 1 ms and ended 0.5 ms ago, as db_floor's
+    outcomes = [Finish(str(r[3]), r[7], "succeeded", now - 0.0015, now - 0.0005) for r in rows]
+    where = [LogRow(r[1], r[2], r[0], r[4], r[5], r[14]) for r in rows]
+    conn.execute(joblog.LOG_FINISH, log_finish_params(owner, outcomes, where, [rows[0][0]]))
 
 
 def joblog_left(conn: Conn) -> int:
