@@ -50,8 +50,9 @@ THREADS = 8
 STORAGES = ("table", "log")
 STORAGE = "table"
 STORAGE_ENV = "SUPERVISOR_STORAGE"
-# With the log, every this-many-th claim of a consumer asks job_queue before the log
-# (broker.claim): its retries and delayed jobs wait at most that many claims under load.
+# With the log, every this-many-th claim of a consumer asks job_queue first (the others ask
+# it only when the log has nothing: broker.claim): its retries and delayed jobs wait at most
+# that many claims under load.
 LOG_TABLE_TURN = 8
 EXECUTORS = ("own", "dramatiq")
 EXECUTOR = "own"

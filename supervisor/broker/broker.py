@@ -408,19 +408,18 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         A row that cannot become a message fails at once, alone; only the others
         are returned (the consumer frees the capacity the bad ones reserved).
 
-        With the log (storage "log"): its rows first, then job_queue's for what is left;
-        every LOG_TABLE_TURN-th claim asks job_queue first, so its rows (retries, delayed
-        and keyed jobs) are never starved by a log that always has more."""
+        With the log (storage "log"): the log's rows, and job_queue's only when the log had
+        none (one statement a claim while the log has work: a woken consumer's job starts
+        after one round trip), or first at every LOG_TABLE_TURN-th claim, so job_queue's
+        rows (retries, delayed and keyed jobs) are never starved by a log that always has
+        more."""
         if self.storage != "log":
             return self._claim_table(queue, n, idle)
         self._log_turn += 1
-        first = self._log_turn % defaults.LOG_TABLE_TURN == 0
-        out = self._claim_table(queue, n, idle) if first else []
-        if len(out) < n:
-            out += self._claim_log(queue, n - len(out), idle)
-        if not first and len(out) < n:
-            out += self._claim_table(queue, n - len(out), idle)
-        return out
+        if self._log_turn % defaults.LOG_TABLE_TURN == 0:
+            out = self._claim_table(queue, n, idle)
+            return out + self._claim_log(queue, n - len(out), idle) if len(out) < n else out
+        return self._claim_log(queue, n, idle) or self._claim_table(queue, n, idle)
 
     def _claiming(self, statement: Callable[[psycopg.Connection], T]) -> T:
         """A claim's statement on the pool, as an outage wants it (see claim)."""

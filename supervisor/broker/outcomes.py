@@ -89,17 +89,20 @@ def finish_params(owner: str, rows: Sequence[Finish], progress: Any = None) -> d
 
 
 
+def log_columns(where: Sequence[logstore.LogRow], ended: Sequence[int]) -> dict[str, Any]:
+    """The parameters sql.LOG_FINISH has beyond sql.FINISH's: each row's place in the log
+    (its queue, actor and creation too: the done row keeps them for the reads), and the
+    batches whose every outcome is then written (``ended``)."""
+    return {"queues": db.array_text([w.queue for w in where]), "actors": db.array_text([w.actor for w in where]),
+            "created": db.array_text([str(w.created_at) for w in where]),
+            "seqs": db.array_ints([w.seq for w in where]), "days": db.array_text([str(w.day) for w in where]),
+            "batches": db.array_ints([w.batch for w in where]), "ended": db.array_ints(ended)}
+
+
 def log_finish_params(owner: str, rows: Sequence[Finish], where: Sequence[logstore.LogRow], ended: Sequence[int],
                       progress: Any = None) -> dict[str, Any]:
-    """sql.LOG_FINISH's parameters: sql.FINISH's for ``rows``, each row's place in the log
-    (its queue and actor too: the done row keeps them for the reads), and the batches whose
-    every outcome is then written (``ended``)."""
-    return {**finish_params(owner, rows, progress),
-            "queues": db.array_text([w.queue for w in where]), "actors": db.array_text([w.actor for w in where]),
-            "created": db.array_text([w.created_at.isoformat() for w in where]),
-            "seqs": db.array_ints([w.seq for w in where]),
-            "days": db.array_text([w.day.isoformat() for w in where]),
-            "batches": db.array_ints([w.batch for w in where]), "ended": db.array_ints(ended)}
+    """sql.LOG_FINISH's parameters for ``rows`` of any kind (finish_params and log_columns)."""
+    return {**finish_params(owner, rows, progress), **log_columns(where, ended)}
 
 
 def ack_params(owner: str, ids: Sequence[str], attempts: Sequence[int], started: Sequence[float | None],
@@ -243,10 +246,12 @@ class Outcomes:
         sql.LOG_FINISH for the jobs claimed from the log, through _finish)."""
         with self.pool.connection(timeout=10) as c:
             if self.batches:
-                logged, _ = self.batches.split(ids)
+                logged, where = self.batches.split(ids)
                 if logged:
-                    self._finish(c, [Finish(ids[i], attempts[i], "succeeded", started[i], ended[i]) for i in logged])
-                    rest = [i for i in range(len(ids)) if i not in set(logged)]
+                    self._ack_log(c, [ids[i] for i in logged], [attempts[i] for i in logged],
+                                  [started[i] for i in logged], [ended[i] for i in logged], where)
+                    kept = set(logged)
+                    rest = [i for i in range(len(ids)) if i not in kept]
                     if not rest:
                         return
                     ids, attempts = [ids[i] for i in rest], [attempts[i] for i in rest]
@@ -269,6 +274,24 @@ class Outcomes:
             rest = [r for r in rows if self.batches.row(r.id) is None]
             written = int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rest))))
         return written + self._finish_log(conn, logged)
+
+    def _ack_log(self, conn: psycopg.Connection, ids: list[str], attempts: list[int], started: list[float | None],
+                 ended: list[float | None], where: list[logstore.LogRow]) -> None:
+        """A batch of successes of log rows: sql.LOG_FINISH with ack_params' columns (no
+        Finish per job, as for job_queue's acks)."""
+        done = self.batches.take_ended()
+        try:
+            if self._progress is None:
+                conn.execute(joblog.LOG_FINISH, {**ack_params(self.owner, ids, attempts, started, ended),
+                                                 **log_columns(where, done)})
+            else:
+                with self._progress.for_ack(conn, ids) as progress:
+                    conn.execute(joblog.LOG_FINISH, {**ack_params(self.owner, ids, attempts, started, ended, progress),
+                                                     **log_columns(where, done)})
+        except BaseException:
+            self.batches.give_back(done)
+            raise
+        self.batches.written(ids)
 
     def _finish_log(self, conn: psycopg.Connection, rows: Sequence[Finish]) -> int:
         """sql.LOG_FINISH for outcomes of log rows; the batches this completes go with the
