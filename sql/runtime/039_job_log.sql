@@ -118,6 +118,7 @@ CREATE TABLE job_cursor (
     hi       pg_snapshot NOT NULL,
     at_tx    xid8        NOT NULL,
     at_seq   bigint      NOT NULL,
+    drained  boolean     NOT NULL DEFAULT false,  -- the claim that wrote it read its window to the end
     made_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX job_cursor_newest ON job_cursor (queue, priority, at DESC);
@@ -206,7 +207,8 @@ BEGIN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
     -- the queue's levels, highest first: one index descent each (a loose index scan)
-    level := (SELECT max(l.priority) FROM job_log l WHERE l.queue = q);
+    -- (every level has a cursor from its first rows: the trigger below)
+    level := (SELECT max(k.priority) FROM job_cursor k WHERE k.queue = q);
     WHILE level IS NOT NULL AND want > 0 LOOP
         SELECT * INTO c FROM job_cursor k WHERE k.queue = q AND k.priority = level ORDER BY k.at DESC LIMIT 1;
         IF NOT FOUND THEN
@@ -215,6 +217,10 @@ BEGIN
         END IF;
         moved := false;
         advanced := false;
+        IF c.drained THEN  -- the last claim read this window to its end: on to the next at once
+            c.lo := c.hi; c.hi := pg_current_snapshot(); c.at_tx := '0'; c.at_seq := 0;
+            advanced := true;
+        END IF;
         LOOP
             running := ARRAY(SELECT pg_snapshot_xip(c.lo));
             SELECT array_agg(w.r ORDER BY w.tx, w.seq) INTO picked
@@ -253,10 +259,11 @@ BEGIN
         END LOOP;
         -- written only when the claim took rows of the level: an idle queue's claims
         -- append nothing (the next one moves on from the last written window)
-        IF moved THEN
-            INSERT INTO job_cursor (queue, priority, lo, hi, at_tx, at_seq) VALUES (q, level, c.lo, c.hi, c.at_tx, c.at_seq);
+        IF moved THEN  -- drained: the claim still wanted rows when it left the level
+            INSERT INTO job_cursor (queue, priority, lo, hi, at_tx, at_seq, drained)
+            VALUES (q, level, c.lo, c.hi, c.at_tx, c.at_seq, want > 0);
         END IF;
-        level := (SELECT max(l.priority) FROM job_log l WHERE l.queue = q AND l.priority < level);
+        level := (SELECT max(k.priority) FROM job_cursor k WHERE k.queue = q AND k.priority < level);
     END LOOP;
     IF cardinality(taken) = 0 THEN
         RETURN;

@@ -243,16 +243,17 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         self.emit_before("enqueue", message, delay)
         row = self._row(message, delay)
         if self.storage == "log" and logstore.eligible(row, self.actors):
-            message = self._send(self._log_writer([row], lambda c: message), conn, "enqueue 1 message")
+            message = self._send(self._log_writer([row], lambda c: message, atomic=False), conn, "enqueue 1 message")
         else:
             message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
         self.emit_after("enqueue", message, delay)
         return message
 
-    def _log_writer(self, rows: list[dict[str, Any]], rest: Callable[[psycopg.Connection], T]
-                    ) -> Callable[[psycopg.Connection], T]:
+    def _log_writer(self, rows: list[dict[str, Any]], rest: Callable[[psycopg.Connection], T], *,
+                    atomic: bool = True) -> Callable[[psycopg.Connection], T]:
         """A producer's write that appends ``rows`` to the log, then does ``rest`` (the
-        job_queue part, if any), in one transaction; written again on a fresh connection, it
+        job_queue part, if any), in one transaction (``atomic``: else no BEGIN and COMMIT
+        for a write that is one statement); written again on a fresh connection, it
         appends only the rows the first write did not (sending.py)."""
         params = logstore.insert_params(rows)
         tries = [0]
@@ -260,10 +261,10 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         def write(c: psycopg.Connection) -> T:
             tries[0] += 1
             statement = joblog.LOG_INSERT if tries[0] == 1 else joblog.LOG_INSERT_AGAIN
-            if not c.autocommit:  # the caller's transaction: it commits both parts, or neither
+            if not c.autocommit or not atomic:  # the caller's transaction, or one statement
                 c.execute(statement, params)
                 return rest(c)
-            with c.transaction():
+            with c.transaction():  # both parts, or neither
                 c.execute(statement, params)
                 return rest(c)
         return write
