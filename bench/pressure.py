@@ -67,16 +67,21 @@ WITHIN = 2.0  # the issue's bound: p99 under pressure at most this times the bas
 HELD = 0.9  # throughput under pressure at least this share of the baseline's
 STEADY = 10  # seconds in a row within WITHIN x the baseline p99: recovered
 
-# Dead tuples and bytes of the live table, history (every partition) and events, on either
-# storage: before migration 035 `jobs` is the table that holds every row; after, a view.
+# Dead tuples and bytes of the live tables, history (every partition) and events, on any
+# storage: before migration 035 `jobs` is the table that holds every row; after, a view;
+# with storage "log" (039, SUPERVISOR_STORAGE=log) the log, its leases and cursors count
+# as live, its done rows as history. The vacuum count is job_queue's (the upkeep's).
 GAUGES = """
-SELECT CASE WHEN s.relname IN ('job_queue', 'jobs') THEN 'queue'
+SELECT CASE WHEN s.relname IN ('job_queue', 'jobs', 'job_lease', 'job_cursor', 'job_log_cancel')
+                 OR s.relid IN (SELECT relid FROM pg_partition_tree(to_regclass('job_log')) WHERE isleaf) THEN 'queue'
             WHEN s.relname = 'job_events' THEN 'events' ELSE 'history' END,
        sum(s.n_dead_tup)::bigint, sum(pg_total_relation_size(s.relid))::bigint,
-       sum(s.vacuum_count + s.autovacuum_count)::bigint
+       sum(s.vacuum_count + s.autovacuum_count) FILTER (WHERE s.relname IN ('job_queue', 'jobs'))::bigint
   FROM pg_stat_user_tables s
- WHERE s.relname IN ('job_queue', 'jobs', 'job_events')
+ WHERE s.relname IN ('job_queue', 'jobs', 'job_events', 'job_lease', 'job_cursor', 'job_log_cancel')
     OR s.relid IN (SELECT relid FROM pg_partition_tree(to_regclass('job_history')) WHERE isleaf)
+    OR s.relid IN (SELECT relid FROM pg_partition_tree(to_regclass('job_log')) WHERE isleaf)
+    OR s.relid IN (SELECT relid FROM pg_partition_tree(to_regclass('job_done')) WHERE isleaf)
  GROUP BY 1
 """
 BACKLOG = "SELECT count(*) FROM jobs WHERE status IN ('pending', 'retryable') AND run_at <= now()"
