@@ -369,14 +369,15 @@ SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, 'pending', l.priorit
        l.message_timestamp, l.payload, NULL::text, NULL::jsonb
   FROM job_log_pending() l
 UNION ALL
+-- one part per final status, its status a constant: a read of live statuses (status IN
+-- ('pending', ...)) reads no done row at all, as job_history's partitions by status do
 SELECT d.id, d.queue, d.actor,
        (SELECT l.args FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
        (SELECT l.kwargs FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
        (SELECT l.options FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
-       d.status,
+       'succeeded'::text,
        (SELECT l.priority FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
-       d.created_at,
-       d.attempt,
+       d.created_at, d.attempt,
        (SELECT l.max_attempts FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
        d.owner, d.claimed_at, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, d.last_error, d.result,
        d.progress, d.created_at, d.started_at, d.finished_at,
@@ -386,7 +387,43 @@ SELECT d.id, d.queue, d.actor,
        (SELECT l.payload FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
        NULL::text, NULL::jsonb
   FROM job_done d
- WHERE d.status IN ('succeeded', 'failed', 'cancelled');
+ WHERE d.status = 'succeeded'
+UNION ALL
+SELECT d.id, d.queue, d.actor,
+       (SELECT l.args FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.kwargs FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.options FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       'failed'::text,
+       (SELECT l.priority FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       d.created_at, d.attempt,
+       (SELECT l.max_attempts FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       d.owner, d.claimed_at, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, d.last_error, d.result,
+       d.progress, d.created_at, d.started_at, d.finished_at,
+       (SELECT l.lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.max_lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.message_timestamp FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.payload FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       NULL::text, NULL::jsonb
+  FROM job_done d
+ WHERE d.status = 'failed'
+UNION ALL
+SELECT d.id, d.queue, d.actor,
+       (SELECT l.args FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.kwargs FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.options FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       'cancelled'::text,
+       (SELECT l.priority FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       d.created_at, d.attempt,
+       (SELECT l.max_attempts FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       d.owner, d.claimed_at, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, d.last_error, d.result,
+       d.progress, d.created_at, d.started_at, d.finished_at,
+       (SELECT l.lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.max_lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.message_timestamp FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       (SELECT l.payload FROM job_log l WHERE l.seq = d.seq AND l.day = d.day),
+       NULL::text, NULL::jsonb
+  FROM job_done d
+ WHERE d.status = 'cancelled';
 
 CREATE OR REPLACE VIEW jobs_live AS
 SELECT id, queue, actor, status, priority, run_at, created_at, started_at, lease_owner
