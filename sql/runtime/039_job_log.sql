@@ -224,17 +224,27 @@ BEGIN
         LOOP
             running := ARRAY(SELECT pg_snapshot_xip(c.lo));
             SELECT array_agg(w.r ORDER BY w.tx, w.seq) INTO picked
+              -- three index ranges, none read from before the cursor's place (a row comparison
+              -- beside another bound on tx made the index read from the level's first row,
+              -- every claim): the rest of the cursor's own transaction, the later ones, and
+              -- (below) those lo saw running
               FROM ((SELECT l AS r, l.tx, l.seq FROM job_log l
-                      WHERE l.queue = q AND l.priority = level
-                        AND l.tx >= greatest(pg_snapshot_xmax(c.lo), c.at_tx) AND l.tx < pg_snapshot_xmax(c.hi)
-                        AND (l.tx, l.seq) > (c.at_tx, c.at_seq) AND pg_visible_in_snapshot(l.tx, c.hi)
+                      WHERE l.queue = q AND l.priority = level AND l.tx = c.at_tx AND l.seq > c.at_seq
+                        AND c.at_tx >= pg_snapshot_xmax(c.lo) AND pg_visible_in_snapshot(l.tx, c.hi)
+                      ORDER BY l.seq LIMIT want)
+                    UNION ALL
+                    (SELECT l AS r, l.tx, l.seq FROM job_log l
+                      WHERE l.queue = q AND l.priority = level AND l.tx >= pg_snapshot_xmax(c.lo) AND l.tx > c.at_tx
+                        AND l.tx < pg_snapshot_xmax(c.hi) AND pg_visible_in_snapshot(l.tx, c.hi)
                       ORDER BY l.tx, l.seq LIMIT want)
                     UNION ALL
                     (SELECT x.* FROM unnest(running) AS t(tx) CROSS JOIN LATERAL (
                          SELECT l AS r, l.tx, l.seq FROM job_log l
                           WHERE l.queue = q AND l.priority = level AND l.tx = t.tx
-                            AND (l.tx, l.seq) > (c.at_tx, c.at_seq) AND pg_visible_in_snapshot(l.tx, c.hi)
+                            AND l.seq > CASE WHEN t.tx = c.at_tx THEN c.at_seq ELSE 0 END
+                            AND pg_visible_in_snapshot(l.tx, c.hi)
                           ORDER BY l.seq LIMIT want) x
+                      WHERE t.tx >= c.at_tx
                       ORDER BY 2, 3 LIMIT want)
                     ORDER BY 2, 3 LIMIT want) w;
             IF picked IS NOT NULL THEN
