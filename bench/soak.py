@@ -93,12 +93,18 @@ SELECT round(extract(epoch FROM started_at - created_at) * 10000)::bigint, count
 """
 
 HEALTH = """
-SELECT s.n_dead_tup,
-       -- the live table; its indexes; all of history (every day's partition, with its
-       -- indexes: it grows with the retention, by design)
-       pg_table_size('job_queue'), pg_indexes_size('job_queue'),
-       (SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree('job_history')
-         WHERE isleaf)::bigint,
+SELECT s.n_dead_tup + (SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables
+                         WHERE relname IN ('job_lease', 'job_cursor'))::bigint,
+       -- the live tables (job_queue; with storage "log", also the leases and cursors its
+       -- claims read); their indexes; all of history (every day's partition, with its
+       -- indexes, and the job log's days: they grow with the retention, by design)
+       pg_table_size('job_queue') + pg_table_size('job_lease') + pg_table_size('job_cursor'),
+       pg_indexes_size('job_queue') + pg_indexes_size('job_lease') + pg_indexes_size('job_cursor'),
+       (SELECT coalesce(sum(pg_total_relation_size(t.relid)), 0)
+          FROM (SELECT relid, isleaf FROM pg_partition_tree('job_history')
+                UNION ALL SELECT relid, isleaf FROM pg_partition_tree('job_log')
+                UNION ALL SELECT relid, isleaf FROM pg_partition_tree('job_done')) t
+         WHERE t.isleaf)::bigint,
        s.vacuum_count, s.autovacuum_count,
        s.n_tup_del, now() - %(lag)s * interval '1 second',
        (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),
