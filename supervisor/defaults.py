@@ -54,6 +54,8 @@ STORAGE_ENV = "SUPERVISOR_STORAGE"
 # it only when the log has nothing: broker.claim): its retries and delayed jobs wait at most
 # that many claims under load.
 LOG_TABLE_TURN = 8
+# Dead tuples of the log's narrow tables (leases, cursors) at which the upkeep vacuums them.
+LOG_VACUUM_DEAD_ROWS = 1000
 EXECUTORS = ("own", "dramatiq")
 EXECUTOR = "own"
 # Coroutines of async actors one process runs at once (its own executor: on its event loop,

@@ -319,3 +319,11 @@ def test_a_claim_of_a_new_window_reads_from_the_window_not_from_the_level_s_firs
         buffers = _claim_buffers(conn)
         pin.rollback()
     assert buffers < 50, buffers  # 56 when a row comparison set where its index range began (37 now)
+
+
+def test_the_upkeep_s_statements_on_the_narrow_tables_run(conn: psycopg.Connection) -> None:
+    """LOG_VACUUM_DUE and VACUUM_LOG as the upkeep's vacuum check runs them (the dead
+    tuples it reads are the statistics collector's: counted here, not awaited)."""
+    assert conn.execute(joblog.LOG_VACUUM_DUE, {"dead_rows": 10**9, "min_s": 0}).fetchall() == []
+    conn.execute(joblog.VACUUM_LOG)
+    assert scalar(conn, "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'job_lease'") is not None

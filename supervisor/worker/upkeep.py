@@ -113,7 +113,21 @@ class Upkeep(threading.Thread):
                            key="analyzed", own_connection=False)
         if dead is not None:
             self._maintain(jobs_sql.VACUUM_JOBS, "vacuumed jobs (%d dead tuples)", dead, key="vacuumed")
+        self._log_tables()
         return dead
+
+    def _log_tables(self) -> None:
+        """The job log's leases and cursors (storage "log"): the cursor rows no claim reads go
+        (a bounded batch), and the narrow tables are vacuumed once their dead tuples pile up
+        (sql/joblog.py). Nothing to do, and one short statement, where the log is unused."""
+        s = self.settings
+        with self.broker.pool.connection(timeout=10) as c:
+            c.execute(joblog.LOG_PRUNE_CURSORS, {"limit": s.prune_batch})
+            row = c.execute(joblog.LOG_VACUUM_DUE, {"dead_rows": defaults.LOG_VACUUM_DEAD_ROWS,
+                                                    "min_s": s.vacuum_min_seconds}).fetchone()
+        if row is not None:
+            self._maintain(joblog.VACUUM_LOG, "vacuumed the job log's leases and cursors (%d dead tuples)", row[0],
+                           key="vacuumed_log")
 
     def _maintain(self, statement: str, what: str, rows: int, *, key: str, own_connection: bool = True) -> None:
         started = time.monotonic()
@@ -202,7 +216,6 @@ class Upkeep(threading.Thread):
             counts = {status: self._history(c, status, getattr(r, status))
                       for status in ("succeeded", "failed", "cancelled")}
             counts["log"] = self._log_days(c, r.succeeded)
-            counts["cursors"] = self._batches(c, joblog.LOG_PRUNE_CURSORS)
             counts["events"] = self._batches(c, jobs_sql.PRUNE_EVENTS, older_than_s=r.events)
             counts["progress"] = self._batches(c, jobs_sql.PRUNE_PROGRESS, older_than_s=r.events)
             counts["runs"] = self._batches(c, scheduler_sql.PRUNE_RUNS, older_than_s=r.runs)
