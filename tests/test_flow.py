@@ -152,8 +152,10 @@ def test_a_rate_limit_holds_across_two_processes_and_is_used(conn, flow, fleet):
     for i in range(len(at)):  # per second: never more than the limit plus the burst
         assert sum(at[i] <= t < at[i] + timedelta(seconds=1) for t in at) <= rate + burst
     # the limit is used: the last start comes as soon as the tokens allow, no poll between
+    # (a poll is 60 s here; on a loaded machine, under pytest -n 3, the one-thread
+    # processes' claims came up to 1.3 s late in all: 4.8 s against 3 s of tokens)
     span = (at[-1] - at[0]).total_seconds()
-    assert (jobs - burst) / rate - 0.01 <= span <= (jobs - burst) / rate + 0.5, span
+    assert (jobs - burst) / rate - 0.01 <= span <= (jobs - burst) / rate + 2.5, span
     assert len({row[1] for row in claims(conn, "paced")}) == 2  # both processes took from the one bucket
 
 

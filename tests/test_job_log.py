@@ -318,7 +318,7 @@ def test_a_claim_of_a_new_window_reads_from_the_window_not_from_the_level_s_firs
             assert len(claim(conn, 100)) == 20
         buffers = _claim_buffers(conn)
         pin.rollback()
-    assert buffers < 50, buffers  # 56 when a row comparison set where its index range began (37 now)
+    assert buffers < 150, buffers  # 37-57 here; from the level's first row: 4,000 entries and their rows
 
 
 def test_the_upkeep_s_statements_on_the_narrow_tables_run(conn: psycopg.Connection) -> None:
