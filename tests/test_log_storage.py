@@ -6,7 +6,6 @@ once, through LOG_FINISH for log rows, and read back through the jobs view."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import dramatiq
@@ -143,7 +142,8 @@ def test_a_lease_lost_is_released_elsewhere_and_the_late_ack_counts_nothing(conn
         lost.actors.update(broker.actors)
         lost.declare_queue(QUEUE)
         [held] = lost.claim(QUEUE, 1)
-        time.sleep(0.2)  # its lease runs out: nothing renews it
+        wait_for(lambda: scalar(conn, "SELECT bool_and(expires_at < now()) FROM job_lease"), 5,
+                 message="its lease to run out (nothing renews it)")
         broker.leases.reap_margin = 0.0
         assert [r[0] for r in broker.leases.reap_expired()] == [message.message_id]
         with in_process_worker(broker, [QUEUE], executor="own"):

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import defaults
 from . import logstore, sql
-from .outcomes import Finish, finish_params, log_finish_params
+from .outcomes import Finish, finish_params, log_finish_params, write_log_outcomes
 from .sql import joblog
 
 log = logging.getLogger(__name__)
@@ -212,13 +212,8 @@ class Leases:
                     c.execute(sql.FINISH, finish_params(self.owner, rows))
                 if logged:
                     where = [w for r in logged if (w := self.batches.row(r.id)) is not None]
-                    ended = self.batches.take_ended()
-                    try:
-                        c.execute(joblog.LOG_FINISH, log_finish_params(self.owner, logged, where, ended))
-                    except BaseException:
-                        self.batches.give_back(ended)
-                        raise
-                    self.batches.written([r.id for r in logged])
+                    write_log_outcomes(c, self.batches, [r.id for r in logged],
+                                       lambda done: log_finish_params(self.owner, logged, where, done))
         except (psycopg.OperationalError, PoolTimeout) as exc:  # never lose the good rows claimed with them
             self.may_have_orphaned()
             log.warning("could not fail %d unreadable job(s) (%s); their leases will expire", len(bad), exc)

@@ -105,6 +105,22 @@ def log_finish_params(owner: str, rows: Sequence[Finish], where: Sequence[logsto
     return {**finish_params(owner, rows, progress), **log_columns(where, ended)}
 
 
+def write_log_outcomes(conn: psycopg.Connection, batches: logstore.Batches, ids: Sequence[str],
+                       params: Callable[[list[int]], dict[str, Any]]) -> int:
+    """sql.LOG_FINISH for the outcomes of these log jobs (``params``: its parameters, given
+    the batches whose last outcomes an earlier write committed, which go with this one);
+    how many it wrote. The batches these complete go with the next write (logstore.Batches);
+    those taken go back if this one fails."""
+    ended = batches.take_ended()
+    try:
+        written = db.one(conn.execute(joblog.LOG_FINISH, params(ended)))
+    except BaseException:
+        batches.give_back(ended)
+        raise
+    batches.written(ids)
+    return int(written)
+
+
 def ack_params(owner: str, ids: Sequence[str], attempts: Sequence[int], started: Sequence[float | None],
                ended: Sequence[float | None], progress: Any = None) -> dict[str, Any]:
     """``finish_params`` for a batch of successes, the hot path: no Finish per job (a
@@ -266,52 +282,34 @@ class Outcomes:
         """Write these outcomes (the one way any attempt's outcome is written); how many
         rows were still this process's to finish. Rows claimed from the log go to
         sql.LOG_FINISH, the others to sql.FINISH: each fenced its own way, one statement."""
-        logged = [r for r in rows if self.batches.row(r.id) is not None] if self.batches else []
-        if not logged:
-            return int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rows, progress))))
-        written = 0
-        if len(logged) < len(rows):
-            rest = [r for r in rows if self.batches.row(r.id) is None]
-            written = int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rest))))
-        return written + self._finish_log(conn, logged)
+        logged: list[Finish] = []
+        rest: list[Finish] = []
+        for r in rows:
+            (logged if self.batches and self.batches.row(r.id) is not None else rest).append(r)
+        written = int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rest, progress)))) if rest else 0
+        return written + (self._finish_log(conn, logged) if logged else 0)
 
     def _ack_log(self, conn: psycopg.Connection, ids: list[str], attempts: list[int], started: list[float | None],
                  ended: list[float | None], where: list[logstore.LogRow]) -> None:
         """A batch of successes of log rows: sql.LOG_FINISH with ack_params' columns (no
         Finish per job, as for job_queue's acks)."""
-        done = self.batches.take_ended()
-        try:
-            if self._progress is None:
-                conn.execute(joblog.LOG_FINISH, {**ack_params(self.owner, ids, attempts, started, ended),
-                                                 **log_columns(where, done)})
-            else:
-                with self._progress.for_ack(conn, ids) as progress:
-                    conn.execute(joblog.LOG_FINISH, {**ack_params(self.owner, ids, attempts, started, ended, progress),
-                                                     **log_columns(where, done)})
-        except BaseException:
-            self.batches.give_back(done)
-            raise
-        self.batches.written(ids)
+        self._log_outcomes(conn, ids, lambda progress, done: {
+            **ack_params(self.owner, ids, attempts, started, ended, progress), **log_columns(where, done)})
 
     def _finish_log(self, conn: psycopg.Connection, rows: Sequence[Finish]) -> int:
-        """sql.LOG_FINISH for outcomes of log rows; the batches this completes go with the
-        next statement (logstore.Batches)."""
+        """sql.LOG_FINISH for outcomes of log rows of any kind."""
         where = [w for r in rows if (w := self.batches.row(r.id)) is not None]
-        ids = [r.id for r in rows]
-        ended = self.batches.take_ended()
-        try:
-            if self._progress is None:
-                written = db.one(conn.execute(joblog.LOG_FINISH, log_finish_params(self.owner, rows, where,
-                                                                                          ended)))
-            else:
-                with self._progress.for_ack(conn, ids) as progress:
-                    written = db.one(conn.execute(joblog.LOG_FINISH, log_finish_params(
-                        self.owner, rows, where, ended, progress)))
-        except BaseException:
-            self.batches.give_back(ended)
-            raise
-        self.batches.written(ids)
-        return int(written)
+        return self._log_outcomes(conn, [r.id for r in rows], lambda progress, done: log_finish_params(
+            self.owner, rows, where, done, progress))
+
+    def _log_outcomes(self, conn: psycopg.Connection, ids: list[str],
+                      params: Callable[[Any, list[int]], dict[str, Any]]) -> int:
+        """write_log_outcomes, a job's latest progress report landing with its outcome (as
+        with sql.FINISH's acks)."""
+        if self._progress is None:
+            return write_log_outcomes(conn, self.batches, ids, lambda done: params(None, done))
+        with self._progress.for_ack(conn, ids) as progress:
+            return write_log_outcomes(conn, self.batches, ids, lambda done: params(progress, done))
 
     def ack(self, message: PgMessageProxy, on_written: Callable[[int], None] | None = None) -> None:
         """``on_written(1)`` runs once the outcome is committed (or nothing is to be written;

@@ -119,7 +119,7 @@ class Upkeep(threading.Thread):
     def _log_tables(self) -> None:
         """The job log's leases and cursors (storage "log"): the cursor rows no claim reads go
         (a bounded batch), and the narrow tables are vacuumed once their dead tuples pile up
-        (sql/joblog.py). Nothing to do, and one short statement, where the log is unused."""
+        (sql/joblog.py). Where the log is unused, two short statements that find nothing."""
         s = self.settings
         with self.broker.pool.connection(timeout=10) as c:
             c.execute(joblog.LOG_PRUNE_CURSORS, {"limit": s.prune_batch})

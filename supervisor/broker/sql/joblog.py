@@ -10,9 +10,7 @@ done row went in: a retry with a delay becomes a ``job_queue`` row (retryable, a
 run_at), a requeue or a release is appended to the log again.
 """
 
-# The log's columns a producer writes: the rest are defaults (seq, day, tx, created_at).
-LOG_COLUMNS = ("id", "queue", "actor", "args", "kwargs", "options", "payload", "priority", "max_attempts",
-               "message_timestamp")
+from .outcomes import GONE
 
 # Enqueue: one row per message, inside the caller's transaction when it has one (the
 # claim's windows follow transactions, so a producer's long transaction costs no claim
@@ -140,13 +138,7 @@ RETURNING batch
 # released job's id, status and prior owner.
 LOG_RELEASE = """
 WITH gone AS MATERIALIZED (
-    SELECT w.id FROM workers w
-     WHERE %(stale_beats)s::float8 IS NOT NULL
-       AND w.stopped_at IS NULL AND w.beat_seconds IS NOT NULL AND w.session_name IS NOT NULL
-       AND w.heartbeat_at < now() - w.beat_seconds * %(stale_beats)s::float8 * interval '1 second'
-       AND w.server_started = pg_postmaster_start_time()
-       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                        WHERE a.datname = current_database() AND a.application_name = w.session_name)
+    SELECT w.id FROM workers w WHERE %(stale_beats)s::float8 IS NOT NULL AND """ + GONE + """
 ), lease AS (
     DELETE FROM job_lease WHERE batch IN (
         SELECT batch FROM job_lease

@@ -266,16 +266,18 @@ WITH fresh AS MATERIALIZED (
 #     leases, as ever; so is a claim it sent just before dying, while it still runs;
 #   - its last beat reached this very server instance: a restart or a failover ends every
 #     session with no process dying (those are left to their leases too).
+# The rule above, for a workers row ``w``: its process is gone (also the job log's, sql/joblog.py).
+GONE = """w.stopped_at IS NULL AND w.beat_seconds IS NOT NULL AND w.session_name IS NOT NULL
+       AND w.heartbeat_at < now() - w.beat_seconds * %(stale_beats)s::float8 * interval '1 second'
+       AND w.server_started = pg_postmaster_start_time()
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                        WHERE a.datname = current_database() AND a.application_name = w.session_name)"""
 RELEASE_DEAD = (
     """
 WITH gone AS MATERIALIZED (  -- per process (a few), not per job: pg_stat_activity is read once each
     SELECT w.id, w.beat_seconds * %(stale_beats)s * interval '1 second' AS stale
       FROM workers w
-     WHERE w.stopped_at IS NULL AND w.beat_seconds IS NOT NULL AND w.session_name IS NOT NULL
-       AND w.heartbeat_at < now() - w.beat_seconds * %(stale_beats)s * interval '1 second'
-       AND w.server_started = pg_postmaster_start_time()
-       AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                        WHERE a.datname = current_database() AND a.application_name = w.session_name)
+     WHERE """ + GONE + """
 ), candidates AS (
     -- each gone owner's own range of jobs_running, never a scan of the whole index (a join
     -- the planner may hash): under a pinned horizon that holds a dead entry for every job
