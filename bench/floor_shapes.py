@@ -334,7 +334,8 @@ def joblog_enqueue(conn: Conn, params: list[Any]) -> None:
     ids, queues, actors, args, kwargs, options, payload, priority, max_attempts, _dk, _ck, stamps = params[1:13]
     conn.execute(joblog.LOG_INSERT, {"id": ids, "queue": queues, "actor": actors, "args": args, "kwargs": kwargs,
                                      "options": options, "payload": payload, "priority": priority,
-                                     "max_attempts": max_attempts, "message_timestamp": stamps})
+                                     "max_attempts": max_attempts, "max_lease_losses": [None] * len(ids),
+                                     "message_timestamp": stamps})
 
 
 def joblog_claim(conn: Conn, batch: int, owner: str) -> list[Any]:

@@ -30,7 +30,7 @@ def messages(n: int, *, priority: int = 0, queue: str = QUEUE) -> dict[str, list
     ids = [str(uuid.uuid4()) for _ in range(n)]
     return {"id": ids, "queue": [queue] * n, "actor": ["noop"] * n, "args": [json.dumps([i]) for i in range(n)],
             "kwargs": ["{}"] * n, "options": ["{}"] * n, "payload": [None] * n, "priority": [priority] * n,
-            "max_attempts": [None] * n, "message_timestamp": [None] * n}
+            "max_attempts": [None] * n, "max_lease_losses": [None] * n, "message_timestamp": [None] * n}
 
 
 def enqueue(conn: psycopg.Connection, n: int, **kw: Any) -> list[str]:

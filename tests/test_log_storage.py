@@ -214,3 +214,90 @@ def test_a_job_that_reads_its_message_sees_the_one_it_was_sent_as(conn, database
 def test_an_unknown_storage_is_one_line() -> None:
     with pytest.raises(ValueError, match="storage must be one of table, log, not 'lake'"):
         PostgresBroker("postgresql://127.0.0.1:1/x", storage="lake")
+
+
+def test_a_job_given_up_unfinished_is_released_not_lost(conn, broker) -> None:
+    """A job its process stopped without an outcome (fenced: say its lease was late) keeps
+    its batch's lease row after the batch's other job is acked: the lease expires and the
+    reaper releases the job, which runs again (a deleted lease would leave it nowhere)."""
+    actor = broker.actors["log_record"]
+    given_up, done = actor.send(1), actor.send(2)
+    claimed = {m.message_id: m for m in broker.claim(QUEUE, 2)}
+    actor.send(3)
+    assert len({m.log_row.batch for m in claimed.values()}) == 1
+    claimed[given_up.message_id].fenced = "lease lost"
+    broker.ack(claimed[given_up.message_id])
+    broker.ack(claimed[done.message_id])
+    assert broker.flush_acks(5)
+    [third] = broker.claim(QUEUE, 1)  # and one more outcome written: the batches ended go with it
+    broker.ack(third)
+    assert broker.flush_acks(5)
+    seq = claimed[given_up.message_id].log_row.seq
+    assert scalar(conn, "SELECT count(*) FROM job_lease WHERE %s = ANY(seqs)", (seq,)) == 1
+    conn.execute("UPDATE job_lease SET expires_at = now() - interval '1 minute'")
+    broker.leases.reap_margin = 0.0
+    assert broker.leases.reap_expired() == [(given_up.message_id, "pending", broker.owner)]
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        broker.join(QUEUE, timeout=10_000)
+    assert ran == [1]
+    assert job(conn, given_up.message_id)[:2] == ("succeeded", 2)
+
+
+def test_a_message_sent_twice_while_live_runs_once(conn, broker) -> None:
+    actor = broker.actors["log_record"]
+    message = actor.message(5)
+    broker.enqueue(message)
+    broker.enqueue(message)
+    assert broker.enqueue_many([message, actor.message(6)])[0] == message
+    assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (message.message_id,)) == 1
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        broker.join(QUEUE, timeout=10_000)
+    assert sorted(ran) == [5, 6]
+    broker.enqueue(message)  # once finished, the id may run again (as job_queue's primary key allows)
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        broker.join(QUEUE, timeout=10_000)
+    assert sorted(ran) == [5, 5, 6]
+
+
+def test_a_write_through_the_jobs_view_reaches_a_job_of_the_log(conn, broker) -> None:
+    """An operator's UPDATE or DELETE through the jobs view moves the log's job into
+    job_queue and applies there; the claims pass its log row over."""
+    actor = broker.actors["log_record"]
+    later, gone, cancelled = actor.send(1), actor.send(2), actor.send(3)
+    assert conn.execute("UPDATE jobs SET run_at = now() + interval '1 hour', priority = 7 WHERE id = %s",
+                        (later.message_id,)).rowcount == 1
+    assert conn.execute("DELETE FROM jobs WHERE id = %s", (gone.message_id,)).rowcount == 1
+    conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = %s", (cancelled.message_id,))
+    assert conn.execute("SELECT status, priority, run_at > now() FROM job_queue WHERE id = %s",
+                        (later.message_id,)).fetchone() == ("pending", 7, True)
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s", (gone.message_id,)) == 0
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (cancelled.message_id,)) == "cancelled"
+    assert conn.execute("SELECT id::text, status FROM jobs WHERE id = ANY(%s::uuid[]) ORDER BY 1",
+                        ([later.message_id, gone.message_id, cancelled.message_id],)).fetchall() == sorted(
+        [(later.message_id, "pending"), (cancelled.message_id, "cancelled")])
+    assert broker.claim(QUEUE, 10) == []  # the log's rows passed over; job_queue's is due in an hour
+
+
+def test_a_stored_result_is_on_the_done_row(conn, database_url) -> None:
+    from dramatiq.results import Results
+
+    from supervisor.results import PostgresBackend
+
+    b = PostgresBroker(database_url, storage="log", poll_interval=0.2)
+    backend = PostgresBackend(url=database_url)
+    b.add_middleware(Results(backend=backend))
+
+    @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="log_add", store_results=True)
+    def log_add(x: int, y: int) -> int:
+        return x + y
+
+    try:
+        message = log_add.send(20, 22)
+        with in_process_worker(b, [QUEUE], executor="own"):
+            assert message.get_result(backend=backend, block=True, timeout=10_000) == 42
+            b.join(QUEUE, timeout=10_000)
+    finally:
+        b.close()
+        backend.close()
+    assert conn.execute("SELECT status, result FROM jobs WHERE id = %s",
+                        (message.message_id,)).fetchone() == ("succeeded", 42)

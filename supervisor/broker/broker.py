@@ -209,6 +209,10 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
             "priority": priority,
             "delay_ms": int(delay or 0),
             "max_attempts": max_attempts,
+            # the log's rows carry it (a release by any process spends it); job_queue's
+            # claim reads it from the options or the claimer's actor
+            "max_lease_losses": message.options.get("max_lease_losses",
+                                                    None if actor is None else actor.options.get("max_lease_losses")),
             "dedupe_key": dedupe_key,
             "concurrency_key": concurrency_key,
             "flow_key": flow_key,

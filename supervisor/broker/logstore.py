@@ -57,6 +57,7 @@ def insert_params(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
             "kwargs": [r["kwargs"] for r in rows], "options": [r["options"] for r in rows],
             "payload": [r["payload"] for r in rows], "priority": [r["priority"] for r in rows],
             "max_attempts": [r["max_attempts"] for r in rows],
+            "max_lease_losses": [r["max_lease_losses"] for r in rows],
             "message_timestamp": [r["message_timestamp"] for r in rows]}
 
 
@@ -104,6 +105,10 @@ class Batches:
         self._rows: dict[str, LogRow] = {}  # job id -> its claimed row
         self._open: dict[int, set[str]] = {}  # batch -> job ids with no outcome written
         self._ended: set[int] = set()
+        self._results: dict[str, Any] = {}  # job id -> its stored result (jsonb), until its outcome is written
+        # batches with a job this process gave up unfinished (fenced, no outcome): their lease row
+        # must outlive its renewals, expire, and be released (LOG_RELEASE), never be deleted
+        self._abandoned: set[int] = set()
         self._lock = threading.Lock()
 
     def hold(self, rows: Iterable[tuple[str, LogRow]]) -> None:
@@ -125,19 +130,55 @@ class Batches:
         idx = [i for i, j in enumerate(job_ids) if j in rows]
         return idx, [rows[job_ids[i]] for i in idx]
 
+    def keep_result(self, job_id: str, result: Any) -> None:
+        """A held job's stored result: its outcome's write carries it (``results``)."""
+        with self._lock:
+            if job_id in self._rows:
+                self._results[job_id] = result
+
+    def results(self, job_ids: Sequence[str]) -> list[Any] | None:
+        """sql.LOG_FINISH's results for these jobs (None: none has one, the common case)."""
+        if not self._results:
+            return None
+        with self._lock:
+            return [self._results.get(j) for j in job_ids]
+
     def written(self, job_ids: Iterable[str]) -> None:
         """Their outcomes are committed (or were ended by others: a release, a cancel)."""
         with self._lock:
             for job_id in job_ids:
+                self._results.pop(job_id, None)
                 row = self._rows.pop(job_id, None)
                 if row is None:
                     continue
-                left = self._open.get(row.batch)
-                if left is not None:
-                    left.discard(job_id)
-                    if not left:
-                        del self._open[row.batch]
-                        self._ended.add(row.batch)
+                self._close(row.batch, job_id)
+
+    def abandon(self, job_ids: Iterable[str]) -> None:
+        """Jobs this process stopped without an outcome (fenced: their lease was late, or they
+        were cancelled or released by others). Their batch is renewed while it holds other
+        jobs, then left to expire: the reaper releases what has no outcome (a deleted lease
+        row would leave a job nothing can find)."""
+        with self._lock:
+            for job_id in job_ids:
+                self._results.pop(job_id, None)
+                row = self._rows.pop(job_id, None)
+                if row is not None:
+                    self._abandoned.add(row.batch)
+                    self._close(row.batch, job_id)
+
+    def _close(self, batch: int, job_id: str) -> None:
+        """A job of the batch is no longer open (under the lock); the last one ends the
+        batch (its lease row goes with the next write), unless one was abandoned."""
+        left = self._open.get(batch)
+        if left is None:
+            return
+        left.discard(job_id)
+        if not left:
+            del self._open[batch]
+            if batch in self._abandoned:
+                self._abandoned.discard(batch)
+            else:
+                self._ended.add(batch)
 
     def take_ended(self) -> list[int]:
         with self._lock:

@@ -113,6 +113,9 @@ class PgMessageProxy(MessageProxy):
         # Where a job claimed from the log lives there (logstore.LogRow), None for a
         # job_queue row: its outcome goes to sql.LOG_FINISH instead of sql.FINISH.
         self.log_row: Any = None
+        # A result stored for a job of the log (results.py), as jobs.result shows it: written
+        # onto its done row with its outcome (job_queue's row gets it from the store itself).
+        self.log_result: Any = None
 
     @property
     def deliveries(self) -> int:

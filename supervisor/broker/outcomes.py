@@ -92,11 +92,12 @@ def finish_params(owner: str, rows: Sequence[Finish], progress: Any = None) -> d
 def log_columns(where: Sequence[logstore.LogRow], ended: Sequence[int]) -> dict[str, Any]:
     """The parameters sql.LOG_FINISH has beyond sql.FINISH's: each row's place in the log
     (its queue, actor and creation too: the done row keeps them for the reads), and the
-    batches whose every outcome is then written (``ended``)."""
+    batches whose every outcome is then written (``ended``); no stored results (the
+    broker's writes add them: Outcomes._log_outcomes)."""
     return {"queues": db.array_text([w.queue for w in where]), "actors": db.array_text([w.actor for w in where]),
             "created": db.array_text([str(w.created_at) for w in where]),
             "seqs": db.array_ints([w.seq for w in where]), "days": db.array_text([str(w.day) for w in where]),
-            "batches": db.array_ints([w.batch for w in where]), "ended": db.array_ints(ended)}
+            "batches": db.array_ints([w.batch for w in where]), "ended": db.array_ints(ended), "results": None}
 
 
 def log_finish_params(owner: str, rows: Sequence[Finish], where: Sequence[logstore.LogRow], ended: Sequence[int],
@@ -304,8 +305,12 @@ class Outcomes:
 
     def _log_outcomes(self, conn: psycopg.Connection, ids: list[str],
                       params: Callable[[Any, list[int]], dict[str, Any]]) -> int:
-        """write_log_outcomes, a job's latest progress report landing with its outcome (as
-        with sql.FINISH's acks)."""
+        """write_log_outcomes, a job's latest progress report and its stored result landing
+        with its outcome (as with sql.FINISH's acks)."""
+        results = self.batches.results(ids)
+        if results is not None:
+            given = params
+            params = lambda progress, done: {**given(progress, done), "results": results}  # noqa: E731
         if self._progress is None:
             return write_log_outcomes(conn, self.batches, ids, lambda done: params(None, done))
         with self._progress.for_ack(conn, ids) as progress:
@@ -316,7 +321,7 @@ class Outcomes:
         the ack batcher calls it once for all of a batch's acks that share it, with how many)."""
         if message.fenced:  # interrupted: another process may own it now; write nothing
             self.leases.let_go(message.message_id)
-            self.batches.written([message.message_id])  # its batch was released, or it was cancelled
+            self.batches.abandon([message.message_id])  # its batch expires and is released, if no one did
             self.leases.may_have_orphaned()  # else still ours, renewed until now: reaped once it expires
             if on_written is not None:
                 on_written(1)
@@ -329,6 +334,8 @@ class Outcomes:
             if on_written is not None:
                 on_written(1)
             return
+        if message.log_result is not None:
+            self.batches.keep_result(message.message_id, message.log_result)
         acks = self._acks if self._acks is not None else self._start()[1]  # no lock on the hot path
         acks.add(message.message_id, message.attempts, on_written, message.started, message.ended)
         self.leases.let_go(message.message_id)
@@ -337,13 +344,15 @@ class Outcomes:
     def nack(self, message: PgMessageProxy) -> None:
         if message.fenced:
             self.leases.let_go(message.message_id)
-            self.batches.written([message.message_id])
+            self.batches.abandon([message.message_id])
             self.leases.may_have_orphaned()
             return
         exc = getattr(message, "_exception", None)
         reason = f"attempt {message.attempts} of {message.max_attempts}: {type(exc).__name__ if exc else 'failed'}"
         row = Finish(message.message_id, message.attempts, "failed", message.started, message.ended,
                      **self._error(message, exc), reason=reason)
+        if message.log_result is not None:
+            self.batches.keep_result(message.message_id, message.log_result)
         self.failures.record(message.message_id, exc)
         try:
             self._write_until_done("record failure", row)

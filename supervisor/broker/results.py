@@ -137,6 +137,8 @@ class PostgresBackend(ResultBackend):
         }
         with self.pool.connection(timeout=10) as c:
             c.execute(STORE, params)
+        if getattr(message, "log_row", None) is not None:  # a job of the log: its done row, with its outcome
+            message.log_result = params["result"]  # type: ignore[union-attr]  # PgMessageProxy's
 
     # --- reading ---------------------------------------------------------------------
 

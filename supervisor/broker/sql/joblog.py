@@ -15,18 +15,29 @@ from .outcomes import GONE
 # Enqueue: one row per message, inside the caller's transaction when it has one (the
 # claim's windows follow transactions, so a producer's long transaction costs no claim
 # anything and its rows are claimed once it commits). Parameters: one array per column.
+# A message whose id a live job has (in job_queue, or in the log of today or yesterday with
+# no outcome) is not written again, as job_queue's primary key absorbs it: a producer that
+# sends one message twice runs it once. Each check is a scalar subquery, so it stays one
+# index probe a row whatever the planner guesses of either table (1-2 us a row in batches).
 LOG_INSERT = """
-INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, max_attempts, message_timestamp)
+INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, max_attempts, max_lease_losses,
+                     message_timestamp)
 SELECT * FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(args)s::jsonb[], %(kwargs)s::jsonb[],
                      %(options)s::jsonb[], %(payload)s::bytea[], %(priority)s::int[], %(max_attempts)s::int[],
-                     %(message_timestamp)s::bigint[])
-    AS m(id, queue, actor, args, kwargs, options, payload, priority, max_attempts, message_timestamp)
+                     %(max_lease_losses)s::int[], %(message_timestamp)s::bigint[])
+    AS m(id, queue, actor, args, kwargs, options, payload, priority, max_attempts, max_lease_losses,
+         message_timestamp)
+ WHERE NOT (SELECT EXISTS (SELECT 1 FROM job_queue q WHERE q.id = m.id))
+   AND NOT (SELECT EXISTS (SELECT 1 FROM job_log l
+                            WHERE l.id = m.id AND l.day BETWEEN current_date - 1 AND current_date
+                              AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)))
 """
 
 # LOG_INSERT written again on a fresh connection (sending.py): the first write may have
-# committed before its connection died, and a log row has no key to conflict on.
+# committed before its connection died, and its jobs may even have run since: a row of
+# the log with the id, whatever its outcome and day, means it went in.
 LOG_INSERT_AGAIN = LOG_INSERT.rstrip() + """
- WHERE NOT EXISTS (SELECT 1 FROM job_log l WHERE l.id = m.id)
+   AND NOT EXISTS (SELECT 1 FROM job_log l WHERE l.id = m.id)
 """
 
 # Up to n ready rows of a queue for an owner, as one leased batch (job_log_claim, 039);
@@ -46,7 +57,8 @@ LOG_CLAIM = "SELECT * FROM job_log_claim(%(queue)s, %(n)s, %(owner)s, %(lease_s)
 #       attempt not counted; limited (RateLimited, no limit key on a log row): the same,
 #       but into job_queue, pending at now() + delay_ms.
 # started_us / ended_us: how long ago the attempt started and ended running in its thread
-# (the server's now() sets the times). Leases whose every row has an outcome written
+# (the server's now() sets the times); results: a stored result each (NULL: none; the jobs
+# view's result, which job_queue's rows get from the results backend's store). Leases whose every row has an outcome written
 # (``ended``: the owner knows) go in the same statement. Returns how many rows this
 # statement wrote; any other was ended before (released by a reaper, cancelled) and its
 # outcome here counts for nothing.
@@ -56,20 +68,20 @@ WITH f AS (
                          %(kinds)s::text[], %(progress)s::jsonb[], %(started_us)s::bigint[], %(ended_us)s::bigint[],
                          %(errors)s::text[], %(error_types)s::text[], %(error_wheres)s::text[], %(reasons)s::text[],
                          %(delays_ms)s::bigint[], %(options)s::jsonb[], %(payloads)s::bytea[], %(batches)s::bigint[],
-                         %(queues)s::text[], %(actors)s::text[], %(created)s::timestamptz[])
+                         %(queues)s::text[], %(actors)s::text[], %(created)s::timestamptz[], %(results)s::jsonb[])
         AS f(seq, day, id, attempt, kind, progress, started_us, ended_us, error, error_type, error_where, reason,
-             delay_ms, options, payload, batch, queue, actor, created_at)
+             delay_ms, options, payload, batch, queue, actor, created_at, result)
 ), b AS (
     -- when each batch was claimed (the jobs' claimed_at), one lookup a batch
     SELECT x.batch, x.claimed_at FROM job_lease x WHERE x.batch = ANY(ARRAY(SELECT DISTINCT batch FROM f))
 ), done AS (
     INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, claimed_at, started_at,
-                          finished_at, last_error, progress)
+                          finished_at, last_error, progress, result)
     SELECT f.seq, f.day, f.id, f.queue, f.actor, f.created_at,
            CASE f.kind WHEN 'retry' THEN 'retried' WHEN 'requeue' THEN 'requeued' WHEN 'limited' THEN 'requeued'
                        ELSE f.kind END,
            f.attempt, %(owner)s, b.claimed_at, now() - f.started_us * interval '1 microsecond',
-           now() - coalesce(f.ended_us, 0) * interval '1 microsecond', f.error, f.progress
+           now() - coalesce(f.ended_us, 0) * interval '1 microsecond', f.error, f.progress, f.result
       FROM f LEFT JOIN b ON b.batch = f.batch
     ON CONFLICT (seq, day) DO NOTHING
     RETURNING seq, day
