@@ -32,6 +32,10 @@ from .broker import PostgresBroker
 from .migrate import migrate
 
 SERVER_ENV = "SUPERVISOR_TEST_DATABASE_URL"
+_BATCHES_GO_ON = """
+SELECT setval(pg_get_serial_sequence('job_lease', 'batch'), (extract(epoch FROM clock_timestamp()) * 1e6)::bigint)
+ WHERE to_regclass('job_lease') IS NOT NULL
+"""
 _ALL_TABLES = "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename <> 'schema_migrations'"
 
 
@@ -41,6 +45,10 @@ def empty_tables(conn: psycopg.Connection) -> None:
     if tables:
         names = ", ".join(f'"{t}"' for t in tables)
         conn.execute(f"TRUNCATE {names} RESTART IDENTITY CASCADE".encode())
+        # A broker that outlives the tables (a session-wide fixture) remembers its log batches
+        # by number, and sends the ones it finished with its next write: numbers must not
+        # come round again, or it would end a new test's batch of the same number.
+        conn.execute(_BATCHES_GO_ON)
 
 
 class ThrowawayDatabase:
