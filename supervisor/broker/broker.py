@@ -264,7 +264,8 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
 
         def write(c: psycopg.Connection) -> T:
             tries[0] += 1
-            statement = joblog.LOG_INSERT if tries[0] == 1 else joblog.LOG_INSERT_AGAIN
+            statement = ((joblog.LOG_INSERT_ONE if len(rows) == 1 else joblog.LOG_INSERT) if tries[0] == 1
+                         else joblog.LOG_INSERT_AGAIN)
             if not c.autocommit or not atomic:  # the caller's transaction, or one statement
                 c.execute(statement, params)
                 return rest(c)
