@@ -43,12 +43,14 @@ ENQUEUE_RETRY_SECONDS = 10.0
 THREADS = 8
 # What runs its jobs (worker/process.py): supervisor's own executor (worker/executor.py),
 # or dramatiq.Worker.
-# Where a broker puts the jobs it sends (logstore.py): "table", every job in job_queue; "log",
-# the jobs that need no key, delay or dedupe appended to the job log (migration 039), the
-# rest in job_queue. A worker of a "log" broker claims both. SUPERVISOR_STORAGE sets it for
-# every broker a process makes that is not told (producers' setup_broker included).
-STORAGES = ("table", "log")
-STORAGE = "table"
+# Where a broker puts the jobs it sends (logstore.py): "log", the jobs that need no key, delay
+# or dedupe appended to the job log (migrations 039, 040: nothing on their path updates or
+# deletes a row, so no dead tuples under a held horizon), the rest in job_queue; "table",
+# every job in job_queue (the storage of earlier versions). A worker of a "log" broker claims
+# both. SUPERVISOR_STORAGE sets it for every broker a process makes that is not told
+# (producers' setup_broker included).
+STORAGES = ("log", "table")
+STORAGE = "log"
 STORAGE_ENV = "SUPERVISOR_STORAGE"
 # With the log, every this-many-th claim of a consumer asks job_queue first (the others ask
 # it only when the log has nothing: broker.claim): its retries and delayed jobs wait at most

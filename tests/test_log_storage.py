@@ -212,7 +212,7 @@ def test_a_job_that_reads_its_message_sees_the_one_it_was_sent_as(conn, database
 
 
 def test_an_unknown_storage_is_one_line() -> None:
-    with pytest.raises(ValueError, match="storage must be one of table, log, not 'lake'"):
+    with pytest.raises(ValueError, match="storage must be one of log, table, not 'lake'"):
         PostgresBroker("postgresql://127.0.0.1:1/x", storage="lake")
 
 

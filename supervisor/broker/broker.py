@@ -84,7 +84,7 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         the dramatiq CLI); a supervisor worker process does it in its upkeep thread.
       queue_priorities: queue -> the priority of a message sent there without one
         (the config's roles' ``priority``).
-      storage: "table" or "log" (default: SUPERVISOR_STORAGE, else "table"): where the
+      storage: "log" or "table" (default: SUPERVISOR_STORAGE, else "log"): where the
         jobs it sends go, and whether its consumers claim the job log too (logstore.py).
     """
 
