@@ -327,3 +327,20 @@ def test_the_upkeep_s_statements_on_the_narrow_tables_run(conn: psycopg.Connecti
     assert conn.execute(joblog.LOG_VACUUM_DUE, {"dead_rows": 10**9, "min_s": 0}).fetchall() == []
     conn.execute(joblog.VACUUM_LOG)
     assert scalar(conn, "SELECT vacuum_count FROM pg_stat_user_tables WHERE relname = 'job_lease'") is not None
+
+
+def test_the_failed_per_queue_estimate_counts_the_log_s_days(conn: psycopg.Connection) -> None:
+    """Past the exact count, the dashboard estimates failed jobs per queue from statistics:
+    the log's days hold every outcome, so their share of 'failed' multiplies in."""
+    from supervisor.broker import reads
+
+    conn.execute("INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt)"
+                 " SELECT g, current_date, gen_random_uuid(), CASE WHEN g % 3 = 0 THEN 'b' ELSE 'a' END, 'x', now(),"
+                 "        CASE WHEN g % 2 = 0 THEN 'failed' ELSE 'succeeded' END, 1"
+                 "   FROM generate_series(1, 6000) AS g")
+    conn.execute("ANALYZE job_done")
+    counted = dict(conn.execute(reads.FAILED_BY_QUEUE).fetchall())
+    estimated = dict(conn.execute(reads.FAILED_BY_QUEUE_ESTIMATE).fetchall())
+    assert counted == {"a": 2000, "b": 1000}
+    assert estimated.keys() == counted.keys()
+    assert all(abs(estimated[q] - counted[q]) <= counted[q] * 0.15 for q in counted), estimated

@@ -199,17 +199,26 @@ SELECT queue,
 # status = 'failed' says so), else estimated from each failed day's statistics as the
 # planner would: its row count (reltuples, scaled to the table's size now) times the
 # queue's frequency among the most common values of its sample (pg_stats). A day not yet
-# analyzed, or a queue too rare to be among them, adds nothing.
+# analyzed, or a queue too rare to be among them, adds nothing. The job log's days
+# (job_done) hold every outcome: their share of 'failed' multiplies in (the two columns
+# taken as independent, as the planner takes them).
 FAILED_BY_QUEUE = "SELECT queue, count(*) AS failed FROM jobs_finished WHERE status = 'failed' GROUP BY queue"
 FAILED_BY_QUEUE_ESTIMATE = """
-SELECT v.queue, round(sum(c.reltuples * v.freq * pg_relation_size(c.oid)
+SELECT v.queue, round(sum(c.reltuples * v.freq * share.failed * pg_relation_size(c.oid)
                           / (current_setting('block_size')::int * c.relpages)))::bigint AS failed
   FROM pg_inherits i
   JOIN pg_class c ON c.oid = i.inhrelid AND c.relpages > 0 AND c.reltuples > 0
   JOIN pg_namespace n ON n.oid = c.relnamespace
   JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname AND s.attname = 'queue'
  CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS v(queue, freq)
- WHERE i.inhparent = 'job_history_failed'::regclass
+ CROSS JOIN LATERAL (
+     SELECT coalesce(sum(f.freq), 0) AS failed FROM pg_stats t,
+            unnest(t.most_common_vals::text::text[], t.most_common_freqs) AS f(status, freq)
+      WHERE i.inhparent = 'job_done'::regclass AND t.schemaname = n.nspname AND t.tablename = c.relname
+        AND t.attname = 'status' AND f.status = 'failed'
+     UNION ALL
+     SELECT 1 WHERE i.inhparent = 'job_history_failed'::regclass) AS share
+ WHERE i.inhparent IN ('job_history_failed'::regclass, 'job_done'::regclass)
  GROUP BY v.queue
 """
 
