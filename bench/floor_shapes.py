@@ -58,7 +58,7 @@ from bench.common import bench_database, code_state, say, server_url  # noqa: E4
 from bench.db_floor import PATH as TODAY  # noqa: E402
 from bench.floor import Conn, JobPath, Run, run_once  # noqa: E402
 from supervisor.broker.logstore import LogRow  # noqa: E402
-from supervisor.broker.outcomes import Finish, log_finish_params  # noqa: E402
+from supervisor.broker.outcomes import ack_params, log_columns  # noqa: E402
 from supervisor.broker.sql import joblog  # noqa: E402
 
 SCHEMA = """
@@ -344,12 +344,14 @@ def joblog_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
 
 
 def joblog_finish(conn: Conn, owner: str, rows: list[Any]) -> None:
-    """Each row's outcome (succeeded), as a worker's ack writes it (outcomes.log_finish_params),
-    the batch's lease with it."""
+    """Each row's outcome (succeeded), as a worker's ack batcher writes it (outcomes.ack_params
+    and log_columns: Outcomes._ack_log), the batch's lease with it."""
     now = time.monotonic()  # each attempt ran 1 ms and ended 0.5 ms ago, as db_floor's
-    outcomes = [Finish(str(r[3]), r[7], "succeeded", now - 0.0015, now - 0.0005) for r in rows]
+    n = len(rows)
     where = [LogRow(r[1], r[2], r[0], r[4], r[5], r[14]) for r in rows]
-    conn.execute(joblog.LOG_FINISH, log_finish_params(owner, outcomes, where, [rows[0][0]]))
+    conn.execute(joblog.LOG_FINISH, {**ack_params(owner, [str(r[3]) for r in rows], [r[7] for r in rows],
+                                                  [now - 0.0015] * n, [now - 0.0005] * n),
+                                     **log_columns(where, [rows[0][0]])})
 
 
 def joblog_left(conn: Conn) -> int:
