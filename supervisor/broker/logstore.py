@@ -10,7 +10,6 @@ of such a broker claims both.
 
 from __future__ import annotations
 
-import datetime
 import os
 import threading
 from collections.abc import Container, Iterable, Sequence
@@ -24,14 +23,15 @@ from .message import PgMessageProxy, Unreadable, from_claimed_row
 @dataclass(frozen=True)
 class LogRow:
     """Where a claimed job's attempt lives in the log: its row (seq, day) and the leased
-    batch it was claimed in."""
+    batch it was claimed in; its queue, actor and creation, which its done row keeps. day
+    and created_at as the server wrote them (LOG_CLAIM): they are only sent back."""
 
     seq: int
-    day: datetime.date
+    day: str
     batch: int
     queue: str
     actor: str
-    created_at: datetime.datetime
+    created_at: str
 
 
 def eligible(row: dict[str, Any], actors: Container[str]) -> bool:

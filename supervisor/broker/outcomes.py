@@ -95,8 +95,8 @@ def log_columns(where: Sequence[logstore.LogRow], ended: Sequence[int]) -> dict[
     batches whose every outcome is then written (``ended``); no stored results (the
     broker's writes add them: Outcomes._log_outcomes)."""
     return {"queues": db.array_text([w.queue for w in where]), "actors": db.array_text([w.actor for w in where]),
-            "created": db.array_text([str(w.created_at) for w in where]),
-            "seqs": db.array_ints([w.seq for w in where]), "days": db.array_text([str(w.day) for w in where]),
+            "created": db.array_text([w.created_at for w in where]),
+            "seqs": db.array_ints([w.seq for w in where]), "days": db.array_text([w.day for w in where]),
             "batches": db.array_ints([w.batch for w in where]), "ended": db.array_ints(ended), "results": None}
 
 

@@ -50,8 +50,14 @@ LOG_INSERT_AGAIN = LOG_INSERT.rstrip() + """
 # ``relaxed``: an idle claim, committed without waiting for its WAL flush.
 # Columns: batch, seq, day, id, queue, actor, body (args, kwargs, options as one JSON
 # array), attempt (this one), max_attempts, lease_losses, max_lease_losses,
-# message_timestamp, payload, priority, created_at.
-LOG_CLAIM = "SELECT * FROM job_log_claim(%(queue)s, %(n)s, %(owner)s, %(lease_s)s, %(relaxed)s)"
+# message_timestamp, payload, priority, created_at. day and created_at as text: the worker
+# only sends them back (LOG_FINISH), and parsing then formatting them again cost it 1.5 us
+# a job.
+LOG_CLAIM = """
+SELECT batch, seq, day::text, id, queue, actor, body, attempt, max_attempts, lease_losses, max_lease_losses,
+       message_timestamp, payload, priority, created_at::text
+  FROM job_log_claim(%(queue)s, %(n)s, %(owner)s, %(lease_s)s, %(relaxed)s)
+"""
 
 # The one way an attempt of a log row ends (sql.FINISH's counterpart, with its parameters
 # plus each row's seq and day: outcomes.finish_params): a batch of outcomes, any mix.
