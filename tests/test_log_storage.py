@@ -301,3 +301,19 @@ def test_a_stored_result_is_on_the_done_row(conn, database_url) -> None:
         backend.close()
     assert conn.execute("SELECT status, result FROM jobs WHERE id = %s",
                         (message.message_id,)).fetchone() == ("succeeded", 42)
+
+
+def test_an_ack_that_meets_an_attempt_ended_by_another_writer_keeps_that_outcome(conn, broker) -> None:
+    """Acks try the done rows without the fence first (LOG_FINISH_FIRST); one attempt of the
+    batch already ended by another writer (a cancel here) makes that fail, and the fenced
+    statement then writes the others and leaves that one as it was."""
+    actor = broker.actors["log_record"]
+    cancelled, acked = actor.send(1), actor.send(2)
+    claimed = {m.message_id: m for m in broker.claim(QUEUE, 2)}
+    assert admin.cancel_job(conn, cancelled.message_id)
+    for m in claimed.values():
+        broker.ack(m)
+    assert broker.flush_acks(5)
+    assert job(conn, cancelled.message_id)[0] == "cancelled"
+    assert job(conn, acked.message_id)[:2] == ("succeeded", 1)
+    assert scalar(conn, "SELECT count(*) FROM job_done") == 2

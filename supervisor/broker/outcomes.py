@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from dramatiq.errors import BrokerConnectionError
+from psycopg.errors import UniqueViolation
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from .. import backoff, db
@@ -114,7 +116,15 @@ def write_log_outcomes(conn: psycopg.Connection, batches: logstore.Batches, ids:
     those taken go back if this one fails."""
     ended = batches.take_ended()
     try:
-        written = db.one(conn.execute(joblog.LOG_FINISH, params(ended)))
+        values = params(ended)
+        if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+            # a statement of its own: a failed one changed nothing, and the fenced one follows
+            try:
+                written = db.one(conn.execute(joblog.LOG_FINISH_FIRST, values))
+            except UniqueViolation:  # another writer ended one of these attempts first
+                written = db.one(conn.execute(joblog.LOG_FINISH, values))
+        else:  # inside a transaction, which a failed statement would end
+            written = db.one(conn.execute(joblog.LOG_FINISH, values))
     except BaseException:
         batches.give_back(ended)
         raise
