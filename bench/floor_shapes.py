@@ -57,8 +57,8 @@ from bench.basics import Figure, print_table  # noqa: E402
 from bench.common import bench_database, code_state, say, server_url  # noqa: E402
 from bench.db_floor import PATH as TODAY  # noqa: E402
 from bench.floor import Conn, JobPath, Run, run_once  # noqa: E402
-from supervisor.broker.logstore import LogRow  # noqa: E402
-from supervisor.broker.outcomes import ack_params, log_columns  # noqa: E402
+from supervisor.broker.logstore import Batches, LogRow  # noqa: E402
+from supervisor.broker.outcomes import ack_params, log_columns, write_log_outcomes  # noqa: E402
 from supervisor.broker.sql import joblog  # noqa: E402
 
 SCHEMA = """
@@ -349,9 +349,12 @@ def joblog_finish(conn: Conn, owner: str, rows: list[Any]) -> None:
     now = time.monotonic()  # each attempt ran 1 ms and ended 0.5 ms ago, as db_floor's
     n = len(rows)
     where = [LogRow(r[1], r[2], r[0], r[4], r[5], r[14]) for r in rows]
-    conn.execute(joblog.LOG_FINISH, {**ack_params(owner, [str(r[3]) for r in rows], [r[7] for r in rows],
-                                                  [now - 0.0015] * n, [now - 0.0005] * n),
-                                     **log_columns(where, [rows[0][0]])})
+    ids = [str(r[3]) for r in rows]
+    # the worker's write (its first try without the fence, then the fenced one), the batch
+    # ended with it (the worker sends an ended batch with its next write)
+    write_log_outcomes(conn, Batches(), ids, lambda _: {
+        **ack_params(owner, ids, [r[7] for r in rows], [now - 0.0015] * n, [now - 0.0005] * n),
+        **log_columns(where, [rows[0][0]])})
 
 
 def joblog_left(conn: Conn) -> int:
