@@ -181,9 +181,10 @@ CREATE TRIGGER jobs_log_write INSTEAD OF UPDATE OR DELETE ON jobs
 
 
 -- Whether a job with this id is live: in job_queue, or in the log of today or yesterday with
--- no outcome (a log row older than that is either done or about to be appended to today by
--- retention). A function so its plan is made once per session (LOG_INSERT_ONE: written out
--- in the statement, its planning over both tables' partitions cost a single send 0.3-0.5 ms).
+-- no outcome. Two days' partitions, not every day's: every send pays this probe, and a job
+-- still waiting in the log after a day (a backlog that old) sent again would run twice.
+-- A function so its plan is made once per session (LOG_INSERT_ONE: written out in the
+-- statement, its planning over both tables' partitions cost a single send 0.3-0.5 ms).
 CREATE FUNCTION job_id_live(i uuid) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN EXISTS (SELECT 1 FROM job_queue q WHERE q.id = i)
