@@ -2,15 +2,19 @@
 product's enqueue, claim and ack statements with no producer or worker code at all, so no
 worker design can drain faster, or cost the server less per job, on this machine.
 
-    python bench/db_floor.py [--jobs 20000] [--batch 32,100] [--connections 1,2] [--repeat 3]
+    python bench/db_floor.py [--storage log|table] [--jobs 20000] [--batch 32,100]
+                             [--connections 1,2] [--repeat 3]
 
 For each batch size and connection count (bench/floor.py holds the procedure, shared with
-floor_pgqueuer.py): N no-op rows are enqueued on one connection through ``sql.INSERT_MANY``
-in batches of the claim size, as ``enqueue_many`` sends a batch below COPY's threshold; then
-each connection loops ``sql.claim(BATCH)`` (up to BATCH rows) and ``sql.FINISH`` (those
-rows), each in its own autocommitted, durable statement, as a worker process does, until no
-row is left. Prints enqueue and drain rows/s, the backends' CPU per row of each (from
-/proc, as profile_worker.py) and their sum per job.
+floor_pgqueuer.py): N no-op rows are enqueued on one connection in batches of the claim
+size, as ``enqueue_many`` sends a batch below COPY's threshold; then each connection loops a
+claim of up to BATCH rows and the ack of those rows, each in its own autocommitted, durable
+statement, as a worker process does, until no row is left. Prints enqueue and drain rows/s,
+the backends' CPU per row of each (from /proc, as profile_worker.py) and their sum per job.
+
+``--storage`` (default: the product's, defaults.STORAGE): ``log`` sends joblog.LOG_INSERT,
+LOG_CLAIM and the worker's ack through outcomes.write_log_outcomes; ``table`` sends
+sql.INSERT_MANY, sql.claim(BATCH) and sql.FINISH.
 
 Compare with W1 (bench_broker.py): W1's jobs/s over the drain figure is the share of the
 database's ceiling the workers reach; the rest is the workers' own CPU on shared cores.
@@ -19,6 +23,7 @@ And with floor_pgqueuer.py: the same procedure on pgqueuer's statements.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 import uuid
@@ -29,11 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bench_database, code_state, reset  # noqa: E402
 from bench.floor import Conn, JobPath, main  # noqa: E402
-from supervisor.broker import sql
+from supervisor.broker import sql  # noqa: E402
 from supervisor.broker.floors import SWEEP  # noqa: E402
 from supervisor.broker.gates import first_turn  # noqa: E402
+from supervisor.broker.logstore import Batches, LogRow  # noqa: E402
 from supervisor.broker.middleware import claim_budgets  # noqa: E402
-from supervisor.broker.outcomes import ack_params  # noqa: E402
+from supervisor.broker.outcomes import ack_params, log_columns, write_log_outcomes  # noqa: E402
+from supervisor.broker.sql import joblog  # noqa: E402
+from supervisor.defaults import STORAGE  # noqa: E402
 
 QUEUE = "floor"
 NO_BUDGETS = claim_budgets({}, None)  # no actors known: the rows carry their own budget
@@ -82,8 +90,8 @@ def unfinished(conn: Conn) -> int:
     return conn.execute("SELECT count(*) FROM job_queue").fetchone()[0]
 
 
-PATH = JobPath(
-    name="actor-supervisor (sql.INSERT_MANY, sql.claim, sql.FINISH)",
+TABLE_PATH = JobPath(
+    name="actor-supervisor, storage table (sql.INSERT_MANY, sql.claim, sql.FINISH)",
     reset=reset,
     build=build_rows,
     enqueue=enqueue_rows,
@@ -93,5 +101,58 @@ PATH = JobPath(
     unfinished=unfinished,
 )
 
+
+def log_reset(conn: Conn) -> None:
+    reset(conn)
+    conn.execute("TRUNCATE job_log, job_done, job_lease, job_cursor")
+
+
+def log_enqueue(conn: Conn, params: list[Any]) -> None:
+    """build_rows' as joblog.LOG_INSERT's arrays (the product's log enqueue)."""
+    ids, queues, actors, args, kwargs, options, payload, priority, max_attempts, _dk, _ck, stamps = params[1:13]
+    conn.execute(joblog.LOG_INSERT, {"id": ids, "queue": queues, "actor": actors, "args": args, "kwargs": kwargs,
+                                     "options": options, "payload": payload, "priority": priority,
+                                     "max_attempts": max_attempts, "max_lease_losses": [None] * len(ids),
+                                     "message_timestamp": stamps})
+
+
+def log_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
+    params = {"queue": "floor", "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False}
+    return conn.execute(joblog.LOG_CLAIM, params).fetchall()
+
+
+def log_finish(conn: Conn, owner: str, rows: list[Any]) -> None:
+    """Each row's outcome (succeeded), as a worker's ack batcher writes it (outcomes.ack_params
+    and log_columns: Outcomes._ack_log), the batch's lease with it."""
+    now = time.monotonic()  # each attempt ran 1 ms and ended 0.5 ms ago, as finish_rows'
+    n = len(rows)
+    where = [LogRow(r[1], r[2], r[0], r[4], r[5], r[14]) for r in rows]
+    ids = [str(r[3]) for r in rows]
+    # the worker's write (its first try without the fence, then the fenced one), the batch
+    # ended with it (the worker sends an ended batch with its next write)
+    write_log_outcomes(conn, Batches(), ids, lambda _: {
+        **ack_params(owner, ids, [r[7] for r in rows], [now - 0.0015] * n, [now - 0.0005] * n),
+        **log_columns(where, [rows[0][0]])})
+
+
+def log_left(conn: Conn) -> int:
+    return int(conn.execute("SELECT (SELECT count(*) FROM job_log) - (SELECT count(*) FROM job_done)"
+                            " + (SELECT count(*) FROM job_lease)").fetchone()[0])
+
+
+LOG_PATH = JobPath("actor-supervisor, storage log (joblog.LOG_INSERT, LOG_CLAIM, LOG_FINISH)", log_reset,
+                   build_rows, log_enqueue, settle, log_claim, log_finish, log_left)
+PATHS = {"log": LOG_PATH, "table": TABLE_PATH}
+
+
+def run(argv: list[str] | None = None) -> int:
+    """``--storage`` picks the statements (the product's default, unless told); floor.main
+    parses the rest."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--storage", choices=list(PATHS), default=STORAGE)
+    known, rest = p.parse_known_args(argv)
+    return main(PATHS[known.storage], bench_database, doc=__doc__, argv=rest, preamble=(code_state(),))
+
+
 if __name__ == "__main__":
-    sys.exit(main(PATH, bench_database, doc=__doc__, preamble=(code_state(),)))
+    sys.exit(run())

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.basics import Figure, print_table  # noqa: E402
 from bench.common import bench_database, code_state, say, server_url  # noqa: E402
-from bench.db_floor import PATH as TODAY  # noqa: E402
+from bench.db_floor import LOG_PATH  # noqa: E402
+from bench.db_floor import TABLE_PATH as TODAY  # noqa: E402
 from bench.floor import Conn, JobPath, Run, run_once  # noqa: E402
-from supervisor.broker.logstore import Batches, LogRow  # noqa: E402
-from supervisor.broker.outcomes import ack_params, log_columns, write_log_outcomes  # noqa: E402
-from supervisor.broker.sql import joblog  # noqa: E402
 
 SCHEMA = """
 DROP TABLE IF EXISTS fs_jobs, fs_live, fs_ready, fs_claimed, fs_history, fs_log, fs_cursor, fs_lease, fs_done,
@@ -324,44 +321,6 @@ def bound_left(conn: Conn) -> int:
     return int(conn.execute("SELECT count(*) FROM fs_live").fetchone()[0])
 
 
-def joblog_reset(conn: Conn) -> None:
-    reset(conn)
-    conn.execute("TRUNCATE job_log, job_done, job_lease, job_cursor")
-
-
-def joblog_enqueue(conn: Conn, params: list[Any]) -> None:
-    """TODAY.build's rows as joblog.LOG_INSERT's arrays (the product's log enqueue)."""
-    ids, queues, actors, args, kwargs, options, payload, priority, max_attempts, _dk, _ck, stamps = params[1:13]
-    conn.execute(joblog.LOG_INSERT, {"id": ids, "queue": queues, "actor": actors, "args": args, "kwargs": kwargs,
-                                     "options": options, "payload": payload, "priority": priority,
-                                     "max_attempts": max_attempts, "max_lease_losses": [None] * len(ids),
-                                     "message_timestamp": stamps})
-
-
-def joblog_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
-    params = {"queue": "floor", "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False}
-    return conn.execute(joblog.LOG_CLAIM, params).fetchall()
-
-
-def joblog_finish(conn: Conn, owner: str, rows: list[Any]) -> None:
-    """Each row's outcome (succeeded), as a worker's ack batcher writes it (outcomes.ack_params
-    and log_columns: Outcomes._ack_log), the batch's lease with it."""
-    now = time.monotonic()  # each attempt ran 1 ms and ended 0.5 ms ago, as db_floor's
-    n = len(rows)
-    where = [LogRow(r[1], r[2], r[0], r[4], r[5], r[14]) for r in rows]
-    ids = [str(r[3]) for r in rows]
-    # the worker's write (its first try without the fence, then the fenced one), the batch
-    # ended with it (the worker sends an ended batch with its next write)
-    write_log_outcomes(conn, Batches(), ids, lambda _: {
-        **ack_params(owner, ids, [r[7] for r in rows], [now - 0.0015] * n, [now - 0.0005] * n),
-        **log_columns(where, [rows[0][0]])})
-
-
-def joblog_left(conn: Conn) -> int:
-    return int(conn.execute("SELECT (SELECT count(*) FROM job_log) - (SELECT count(*) FROM job_done)"
-                            " + (SELECT count(*) FROM job_lease)").fetchone()[0])
-
-
 def enqueue_with(statement: str) -> Any:
     def enqueue(conn: Conn, params: list[Any]) -> None:
         conn.execute(statement, params[:15])  # the delay and the 14 columns; no limit keys
@@ -376,8 +335,7 @@ SHAPES = {
                     TODAY.build, enqueue_with(SLIM_ENQUEUE), settle, slim_claim, slim_finish, slim_left),
     "log": JobPath("append-only log, claims by transaction windows (PgQ), a lease row per batch", reset,
                    TODAY.build, enqueue_with(INSERT_LOG), settle, log_claim, log_finish, log_left),
-    "joblog": JobPath("the product's job log (migration 039, broker/sql/joblog.py)", joblog_reset, TODAY.build,
-                      joblog_enqueue, settle, joblog_claim, joblog_finish, joblog_left),
+    "joblog": LOG_PATH,
     "bound": JobPath("claim deletes the row, finish appends a narrow history row (no lease)", reset,
                      TODAY.build, enqueue_with(INSERT_LIVE), settle, bound_claim, bound_finish, bound_left),
 }
