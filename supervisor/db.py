@@ -162,6 +162,16 @@ def array_text(values: Iterable[str | int | float | bool | None]) -> str:
     element by element, many times slower than one string, and the claim and the ack
     pay it every few jobs (bench/README.md, "Figures the code's comments cite").
     Strings are quoted and escaped, so any value stays data."""
+    values = values if isinstance(values, list) else list(values)
+    try:  # all strings (ids, days, queues): joined in C, a fifth of the loop's time
+        joined = '","'.join(values)  # type: ignore[arg-type]  # a TypeError is the test
+    except TypeError:
+        pass
+    else:  # as written, unless a value holds a quote or a backslash to escape
+        if not values:
+            return "{}"
+        if "\\" not in joined and joined.count('"') == 2 * (len(values) - 1):
+            return '{"' + joined + '"}'
     parts = []
     for v in values:
         if type(v) is str:  # the common case first (ids): one type check
@@ -179,7 +189,11 @@ def array_text(values: Iterable[str | int | float | bool | None]) -> str:
 
 def array_ints(values: Iterable[int | None]) -> str:
     """``array_text`` of whole numbers (or None), for the ack's every-batch columns."""
-    return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
+    values = values if isinstance(values, list) else list(values)
+    try:  # no None: converted and joined in C
+        return "{" + ",".join(map(str, map(int, values))) + "}"
+    except TypeError:
+        return "{" + ",".join("NULL" if v is None else str(int(v)) for v in values) + "}"
 
 
 def dicts(conn: psycopg.Connection, query: Any, params: Any = None) -> list[dict[str, Any]]:

@@ -184,3 +184,9 @@ def test_array_text_round_trips_any_value(conn):
     assert conn.execute("SELECT %s::bool[]", (db.array_text([True, False]),)).fetchone()[0] == [True, False]
     assert conn.execute("SELECT %s::float8[]", (db.array_text([1.5, -0.25]),)).fetchone()[0] == [1.5, -0.25]
     assert conn.execute("SELECT cardinality(%s::uuid[])", (db.array_text([]),)).fetchone()[0] == 0
+    # strings with nothing to escape take the joined path; one quote among them, the loop
+    plain = ["2026-12-01", "floor", "a b", "{x}", ","]
+    assert conn.execute("SELECT %s::text[]", (db.array_text(plain),)).fetchone()[0] == plain
+    assert conn.execute("SELECT %s::text[]", (db.array_text(iter(plain + ['"'])),)).fetchone()[0] == plain + ['"']
+    for whole in ([], [1, 2, 3], [7, None, -1], [None]):
+        assert conn.execute("SELECT %s::bigint[]", (db.array_ints(whole),)).fetchone()[0] == whole

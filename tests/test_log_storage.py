@@ -6,6 +6,7 @@ once, through LOG_FINISH for log rows, and read back through the jobs view."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import dramatiq
@@ -15,7 +16,7 @@ from dramatiq.middleware import CurrentMessage
 
 from supervisor import admin
 from supervisor.broker import PostgresBroker
-from supervisor.broker.outcomes import Finish
+from supervisor.broker.outcomes import Finish, ack_params, finish_params, successes_only
 from tests.conftest import in_process_worker, scalar, wait_for
 
 QUEUE = "logged"
@@ -304,9 +305,9 @@ def test_a_stored_result_is_on_the_done_row(conn, database_url) -> None:
 
 
 def test_an_ack_that_meets_an_attempt_ended_by_another_writer_keeps_that_outcome(conn, broker) -> None:
-    """Acks try the done rows without the fence first (LOG_FINISH_FIRST); one attempt of the
-    batch already ended by another writer (a cancel here) makes that fail, and the fenced
-    statement then writes the others and leaves that one as it was."""
+    """Acks try the done rows without the fence first (LOG_ACK_FIRST: a batch of successes);
+    one attempt of the batch already ended by another writer (a cancel here) makes that fail,
+    and the fenced statement (LOG_ACK) then writes the others and leaves that one as it was."""
     actor = broker.actors["log_record"]
     cancelled, acked = actor.send(1), actor.send(2)
     claimed = {m.message_id: m for m in broker.claim(QUEUE, 2)}
@@ -317,3 +318,14 @@ def test_an_ack_that_meets_an_attempt_ended_by_another_writer_keeps_that_outcome
     assert job(conn, cancelled.message_id)[0] == "cancelled"
     assert job(conn, acked.message_id)[:2] == ("succeeded", 1)
     assert scalar(conn, "SELECT count(*) FROM job_done") == 2
+
+
+def test_a_batch_of_successes_takes_the_ack_statement_and_any_other_outcome_the_full_one() -> None:
+    """write_log_outcomes picks LOG_ACK only when every outcome is a success: the ack
+    batcher's columns, or finish_params' of successes; a failure among them needs LOG_FINISH."""
+    now = time.monotonic()
+    assert successes_only(ack_params("w", ["a", "b"], [1, 1], [now, now], [now, now])["kinds"])
+    ok = Finish("a", 1, "succeeded")
+    assert successes_only(finish_params("w", [ok, Finish("b", 2, "succeeded")])["kinds"])
+    for other in ("failed", "retry", "requeue", "limited"):
+        assert not successes_only(finish_params("w", [ok, Finish("b", 1, other)])["kinds"]), other

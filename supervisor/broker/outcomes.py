@@ -108,23 +108,32 @@ def log_finish_params(owner: str, rows: Sequence[Finish], where: Sequence[logsto
     return {**finish_params(owner, rows, progress), **log_columns(where, ended)}
 
 
+def successes_only(kinds: str) -> bool:
+    """Whether the outcomes' kinds (an array literal: ack_params' or finish_params') are all
+    successes."""
+    return set(kinds[1:-1].replace('"', "").split(",")) == {"succeeded"}
+
+
 def write_log_outcomes(conn: psycopg.Connection, batches: logstore.Batches, ids: Sequence[str],
                        params: Callable[[list[int]], dict[str, Any]]) -> int:
-    """sql.LOG_FINISH for the outcomes of these log jobs (``params``: its parameters, given
-    the batches whose last outcomes an earlier write committed, which go with this one);
-    how many it wrote. The batches these complete go with the next write (logstore.Batches);
+    """sql.LOG_FINISH (LOG_ACK when all are successes) for the outcomes of these log jobs
+    (``params``: its parameters, given the batches whose last outcomes an earlier write
+    committed, which go with this one); how many it wrote. The batches these complete go with the next write (logstore.Batches);
     those taken go back if this one fails."""
     ended = batches.take_ended()
     try:
         values = params(ended)
+        # successes only (an ack batch): the statement without what a job going on needs
+        first, fenced = ((joblog.LOG_ACK_FIRST, joblog.LOG_ACK) if successes_only(values["kinds"])
+                         else (joblog.LOG_FINISH_FIRST, joblog.LOG_FINISH))
         if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
             # a statement of its own: a failed one changed nothing, and the fenced one follows
             try:
-                written = db.one(conn.execute(joblog.LOG_FINISH_FIRST, values))
+                written = db.one(conn.execute(first, values))
             except UniqueViolation:  # another writer ended one of these attempts first
-                written = db.one(conn.execute(joblog.LOG_FINISH, values))
+                written = db.one(conn.execute(fenced, values))
         else:  # inside a transaction, which a failed statement would end
-            written = db.one(conn.execute(joblog.LOG_FINISH, values))
+            written = db.one(conn.execute(fenced, values))
     except BaseException:
         batches.give_back(ended)
         raise
