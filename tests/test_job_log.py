@@ -344,3 +344,38 @@ def test_the_failed_per_queue_estimate_counts_the_log_s_days(conn: psycopg.Conne
     assert counted == {"a": 2000, "b": 1000}
     assert estimated.keys() == counted.keys()
     assert all(abs(estimated[q] - counted[q]) <= counted[q] * 0.15 for q in counted), estimated
+
+
+@pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "Pacific/Pago_Pago"])
+def test_a_row_s_day_is_the_utc_date_of_its_insert_in_any_session_zone(conn: psycopg.Connection, zone: str) -> None:
+    """041: a row's day is the UTC date of its insert, whatever the producer's time zone
+    (UTC+14 and UTC-11 here: a day apart from UTC, either way, for most of a day)."""
+    conn.execute("SELECT set_config('TimeZone', %s, false)", [zone])
+    enqueue(conn, 1)
+    assert conn.execute("SELECT day = (clock_timestamp() AT TIME ZONE 'UTC')::date, day = job_log_today()"
+                        " FROM job_log").fetchone() == (True, True)
+
+
+def test_a_bounded_window_still_takes_the_rows_a_transaction_it_saw_running_wrote_on_an_older_day(
+        database_url: str, conn: psycopg.Connection) -> None:
+    """A claim reads a window's later transactions only in the days between its snapshots
+    (041), and a transaction its lo snapshot saw running in every day: its rows may be older
+    than lo (one open since the day before, here a row of three days ago). With a week of
+    days kept, every row is claimed once."""
+    for back in range(2, 9):
+        conn.execute("SELECT job_log_add_day(job_log_today() - %s)", [back])
+    with psycopg.connect(database_url) as held:
+        held.execute("INSERT INTO job_log (day, id, queue, actor) VALUES (job_log_today() - 3, %s, %s, 'noop')",
+                     [old := str(uuid.uuid4()), QUEUE])
+        taken = []
+        for _ in range(5):  # windows move on, each with its times: lo_at is known from the second
+            ids = enqueue(conn, 3)
+            got = [str(r[3]) for r in claim(conn, 10)]
+            assert got == ids
+            taken += got
+        assert scalar(conn, "SELECT count(*) FROM job_cursor WHERE lo_at IS NOT NULL") > 0
+        held.commit()
+    later = enqueue(conn, 2)
+    rest = [str(r[3]) for r in claim(conn, 10)]
+    assert sorted(rest) == sorted([old, *later]) and claim(conn, 10) == []
+    assert len(set(taken + rest)) == 18

@@ -15,8 +15,8 @@ from .outcomes import GONE
 # Enqueue: one row per message, inside the caller's transaction when it has one (the
 # claim's windows follow transactions, so a producer's long transaction costs no claim
 # anything and its rows are claimed once it commits). Parameters: one array per column.
-# A message whose id a live job has (in job_queue, or in the log of today or yesterday with
-# no outcome: job_id_live, 040) is not written again, as job_queue's primary key absorbs
+# A message whose id a live job has (in job_queue, or in the log of yesterday to tomorrow,
+# UTC days, with no outcome: job_id_live, 041) is not written again, as job_queue's key absorbs
 # it: a producer that sends one message twice runs it once.
 _LOG_INSERT = """
 INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, max_attempts, max_lease_losses,
@@ -34,7 +34,7 @@ SELECT * FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(arg
 LOG_INSERT = _LOG_INSERT + """
  WHERE NOT (SELECT EXISTS (SELECT 1 FROM job_queue q WHERE q.id = m.id))
    AND NOT (SELECT EXISTS (SELECT 1 FROM job_log l
-                            WHERE l.id = m.id AND l.day BETWEEN current_date - 1 AND current_date
+                            WHERE l.id = m.id AND l.day BETWEEN job_log_today() - 1 AND job_log_today() + 1
                               AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)))
 """
 LOG_INSERT_ONE = _LOG_INSERT + " WHERE NOT job_id_live(m.id)\n"
@@ -264,7 +264,7 @@ RETURNING job_id
 # appending its rows with no outcome to today and archiving its failed and cancelled
 # jobs into job_history (their own retention). lock_timeout: a day a reader holds goes
 # at the next round. Local to the transaction (pooled connections).
-LOG_ADD_DAY = "SELECT set_config('lock_timeout', '200ms', true), job_log_add_day(current_date + %(days)s::int)"
+LOG_ADD_DAY = "SELECT set_config('lock_timeout', '200ms', true), job_log_add_day(job_log_today() + %(days)s::int)"
 LOG_DROP_DAYS = """
 SELECT set_config('lock_timeout', '200ms', true),
        job_log_drop_before((now() - %(older_than_s)s * interval '1 second')::date)
