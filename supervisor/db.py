@@ -163,7 +163,7 @@ def array_text(values: Iterable[str | int | float | bool | None]) -> str:
     pay it every few jobs (bench/README.md, "Figures the code's comments cite").
     Strings are quoted and escaped, so any value stays data."""
     values = values if isinstance(values, list) else list(values)
-    try:  # all strings (ids, days, queues): joined in C, a fifth of the loop's time
+    try:  # all strings (ids, days, queues): joined in C (100 ids: 3 us, the loop 38)
         joined = '","'.join(values)  # type: ignore[arg-type]  # a TypeError is the test
     except TypeError:
         pass
