@@ -235,7 +235,7 @@ def test_retention_drops_days_and_keeps_what_has_not_ended(conn: psycopg.Connect
     conn.execute("SELECT job_log_drop_before(%s::date)", ["2000-01-02"])
     assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is None
     assert scalar(conn, "SELECT to_regclass('job_done_d20000101')") is None
-    assert conn.execute("SELECT id::text, day = current_date FROM job_log").fetchall() == [(waiting, True)]
+    assert conn.execute("SELECT id::text, day = job_log_today() FROM job_log").fetchall() == [(waiting, True)]
     assert conn.execute("SELECT id::text, status, last_error FROM job_history").fetchall() == [(failed, "failed", "boom")]
 
 
@@ -259,7 +259,7 @@ def test_a_claim_of_nothing_takes_nothing(conn: psycopg.Connection, n: int) -> N
 
 def test_the_upkeep_makes_days_ahead_and_drops_the_days_past_retention(conn: psycopg.Connection) -> None:
     """LOG_ADD_DAY and LOG_DROP_DAYS as the upkeep runs them (worker/upkeep.py)."""
-    today: date = scalar(conn, "SELECT current_date")  # the server's
+    today: date = scalar(conn, "SELECT job_log_today()")  # the UTC date (041)
     conn.execute(joblog.LOG_ADD_DAY, {"days": 3})
     assert scalar(conn, "SELECT to_regclass(%s)", [f"job_log_d{(today + timedelta(days=3)):%Y%m%d}"])
     yesterday = today - timedelta(days=1)

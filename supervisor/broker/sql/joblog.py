@@ -262,12 +262,12 @@ RETURNING job_id
 # default partitions for a moment), and retention: job_log_drop_before (039) drops each
 # day that ended before the retention of succeeded jobs, with its done rows, after
 # appending its rows with no outcome to today and archiving its failed and cancelled
-# jobs into job_history (their own retention). lock_timeout: a day a reader holds goes
-# at the next round. Local to the transaction (pooled connections).
+# jobs into job_history (their own retention). Days are UTC dates (041). lock_timeout: a
+# day a reader holds goes at the next round. Local to the transaction (pooled connections).
 LOG_ADD_DAY = "SELECT set_config('lock_timeout', '200ms', true), job_log_add_day(job_log_today() + %(days)s::int)"
 LOG_DROP_DAYS = """
 SELECT set_config('lock_timeout', '200ms', true),
-       job_log_drop_before((now() - %(older_than_s)s * interval '1 second')::date)
+       job_log_drop_before(((now() - %(older_than_s)s * interval '1 second') AT TIME ZONE 'UTC')::date)
 """
 
 # The cursor rows no claim reads any more: every one older than a minute that a newer row of
