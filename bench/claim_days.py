@@ -28,8 +28,8 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.basics import Figure, cpu_seconds, print_table, say  # noqa: E402
-from bench.common import bench_database, code_state, server_url  # noqa: E402
-from bench.db_floor import build_rows, log_claim, log_enqueue, log_reset  # noqa: E402
+from bench.common import bench_database, code_state, reset, server_url  # noqa: E402
+from bench.db_floor import build_rows, log_claim, log_enqueue  # noqa: E402
 
 # The past days' partitions (job_log's and job_done's), dropped between rounds.
 DROP_PAST = """
@@ -53,7 +53,7 @@ def one_round(url: str, past_days: int, batches: int, batch: int) -> tuple[float
         claimer.execute(DROP_PAST)
         if past_days:
             claimer.execute(ADD_PAST, [past_days])
-        log_reset(claimer)
+        reset(claimer)
         owner = str(uuid.uuid4())
         params = [build_rows(batch) for _ in range(batches + 1)]
         log_enqueue(producer, params[0])

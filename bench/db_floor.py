@@ -102,11 +102,6 @@ TABLE_PATH = JobPath(
 )
 
 
-def log_reset(conn: Conn) -> None:
-    reset(conn)
-    conn.execute("TRUNCATE job_log, job_done, job_lease, job_cursor")
-
-
 def log_enqueue(conn: Conn, params: list[Any]) -> None:
     """build_rows' as joblog.LOG_INSERT's arrays (the product's log enqueue)."""
     ids, queues, actors, args, kwargs, options, payload, priority, max_attempts, _dk, _ck, stamps = params[1:13]
@@ -117,7 +112,8 @@ def log_enqueue(conn: Conn, params: list[Any]) -> None:
 
 
 def log_claim(conn: Conn, batch: int, owner: str) -> list[Any]:
-    params = {"queue": "floor", "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False}
+    """The worker's claim of up to ``batch`` rows of the queue's log (a busy one: durable)."""
+    params = {"queue": QUEUE, "n": batch, "owner": owner, "lease_s": 30.0, "relaxed": False}
     return conn.execute(joblog.LOG_CLAIM, params).fetchall()
 
 
@@ -140,7 +136,7 @@ def log_left(conn: Conn) -> int:
                             " + (SELECT count(*) FROM job_lease)").fetchone()[0])
 
 
-LOG_PATH = JobPath("actor-supervisor, storage log (joblog.LOG_INSERT, LOG_CLAIM, LOG_FINISH)", log_reset,
+LOG_PATH = JobPath("actor-supervisor, storage log (joblog.LOG_INSERT, LOG_CLAIM, LOG_ACK)", reset,
                    build_rows, log_enqueue, settle, log_claim, log_finish, log_left)
 PATHS = {"log": LOG_PATH, "table": TABLE_PATH}
 

@@ -118,8 +118,8 @@ def write_log_outcomes(conn: psycopg.Connection, batches: logstore.Batches, ids:
                        params: Callable[[list[int]], dict[str, Any]]) -> int:
     """sql.LOG_FINISH (LOG_ACK when all are successes) for the outcomes of these log jobs
     (``params``: its parameters, given the batches whose last outcomes an earlier write
-    committed, which go with this one); how many it wrote. The batches these complete go with the next write (logstore.Batches);
-    those taken go back if this one fails."""
+    committed, which go with this one); how many it wrote. The batches these complete go
+    with the next write (logstore.Batches); those taken go back if this one fails."""
     ended = batches.take_ended()
     try:
         values = params(ended)
