@@ -172,3 +172,35 @@ def test_a_database_before_the_job_log_migrates_and_a_log_worker_finishes_every_
         assert set(runs) == old | new and set(runs.values()) == {1}, runs
         assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded'") == 40
         assert scalar(conn, "SELECT count(*) FROM job_concurrency") == 0
+
+
+def test_a_log_at_040_migrates_to_utc_days_and_every_job_is_claimed_and_finished_once(fresh_database):
+    """Migration 041 (a row's day a UTC date, windows bounded by their snapshots' times) on
+    a log that 040 left: rows waiting, a cursor part way (no times on it), a batch leased.
+    Every row is then claimed once, the leased batch's acks land, and rows appended after
+    are claimed in windows that know their times."""
+    import psycopg
+
+    from tests.test_job_log import claim, enqueue, finish
+
+    url = fresh_database
+    migrate(url, until=40)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO job_log (id, queue, actor) SELECT gen_random_uuid(), 'log', 'noop'"
+                     " FROM generate_series(1, 30)")  # as 040's producers wrote them
+        leased = claim(conn, 10)
+        migrate(url)
+        assert scalar(conn, "SELECT count(*) FROM job_cursor WHERE lo_at IS NULL AND hi_at IS NULL") >= 1
+        assert finish(conn, leased, ended=[leased[0][0]]) == 10
+        rest = claim(conn, 15)
+        later = []
+        for _ in range(3):  # from the second on, each claim a window of its own, with its times
+            later += enqueue(conn, 5)
+            rest += claim(conn, 100)
+        assert claim(conn, 100) == []
+        assert scalar(conn, "SELECT count(*) FROM job_cursor WHERE lo_at IS NOT NULL") >= 1
+        claimed = [str(r[3]) for r in leased + rest]
+        assert len(claimed) == len(set(claimed)) == 45
+        assert set(later) <= set(claimed)
+        assert finish(conn, rest) == 35
+        assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded'") == 45
