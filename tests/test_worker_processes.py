@@ -67,7 +67,11 @@ SELECT 'tests', 'record_once', jsonb_build_array(g, %s::float) FROM generate_ser
 def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers):
     """Dramatiq's at-least-once: a job whose process died runs again whatever its
     max_retries (here 0); none fails."""
-    procs = [workers(threads=8, lease=2, heartbeat=0.5) for _ in range(4)]
+    # A lease of 5 s: a live process starved of the CPU for 2 s (a loaded CI machine) lost
+    # its leases with 2 and its jobs ran again elsewhere, at-least-once as documented but not
+    # this test's subject; the victim's are released when its beat is stale and its session
+    # gone, long before its leases expire.
+    procs = [workers(threads=8, lease=5, heartbeat=0.5) for _ in range(4)]
     for p in procs:
         p.wait_ready(conn)
     conn.execute(ENQUEUE_ONCE, (0.002, 5000))
@@ -82,7 +86,9 @@ def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers):
         "SELECT job_id, array_agg(pid ORDER BY id) FROM test_results GROUP BY job_id HAVING count(*) > 1"
     ).fetchall()
     # jobs that ran twice are exactly the ones the killed process had started
-    assert all(victim.pid in pids for _, pids in twice)
+    assert all(victim.pid in pids for _, pids in twice), (victim.pid, twice[:3], conn.execute(
+        "SELECT job_id, who, reason FROM job_events WHERE job_id = ANY(%s) ORDER BY id",
+        ([j for j, _ in twice[:3]],)).fetchall())
     assert all(pids.count(victim.pid) == 1 for _, pids in twice)
     # reclaimed when the lease expired, or before, when its beat went stale (no session left)
     reclaimed = scalar(conn, "SELECT count(*) FROM job_events WHERE reason LIKE 'lease expired%%'"
