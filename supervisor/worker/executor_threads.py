@@ -27,6 +27,7 @@ from dramatiq.middleware import SkipMessage
 from dramatiq.results import Results
 
 from ..broker.consumer import PostgresConsumer
+from ..broker.fencing import LeaseLost
 from ..broker.message import PgMessageProxy
 
 if TYPE_CHECKING:
@@ -293,6 +294,8 @@ class WorkerThread(_Pausable):
             throws = message.options.get("throws") or (actor and actor.options.get("throws"))
             if isinstance(e, RateLimitExceeded):
                 self.logger.debug("Rate limit exceeded in message %s: %s.", message, e)
+            elif isinstance(e, LeaseLost):  # the fence's, not the job's: no traceback to read
+                self.logger.warning("Message %s lost its lease; it runs again where it is claimed next.", message)
             elif throws and isinstance(e, throws):
                 self.logger.info("Failed to process message %s with expected exception %s.", message,
                                  type(e).__name__)
