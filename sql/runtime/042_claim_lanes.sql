@@ -19,9 +19,10 @@
 -- lock) keep 039's lock key: a claim now holds it shared for its transaction, so such a
 -- write still waits for the claims running and keeps new ones out (its code is unchanged).
 --
--- Order: within a transaction's rows, as before; between transactions of one level, a
--- claim's rows come from one lane, so a claim may take a later transaction's rows while an
--- earlier one's wait in another lane for the next claim (by at most a claim of each lane).
+-- Order: a claim returns its rows by priority, then by their transactions' start (xid) and
+-- insert, as before. Between claims, a backlog's claim reads one lane, so it may take a
+-- later transaction's rows while an earlier one's wait in another lane for the next claim
+-- (a claim of each lane at most: the lanes are read in turn).
 --
 -- The claim's index becomes (queue, priority, lane, tx, seq): the old one is dropped (an
 -- insert writes as many entries as before). Each level's newest cursor is copied to every
@@ -149,39 +150,28 @@ BEGIN
             d_lo := coalesce(((c.lo_at - interval '1 hour') AT TIME ZONE 'UTC')::date, '-infinity');
             d_hi := coalesce(((c.hi_at + interval '1 hour') AT TIME ZONE 'UTC')::date, 'infinity');
             asked := want;
-            IF cardinality(running) = 0 THEN
-                -- none (the usual case): the first two ranges alone, so the plan starts on
-                -- the days they can hold, not on every day's partition as the third's does
+            SELECT array_agg(w.r ORDER BY w.tx, w.seq) INTO picked
+              FROM ((SELECT l AS r, l.tx, l.seq FROM job_log l
+                      WHERE l.queue = q AND l.priority = level AND job_log_lane(l.tx) = ln
+                        AND l.tx = c.at_tx AND l.seq > c.at_seq
+                        AND c.at_tx >= pg_snapshot_xmax(c.lo) AND pg_visible_in_snapshot(l.tx, c.hi)
+                        AND l.day BETWEEN d_lo AND d_hi
+                      ORDER BY l.seq LIMIT want)
+                    UNION ALL
+                    (SELECT l AS r, l.tx, l.seq FROM job_log l
+                      WHERE l.queue = q AND l.priority = level AND job_log_lane(l.tx) = ln
+                        AND l.tx >= pg_snapshot_xmax(c.lo) AND l.tx > c.at_tx
+                        AND l.tx < pg_snapshot_xmax(c.hi) AND pg_visible_in_snapshot(l.tx, c.hi)
+                        AND l.day BETWEEN d_lo AND d_hi
+                      ORDER BY l.tx, l.seq LIMIT want)
+                    ORDER BY 2, 3 LIMIT want) w;
+            IF cardinality(running) > 0 THEN
+                -- the third range, in a statement of its own (every day's partition: those
+                -- transactions may have written before lo_at), merged in window order; only
+                -- when lo saw one of the lane's running, so the usual claim's plan starts on
+                -- the first two ranges' days alone
                 SELECT array_agg(w.r ORDER BY w.tx, w.seq) INTO picked
-                  FROM ((SELECT l AS r, l.tx, l.seq FROM job_log l
-                          WHERE l.queue = q AND l.priority = level AND job_log_lane(l.tx) = ln
-                            AND l.tx = c.at_tx AND l.seq > c.at_seq
-                            AND c.at_tx >= pg_snapshot_xmax(c.lo) AND pg_visible_in_snapshot(l.tx, c.hi)
-                            AND l.day BETWEEN d_lo AND d_hi
-                          ORDER BY l.seq LIMIT want)
-                        UNION ALL
-                        (SELECT l AS r, l.tx, l.seq FROM job_log l
-                          WHERE l.queue = q AND l.priority = level AND job_log_lane(l.tx) = ln
-                            AND l.tx >= pg_snapshot_xmax(c.lo) AND l.tx > c.at_tx
-                            AND l.tx < pg_snapshot_xmax(c.hi) AND pg_visible_in_snapshot(l.tx, c.hi)
-                            AND l.day BETWEEN d_lo AND d_hi
-                          ORDER BY l.tx, l.seq LIMIT want)
-                        ORDER BY 2, 3 LIMIT want) w;
-            ELSE
-                SELECT array_agg(w.r ORDER BY w.tx, w.seq) INTO picked
-                  FROM ((SELECT l AS r, l.tx, l.seq FROM job_log l
-                          WHERE l.queue = q AND l.priority = level AND job_log_lane(l.tx) = ln
-                            AND l.tx = c.at_tx AND l.seq > c.at_seq
-                            AND c.at_tx >= pg_snapshot_xmax(c.lo) AND pg_visible_in_snapshot(l.tx, c.hi)
-                            AND l.day BETWEEN d_lo AND d_hi
-                          ORDER BY l.seq LIMIT want)
-                        UNION ALL
-                        (SELECT l AS r, l.tx, l.seq FROM job_log l
-                          WHERE l.queue = q AND l.priority = level AND job_log_lane(l.tx) = ln
-                            AND l.tx >= pg_snapshot_xmax(c.lo) AND l.tx > c.at_tx
-                            AND l.tx < pg_snapshot_xmax(c.hi) AND pg_visible_in_snapshot(l.tx, c.hi)
-                            AND l.day BETWEEN d_lo AND d_hi
-                          ORDER BY l.tx, l.seq LIMIT want)
+                  FROM ((SELECT p AS r, p.tx, p.seq FROM unnest(picked) AS p)
                         UNION ALL
                         (SELECT x.* FROM unnest(running) AS t(tx) CROSS JOIN LATERAL (
                              SELECT l AS r, l.tx, l.seq FROM job_log l
@@ -227,12 +217,14 @@ BEGIN
       FROM unnest(taken) WITH ORDINALITY AS t
     RETURNING job_lease.batch INTO b;
     RETURN QUERY
+    -- by priority, then in the order the producers' transactions began: a claim that took
+    -- rows of several lanes returns them as one lane would (one producer's sends in order)
     SELECT b, l.seq, l.day, l.id, l.queue, l.actor, '[' || l.args::text || ',' || l.kwargs::text || ',' || l.options::text || ']',
            l.attempts + 1, l.max_attempts, l.lease_losses, l.max_lease_losses,
            coalesce(l.message_timestamp, (extract(epoch FROM l.created_at) * 1000)::bigint), l.payload,
            l.priority, l.created_at
-      FROM unnest(taken) WITH ORDINALITY AS l
-     ORDER BY l.ordinality;
+      FROM unnest(taken) AS l
+     ORDER BY l.priority DESC, l.tx, l.seq;
 END $$;
 
 -- The views' pending rows (039's), per lane: each lane's newest cursor bounds its rows.
