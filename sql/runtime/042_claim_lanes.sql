@@ -1,8 +1,8 @@
 -- Lanes: claims of one queue no longer take turns (issue 18). Up to 041 every claim of a
 -- queue held one lock until its commit, and a commit waits for its WAL flush: two claimers
--- of a queue spent a third of a claim waiting for each other, with the CPU idle (db_floor,
--- claims of 100 on 2 connections: the same claims on two queues drained 1.12-1.34x faster,
--- bench/README "Tenth session").
+-- of a queue waited for each other with the CPU idle (db_floor, claims of 100 on 2
+-- connections: the same claims on two queues drained 1.12-1.34x faster; bench/README,
+-- "Tenth session").
 --
 -- A level's rows are dealt among job_log_lanes() lanes by their producer's transaction
 -- (job_log_lane(tx)): all the rows one transaction wrote are in one lane, so they are
@@ -31,13 +31,15 @@
 -- the claims running and keeps new ones out until this migration commits, so the copies
 -- are of the last cursors.
 
--- 4: enough lanes for the claimers one queue has in practice (each process claims for its
--- own; a claim that finds every lane held waits for one); each more lane costs a claim that
--- reads every lane (a queue with few rows waiting) one more cursor and index descent.
-CREATE FUNCTION job_log_lanes() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 4';
--- A row's lane: its transaction's (the index below is on it: it states the same 4).
+-- 2: two claimers of a queue drained a backlog as fast with 2 lanes as with 4 (db_floor,
+-- claims of 100 on 2 connections, 6 alternations: medians 19,0xx and 19,2xx rows/s), and
+-- every lane costs a claim of a queue with few rows waiting one more cursor and window
+-- read: such a claim took 1.3-1.9x 041's time with 2 lanes, 1.6-3x with 4. More claimers
+-- than lanes take turns in a lane, as all of them did before.
+CREATE FUNCTION job_log_lanes() RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS 'SELECT 2';
+-- A row's lane: its transaction's (the index below is on it: it states the same 2).
 CREATE FUNCTION job_log_lane(tx xid8) RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ SELECT ((tx::text)::bigint % 4)::integer $$;
+    AS $$ SELECT ((tx::text)::bigint % 2)::integer $$;
 -- The lane each claim starts from: every claim the next (not transactional, never reset).
 CREATE SEQUENCE job_log_lane_turn;
 
