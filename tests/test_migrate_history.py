@@ -194,44 +194,13 @@ def test_a_log_at_040_migrates_to_utc_days_and_every_job_is_claimed_and_finished
         assert finish(conn, leased, ended=[leased[0][0]]) == 10
         rest = claim(conn, 15)
         later = []
-        # each claim a window of its own; a lane's (042) second one knows its times: with a
-        # transaction more than there are lanes, some lane gets two
-        for _ in range(scalar(conn, "SELECT job_log_lanes()") + 1):
+        for _ in range(3):  # from the second on, each claim a window of its own, with its times
             later += enqueue(conn, 5)
             rest += claim(conn, 100)
         assert claim(conn, 100) == []
         assert scalar(conn, "SELECT count(*) FROM job_cursor WHERE lo_at IS NOT NULL") >= 1
         claimed = [str(r[3]) for r in leased + rest]
-        assert len(claimed) == len(set(claimed)) == 30 + len(later)
+        assert len(claimed) == len(set(claimed)) == 45
         assert set(later) <= set(claimed)
-        assert finish(conn, rest) == 20 + len(later)
-        assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded'") == 30 + len(later)
-
-
-def test_a_log_at_041_migrates_to_lanes_and_every_job_is_claimed_and_finished_once(fresh_database):
-    """Migration 042 (lanes) on a log that 041 left: transactions of rows waiting, a cursor
-    part way through one of them, a batch leased. Each lane starts from that cursor: every
-    row is claimed once, by claims of up to 7 (parts of transactions), and new rows after."""
-    import psycopg
-
-    from tests.test_job_log import claim, enqueue, finish
-
-    url = fresh_database
-    migrate(url, until=41)
-    with psycopg.connect(url, autocommit=True) as conn:
-        before = [i for _ in range(6) for i in enqueue(conn, 5)]  # six transactions
-        leased = claim(conn, 8)  # the first transaction and part of the second
-        migrate(url)
-        lanes = scalar(conn, "SELECT job_log_lanes()")
-        assert scalar(conn, "SELECT count(DISTINCT lane) FROM job_cursor") == lanes
-        assert finish(conn, leased, ended=[leased[0][0]]) == 8
-        rest = []
-        while rows := claim(conn, 7):
-            rest += rows
-        later = enqueue(conn, 5)
-        rest += claim(conn, 100)
-        assert claim(conn, 100) == []
-        claimed = [str(r[3]) for r in leased + rest]
-        assert len(claimed) == len(set(claimed)) == 35
-        assert set(before + later) == set(claimed)
-        assert finish(conn, rest) == 27
+        assert finish(conn, rest) == 35
+        assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded'") == 45

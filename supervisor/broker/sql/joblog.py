@@ -271,14 +271,13 @@ SELECT set_config('lock_timeout', '200ms', true),
 """
 
 # The cursor rows no claim reads any more: every one older than a minute that a newer row of
-# its level's lane follows (042), oldest first, a bounded batch per call (the upkeep's _batches).
+# its level follows, oldest first, a bounded batch per call (the upkeep's _batches).
 LOG_PRUNE_CURSORS = """
 DELETE FROM job_cursor c
  WHERE c.at = ANY(ARRAY(SELECT o.at FROM job_cursor o
                          WHERE o.made_at < now() - interval '1 minute'
                            AND EXISTS (SELECT 1 FROM job_cursor n
-                                        WHERE n.queue = o.queue AND n.priority = o.priority AND n.lane = o.lane
-                                          AND n.at > o.at)
+                                        WHERE n.queue = o.queue AND n.priority = o.priority AND n.at > o.at)
                          ORDER BY o.at LIMIT %(limit)s))
 """
 
