@@ -292,8 +292,9 @@ def test_breaker_opens_defers_and_recloses(conn, pipeline_broker, pipeline_confi
 
     source_id, watch_id = shop
     # A cooldown longer than the gap between two attempts: the third finds the source paused
-    # (a retry of a job with limits waits for its key again, and may start up to 2 s late).
-    pipeline_config["breaker"] = {"threshold": 2, "cooldown": 3}
+    # (a retry of a job with limits waits for its key again, and may start up to 2 s late;
+    # on a loaded 2-core run it started 4 s late, after a 3 s cooldown had ended).
+    pipeline_config["breaker"] = {"threshold": 2, "cooldown": 8}
     state = {"up": False}
 
     def page(request):
