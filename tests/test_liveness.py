@@ -78,8 +78,8 @@ def assert_taken_over(conn, job: str, since, first: int, second: int, beat: floa
     assert_ran_again_once(conn, job, first, second)
 
 
-def assert_ran_again_once(conn, job: str, first: int, second: int) -> None:
-    wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "succeeded", 15,
+def assert_ran_again_once(conn, job: str, first: int, second: int, timeout: float = 15) -> None:
+    wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "succeeded", timeout,
              message="the job to succeed")
     assert started_by(conn, job) == [first, second]
     assert [(pid, tag) for pid, tag, *_ in ended(conn, job)][-1] == (second, "done")

@@ -16,7 +16,9 @@ def test_a_dead_nodes_jobs_come_back_at_once_when_forgotten_never_while_it_beats
     east = workers(queues="liveness", actors=ACTORS, threads=1, lease=LEASE, heartbeat=BEAT, extra_env=env)
     east.wait_ready(conn, timeout=90)
     owner = east.owner(conn)
-    job = send(conn, 3)
+    # long enough to outlast three CLI runs (each 1 s on an idle machine; a loaded CI run's
+    # took the 3 s job this had to its end before the refused forget was checked)
+    job = send(conn, 10)
     wait_for(lambda: started_by(conn, job) == [east.pid], 15, message="east to run the job")
 
     listed = json.loads(cli("nodes", "list", "--json", url=database_url).stdout)
@@ -40,6 +42,6 @@ def test_a_dead_nodes_jobs_come_back_at_once_when_forgotten_never_while_it_beats
     west = workers(queues="liveness", actors=ACTORS, threads=1, lease=LEASE, heartbeat=BEAT,
                    extra_env={"LIVENESS_RESULTS_URL": database_url, "SUPERVISOR_NODE_NAME": "west"})
     west.wait_ready(conn, timeout=90)
-    assert_ran_again_once(conn, job, east.pid, west.pid)
+    assert_ran_again_once(conn, job, east.pid, west.pid, timeout=30)
     unknown = cli("nodes", "forget", "nowhere", url=database_url)
     assert unknown.returncode == 1 and "no node 'nowhere'" in unknown.stderr
