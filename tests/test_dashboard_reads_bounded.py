@@ -106,6 +106,10 @@ def test_every_page_and_api_read_reads_a_bounded_slice_of_the_jobs(filled):
                 # as the planner reads tables of millions (a small table is read whole whatever
                 # its indexes): a scan that still reads past the budget has no bounded way
                 conn.execute("SET LOCAL enable_seqscan = off")
+                # and with jit off, as the app's sessions run (http/state.SESSION_OPTIONS): the
+                # priced-out scans put every plan over jit_above_cost, and compiling one over
+                # every day's partitions took 5-14 s a statement (this test: 220-290 s)
+                conn.execute("SET LOCAL jit = off")
                 plan = scalar(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + text, capped(params))[0]
             read = rows_read(plan)
             # finished jobs and events: a window's worth at most; live rows: the backlog at

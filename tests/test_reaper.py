@@ -93,6 +93,7 @@ def _entries(conn: psycopg.Connection, me: str | None) -> int:
     embedded server) the planner may read every running row by a scan of the table."""
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")
+        conn.execute("SET LOCAL jit = off")  # priced-out scans pass jit_above_cost; compiling is not checked
         conn.execute(sql.REAP_EXPIRED, reap_params("t", margin_s=1.0, me=me)).fetchall()
         return int(scalar(conn, "SELECT pg_stat_get_xact_tuples_returned('jobs_running'::regclass)"))
 
