@@ -18,6 +18,8 @@ What is made (g: the row number, newest last):
             hour, the rest pending and due
   rollup    queue_samples of the last 25 h at the fill's rate, as the recorder leaves them
   workers   8 live worker processes serving every queue
+  log       with log_share: that share of the finished jobs in job_log and job_done (the
+            default storage's tables) instead of job_history
 """
 
 from __future__ import annotations
@@ -120,7 +122,37 @@ SELECT 'bench-' || w, 'bench-host', 1000 + w, 'default', %(queues)s::text[], now
 """
 
 
-def fill(conn: psycopg.Connection, *, rows: int, live: int, days: int) -> None:
+# --log-share: that share of the finished (succeeded and failed) jobs moved from job_history
+# into the job log's tables, as the default storage keeps a plain job that ran: its job_log
+# row and its final job_done row, on the day it was created; each level's cursor then past
+# them (no log row pending). Their events stay as they are.
+LOG_SHARE = """
+WITH moved AS (
+    DELETE FROM job_history h
+     WHERE h.status IN ('succeeded', 'failed') AND abs(hashtext(h.id::text)) %% 10000 < %(share)s * 10000
+    RETURNING h.*
+), logged AS (
+    INSERT INTO job_log (seq, day, tx, id, queue, actor, args, kwargs, options, priority, attempts, max_attempts,
+                         created_at)
+    SELECT nextval('job_log_seq'), (m.created_at AT TIME ZONE 'UTC')::date, '1', m.id, m.queue, m.actor, m.args,
+           m.kwargs, m.options, m.priority, m.attempts - 1, m.max_attempts, m.created_at
+      FROM moved m
+    RETURNING seq, day, id
+)
+INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, owner, created_at, claimed_at, started_at,
+                      finished_at, last_error)
+SELECT l.seq, l.day, m.id, m.queue, m.actor, m.status, m.attempts, m.lease_owner, m.created_at, m.claimed_at,
+       m.started_at, m.finished_at, m.last_error
+  FROM logged l JOIN moved m ON m.id = l.id
+"""
+LOG_CURSORS = """
+INSERT INTO job_cursor (queue, priority, lo, hi, at_tx, at_seq, drained)
+SELECT q.queue, q.priority, pg_current_snapshot(), pg_current_snapshot(), '0', 0, true
+  FROM (SELECT DISTINCT queue, priority FROM job_log) AS q
+"""
+
+
+def fill(conn: psycopg.Connection, *, rows: int, live: int, days: int, log_share: float = 0.0) -> None:
     """Fill an empty, migrated database (autocommit connection)."""
     t0 = time.perf_counter()
     conn.execute("SET synchronous_commit = off")  # a fill: losing its last moments on a crash is fine
@@ -135,11 +167,16 @@ def fill(conn: psycopg.Connection, *, rows: int, live: int, days: int) -> None:
         conn.execute(EVENTS, chunk)
         say(f"  {chunk['hi']:,} of {rows:,} finished jobs ({time.perf_counter() - t0:.0f}s)")
     conn.execute(RARE)
+    if log_share:
+        for d in range(-days - 1, 3):
+            conn.execute("SELECT job_log_add_day(current_date + %s)", (d,))
+        conn.execute(LOG_SHARE, {"share": log_share})
+        conn.execute(LOG_CURSORS)
     conn.execute(LIVE, {"live": live, "queues": list(QUEUES)})
     per_step = rows / (days * 86400) * recorder.SAMPLE_SECONDS / len(QUEUES)
     conn.execute(ROLLUP, {"step_s": recorder.SAMPLE_SECONDS, "keep_s": recorder.KEEP_HOURS * 3600, "live": live,
                           "per_step": per_step, "queues": [*QUEUES, "rare"]})
     conn.execute(WORKERS, {"queues": [*QUEUES, "rare"]})
-    for table in ("job_history", "job_queue", "job_events", "queue_samples", "workers"):
+    for table in ("job_history", "job_queue", "job_events", "queue_samples", "workers", "job_log", "job_done"):
         conn.execute(f"VACUUM ANALYZE {table}")
     say(f"{rows:,} finished and {live:,} live jobs in {time.perf_counter() - t0:.0f}s")

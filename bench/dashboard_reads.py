@@ -163,3 +163,31 @@ def uncovered(made: Starlette, urls: list[str]) -> list[str]:
     return [p for p, regex in get_routes(made)
             if not p.startswith(NOT_READS) and not any(regex.match(u) for u in paths)]
 
+
+def rows_read(plan: dict[str, Any], tables: tuple[str, ...]) -> dict[str, int]:
+    """Rows each of ``tables`` (a name, and its partitions') gave the scans of an EXPLAIN
+    (ANALYZE, FORMAT JSON) plan: those kept and those a filter removed, over every loop of
+    every scan node."""
+    out = dict.fromkeys(tables, 0)
+
+    def walk(node: dict[str, Any]) -> None:
+        relation = node.get("Relation Name", "")
+        table = next((t for t in tables if relation.startswith(t)), None)
+        if table is not None:
+            per_loop = (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
+                        + node.get("Rows Removed by Index Recheck", 0))
+            out[table] += per_loop * node.get("Actual Loops", 1)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan["Plan"])
+    return out
+
+
+def capped(params: Any, cap: int) -> Any:
+    """A statement's parameters with its caps (a window's ``cap``, a search's ``scan_rows``,
+    an exact count's ``upto``) set to ``cap``."""
+    if not isinstance(params, dict):
+        return params
+    return {**params, **{k: cap for k in ("cap", "scan_rows") if k in params},
+            **({"upto": cap + 1} if "upto" in params else {})}

@@ -73,6 +73,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--live", type=int, default=100_000)
     ap.add_argument("--days", type=int, default=7)
+    ap.add_argument("--log-share", type=float, default=0.0,
+                    help="share of the finished jobs kept in the job log's tables (the default storage's)")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--keep", action="store_true", help="leave the filled database")
     ap.add_argument("--reuse", metavar="DBNAME", help="time a database a run kept (no fill)")
@@ -91,7 +93,7 @@ def main() -> None:
         if not args.reuse:
             migrate(url, apps.installed())
             with psycopg.connect(url, autocommit=True) as conn:
-                dashboard_fill.fill(conn, rows=args.rows, live=args.live, days=args.days)
+                dashboard_fill.fill(conn, rows=args.rows, live=args.live, days=args.days, log_share=args.log_share)
         run(url, args)
     finally:
         if not args.reuse and not args.keep:

@@ -49,29 +49,11 @@ def filled(worker_id: str) -> Iterator[str]:
 
 
 def rows_read(plan: dict[str, Any]) -> dict[str, int]:
-    """Rows each of JOB_TABLES gave its scans (those kept and those a filter removed), over
-    every loop of every scan node."""
-    out = dict.fromkeys(JOB_TABLES, 0)
-
-    def walk(node: dict[str, Any]) -> None:
-        relation = node.get("Relation Name", "")
-        table = next((t for t in JOB_TABLES if relation.startswith(t)), None)
-        if table is not None:
-            per_loop = (node.get("Actual Rows", 0) + node.get("Rows Removed by Filter", 0)
-                        + node.get("Rows Removed by Index Recheck", 0))
-            out[table] += per_loop * node.get("Actual Loops", 1)
-        for child in node.get("Plans", []):
-            walk(child)
-
-    walk(plan["Plan"])
-    return out
+    return dashboard_reads.rows_read(plan, JOB_TABLES)
 
 
 def capped(params: Any) -> Any:
-    if not isinstance(params, dict):
-        return params
-    return {**params, **{k: CAP for k in ("cap", "scan_rows") if k in params},
-            **({"upto": CAP + 1} if "upto" in params else {})}
+    return dashboard_reads.capped(params, CAP)
 
 
 def test_every_page_and_api_read_reads_a_bounded_slice_of_the_jobs(filled):

@@ -1,0 +1,80 @@
+"""Rows each dashboard and API read takes from each jobs table, on a fill with a share of
+the finished jobs in the job log's tables (the default storage's), as
+tests/test_dashboard_reads_bounded.py checks for job_history, job_events and job_queue:
+
+    python bench/dashboard_bounds.py [--rows 120000] [--live 500] [--days 7] [--log-share 0.5]
+                                     [--budget 5000] [--database-url URL]
+
+Fills a fresh database (``dashboard_fill.fill``), serves every read of
+``dashboard_reads.READS`` once, then runs each statement they ran under EXPLAIN ANALYZE
+with sequential scans priced out and jit off (as the test: what a plan reads at millions
+of rows, not at this fill's size), its caps set to 300, and prints the rows each table
+gave it; a read over ``--budget`` in any table is flagged. Note: the fill writes job_done
+in job_history's order, not in finished_at order, so its block range index (finished_at
+windows) reads more here than where rows arrive as jobs finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psycopg  # noqa: E402
+from starlette.testclient import TestClient  # noqa: E402
+
+from bench import dashboard_fill, dashboard_reads  # noqa: E402
+from bench.basics import say, server_url  # noqa: E402
+from bench.common import bench_database  # noqa: E402
+
+TABLES = ("job_history", "job_events", "job_queue", "job_log", "job_done")
+CAP = 300
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=120_000)
+    ap.add_argument("--live", type=int, default=500)
+    ap.add_argument("--days", type=int, default=7)
+    ap.add_argument("--log-share", type=float, default=0.5)
+    ap.add_argument("--budget", type=int, default=5_000)
+    ap.add_argument("--database-url")
+    args = ap.parse_args(argv)
+    with bench_database(server_url(args.database_url)) as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            dashboard_fill.fill(conn, rows=args.rows, live=args.live, days=args.days, log_share=args.log_share)
+            values = dashboard_reads.values(conn, args.rows)
+        recorded = dashboard_reads.Recorded()
+        app = dashboard_reads.app(url, recorded)
+        statements: dict[tuple[str, str], tuple[str, str, object]] = {}
+        try:
+            client = TestClient(app)
+            for _, template in dashboard_reads.READS:
+                page = template.format(**values)
+                client.get(page)
+                for text, params in recorded.taken():
+                    if "job" in text and not text.lstrip().startswith("EXPLAIN"):
+                        statements.setdefault((text, repr(params)), (page, text, params))
+        finally:
+            app.state.supervisor.close()
+        over = 0
+        with psycopg.connect(url, autocommit=True) as conn:
+            for page, text, params in statements.values():
+                with conn.transaction(force_rollback=True):
+                    conn.execute("SET LOCAL enable_seqscan = off")
+                    conn.execute("SET LOCAL jit = off")
+                    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text,
+                                        dashboard_reads.capped(params, CAP)).fetchone()[0][0]
+                read = dashboard_reads.rows_read(plan, TABLES)
+                flag = "OVER" if max(read.values()) > args.budget else "ok"
+                over += flag == "OVER"
+                say(f"{flag:4} {page[:60]:60} " + " ".join(f"{t}={n}" for t, n in read.items() if n)
+                    + f"  | {' '.join(text.split())[:80]}")
+        say(f"{over} of {len(statements)} statements read more than {args.budget:,} rows of a table")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
