@@ -129,7 +129,7 @@ SELECT 'bench-' || w, 'bench-host', 1000 + w, 'default', %(queues)s::text[], now
 LOG_SHARE = """
 WITH moved AS (
     DELETE FROM job_history h
-     WHERE h.status IN ('succeeded', 'failed') AND abs(hashtext(h.id::text)) %% 10000 < %(share)s * 10000
+     WHERE h.status IN ('succeeded', 'failed') AND abs(hashtext(h.id::text) %% 10000) < %(share)s * 10000
     RETURNING h.*
 ), logged AS (
     INSERT INTO job_log (seq, day, tx, id, queue, actor, args, kwargs, options, priority, attempts, max_attempts,
