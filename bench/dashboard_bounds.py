@@ -54,20 +54,14 @@ def main(argv: list[str] | None = None) -> int:
             for _, template in dashboard_reads.READS:
                 page = template.format(**values)
                 client.get(page)
-                for text, params in recorded.taken():
-                    if "job" in text and not text.lstrip().startswith("EXPLAIN"):
-                        statements.setdefault((text, repr(params)), (page, text, params))
+                for text, params in dashboard_reads.reads_of_jobs(recorded.taken()):
+                    statements.setdefault((text, repr(params)), (page, text, params))
         finally:
             app.state.supervisor.close()
         over = 0
         with psycopg.connect(url, autocommit=True) as conn:
             for page, text, params in statements.values():
-                with conn.transaction(force_rollback=True):
-                    conn.execute("SET LOCAL enable_seqscan = off")
-                    conn.execute("SET LOCAL jit = off")
-                    plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text,
-                                        dashboard_reads.capped(params, CAP)).fetchone()[0][0]
-                read = dashboard_reads.rows_read(plan, TABLES)
+                read = dashboard_reads.rows_read_at_scale(conn, text, params, TABLES, CAP)
                 flag = "OVER" if max(read.values()) > args.budget else "ok"
                 over += flag == "OVER"
                 say(f"{flag:4} {page[:60]:60} " + " ".join(f"{t}={n}" for t, n in read.items() if n)

@@ -48,14 +48,6 @@ def filled(worker_id: str) -> Iterator[str]:
         yield url
 
 
-def rows_read(plan: dict[str, Any]) -> dict[str, int]:
-    return dashboard_reads.rows_read(plan, JOB_TABLES)
-
-
-def capped(params: Any) -> Any:
-    return dashboard_reads.capped(params, CAP)
-
-
 def test_every_page_and_api_read_reads_a_bounded_slice_of_the_jobs(filled):
     recorded = dashboard_reads.Recorded()
     app = dashboard_reads.app(filled, recorded)
@@ -74,8 +66,7 @@ def test_every_page_and_api_read_reads_a_bounded_slice_of_the_jobs(filled):
         for url in urls:
             answer = client.get(url)
             assert answer.status_code == 200 or (url == "/healthz" and answer.status_code == 503), (url, answer.text)
-            by_url[url] = [(t, p) for t, p in recorded.taken()
-                           if any(table in t for table in ("jobs", "job_")) and not t.lstrip().startswith("EXPLAIN")]
+            by_url[url] = dashboard_reads.reads_of_jobs(recorded.taken())
     finally:
         app.state.supervisor.close()
     statements = {(t, repr(p)): (url, t, p) for url, found in by_url.items() for t, p in found}
@@ -84,16 +75,8 @@ def test_every_page_and_api_read_reads_a_bounded_slice_of_the_jobs(filled):
     over = []
     with psycopg.connect(filled, autocommit=True) as conn:
         for url, text, params in statements.values():
-            with conn.transaction(force_rollback=True):
-                # as the planner reads tables of millions (a small table is read whole whatever
-                # its indexes): a scan that still reads past the budget has no bounded way
-                conn.execute("SET LOCAL enable_seqscan = off")
-                # and with jit off, as the app's sessions run (http/state.SESSION_OPTIONS): the
-                # priced-out scans put every plan over jit_above_cost, and compiling one over
-                # every day's partitions took 5-14 s a statement (this test: 220-290 s)
-                conn.execute("SET LOCAL jit = off")
-                plan = scalar(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + text, capped(params))[0]
-            read = rows_read(plan)
+            # seq scans priced out, as at millions of rows; jit off (it had made this test 220-290 s)
+            read = dashboard_reads.rows_read_at_scale(conn, text, params, JOB_TABLES, CAP)
             # finished jobs and events: a window's worth at most; live rows: the backlog at
             # most, once for each arm of jobs_live (runnable rows, running rows)
             if read["job_history"] > BUDGET or read["job_events"] > BUDGET or read["job_queue"] > 2 * LIVE:
