@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         over = 0
         with psycopg.connect(url, autocommit=True) as conn:
             for page, text, params in statements.values():
-                read = dashboard_reads.rows_read_at_scale(conn, text, params, TABLES, CAP)
+                read = dashboard_reads.rows_read_at_scale(conn, text, dashboard_reads.capped(params, CAP), TABLES)
                 flag = "OVER" if max(read.values()) > args.budget else "ok"
                 over += flag == "OVER"
                 say(f"{flag:4} {page[:60]:60} " + " ".join(f"{t}={n}" for t, n in read.items() if n)

@@ -171,21 +171,25 @@ def reads_of_jobs(taken: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
             if any(table in t for table in ("jobs", "job_")) and not t.lstrip().startswith("EXPLAIN")]
 
 
-def rows_read_at_scale(conn: psycopg.Connection, text: str, params: Any, tables: tuple[str, ...],
-                       cap: int) -> dict[str, int]:
+def capped(params: Any, cap: int) -> Any:
+    """A statement's parameters with its caps (a window's ``cap``, a search's ``scan_rows``,
+    an exact count's ``upto``) set to ``cap``."""
+    if not isinstance(params, dict):
+        return params
+    return {**params, **{k: cap for k in ("cap", "scan_rows") if k in params},
+            **({"upto": cap + 1} if "upto" in params else {})}
+
+
+def rows_read_at_scale(conn: psycopg.Connection, text: str, params: Any, tables: tuple[str, ...]) -> dict[str, int]:
     """Rows each of ``tables`` (a name, and its partitions') gives ``text`` run under EXPLAIN
-    ANALYZE, rolled back, its caps (a window's ``cap``, a search's ``scan_rows``, an exact
-    count's ``upto``) set to ``cap``: those kept and those a filter removed, over every loop
-    of every scan node.
+    ANALYZE, rolled back: those kept and those a filter removed, over every loop of every
+    scan node.
 
     Sequential scans are priced out, as the planner reads tables of millions (a small table
     is read whole whatever its indexes): a scan that still reads past a budget has no bounded
     way. jit is off, as the app's sessions run (http/state.SESSION_OPTIONS): the priced-out
     scans put every plan over jit_above_cost, and compiling one over every day's partitions
     took 5-14 s a statement."""
-    if isinstance(params, dict):
-        params = {**params, **{k: cap for k in ("cap", "scan_rows") if k in params},
-                  **({"upto": cap + 1} if "upto" in params else {})}
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")
         conn.execute("SET LOCAL jit = off")

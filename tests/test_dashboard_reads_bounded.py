@@ -76,7 +76,7 @@ def test_every_page_and_api_read_reads_a_bounded_slice_of_the_jobs(filled):
     with psycopg.connect(filled, autocommit=True) as conn:
         for url, text, params in statements.values():
             # seq scans priced out, as at millions of rows; jit off (it had made this test 220-290 s)
-            read = dashboard_reads.rows_read_at_scale(conn, text, params, JOB_TABLES, CAP)
+            read = dashboard_reads.rows_read_at_scale(conn, text, dashboard_reads.capped(params, CAP), JOB_TABLES)
             # finished jobs and events: a window's worth at most; live rows: the backlog at
             # most, once for each arm of jobs_live (runnable rows, running rows)
             if read["job_history"] > BUDGET or read["job_events"] > BUDGET or read["job_queue"] > 2 * LIVE:

@@ -161,18 +161,13 @@ def test_the_cli_sets_lists_and_clears_with_json_and_audits(conn, database_url):
 def test_the_read_of_the_keys_is_bounded_however_many_jobs_wait(conn):
     """Each key's waiting rows are read up to ``upto`` (the page says "at least"), so 3 keys
     of 3,000 waiting jobs each read about 3 x upto rows of job_queue, not 9,000."""
-    from tests.test_dashboard_reads_bounded import rows_read
+    from bench.dashboard_reads import rows_read_at_scale
 
     for key in ("k1", "k2", "k3"):
         add(conn, key, 3_000, limits={"r": 1.0, "b": 1})
     conn.execute("ANALYZE job_queue")
     params = {"after": "", "max_keys": limits.MAX_KEYS, "upto": 100, "n": 1_000_000}
-    with conn.transaction(force_rollback=True):
-        conn.execute("SET LOCAL jit = off")
-        conn.execute("SET LOCAL enable_seqscan = off")  # as at 10 M rows
-        conn.execute("SET LOCAL jit = off")  # priced-out scans pass jit_above_cost; compiling is not checked
-        plan = scalar(conn, "EXPLAIN (ANALYZE, FORMAT JSON) " + limits.sql.LIMITS, params)[0]
-    read = rows_read(plan)["job_queue"]
+    read = rows_read_at_scale(conn, limits.sql.LIMITS, params, ("job_queue",))["job_queue"]  # as at 10 M rows
     assert read < 3 * 100 + 50, read
     seen = limits.seen(conn, upto=100).keys
     assert [(k["key"], k["waiting"], k["waiting_more"]) for k in seen] == [(k, 100, True) for k in ("k1", "k2", "k3")]
