@@ -81,6 +81,23 @@ class Browser:
             return True
         wait_for(attempt, 10, interval=0.05, message=f"click {selector}")
 
+    def type(self, selector: str, text: str, *, clear: bool = False) -> None:
+        """Type into the first match, finding it again if a live refresh replaced it
+        meanwhile (a replaced element is detached: ChromeDriver calls it stale, or not
+        interactable). Once focused, an input holds off the refresh (the page's typing())."""
+        from selenium.common.exceptions import ElementNotInteractableException, StaleElementReferenceException
+
+        def attempt() -> bool:
+            try:
+                box = self.css(selector)[0]
+                if clear:
+                    box.clear()
+                box.send_keys(text)
+            except (StaleElementReferenceException, ElementNotInteractableException, IndexError):
+                return False
+            return True
+        wait_for(attempt, 10, interval=0.05, message=f"type into {selector}")
+
     def wait_text(self, selector: str, check: Callable[[str], bool], timeout: float = 20, what: str = "") -> str:
         def ok() -> str | None:
             t = self.text(selector)

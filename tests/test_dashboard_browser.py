@@ -189,9 +189,7 @@ def test_workers_page_shows_a_killed_worker_restarted(dash: Dash, browser: Brows
     # Scale through the master's control socket, as `supervisor scale w 3` would.
     if browser.css("#token"):
         _use_token(browser, TOKEN)
-    box = browser.css('form.scale[data-role="w"] input')[0]
-    box.clear()
-    box.send_keys("3")
+    browser.type('form.scale[data-role="w"] input', "3", clear=True)
     browser.click('form.scale[data-role="w"] button')
     browser.wait_text("#flash", lambda t: "scaled 2 -> 3" in t, timeout=30)
     assert len(dash.sup.pids("w")) == 3
@@ -244,9 +242,9 @@ def test_a_keys_limits_are_seen_and_changed_from_the_limits_page(dash: Dash, bro
             _use_token(browser, TOKEN)
         row = 'tr[data-key="tenant:b"]'
         assert browser.text(f"{row} td.waiting") == "2" and browser.text(f"{row} td.running") == "0 / 1"
-        form = browser.css("form.limit")[0]
-        form.find_element("name", "key").send_keys("tenant:b")
-        form.find_element("name", "concurrency").send_keys("3")
+        # the jobs inserted above set off a live refresh, which may replace the form as the test types
+        browser.type('form.limit input[name="key"]', "tenant:b")
+        browser.type('form.limit input[name="concurrency"]', "3")
         browser.click("form.limit button")
         browser.wait_text("#flash", lambda t: "override set (concurrency 3)" in t)
         assert scalar(db, "SELECT override FROM rate_limiter_state WHERE key = 'tenant:b'") == {"c": 3}
@@ -333,8 +331,7 @@ def test_find_a_job_by_a_value_inside_its_arguments_and_share_the_link(dash: Das
     db.execute("INSERT INTO jobs (queue, actor, kwargs, run_at) VALUES ('tests', 'record', '{\"user_id\": \"4711\"}',"
                " now() + interval '1 hour')")
     browser.open(dash.base + "/jobs")
-    box = browser.css('#filter input[name="match"]')[0]
-    box.send_keys("kwargs.user_id = 4711")
+    browser.type('#filter input[name="match"]', "kwargs.user_id = 4711")
     browser.click("#filter button")
     wait_for(lambda: "match=" in browser.driver.current_url, 10, message="the search in the URL")
     link = browser.driver.current_url
