@@ -93,7 +93,10 @@ SELECT md5('l' || g)::uuid, (%(queues)s::text[])[1 + g %% 4], 'actor_' || (g %% 
 ROLLUP = """
 INSERT INTO queue_samples (at, queue, ready, scheduled, running, retryable, succeeded, failed)
 SELECT date_bin(%(step_s)s * interval '1 second', now() - p * %(step_s)s * interval '1 second', timestamptz 'epoch'),
-       q, %(live)s / 5, %(live)s / 40, 50, %(live)s / 80, round(%(per_step)s * 0.89), round(%(per_step)s * 0.1)
+       q, %(live)s / 5, %(live)s / 40, 50, %(live)s / 80,
+       -- whole numbers that add up to the fill's rate (a fraction of a job a period rounded to 0)
+       floor((p + 1) * %(per_step)s * 0.89) - floor(p * %(per_step)s * 0.89),
+       floor((p + 1) * %(per_step)s * 0.1) - floor(p * %(per_step)s * 0.1)
   FROM generate_series(0, %(keep_s)s / %(step_s)s - 1) AS p, unnest(%(queues)s::text[]) AS q
 ON CONFLICT DO NOTHING
 """
@@ -125,7 +128,8 @@ SELECT 'bench-' || w, 'bench-host', 1000 + w, 'default', %(queues)s::text[], now
 # --log-share: that share of the finished (succeeded and failed) jobs moved from job_history
 # into the job log's tables, as the default storage keeps a plain job that ran: its job_log
 # row and its final job_done row, on the day it was created; each level's cursor then past
-# them (no log row pending). Their events stay as they are.
+# them (no log row pending). Their events stay as they are. Each table is written in the
+# order the product writes it: log rows as jobs are sent, done rows as they finish.
 LOG_SHARE = """
 WITH moved AS (
     DELETE FROM job_history h
@@ -137,6 +141,7 @@ WITH moved AS (
     SELECT nextval('job_log_seq'), (m.created_at AT TIME ZONE 'UTC')::date, '1', m.id, m.queue, m.actor, m.args,
            m.kwargs, m.options, m.priority, m.attempts - 1, m.max_attempts, m.created_at
       FROM moved m
+     ORDER BY m.created_at
     RETURNING seq, day, id
 )
 INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, owner, created_at, claimed_at, started_at,
@@ -144,6 +149,7 @@ INSERT INTO job_done (seq, day, id, queue, actor, status, attempt, owner, create
 SELECT l.seq, l.day, m.id, m.queue, m.actor, m.status, m.attempts, m.lease_owner, m.created_at, m.claimed_at,
        m.started_at, m.finished_at, m.last_error
   FROM logged l JOIN moved m ON m.id = l.id
+ ORDER BY m.finished_at  -- as done rows arrive: in finish order (job_done_finished, a block range index, relies on it)
 """
 LOG_CURSORS = """
 INSERT INTO job_cursor (queue, priority, lo, hi, at_tx, at_seq, drained)
@@ -173,9 +179,10 @@ def fill(conn: psycopg.Connection, *, rows: int, live: int, days: int, log_share
         conn.execute(LOG_SHARE, {"share": log_share})
         conn.execute(LOG_CURSORS)
     conn.execute(LIVE, {"live": live, "queues": list(QUEUES)})
-    per_step = rows / (days * 86400) * recorder.SAMPLE_SECONDS / len(QUEUES)
+    sampled = [*QUEUES, "rare"]
+    per_step = rows / (days * 86400) * recorder.SAMPLE_SECONDS / len(sampled)
     conn.execute(ROLLUP, {"step_s": recorder.SAMPLE_SECONDS, "keep_s": recorder.KEEP_HOURS * 3600, "live": live,
-                          "per_step": per_step, "queues": [*QUEUES, "rare"]})
+                          "per_step": per_step, "queues": sampled})
     conn.execute(WORKERS, {"queues": [*QUEUES, "rare"]})
     for table in ("job_history", "job_queue", "job_events", "queue_samples", "workers", "job_log", "job_done"):
         conn.execute(f"VACUUM ANALYZE {table}")

@@ -210,7 +210,8 @@ def count_jobs(conn: psycopg.Connection, where: JobFilter, *, scan_rows: int = j
         return Count(exact)
     with psycopg.ClientCursor(conn) as cur:  # EXPLAIN takes no bind parameters
         plan = cur.execute(reads.count_plan(names), params).fetchone()
-    estimate = int(plan[0][0]["Plan"]["Plan Rows"]) if plan else exact
+    live = conn.execute(reads.count_log_live(names), {**params, "upto": COUNT_EXACT_UPTO + 1}).fetchone()
+    estimate = (int(plan[0][0]["Plan"]["Plan Rows"]) if plan else 0) + (int(live[0]) if live else 0)
     return Count(max(estimate, exact), BY_PLANNER)
 
 

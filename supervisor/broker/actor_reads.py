@@ -9,7 +9,7 @@ the cap, and the caller says its figures cover only those (tests/test_table_heal
 and tests/test_dashboard_reads_bounded.py check the plans).
 """
 
-from .reads import ERROR_LINE, WAIT_S
+from .reads import CAP_START, ERROR_LINE, WAIT_S
 
 # One group: an equality on the three columns both error indexes lead with.
 _GROUP = """e.error_type IS NOT NULL AND e.actor = {g}.actor AND e.error_type = {g}.error_type
@@ -69,7 +69,15 @@ SELECT g.i, f.first_seen, s.job_id, s.reason, s.traceback, s.last_error AS messa
              CROSS JOIN LATERAL (SELECT x.reason, x.to_status FROM job_events x
                                   WHERE x.job_id = pick.job_id AND x.at = pick.at AND x.error_type IS NOT NULL
                                   LIMIT 1) AS x
-              JOIN jobs j ON j.id = pick.job_id) AS one) AS s ON true
+             -- its last_error, from the store that holds it, by its id index: joined through the
+             -- jobs view, the planner read every done row of the log for each group (the view's
+             -- arms with a WHERE are subqueries the join's id cannot reach)
+             CROSS JOIN LATERAL (SELECT coalesce(
+                 (SELECT k.last_error FROM job_queue k WHERE k.id = pick.job_id),
+                 (SELECT k.last_error FROM job_history k WHERE k.id = pick.job_id LIMIT 1),
+                 (SELECT k.last_error FROM job_done k
+                   WHERE k.id = pick.job_id AND k.status IN ('succeeded', 'failed', 'cancelled') LIMIT 1))
+                 AS last_error) AS j) AS one) AS s ON true
  ORDER BY g.i
 """
 
@@ -108,7 +116,7 @@ SELECT actor,
                     END AS run,
                CASE WHEN status IN ('succeeded', 'failed') THEN {WAIT_S} END AS wait
           FROM jobs_finished
-         WHERE finished_at > now() - %(window_s)s * interval '1 second'
+         WHERE finished_at > {CAP_START}
          ORDER BY finished_at DESC
          LIMIT %(cap)s) AS f
  GROUP BY actor

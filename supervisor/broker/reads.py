@@ -70,13 +70,36 @@ def where(names: frozenset[str], *, after: bool = False) -> str:
     return "\n   AND ".join(parts) or "TRUE"
 
 
+# The final statuses of the log's finished jobs: a listing reads each one's part in order.
+LOG_FINAL = ("succeeded", "failed", "cancelled")
+
+
+def ordered(names: frozenset[str], limit: str, *, after: bool = False, newest: bool = True) -> str:
+    """The jobs matching the named filters in (created_at, id) order, newest first unless
+    told, up to ``limit`` (SQL of bind parameters), as a relation named ``jobs``: each
+    part (job_queue and job_history; the log's live jobs; its finished jobs of one final
+    status, by job_done_status_created) read in order and up to the limit on its own, the parts merged. Read through
+    the jobs view, the planner sorted every done row of the log: the view's done arms are
+    subqueries it cannot read in order (042)."""
+    order = "created_at DESC, id DESC" if newest else "created_at, id"
+    w = where(names, after=after)
+    parts = [f"(SELECT * FROM {v} WHERE {w} ORDER BY {order} LIMIT {limit})" for v in ("jobs_queue_history", "jobs_log_live")]
+    # A window of finish times bounds the log's done rows (job_done_finished) where creation
+    # order cannot: its days are the days jobs were sent, so each day's rows would be read
+    # in order, every one, to find the few that finished in the window. Read apart (OFFSET 0),
+    # the window's rows are found first, then ordered.
+    fence = " OFFSET 0" if "finished_after" in names else ""
+    parts += [f"(SELECT * FROM (SELECT * FROM jobs_log_finished WHERE status = '{s}' AND {w}{fence}) AS d"
+              f" ORDER BY {order} LIMIT {limit})" for s in LOG_FINAL]
+    return "(" + "\n        UNION ALL ".join(parts) + ") AS jobs"
+
+
 @functools.cache
 def jobs_page(columns: str, names: frozenset[str], after: bool) -> str:
     """Newest first; the next page starts after the (created_at, id) of the last row seen."""
     return f"""
 SELECT {columns}
-  FROM jobs
- WHERE {where(names, after=after)}
+  FROM {ordered(names, "%(limit)s", after=after)}
  ORDER BY created_at DESC, id DESC
  LIMIT %(limit)s"""
 
@@ -87,8 +110,7 @@ def _window(names: frozenset[str], after: bool) -> str:
     (``i``), each with whether the other filters match it (``hit``)."""
     return f"""(SELECT j.*, ({where(names - INDEXED)}) AS hit,
                row_number() OVER (ORDER BY created_at DESC, id DESC) AS i
-          FROM (SELECT * FROM jobs
-                 WHERE {where(names & INDEXED, after=after)}
+          FROM (SELECT * FROM {ordered(names & INDEXED, "%(scan_rows)s + 1", after=after)}
                  ORDER BY created_at DESC, id DESC
                  LIMIT %(scan_rows)s + 1) AS j) AS w"""
 
@@ -123,7 +145,7 @@ def matching_ids(names: frozenset[str], window: bool) -> str:
     if window:
         return f"""SELECT id::text FROM {_window(names, False)}
  WHERE hit AND i <= %(scan_rows)s ORDER BY created_at, id LIMIT %(limit)s"""
-    return f"SELECT id::text FROM jobs WHERE {where(names)} ORDER BY created_at, id LIMIT %(limit)s"
+    return f"SELECT id::text FROM {ordered(names, '%(limit)s', newest=False)} ORDER BY created_at, id LIMIT %(limit)s"
 
 
 # An exact count stops at the threshold; past it the planner's estimate stands in.
@@ -132,9 +154,19 @@ def count_upto(names: frozenset[str]) -> str:
     return f"SELECT count(*) FROM (SELECT 1 FROM jobs WHERE {where(names)} LIMIT %(upto)s) AS m"
 
 
+# The planner's estimate of the stored jobs (job_queue, job_history, the log's finished
+# ones); of the log's live jobs (a join of its cursors the planner cannot see) it guessed
+# millions where there were none, so those are counted (count_log_live) and added.
 @functools.cache
 def count_plan(names: frozenset[str]) -> str:
-    return f"EXPLAIN (FORMAT JSON) SELECT 1 FROM jobs WHERE {where(names)}"
+    w = where(names)
+    return f"""EXPLAIN (FORMAT JSON) SELECT 1 FROM jobs_queue_history WHERE {w}
+ UNION ALL SELECT 1 FROM jobs_log_finished WHERE {w}"""
+
+
+@functools.cache
+def count_log_live(names: frozenset[str]) -> str:
+    return f"SELECT count(*) FROM (SELECT 1 FROM jobs_log_live WHERE {where(names)} LIMIT %(upto)s) AS m"
 
 
 # --- the dashboard's reads: only indexed slices (live rows, rows finished lately) ---
@@ -167,6 +199,20 @@ _WAIT_S = """CASE WHEN started_at IS NOT NULL
             THEN greatest(date_part('epoch', started_at - greatest(created_at, run_at)), 0) END"""
 WAIT_S = _WAIT_S  # for the other modules of reads (actor_reads)
 
+# Where a capped window's reads start: the window's start, or later where the recorder's
+# samples (finished jobs per queue and period, queue_samples) reach %(cap)s jobs back from
+# now: the period two before the one that reaches it (a sample counts the jobs finished in
+# the period before last). Read newest first up to the cap, the window would still read all
+# its done rows of the log: a block range index of finish times cannot read newest first.
+# Samples that count short (none kept, or gaps) only move the start earlier.
+CAP_START = """greatest(now() - %(window_s)s * interval '1 second', coalesce((
+    SELECT max(older) FROM (
+        SELECT lead(at, 2) OVER w AS older, sum(n) OVER w AS upto
+          FROM (SELECT at, sum(succeeded + failed) AS n FROM queue_samples
+                 WHERE at > now() - %(window_s)s * interval '1 second' GROUP BY at) AS s
+        WINDOW w AS (ORDER BY at DESC)) AS r
+     WHERE upto >= %(cap)s), '-infinity'))"""
+
 # The start waits of jobs finished in the last window (a running attempt's start is
 # written with its outcome, so only finished ones are known): of its newest %(cap)s jobs
 # at most, and the finish of the oldest one read (the window's start unless capped).
@@ -175,7 +221,7 @@ SELECT count(*) AS n, percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP (ORDE
        min(finished_at) AS oldest
   FROM (SELECT {_WAIT_S} AS wait, finished_at
           FROM jobs_finished
-         WHERE status IN ('succeeded', 'failed') AND finished_at > now() - %(window_s)s * interval '1 second'
+         WHERE status IN ('succeeded', 'failed') AND finished_at > {CAP_START}
            AND started_at IS NOT NULL
          ORDER BY finished_at DESC
          LIMIT %(cap)s) AS f
