@@ -46,8 +46,13 @@ LOG_SHARE = 0.5
 def filled(worker_id: str) -> Iterator[str]:
     """A database of its own: the fill makes day partitions other tests do not expect."""
     with _throwaway(f"as_bounded_{worker_id}") as url:
-        with psycopg.connect(url, autocommit=True) as conn:
+        # a transaction running while the fill takes the log's cursors, as on a busy server:
+        # their lo snapshots list it (the pending part once read the whole log for that)
+        with psycopg.connect(url, autocommit=True) as conn, psycopg.connect(url) as running:
+            running.execute("SELECT txid_current()")
             dashboard_fill.fill(conn, rows=ROWS, live=LIVE, days=7, log_share=LOG_SHARE)
+            running.rollback()
+            assert scalar(conn, "SELECT count(*) FROM job_cursor WHERE cardinality(ARRAY(SELECT pg_snapshot_xip(lo))) > 0") > 0
         yield url
 
 
