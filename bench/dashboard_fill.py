@@ -129,7 +129,10 @@ SELECT 'bench-' || w, 'bench-host', 1000 + w, 'default', %(queues)s::text[], now
 # into the job log's tables, as the default storage keeps a plain job that ran: its job_log
 # row and its final job_done row, on the day it was created; each level's cursor then past
 # them (no log row pending). Their events stay as they are. Each table is written in the
-# order the product writes it: log rows as jobs are sent, done rows as they finish.
+# order the product writes it: log rows as jobs are sent, done rows as they finish. A log
+# row's producer transaction (tx) is one of 100 rows each, all ended before the cursors'
+# snapshots (%(below)s: their xmin), so the planner sees as many transactions as a
+# producer sending batches makes (one tx for every row priced each one's rows as the log).
 LOG_SHARE = """
 WITH moved AS (
     DELETE FROM job_history h
@@ -138,8 +141,9 @@ WITH moved AS (
 ), logged AS (
     INSERT INTO job_log (seq, day, tx, id, queue, actor, args, kwargs, options, priority, attempts, max_attempts,
                          created_at)
-    SELECT nextval('job_log_seq'), (m.created_at AT TIME ZONE 'UTC')::date, '1', m.id, m.queue, m.actor, m.args,
-           m.kwargs, m.options, m.priority, m.attempts - 1, m.max_attempts, m.created_at
+    SELECT nextval('job_log_seq'), (m.created_at AT TIME ZONE 'UTC')::date,
+           greatest(3, %(below)s - 1 - (count(*) OVER () - row_number() OVER (ORDER BY m.created_at)) / 100)::text::xid8,
+           m.id, m.queue, m.actor, m.args, m.kwargs, m.options, m.priority, m.attempts - 1, m.max_attempts, m.created_at
       FROM moved m
      ORDER BY m.created_at
     RETURNING seq, day, id
@@ -176,7 +180,8 @@ def fill(conn: psycopg.Connection, *, rows: int, live: int, days: int, log_share
     if log_share:
         for d in range(-days - 1, 3):
             conn.execute("SELECT job_log_add_day(current_date + %s)", (d,))
-        conn.execute(LOG_SHARE, {"share": log_share})
+        below = conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()
+        conn.execute(LOG_SHARE, {"share": log_share, "below": below[0] if below else 3})
         conn.execute(LOG_CURSORS)
     conn.execute(LIVE, {"live": live, "queues": list(QUEUES)})
     sampled = [*QUEUES, "rare"]
@@ -184,6 +189,7 @@ def fill(conn: psycopg.Connection, *, rows: int, live: int, days: int, log_share
     conn.execute(ROLLUP, {"step_s": recorder.SAMPLE_SECONDS, "keep_s": recorder.KEEP_HOURS * 3600, "live": live,
                           "per_step": per_step, "queues": sampled})
     conn.execute(WORKERS, {"queues": [*QUEUES, "rare"]})
-    for table in ("job_history", "job_queue", "job_events", "queue_samples", "workers", "job_log", "job_done"):
+    for table in ("job_history", "job_queue", "job_events", "queue_samples", "workers", "job_log", "job_done",
+                  "job_cursor"):
         conn.execute(f"VACUUM ANALYZE {table}")
     say(f"{rows:,} finished and {live:,} live jobs in {time.perf_counter() - t0:.0f}s")

@@ -284,13 +284,14 @@ DELETE FROM job_cursor c
 # The narrow tables the log's path updates and deletes (a lease row a batch, a cursor row a
 # claim, pruned): vacuumed by the upkeep (worker/upkeep.py) once enough dead tuples wait and
 # none ran lately, as job_queue is (a server may run no autovacuum). They stay a few pages.
+# Analyzed with it: the jobs view's pending part is priced by its cursors' levels.
 LOG_VACUUM_DUE = """
 SELECT coalesce(sum(s.n_dead_tup), 0)::bigint FROM pg_stat_user_tables s
  WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel')
 HAVING sum(s.n_dead_tup) >= %(dead_rows)s
    AND max(coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity')) < now() - %(min_s)s * interval '1 second'
 """
-VACUUM_LOG = "VACUUM (SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel"
+VACUUM_LOG = "VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel"
 
 # Broker.flush: the queue's log rows that no claim holds and have no outcome are
 # cancelled (the claims pass them over, as a pending job an operator cancels).
