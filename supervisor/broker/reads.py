@@ -78,12 +78,13 @@ def ordered(names: frozenset[str], limit: str, *, after: bool = False, newest: b
     """The jobs matching the named filters in (created_at, id) order, newest first unless
     told, up to ``limit`` (SQL of bind parameters), as a relation named ``jobs``: each
     part (job_queue and job_history; the log's live jobs; its finished jobs of one final
-    status, by job_done_status_created) read in order and up to the limit on its own, the parts merged. Read through
-    the jobs view, the planner sorted every done row of the log: the view's done arms are
-    subqueries it cannot read in order (042)."""
+    status, by job_done_status_created) read in order and up to the limit on its own, the
+    parts merged. Read through the jobs view, the planner sorted every done row of the
+    log: a part with a WHERE is a subquery it cannot read in order (042)."""
     order = "created_at DESC, id DESC" if newest else "created_at, id"
     w = where(names, after=after)
-    parts = [f"(SELECT * FROM {v} WHERE {w} ORDER BY {order} LIMIT {limit})" for v in ("jobs_queue_history", "jobs_log_live")]
+    parts = [f"(SELECT * FROM {view} WHERE {w} ORDER BY {order} LIMIT {limit})"
+             for view in ("jobs_queue_history", "jobs_log_live")]
     # A window of finish times bounds the log's done rows (job_done_finished) where creation
     # order cannot: its days are the days jobs were sent, so each day's rows would be read
     # in order, every one, to find the few that finished in the window. Read apart (OFFSET 0),
