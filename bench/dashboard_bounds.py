@@ -1,6 +1,6 @@
 """Rows each dashboard and API read takes from each jobs table, on a fill with a share of
 the finished jobs in the job log's tables (the default storage's), as
-tests/test_dashboard_reads_bounded.py checks for job_history, job_events and job_queue:
+tests/test_dashboard_reads_bounded.py checks them (``dashboard_reads.JOB_TABLES``):
 
     python bench/dashboard_bounds.py [--rows 120000] [--live 500] [--days 7] [--log-share 0.5]
                                      [--budget 5000] [--database-url URL]
@@ -9,9 +9,7 @@ Fills a fresh database (``dashboard_fill.fill``), serves every read of
 ``dashboard_reads.READS`` once, then runs each statement they ran under EXPLAIN ANALYZE
 with sequential scans priced out and jit off (as the test: what a plan reads at millions
 of rows, not at this fill's size), its caps set to 300, and prints the rows each table
-gave it; a read over ``--budget`` in any table is flagged. Note: the fill writes job_done
-in job_history's order, not in finished_at order, so its block range index (finished_at
-windows) reads more here than where rows arrive as jobs finish.
+gave it; a read over ``--budget`` in any table is flagged.
 """
 
 from __future__ import annotations
@@ -28,9 +26,6 @@ from starlette.testclient import TestClient  # noqa: E402
 from bench import dashboard_fill, dashboard_reads  # noqa: E402
 from bench.basics import say, server_url  # noqa: E402
 from bench.common import bench_database  # noqa: E402
-
-TABLES = ("job_history", "job_events", "job_queue", "job_log", "job_done")
-CAP = 300
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         over = 0
         with psycopg.connect(url, autocommit=True) as conn:
             for page, text, params in statements.values():
-                read = dashboard_reads.rows_read_at_scale(conn, text, dashboard_reads.capped(params, CAP), TABLES)
+                capped = dashboard_reads.capped(params, dashboard_reads.CAP)
+                read = dashboard_reads.rows_read_at_scale(conn, text, capped, dashboard_reads.JOB_TABLES)
                 flag = "OVER" if max(read.values()) > args.budget else "ok"
                 over += flag == "OVER"
                 say(f"{flag:4} {page[:60]:60} " + " ".join(f"{t}={n}" for t, n in read.items() if n)

@@ -171,6 +171,12 @@ def reads_of_jobs(taken: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
             if any(table in t for table in ("jobs", "job_")) and not t.lstrip().startswith("EXPLAIN")]
 
 
+# The tables a read of the jobs is counted against (their partitions with them), and the
+# cap each read's windows, searches and exact counts get when it is run again at scale.
+JOB_TABLES = ("job_history", "job_events", "job_queue", "job_log", "job_done")
+CAP = 300
+
+
 def capped(params: Any, cap: int) -> Any:
     """A statement's parameters with its caps (a window's ``cap``, a search's ``scan_rows``,
     an exact count's ``upto``) set to ``cap``."""

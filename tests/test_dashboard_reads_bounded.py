@@ -32,13 +32,12 @@ from supervisor import admin, jobsearch
 from tests.conftest import _throwaway, scalar
 
 ROWS, LIVE = 120_000, 500
-CAP = 300
+CAP = dashboard_reads.CAP
 # Rows a statement may read from job_history, and from job_events: an hour of the fill
 # (about 700 finished jobs), a capped window (CAP), and the Errors page's samples (20
 # attempts for each of its 60 groups, each checked for a later attempt) fit in it; a
 # day of the fill (17,000) or every failed attempt (36,000) does not.
 BUDGET = 5_000
-JOB_TABLES = ("job_history", "job_events", "job_queue", "job_log", "job_done")
 LOG_SHARE = 0.5
 
 
@@ -86,7 +85,8 @@ def test_every_page_and_api_read_reads_a_bounded_slice_of_the_jobs(filled):
     with psycopg.connect(filled, autocommit=True) as conn:
         for url, text, params in statements.values():
             # seq scans priced out, as at millions of rows; jit off (it had made this test 220-290 s)
-            read = dashboard_reads.rows_read_at_scale(conn, text, dashboard_reads.capped(params, CAP), JOB_TABLES)
+            read = dashboard_reads.rows_read_at_scale(conn, text, dashboard_reads.capped(params, CAP),
+                                                      dashboard_reads.JOB_TABLES)
             # finished jobs and events: a window's worth at most; live rows: the backlog at
             # most, once for each arm of jobs_live (runnable rows, running rows)
             if max(read["job_history"], read["job_events"], read["job_log"], read["job_done"]) > BUDGET \

@@ -69,14 +69,12 @@ SELECT g.i, f.first_seen, s.job_id, s.reason, s.traceback, s.last_error AS messa
              CROSS JOIN LATERAL (SELECT x.reason, x.to_status FROM job_events x
                                   WHERE x.job_id = pick.job_id AND x.at = pick.at AND x.error_type IS NOT NULL
                                   LIMIT 1) AS x
-             -- its last_error, from the store that holds it, by its id index: joined through the
-             -- jobs view, the planner read every done row of the log for each group (the view's
-             -- arms with a WHERE are subqueries the join's id cannot reach)
+             -- its last_error, from the part of the jobs that holds it, by id (each part's id
+             -- index): joined to the whole jobs view, the planner read every done row of the
+             -- log for each group, the id a filter on each, not a condition of its index
              CROSS JOIN LATERAL (SELECT coalesce(
-                 (SELECT k.last_error FROM job_queue k WHERE k.id = pick.job_id),
-                 (SELECT k.last_error FROM job_history k WHERE k.id = pick.job_id LIMIT 1),
-                 (SELECT k.last_error FROM job_done k
-                   WHERE k.id = pick.job_id AND k.status IN ('succeeded', 'failed', 'cancelled') LIMIT 1))
+                 (SELECT k.last_error FROM jobs_queue_history k WHERE k.id = pick.job_id LIMIT 1),
+                 (SELECT k.last_error FROM jobs_log_finished k WHERE k.id = pick.job_id LIMIT 1))
                  AS last_error) AS j) AS one) AS s ON true
  ORDER BY g.i
 """
