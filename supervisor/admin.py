@@ -43,7 +43,10 @@ def _describe_payload(job: dict[str, Any]) -> None:
 
 
 def retry_job(conn: psycopg.Connection, job_id: str) -> bool:
-    return conn.execute(sql.RETRY_FAILED, {"id": job_id, "who": operator()}).fetchone() is not None
+    """Retry a failed or cancelled job, ended in job_history or in the log."""
+    params = {"id": job_id, "who": operator()}
+    return (conn.execute(sql.RETRY_FAILED, params).fetchone() or conn.execute(joblog.LOG_RETRY_FAILED, params).fetchone()) \
+        is not None
 
 
 def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:

@@ -43,6 +43,12 @@ def broker(database_url: str, conn: psycopg.Connection) -> Iterator[PostgresBrok
     def log_broken() -> None:
         raise ValueError("always")
 
+    @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="log_once", max_retries=0)
+    def log_once(n: int) -> None:  # fails for good the first time, as a job no retry is allowed
+        ran.append(n)
+        if ran.count(n) == 1:
+            raise RuntimeError(f"first try of {n}")
+
     @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="log_block", max_retries=0)
     def log_block() -> None:
         started.set()
@@ -122,6 +128,34 @@ def test_a_failure_is_written_once_and_join_raises_it(conn, broker) -> None:
     assert (status, attempts) == ("failed", 1) and "ValueError: always" in error
     assert [m.message_id for m in broker.dead_letters] == [message.message_id]
     assert scalar(conn, "SELECT error_type FROM job_events WHERE job_id = %s", (message.message_id,)) == "ValueError"
+
+
+def test_an_operator_retries_a_job_that_ended_in_the_log(conn, broker) -> None:
+    # A job that failed for good in the log (no retry allowed), and one cancelled there
+    # before it ran: an operator's retry (the CLI, the API, the dashboard, an error group's
+    # action: admin.retry_job) sends each on in job_queue; each runs and the jobs view
+    # shows it once at every step. A second retry of a job that is not failed finds nothing.
+    failing = broker.actors["log_once"].send(5)
+    cancelled = broker.actors["log_record"].send(6)
+    assert admin.cancel_job(conn, cancelled.message_id)
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (failing.message_id,)) == "failed",
+                 10, message="the job to fail")
+        assert ran == [5]
+        for message in (failing, cancelled):
+            assert conn.execute("SELECT count(*) FROM jobs WHERE id = %s", (message.message_id,)).fetchone() == (1,)
+            assert admin.retry_job(conn, message.message_id)
+            assert not admin.retry_job(conn, message.message_id)  # pending now
+        wait_for(lambda: conn.execute("SELECT array_agg(status ORDER BY id) FROM jobs WHERE id IN (%s, %s)",
+                                      (failing.message_id, cancelled.message_id)).fetchone() == (["succeeded"] * 2,),
+                 10, message="both jobs to run again")
+    assert sorted(ran) == [5, 5, 6]
+    assert job(conn, failing.message_id)[:2] == ("succeeded", 2)
+    assert conn.execute("SELECT status FROM job_done WHERE id = %s", (failing.message_id,)).fetchall() == [("retried",)]
+    for message in (failing, cancelled):
+        assert scalar(conn, "SELECT count(*) FROM job_events WHERE job_id = %s AND reason = 'retried by operator'",
+                      (message.message_id,)) == 1
+        assert not admin.retry_job(conn, message.message_id)
 
 
 def test_rows_given_back_unstarted_are_claimed_again_uncounted(conn, broker) -> None:

@@ -258,6 +258,35 @@ SELECT id, %(who)s, CASE WHEN running THEN 'running' ELSE 'pending' END, 'cancel
 RETURNING job_id
 """
 
+# An operator retries a job that ended in the log (failed: its last attempt, or its lease
+# losses used up; cancelled): as sql.RETRY_FAILED does for job_history, the job goes on in
+# job_queue, pending now, with room for one more attempt and one more lease loss. Its done
+# row becomes 'retried' (the outcome of an attempt whose job went on in job_queue), so the
+# jobs view shows the job once, live, and the day's drop neither archives it nor counts it
+# failed; the row lock makes a second retry find nothing. Returns the retried job's id.
+LOG_RETRY_FAILED = """
+WITH done AS (
+    UPDATE job_done d SET status = 'retried'
+      FROM job_log l
+     WHERE d.id = %(id)s::uuid AND d.status IN ('failed', 'cancelled') AND l.seq = d.seq AND l.day = d.day
+    RETURNING d.id, d.attempt, d.last_error, d.started_at, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload,
+              l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at
+), back AS (
+    INSERT INTO job_queue (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
+                           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error,
+                           started_at)
+    SELECT id, queue, actor, args, kwargs, options, payload, 'pending', priority, now(), attempt,
+           greatest(max_attempts, attempt - lease_losses + 1), lease_losses, greatest(max_lease_losses, lease_losses + 1),
+           message_timestamp, created_at, last_error, started_at
+      FROM done
+    RETURNING id, status
+), ev AS (
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    SELECT id, %(who)s, NULL, status, 'retried by operator' FROM back
+)
+SELECT id FROM back
+"""
+
 # Days of the log made ahead (the upkeep, as history.ADD_DAY: attaching a day locks the
 # default partitions for a moment), and retention: job_log_drop_before (039) drops each
 # day that ended before the retention of succeeded jobs, with its done rows, after
