@@ -156,6 +156,21 @@ def test_an_operator_retries_a_job_that_ended_in_the_log(conn, broker) -> None:
         assert scalar(conn, "SELECT count(*) FROM job_events WHERE job_id = %s AND reason = 'retried by operator'",
                       (message.message_id,)) == 1
         assert not admin.retry_job(conn, message.message_id)
+    # A job failed in the log whose message was sent again (the same id) and waits: its
+    # failed run is not retried beside it.
+    again = broker.actors["log_once"].message(7)
+    broker.enqueue(again)
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s AND status = 'failed'",
+                                (again.message_id,)) == 1, 10, message="the job to fail")
+    broker.enqueue(again)
+    assert not admin.retry_job(conn, again.message_id)
+    assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = %s", (again.message_id,)) == 0
+    # The same in job_history: a failed row whose id is live again in job_queue stays.
+    conn.execute("INSERT INTO jobs (id, queue, actor, status, finished_at) VALUES (%s, 'q', 'a', 'failed', now())",
+                 (again.message_id,))
+    conn.execute("INSERT INTO jobs (id, queue, actor) VALUES (%s, 'q', 'a')", (again.message_id,))
+    assert not admin.retry_job(conn, again.message_id)
 
 
 def test_rows_given_back_unstarted_are_claimed_again_uncounted(conn, broker) -> None:

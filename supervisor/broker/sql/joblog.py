@@ -263,12 +263,17 @@ RETURNING job_id
 # job_queue, pending now, with room for one more attempt and one more lease loss. Its done
 # row becomes 'retried' (the outcome of an attempt whose job went on in job_queue), so the
 # jobs view shows the job once, live, and the day's drop neither archives it nor counts it
-# failed; the row lock makes a second retry find nothing. Returns the retried job's id.
+# failed; the row lock makes a second retry find nothing. Not while the same id runs again
+# (a message sent again once it ended). Returns the retried job's id.
 LOG_RETRY_FAILED = """
 WITH done AS (
     UPDATE job_done d SET status = 'retried'
       FROM job_log l
      WHERE d.id = %(id)s::uuid AND d.status IN ('failed', 'cancelled') AND l.seq = d.seq AND l.day = d.day
+       -- not while the id runs again (sent again once ended): in job_queue, or a log row with no outcome
+       AND NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.id = d.id)
+       AND NOT EXISTS (SELECT 1 FROM job_log o WHERE o.id = d.id
+                        AND NOT EXISTS (SELECT 1 FROM job_done x WHERE x.seq = o.seq AND x.day = o.day))
     RETURNING d.id, d.attempt, d.last_error, d.started_at, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload,
               l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at
 ), back AS (

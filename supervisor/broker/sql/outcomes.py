@@ -316,13 +316,14 @@ RETURNING job_id
 
 # An operator retries a finished (failed or cancelled) job: it moves back to job_queue,
 # pending now, with room for one more attempt and one more lease loss. A live job with
-# the same dedupe key wins: the row stays in history.
+# the same dedupe key, or the same id (its message sent again), wins: the row stays in history.
 RETRY_FAILED = """
 WITH done AS (
     DELETE FROM job_history h
      WHERE h.id = %(id)s AND h.status IN ('failed', 'cancelled')
        AND (h.dedupe_key IS NULL
             OR NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.dedupe_key = h.dedupe_key))
+       AND NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.id = h.id)  -- the id sent again, live
  RETURNING *
 ), back AS (
     INSERT INTO job_queue (""" + ", ".join(JOB_COLUMNS) + """)
