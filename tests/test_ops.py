@@ -75,6 +75,23 @@ def test_progress_is_visible_while_running_and_complete_at_the_ack(conn, produce
     assert as_json["progress_history"][-1]["message"] == "step 4 of 4"
 
 
+def test_progress_of_a_job_of_the_log_is_visible_while_running(conn, producer, workers, database_url):
+    # The same through the log (the default storage, where a producer that knows the actor
+    # sends a plain job): the running job's progress column is its latest report.
+    dramatiq.actor(broker=producer, queue_name="ops", actor_name="ops_steps", max_retries=0)(lambda *a: None)
+    ops_worker(workers, conn)
+    msg = producer.enqueue(ops("ops_steps", 4, 2, 1.5))
+    assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (msg.message_id,)) == 1
+    wait_for(lambda: (scalar(conn, "SELECT (progress->>'percent')::float FROM jobs WHERE id = %s",
+                             (msg.message_id,)) == 50), 10, message="progress 50% while running")
+    assert status(conn, msg.message_id) == "running"
+    shown = json.loads(cli("jobs", "show", msg.message_id, "--json", url=database_url).stdout)
+    assert shown["status"] == "running" and shown["progress"]["message"] == "step 2 of 4"
+    wait_for(lambda: status(conn, msg.message_id) == "succeeded", 20, message="the job to succeed")
+    progress = scalar(conn, "SELECT progress FROM jobs WHERE id = %s", (msg.message_id,))
+    assert progress["percent"] == 100 and progress["message"] == "step 4 of 4"
+
+
 def test_every_progress_event_keeps_its_kind_up_to_the_bound(conn, producer, workers, database_url):
     from supervisor.broker.progress import MAX_REPORTS
 
