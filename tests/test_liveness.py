@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable, Iterator
+
+import dramatiq
+import psycopg
+import pytest
 
 from supervisor import defaults
+from supervisor.broker import PostgresBroker
 from tests.conftest import scalar, wait_for
 from tests.supervisor_helpers import role, write_config
 from tests.tcp_proxy import TcpProxy
@@ -33,6 +39,29 @@ def worker(workers, database_url: str, url: str | None = None, beat: float = BEA
 def send(conn, seconds: float) -> str:
     return str(scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('liveness', 'steps', jsonb_build_array(%s))"
                             " RETURNING id", (seconds,)))
+
+
+Send = Callable[[psycopg.Connection, float], str]
+
+
+@pytest.fixture(params=["table", "log"])
+def via(request: pytest.FixtureRequest, database_url: str) -> Iterator[Send]:
+    """How a test's jobs are sent: by SQL through the jobs view (they live in job_queue), or
+    by a producer that knows the actor (a plain job: the job log, the default storage)."""
+    if request.param == "table":
+        yield send
+        return
+    producer = PostgresBroker(database_url, storage="log")
+    steps = dramatiq.actor(broker=producer, queue_name="liveness", actor_name="steps", max_retries=0)(
+        lambda seconds: None)
+
+    def send_to_log(conn: psycopg.Connection, seconds: float) -> str:
+        job = steps.send(seconds).message_id
+        assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
+        return job
+
+    yield send_to_log
+    producer.close()
 
 
 def started_by(conn, job: str) -> list[int]:
@@ -58,12 +87,12 @@ def rerun_after(conn, job: str, since) -> float:
 
 
 def running_and_one_more(conn, workers, database_url: str, seconds: float, victim_url: str | None = None,
-                         beat: float = BEAT):
+                         beat: float = BEAT, via: Send = send):
     """A worker (on ``victim_url``, default the database's own) under way with a job of
     ``seconds``, and another one ready to take it over: (victim, other, job)."""
     victim = worker(workers, database_url, url=victim_url, beat=beat)
     victim.wait_ready(conn, timeout=90)
-    job = send(conn, seconds)
+    job = via(conn, seconds)
     wait_for(lambda: started_by(conn, job) == [victim.pid], 15, message="the run to be under way")
     other = worker(workers, database_url, beat=beat)
     other.wait_ready(conn, timeout=90)
@@ -86,8 +115,8 @@ def assert_ran_again_once(conn, job: str, first: int, second: int, timeout: floa
     assert conn.execute("SELECT attempts, lease_losses FROM jobs WHERE id = %s", (job,)).fetchone() == (2, 1)
 
 
-def test_a_killed_standalone_worker_s_job_runs_elsewhere_within_three_beats(conn, workers, database_url):
-    victim, other, job = running_and_one_more(conn, workers, database_url, 3)
+def test_a_killed_standalone_worker_s_job_runs_elsewhere_within_three_beats(conn, workers, database_url, via):
+    victim, other, job = running_and_one_more(conn, workers, database_url, 3, via=via)
     owner = victim.owner(conn)
     killed_at = now(conn)
     victim.kill()
@@ -98,7 +127,7 @@ def test_a_killed_standalone_worker_s_job_runs_elsewhere_within_three_beats(conn
     assert scalar(conn, "SELECT state FROM workers WHERE id = %s", (owner,)) == "lost"
 
 
-def test_a_killed_node_s_jobs_run_on_the_other_node_within_three_beats(tmp_path, conn, database_url, supervisor):
+def test_a_killed_node_s_jobs_run_on_the_other_node_within_three_beats(tmp_path, conn, database_url, supervisor, via):
     def node(name: str):
         d = tmp_path / name
         d.mkdir()
@@ -112,7 +141,7 @@ def test_a_killed_node_s_jobs_run_on_the_other_node_within_three_beats(tmp_path,
 
     east = node("east")
     [east_worker] = east.pids("alpha")
-    jobs = [send(conn, 3) for _ in range(2)]
+    jobs = [via(conn, 3) for _ in range(2)]
     wait_for(lambda: all(started_by(conn, j) == [east_worker] for j in jobs), 15, message="east to run both")
     west = node("west")
     [west_worker] = west.pids("alpha")
@@ -125,10 +154,10 @@ def test_a_killed_node_s_jobs_run_on_the_other_node_within_three_beats(tmp_path,
                         " AND reason LIKE '%%prior owner east:%%'") == 2
 
 
-def test_a_frozen_worker_keeps_its_job_by_its_lease(conn, workers, database_url):
+def test_a_frozen_worker_keeps_its_job_by_its_lease(conn, workers, database_url, via):
     """SIGSTOP well past the beat's expiry (not the lease's): the frozen process keeps
     its sessions, so nobody releases its job; woken, it finishes the job, once."""
-    victim, _, job = running_and_one_more(conn, workers, database_url, 2)
+    victim, _, job = running_and_one_more(conn, workers, database_url, 2, via=via)
     owner = victim.owner(conn)
     os.kill(victim.pid, signal.SIGSTOP)
     try:
@@ -147,13 +176,13 @@ def test_a_frozen_worker_keeps_its_job_by_its_lease(conn, workers, database_url)
     assert conn.execute("SELECT attempts, lease_losses FROM jobs WHERE id = %s", (job,)).fetchone() == (1, 0)
 
 
-def test_a_worker_cut_off_from_the_server_stops_its_job_before_another_takes_it(conn, workers, database_url):
+def test_a_worker_cut_off_from_the_server_stops_its_job_before_another_takes_it(conn, workers, database_url, via):
     """The server sees no session of the cut-off worker, as of a dead one; the worker,
     whose renewals fail, stops its job first: the two runs never overlap."""
     with TcpProxy(database_url) as proxy:
         # a job that outlasts the cut-off's 2.25 beats, so it is taken over, not finished
         victim, other, job = running_and_one_more(conn, workers, database_url, 4 * CUT_BEAT, victim_url=proxy.url,
-                                                  beat=CUT_BEAT)
+                                                  beat=CUT_BEAT, via=via)
         cut_at = now(conn)
         proxy.go_down()
         assert_taken_over(conn, job, cut_at, victim.pid, other.pid, beat=CUT_BEAT)

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import json
 
+from tests import test_liveness
 from tests.conftest import cli, scalar, wait_for
-from tests.test_liveness import ACTORS, LEASE, assert_ran_again_once, send, started_by
+from tests.test_liveness import ACTORS, LEASE, assert_ran_again_once, started_by
 
 BEAT = 1.0
+via = test_liveness.via  # the fixture: each job sent through job_queue, then through the log
 
 
-def test_a_dead_nodes_jobs_come_back_at_once_when_forgotten_never_while_it_beats(conn, workers, database_url):
+def test_a_dead_nodes_jobs_come_back_at_once_when_forgotten_never_while_it_beats(conn, workers, database_url, via):
     env = {"LIVENESS_RESULTS_URL": database_url, "SUPERVISOR_NODE_NAME": "east"}
     east = workers(queues="liveness", actors=ACTORS, threads=1, lease=LEASE, heartbeat=BEAT, extra_env=env)
     east.wait_ready(conn, timeout=90)
     owner = east.owner(conn)
     # long enough to outlast three CLI runs (each 1 s on an idle machine; a loaded CI run's
     # took the 3 s job this had to its end before the refused forget was checked)
-    job = send(conn, 10)
+    job = via(conn, 10)
     wait_for(lambda: started_by(conn, job) == [east.pid], 15, message="east to run the job")
 
     listed = json.loads(cli("nodes", "list", "--json", url=database_url).stdout)
