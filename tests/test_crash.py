@@ -8,6 +8,10 @@ import signal
 import time
 from datetime import timedelta
 
+import dramatiq
+import pytest
+
+from supervisor.broker import PostgresBroker
 from supervisor.testsignals import Interrupted
 from tests.conftest import cli, scalar, wait_for
 from tests.supervisor_helpers import dead, role, write_config
@@ -18,10 +22,19 @@ def status(conn, job_id) -> str:
     return scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job_id,))
 
 
-def test_job_that_kills_its_process_ends_failed_after_its_budget(conn, workers):
+@pytest.mark.parametrize("storage", ["table", "log"])
+def test_job_that_kills_its_process_ends_failed_after_its_budget(conn, workers, database_url, storage):
     """Each worker reaps the lease its predecessor lost, then takes the job and dies
-    of it; the fourth finds the budget (3 lease losses) used up and survives."""
-    job = scalar(conn, "INSERT INTO jobs (queue, actor) VALUES ('tests', 'suicide') RETURNING id")
+    of it; the fourth finds the budget (3 lease losses) used up and survives. Sent by SQL
+    (job_queue), or by a producer that knows the actor (the job log)."""
+    if storage == "log":
+        producer = PostgresBroker(database_url, storage="log")
+        job = dramatiq.actor(broker=producer, queue_name="tests", actor_name="suicide", max_retries=1)(
+            lambda: None).send().message_id
+        producer.close()
+        assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
+    else:
+        job = scalar(conn, "INSERT INTO jobs (queue, actor) VALUES ('tests', 'suicide') RETURNING id")
     deaths = 0
     for _ in range(4):
         w = workers(threads=1, lease=1, heartbeat=0.3)

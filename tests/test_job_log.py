@@ -190,6 +190,10 @@ def test_a_dead_owner_s_rows_are_released_and_lease_losses_fail_a_job_at_its_bud
         assert release(conn, owners=[f"dead{loss}"], max_losses=2) == [(job, loss == 2)]
     assert claim(conn, 1) == []
     assert scalar(conn, "SELECT status FROM job_done ORDER BY finished_at DESC, seq DESC LIMIT 1") == "failed"
+    # the view counts every loss, the last one too (it is on no log row; the archive:
+    # test_retention_drops_days_and_keeps_what_has_not_ended)
+    assert conn.execute("SELECT status, attempts, lease_losses FROM jobs WHERE id = %s", (job,)).fetchone() == (
+        "failed", 2, 2)
 
 
 def test_a_retry_goes_to_job_queue_and_a_requeue_back_to_the_log_uncounted(conn: psycopg.Connection) -> None:
@@ -226,17 +230,22 @@ def test_retention_drops_days_and_keeps_what_has_not_ended(conn: psycopg.Connect
     old = "2000-01-01"
     conn.execute("SELECT job_log_add_day(%s::date)", [old])
     done, failed, waiting = (str(uuid.uuid4()) for _ in range(3))
-    conn.execute("INSERT INTO job_log (seq, day, id, queue, actor) VALUES (1, %(d)s, %(a)s, 'log', 'noop'),"
-                 " (2, %(d)s, %(b)s, 'log', 'noop'), (3, %(d)s, %(c)s, 'log', 'noop')",
-                 {"d": old, "a": done, "b": failed, "c": waiting})
-    conn.execute("INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, last_error)"
-                 " VALUES (1, %(d)s, %(a)s, 'log', 'noop', now(), 'succeeded', 1, NULL),"
-                 " (2, %(d)s, %(b)s, 'log', 'noop', now(), 'failed', 1, 'boom')", {"d": old, "a": done, "b": failed})
+    poisoned = str(uuid.uuid4())
+    conn.execute("INSERT INTO job_log (seq, day, id, queue, actor, lease_losses) VALUES (1, %(d)s, %(a)s, 'log', 'noop', 0),"
+                 " (2, %(d)s, %(b)s, 'log', 'noop', 0), (3, %(d)s, %(c)s, 'log', 'noop', 0),"
+                 " (4, %(d)s, %(p)s, 'log', 'noop', 2)",
+                 {"d": old, "a": done, "b": failed, "c": waiting, "p": poisoned})
+    conn.execute("INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, lease_losses, last_error)"
+                 " VALUES (1, %(d)s, %(a)s, 'log', 'noop', now(), 'succeeded', 1, NULL, NULL),"
+                 " (2, %(d)s, %(b)s, 'log', 'noop', now(), 'failed', 1, NULL, 'boom'),"
+                 " (4, %(d)s, %(p)s, 'log', 'noop', now(), 'failed', 3, 3, 'poison pill')",  # as LOG_RELEASE writes it
+                 {"d": old, "a": done, "b": failed, "p": poisoned})
     conn.execute("SELECT job_log_drop_before(%s::date)", ["2000-01-02"])
     assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is None
     assert scalar(conn, "SELECT to_regclass('job_done_d20000101')") is None
     assert conn.execute("SELECT id::text, day = job_log_today() FROM job_log").fetchall() == [(waiting, True)]
-    assert conn.execute("SELECT id::text, status, last_error FROM job_history").fetchall() == [(failed, "failed", "boom")]
+    assert sorted(conn.execute("SELECT id::text, status, last_error, lease_losses FROM job_history").fetchall()) == sorted(
+        [(failed, "failed", "boom", 0), (poisoned, "failed", "poison pill", 3)])
 
 
 def test_a_day_a_lease_names_is_kept(conn: psycopg.Connection) -> None:

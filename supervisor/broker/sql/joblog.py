@@ -183,7 +183,8 @@ RETURNING batch
 # of a node forgotten (``node``, NULL: none). Every row of theirs with no outcome yet
 # gets its done row first ('released'), so an ack that comes later counts nothing, and
 # is appended to the log again with one lease loss more, or fails ('failed') once its
-# losses reach its budget (max_lease_losses, else ``max_losses``), with an event as
+# losses reach its budget (max_lease_losses, else ``max_losses``; the done row keeps the
+# count, this loss included: 043), with an event as
 # sql.FINISH's releases write. Batches another release holds are skipped. Returns each
 # released job's id, status and prior owner.
 LOG_RELEASE = """
@@ -201,10 +202,10 @@ WITH gone AS MATERIALIZED (
 ), rows AS (
     SELECT lease.owner, u.seq, u.day FROM lease, unnest(lease.seqs, lease.days) AS u(seq, day)
 ), released AS (
-    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, last_error)
+    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, lease_losses, last_error)
     SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at,
            CASE WHEN l.lease_losses + 1 >= coalesce(l.max_lease_losses, %(max_losses)s) THEN 'failed' ELSE 'released' END,
-           l.attempts + 1, r.owner,
+           l.attempts + 1, r.owner, l.lease_losses + 1,
            CASE WHEN l.lease_losses + 1 >= coalesce(l.max_lease_losses, %(max_losses)s)
                 THEN format('poison pill: lease lost %%s times while running (the job killed or stalled its process;'
                             ' last owner %%s, %%s); budget max_lease_losses=%%s used up, giving up',
