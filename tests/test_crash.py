@@ -218,6 +218,33 @@ def test_cancel_interrupts_a_running_job_on_another_process(conn, workers):
     assert events == [("running", "cancelled")]
 
 
+def test_cancel_interrupts_a_running_job_of_the_log_on_another_process(conn, workers, database_url):
+    """The same for a plain job sent by a producer that knows the actor (the job log): the
+    cancel's done row fences the run's ack, and its process interrupts it."""
+    w = workers(threads=1)
+    w.wait_ready(conn, timeout=90)
+    producer = PostgresBroker(database_url, storage="log")
+    ticking = dramatiq.actor(broker=producer, queue_name="tests", actor_name="ticking", max_retries=0)(
+        lambda seconds: None)
+    job = ticking.send(30).message_id
+    producer.close()
+    assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
+    wait_for(lambda: owner_pid(conn, job) == w.pid, 10, message="the job to start")
+    cancelled_at = scalar(conn, "SELECT clock_timestamp()")
+    done = cli("jobs", "cancel", job)
+    assert done.returncode == 0, done.stderr
+    wait_for(lambda: runs(conn, job), 5, message="the cancelled run to stop")
+    stopped = scalar(conn, "SELECT extract(epoch FROM finished - %s) FROM test_results WHERE job_id = %s"
+                           " AND tag IS DISTINCT FROM 'started'", (cancelled_at, job))
+    assert stopped < 3.0, stopped  # the CLI's start-up, then the interrupt
+    assert runs(conn, job)[0][3] == "interrupted"
+    assert status(conn, job) == "cancelled"
+    assert cli("jobs", "cancel", job).returncode == 0 and status(conn, job) == "cancelled"  # twice is harmless
+    assert conn.execute("SELECT from_status, to_status FROM job_events WHERE job_id = %s", (job,)).fetchall() == [
+        ("running", "cancelled")]
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s", (job,)) == 1
+
+
 def test_a_frozen_worker_under_the_supervisor_is_killed_before_its_lease_expires(tmp_path, conn, database_url,
                                                                                  supervisor):
     """Under the supervisor, a frozen (SIGSTOP) worker never overlaps with the job's next
