@@ -46,9 +46,9 @@ THREADS = 8
 # Where a broker puts the jobs it sends (logstore.py): "log", the jobs that need no key, delay
 # or dedupe appended to the job log (migrations 039, 040: nothing on their path updates or
 # deletes a row, so no dead tuples under a held horizon), the rest in job_queue; "table",
-# every job in job_queue (the storage of earlier versions). A worker of a "log" broker claims
-# both. SUPERVISOR_STORAGE sets it for every broker a process makes that is not told
-# (producers' setup_broker included).
+# every job in job_queue (the storage of earlier versions). A worker claims both (a "table"
+# one the log's rows only when job_queue has none). SUPERVISOR_STORAGE sets it for every
+# broker a process makes that is not told (producers' setup_broker included).
 STORAGES = ("log", "table")
 STORAGE = "log"
 STORAGE_ENV = "SUPERVISOR_STORAGE"

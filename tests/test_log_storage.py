@@ -261,6 +261,25 @@ def test_a_job_that_reads_its_message_sees_the_one_it_was_sent_as(conn, database
     assert seen == [(message.message_id, (1, "two"), {"k": [3]}, "n")]
 
 
+def test_a_worker_of_table_storage_runs_the_log_s_jobs_too(conn, broker, database_url) -> None:
+    # Workers set to storage "table" (every job they send goes to job_queue) and a producer
+    # left at the default: its plain jobs go to the log, and the workers run them once
+    # job_queue has none, not never.
+    table = PostgresBroker(database_url, storage="table", lease_seconds=30, poll_interval=0.2)
+    dramatiq.actor(broker=table, queue_name=QUEUE, actor_name="log_record", max_retries=0)(ran.append)
+    try:
+        logged = broker.actors["log_record"].send(1)
+        queued = table.actors["log_record"].send(2)
+        assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (logged.message_id,)) == 1
+        assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = %s", (queued.message_id,)) == 1
+        with in_process_worker(table, [QUEUE], executor="own"):
+            table.join(QUEUE, timeout=10_000)
+        assert sorted(ran) == [1, 2]
+        assert [job(conn, m.message_id)[:2] for m in (logged, queued)] == [("succeeded", 1)] * 2
+    finally:
+        table.close()
+
+
 def test_an_unknown_storage_is_one_line() -> None:
     with pytest.raises(ValueError, match="storage must be one of log, table, not 'lake'"):
         PostgresBroker("postgresql://127.0.0.1:1/x", storage="lake")

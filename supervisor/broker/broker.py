@@ -418,9 +418,13 @@ class PostgresBroker(QueueHelpers, Outcomes, Signals, Broker):  # type: ignore[m
         none (one statement a claim while the log has work: a woken consumer's job starts
         after one round trip), or first at every LOG_TABLE_TURN-th claim, so job_queue's
         rows (retries, delayed and keyed jobs) are never starved by a log that always has
-        more."""
+        more.
+
+        With storage "table" (every job this broker sends goes to job_queue): job_queue's
+        rows, and the log's when job_queue had none, so the jobs of a producer left at the
+        default storage never wait in a log no worker reads."""
         if self.storage != "log":
-            return self._claim_table(queue, n, idle)
+            return self._claim_table(queue, n, idle) or self._claim_log(queue, n, idle)
         self._log_turn += 1
         if self._log_turn % defaults.LOG_TABLE_TURN == 0:
             out = self._claim_table(queue, n, idle)
