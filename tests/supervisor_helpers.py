@@ -13,12 +13,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import dramatiq
 import psutil
 import psycopg
 import pytest
 import yaml
 
 from supervisor import control
+from supervisor.broker import PostgresBroker
 from tests.conftest import ROOT, cli, scalar, stop, wait_for
 
 __all__ = ["cli"]  # the one CLI runner, re-exported for the supervisor tests
@@ -217,6 +219,24 @@ def enqueue(conn: psycopg.Connection, n: int, *, sleep_s: float = 0.0, queue: st
         " FROM generate_series(1, %s) g",
         (queue, actor, sleep_s, n),
     )
+
+
+@contextlib.contextmanager
+def log_producer(url: str, queue: str, actors: dict[str, dict[str, Any]], **broker: Any) -> Iterator[PostgresBroker]:
+    """A producer that knows ``actors`` (stand-ins by name on ``queue``, with their options):
+    the plain jobs it sends go to the job log, the default storage's path for an app's jobs,
+    where a job inserted by SQL goes to job_queue. ``producer.actors[name].send(...)``."""
+    producer = PostgresBroker(url, storage="log", **broker)
+    for name, options in actors.items():
+        dramatiq.actor(broker=producer, queue_name=queue, actor_name=name, **options)(_stand_in)
+    try:
+        yield producer
+    finally:
+        producer.close()
+
+
+def _stand_in(*args: Any, **kwargs: Any) -> None:
+    """A producer's actor: the workers run the real one."""
 
 
 def wait_all_succeeded(conn: psycopg.Connection, expected: int, timeout: float = 60.0) -> None:

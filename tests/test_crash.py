@@ -8,13 +8,11 @@ import signal
 import time
 from datetime import timedelta
 
-import dramatiq
 import pytest
 
-from supervisor.broker import PostgresBroker
 from supervisor.testsignals import Interrupted
 from tests.conftest import cli, scalar, wait_for
-from tests.supervisor_helpers import dead, role, write_config
+from tests.supervisor_helpers import dead, log_producer, role, write_config
 from tests.tcp_proxy import TcpProxy
 
 
@@ -28,10 +26,8 @@ def test_job_that_kills_its_process_ends_failed_after_its_budget(conn, workers, 
     of it; the fourth finds the budget (3 lease losses) used up and survives. Sent by SQL
     (job_queue), or by a producer that knows the actor (the job log)."""
     if storage == "log":
-        producer = PostgresBroker(database_url, storage="log")
-        job = dramatiq.actor(broker=producer, queue_name="tests", actor_name="suicide", max_retries=1)(
-            lambda: None).send().message_id
-        producer.close()
+        with log_producer(database_url, "tests", {"suicide": {"max_retries": 1}}) as producer:
+            job = producer.actors["suicide"].send().message_id
         assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
     else:
         job = scalar(conn, "INSERT INTO jobs (queue, actor) VALUES ('tests', 'suicide') RETURNING id")
@@ -223,11 +219,8 @@ def test_cancel_interrupts_a_running_job_of_the_log_on_another_process(conn, wor
     cancel's done row fences the run's ack, and its process interrupts it."""
     w = workers(threads=1)
     w.wait_ready(conn, timeout=90)
-    producer = PostgresBroker(database_url, storage="log")
-    ticking = dramatiq.actor(broker=producer, queue_name="tests", actor_name="ticking", max_retries=0)(
-        lambda seconds: None)
-    job = ticking.send(30).message_id
-    producer.close()
+    with log_producer(database_url, "tests", {"ticking": {"max_retries": 0}}) as producer:
+        job = producer.actors["ticking"].send(30).message_id
     assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
     wait_for(lambda: owner_pid(conn, job) == w.pid, 10, message="the job to start")
     cancelled_at = scalar(conn, "SELECT clock_timestamp()")

@@ -13,14 +13,12 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 
-import dramatiq
 import psycopg
 import pytest
 
 from supervisor import defaults
-from supervisor.broker import PostgresBroker
 from tests.conftest import scalar, wait_for
-from tests.supervisor_helpers import role, write_config
+from tests.supervisor_helpers import log_producer, role, write_config
 from tests.tcp_proxy import TcpProxy
 
 BEAT = 1.0
@@ -51,17 +49,13 @@ def via(request: pytest.FixtureRequest, database_url: str) -> Iterator[Send]:
     if request.param == "table":
         yield send
         return
-    producer = PostgresBroker(database_url, storage="log")
-    steps = dramatiq.actor(broker=producer, queue_name="liveness", actor_name="steps", max_retries=0)(
-        lambda seconds: None)
+    with log_producer(database_url, "liveness", {"steps": {"max_retries": 0}}) as producer:
+        def send_to_log(conn: psycopg.Connection, seconds: float) -> str:
+            job = producer.actors["steps"].send(seconds).message_id
+            assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
+            return job
 
-    def send_to_log(conn: psycopg.Connection, seconds: float) -> str:
-        job = steps.send(seconds).message_id
-        assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
-        return job
-
-    yield send_to_log
-    producer.close()
+        yield send_to_log
 
 
 def started_by(conn, job: str) -> list[int]:

@@ -10,7 +10,6 @@ import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import dramatiq
 import psycopg
 import pytest
 from dramatiq import Message
@@ -25,6 +24,7 @@ from tests.supervisor_helpers import (
     JobStream,
     assert_exactly_once,
     enqueue,
+    log_producer,
     role,
     wait_all_succeeded,
     write_config,
@@ -110,10 +110,8 @@ def test_four_processes_drain_exactly_once_then_reload_and_sigkill(tmp_path, con
 
     # The same through the log (the default storage's path for a plain job): a producer
     # that knows the actor sends through PgBouncer; a worker holding some is SIGKILLed.
-    producer = PostgresBroker(bouncer.url, storage="log", pool_size=2)
-    record = dramatiq.actor(broker=producer, queue_name="tests", actor_name="record", max_retries=2)(
-        lambda n=0, sleep_s=0.0: None)
-    try:
+    with log_producer(bouncer.url, "tests", {"record": {"max_retries": 2}}, pool_size=2) as producer:
+        record = producer.actors["record"]
         ids = [m.message_id for m in producer.enqueue_many([record.message(n=i, sleep_s=0.1) for i in range(400)])]
         assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = ANY(%s::uuid[])", (ids,)) == len(ids)
         victim = wait_for(lambda: next((p for p in s.roles()["alpha"]["processes"] if p["in_flight"] > 0), None),
@@ -127,8 +125,6 @@ def test_four_processes_drain_exactly_once_then_reload_and_sigkill(tmp_path, con
                       (ids,)) == len(ids)
         assert scalar(conn, "SELECT count(*) FROM job_events WHERE job_id = ANY(%s::uuid[]) AND reason LIKE %s",
                       (ids, f"%prior owner {victim['owner']}%")) >= 1  # the killed worker's log jobs went back
-    finally:
-        producer.close()
     # No statement failed on session state a pooled connection lacks (a prepared
     # statement of another session, a setting, a LISTEN).
     assert "does not exist" not in s.log() and "Traceback" not in s.log()

