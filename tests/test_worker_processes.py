@@ -148,11 +148,17 @@ def test_unknown_actor_does_not_stop_the_worker(conn, workers):
     assert w.proc.poll() is None
 
 
-def test_database_outage_worker_retries_and_loses_nothing(conn, workers, database_url):
+@pytest.mark.parametrize("storage", ["table", "log"])
+def test_database_outage_worker_retries_and_loses_nothing(conn, workers, database_url, storage):
     with TcpProxy(database_url) as proxy:
         w = workers(threads=4, lease=3, heartbeat=1, url=proxy.url)
         w.wait_ready(conn)
-        conn.execute(ENQUEUE_RECORDS, (0.01, 300))
+        if storage == "log":  # sent by a producer that knows the actor: the job log
+            with log_producer(database_url, "tests", {"record": {}}) as producer:
+                producer.enqueue_many([producer.actors["record"].message(g, 0.01) for g in range(1, 301)])
+            assert scalar(conn, "SELECT count(*) FROM job_log") == 300
+        else:
+            conn.execute(ENQUEUE_RECORDS, (0.01, 300))
         wait_for(lambda: succeeded(conn) >= 30, 60)
         proxy.go_down()
         # the worker keeps trying to reach the database while it is down
