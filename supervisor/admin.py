@@ -45,8 +45,8 @@ def _describe_payload(job: dict[str, Any]) -> None:
 def retry_job(conn: psycopg.Connection, job_id: str) -> bool:
     """Retry a failed or cancelled job, ended in job_history or in the log."""
     params = {"id": job_id, "who": operator()}
-    return (conn.execute(sql.RETRY_FAILED, params).fetchone() or conn.execute(joblog.LOG_RETRY_FAILED, params).fetchone()) \
-        is not None
+    row = conn.execute(sql.RETRY_FAILED, params).fetchone() or conn.execute(joblog.LOG_RETRY_FAILED, params).fetchone()
+    return row is not None
 
 
 def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:

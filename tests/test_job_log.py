@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from supervisor import admin
 from supervisor.broker.logstore import LogRow, release_params
 from supervisor.broker.outcomes import Finish, log_finish_params
 from supervisor.broker.sql import joblog
@@ -194,6 +195,10 @@ def test_a_dead_owner_s_rows_are_released_and_lease_losses_fail_a_job_at_its_bud
     # test_retention_drops_days_and_keeps_what_has_not_ended)
     assert conn.execute("SELECT status, attempts, lease_losses FROM jobs WHERE id = %s", (job,)).fetchone() == (
         "failed", 2, 2)
+    # an operator's retry carries the count on, with room for one loss more
+    assert admin.retry_job(conn, job)
+    assert conn.execute("SELECT status, attempts, lease_losses, max_lease_losses FROM job_queue WHERE id = %s",
+                        (job,)).fetchone() == ("pending", 2, 2, 3)
 
 
 def test_a_retry_goes_to_job_queue_and_a_requeue_back_to_the_log_uncounted(conn: psycopg.Connection) -> None:

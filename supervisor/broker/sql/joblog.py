@@ -276,7 +276,8 @@ WITH done AS (
        AND NOT EXISTS (SELECT 1 FROM job_log o WHERE o.id = d.id
                         AND NOT EXISTS (SELECT 1 FROM job_done x WHERE x.seq = o.seq AND x.day = o.day))
     RETURNING d.id, d.attempt, d.last_error, d.started_at, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload,
-              l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at
+              l.priority, l.max_attempts, coalesce(d.lease_losses, l.lease_losses) AS lease_losses, l.max_lease_losses,
+              l.message_timestamp, l.created_at
 ), back AS (
     INSERT INTO job_queue (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
                            max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error,
