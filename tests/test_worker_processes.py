@@ -102,10 +102,15 @@ def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers):
     assert conn.execute("SELECT DISTINCT max_attempts, max_lease_losses FROM jobs").fetchall() == [(1, 3)]
 
 
-def test_sigterm_drains_and_exits_zero(conn, workers):
+@pytest.mark.parametrize("storage", ["table", "log"])
+def test_sigterm_drains_and_exits_zero(conn, workers, database_url, storage):
     w = workers(threads=2, shutdown_timeout=30)
     w.wait_ready(conn)
-    conn.execute(ENQUEUE_RECORDS, (0.5, 10))
+    if storage == "log":  # sent by a producer that knows the actor: the job log
+        with log_producer(database_url, "tests", {"record": {}}) as producer:
+            producer.enqueue_many([producer.actors["record"].message(g, 0.5) for g in range(1, 11)])
+    else:
+        conn.execute(ENQUEUE_RECORDS, (0.5, 10))
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'running'") == 2)
     running_before = {r[0] for r in conn.execute("SELECT id FROM jobs WHERE status = 'running'")}
     assert w.terminate() == 0
