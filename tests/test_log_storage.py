@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from dramatiq.middleware import CurrentMessage
 
-from supervisor import admin
+from supervisor import admin, error_groups
 from supervisor.broker import PostgresBroker
 from supervisor.broker.outcomes import Finish, ack_params, finish_params, successes_only
 from tests.conftest import in_process_worker, scalar, wait_for
@@ -171,6 +171,22 @@ def test_an_operator_retries_a_job_that_ended_in_the_log(conn, broker) -> None:
                  (again.message_id,))
     conn.execute("INSERT INTO jobs (id, queue, actor) VALUES (%s, 'q', 'a')", (again.message_id,))
     assert not admin.retry_job(conn, again.message_id)
+
+
+def test_an_error_group_s_retry_reaches_the_failed_jobs_of_the_log(conn, broker) -> None:
+    # The Errors page's action (and `POST /api/v1/errors/retry`): every job of the group
+    # that failed for good in the log is matched and retried.
+    sent = [broker.actors["log_broken"].send() for _ in range(2)]
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'log_broken' AND status = 'failed'") == 2,
+                 10, message="both jobs to fail")
+    group = conn.execute("SELECT DISTINCT actor, error_type, error_where FROM job_events"
+                         " WHERE error_type IS NOT NULL").fetchall()
+    assert len(group) == 1 and group[0][:2] == ("log_broken", "ValueError")
+    retried = error_groups.change_group(conn, "retry", error_groups.GroupKey(*group[0]), window_s=3600)
+    assert (retried["matched"], retried["changed"], sorted(retried["ids"])) == (
+        2, 2, sorted(m.message_id for m in sent))
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'log_broken' AND status = 'pending'") == 2
 
 
 def test_rows_given_back_unstarted_are_claimed_again_uncounted(conn, broker) -> None:
