@@ -2,7 +2,8 @@
 
     python bench/pressure.py [--mode pin|readers|both|scans] [--rate JOBS_PER_S] [--baseline 60]
                              [--pin 90] [--after 60] [--interval 60] [--threads 16]
-                             [--reader-xact 30] [--reader-pause 0.5] [--database-url URL]
+                             [--reader-xact 30] [--reader-pause 0.5] [--server-log PATH]
+                             [--database-url URL]
 
 1. One worker process of --threads (16) threads on a fresh migrated database. Without
    --rate, a warm-up drains 10,000 no-op jobs first and the stream runs at half that
@@ -57,6 +58,7 @@ import psycopg
 if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import server_log  # noqa: E402
 from bench.basics import cpu_seconds  # noqa: E402
 from bench.common import LIVE, WorkerPool, bench_database, code_state, say, server_url  # noqa: E402
 from bench.soak import Producer, traced  # noqa: E402
@@ -330,9 +332,11 @@ def run(url: str, args: argparse.Namespace) -> int:
     broker = supervisor.setup_broker(url)
     from bench import bench_actors as actors  # binds to the broker set up just above
 
+    traced = {"BENCH_CLAIM_TRACE": "1"}
+    if args.server_log:  # the server logs every statement of the worker's, with its duration
+        traced["PGOPTIONS"] = server_log.WORKER_PGOPTIONS
     with psycopg.connect(url, autocommit=True) as conn, \
-            WorkerPool(url, count=1, threads=args.threads, module="bench.soak_trace",
-                       env={"BENCH_CLAIM_TRACE": "1"}) as pool:
+            WorkerPool(url, count=1, threads=args.threads, module="bench.soak_trace", env=traced) as pool:
         rate = args.rate
         if rate is None:
             drain = warm_up(conn, broker, actors.noop, 10_000)
@@ -348,6 +352,7 @@ def run(url: str, args: argparse.Namespace) -> int:
         producer.start()
         time.sleep(args.settle)  # the worker catches up with the stream's start before the baseline
         say(HEADER)
+        logged_from = server_log.size(args.server_log) if args.server_log else 0
         t0 = time.time()
         vacuumed = sample(conn)[3]
         pressure = Pressure(url, args.mode, args, t0)
@@ -404,6 +409,12 @@ def run(url: str, args: argparse.Namespace) -> int:
                 f"{phase.size.get('history', 0) / 1e6:>8.1f}  {'':6} {cores[phase.phase].worker:>6.2f} "
                 f"{cores[phase.phase].backends:>8.2f} {cores[phase.phase].server:>6.2f} {cores[phase.phase].machine:>7.2f}"
                 f"  {n_sweeps:>6} {longest:>9.1f}")
+        if args.server_log:  # the claim's execution in PostgreSQL, apart from the worker's side
+            for phase in done:
+                took = server_log.claim_ms(args.server_log, logged_from, phase.lo, phase.hi)
+                pct = [took[min(len(took) - 1, int(len(took) * q))] if took else 0.0 for q in (0.5, 0.9, 0.99)]
+                say(f"{phase.phase:<11} the claim in PostgreSQL ({len(took):,} logged): "
+                    f"p50 {pct[0]:.2f} ms, p90 {pct[1]:.2f}, p99 {pct[2]:.2f}")
         base, under = figures["baseline"], figures[pressure_name]
         drained = next((at - done[2].lo for at, n in done[2].samples if n <= done[0].backlog), None)
         back, relapses = recovery(conn, done[2], WITHIN * base[2])
@@ -434,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=16, help="threads of the one worker process")
     p.add_argument("--reader-xact", type=float, default=30.0, help="seconds each reader's transaction lasts")
     p.add_argument("--reader-pause", type=float, default=0.5, help="seconds between a reader's rounds of scans")
+    p.add_argument("--server-log", type=Path, default=None,
+                   help="the server's log file (e.g. /var/log/postgresql/postgresql-15-main.log): the claim's "
+                        "execution time in PostgreSQL per phase, from the worker's statements logged with their "
+                        "durations (bench/server_log.py; a superuser's setting)")
     p.add_argument("--database-url", default=None)
     args = p.parse_args(argv)
     say(code_state())
