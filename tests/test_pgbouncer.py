@@ -117,8 +117,9 @@ def test_four_processes_drain_exactly_once_then_reload_and_sigkill(tmp_path, con
         # the victim: a process the database says runs one of them now (its 0.5 s outlasts the kill)
         owner = wait_for(lambda: scalar(conn, "SELECT max(lease_owner) FROM jobs WHERE id = ANY(%s::uuid[])"
                                               " AND status = 'running'", (ids,)), 10, message="a worker running log jobs")
-        assert int(owner.split(":")[1]) in s.pids("alpha")
-        os.kill(int(owner.split(":")[1]), signal.SIGKILL)
+        pid = int(owner.split(":")[1])  # host:pid:tag
+        assert pid in s.pids("alpha")
+        os.kill(pid, signal.SIGKILL)
         s.wait_state({"alpha": 3}, timeout=20)
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[]) AND status = 'succeeded'",
                                 (ids,)) == len(ids), 60, message="every log job to succeed")

