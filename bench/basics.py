@@ -75,6 +75,16 @@ def cpu_seconds(pid: int) -> float:
     return sum(cpu_split(pid)[:2])
 
 
+def runq_seconds(pid: int) -> float:
+    """Seconds the threads of a process spent runnable but waiting for a CPU (the
+    scheduler's run-queue delay, /proc/PID/task/TID/schedstat's second field), 0 if gone."""
+    try:
+        return sum(int((task / "schedstat").read_text().split()[1])
+                   for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0.0
+
+
 def cpu_split(pid: int) -> tuple[float, float, int]:
     """(user seconds, system seconds, context switches) of a process, all its threads."""
     try:

@@ -59,7 +59,7 @@ if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import server_log  # noqa: E402
-from bench.basics import cpu_seconds  # noqa: E402
+from bench.basics import cpu_seconds, runq_seconds  # noqa: E402
 from bench.common import LIVE, WorkerPool, bench_database, code_state, say, server_url  # noqa: E402
 from bench.soak import Producer, traced  # noqa: E402
 
@@ -170,6 +170,10 @@ class Cores:
     backends: float
     server: float
     machine: float
+    # ms per second the worker's threads, and the job path's backends, were runnable but
+    # waited for a CPU: the part of a claim's time the scheduler, not the database, adds.
+    worker_runq: float = 0.0
+    backends_runq: float = 0.0
 
 
 class CpuClock:
@@ -181,6 +185,7 @@ class CpuClock:
         self.postmaster = psutil.Process(psutil.Process(conn.info.backend_pid).ppid())
         self.pids = [r[0] for r in conn.execute(BACKENDS).fetchall()]
         self.start = {pid: cpu_seconds(pid) for pid in {*self.pids, *workers}}
+        self.runq = {pid: runq_seconds(pid) for pid in {*self.pids, *workers}}
         self.server, self.busy = server_cpu(self.postmaster), machine_busy()
 
     def cores(self, conn: psycopg.Connection, readers: list[int]) -> Cores:
@@ -190,8 +195,11 @@ class CpuClock:
         seconds = time.monotonic() - self.at
         worker_s = sum(used[pid] for pid in self.workers)
         backend_s = sum(v for pid, v in used.items() if pid not in readers and pid not in self.workers)
+        waited = {pid: max(0.0, runq_seconds(pid) - self.runq.get(pid, 0.0)) for pid in pids | set(self.workers)}
+        worker_q = sum(waited[pid] for pid in self.workers)
+        backend_q = sum(v for pid, v in waited.items() if pid not in readers and pid not in self.workers)
         return Cores(worker_s / seconds, backend_s / seconds, (server_cpu(self.postmaster) - self.server) / seconds,
-                     (machine_busy() - self.busy) / seconds)
+                     (machine_busy() - self.busy) / seconds, 1000 * worker_q / seconds, 1000 * backend_q / seconds)
 
 
 class Reader(threading.Thread):
@@ -394,7 +402,7 @@ def run(url: str, args: argparse.Namespace) -> int:
         say(f"{'phase':<11} {'s':>4} {'jobs/s':>7} {'e2s p50 ms':>10} {'e2s p99 ms':>10} {'claim p50':>9} "
             f"{'claim p99':>9} {'max backlog':>11} "
             f"{'queue dead max':>14} {'queue MB':>8} {'hist MB':>8}  cores: {'worker':>6} {'backends':>8} "
-            f"{'server':>6} {'machine':>7}  {'sweeps':>6} {'longest ms':>9}")
+            f"{'server':>6} {'machine':>7}  {'sweeps':>6} {'longest ms':>9}  runq ms/s: {'worker':>6} {'backends':>8}")
         figures = {}
         claim = {}
         for phase in done:
@@ -408,7 +416,8 @@ def run(url: str, args: argparse.Namespace) -> int:
                 f"{phase.backlog:>11,} {phase.dead.get('queue', 0):>14,} {phase.size.get('queue', 0) / 1e6:>8.1f} "
                 f"{phase.size.get('history', 0) / 1e6:>8.1f}  {'':6} {cores[phase.phase].worker:>6.2f} "
                 f"{cores[phase.phase].backends:>8.2f} {cores[phase.phase].server:>6.2f} {cores[phase.phase].machine:>7.2f}"
-                f"  {n_sweeps:>6} {longest:>9.1f}")
+                f"  {n_sweeps:>6} {longest:>9.1f}  {'':10} {cores[phase.phase].worker_runq:>6.0f} "
+                f"{cores[phase.phase].backends_runq:>8.0f}")
         if args.server_log:  # the claim's execution in PostgreSQL, apart from the worker's side
             for phase in done:
                 took = server_log.claim_ms(args.server_log, logged_from, phase.lo, phase.hi)

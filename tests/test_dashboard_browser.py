@@ -15,7 +15,7 @@ from supervisor import defaults
 from tests.browser_helpers import Browser
 from tests.conftest import cli, scalar, wait_for
 from tests.http_helpers import Dash, HttpServer, answers, dashboard, free_port, runtime_config
-from tests.supervisor_helpers import Supervisor, enqueue, role
+from tests.supervisor_helpers import Supervisor, enqueue, log_producer, role
 
 pytestmark = pytest.mark.xdist_group("dashboard-browser")
 
@@ -350,6 +350,65 @@ def test_find_a_job_by_a_value_inside_its_arguments_and_share_the_link(dash: Das
     assert browser.texts("#jobs tr[data-job] td a") == [wanted[:8]] and not browser.css("#scan-note")
     browser.open(dash.base + "/jobs?dedupe_key=find-me")
     assert browser.texts("#jobs tr[data-job] td a") == [wanted[:8]]
+
+
+def test_the_pages_find_show_and_act_on_jobs_sent_through_the_log(dash: Dash, browser: Browser) -> None:
+    """Every other test here inserts its jobs by SQL, which puts them in job_queue; an app's
+    producer at the default storage sends its plain jobs to the job log. The same pages
+    list, search, show, retry and cancel those."""
+    db = dash.db
+    with log_producer(dash.url, "tests", {"flaky": {"max_retries": 0}}) as producer, \
+            log_producer(dash.url, "parked", {"record": {}}) as parked:  # a queue no worker reads
+        failed = [producer.actors["flaky"].send(fail_times=99).message_id for _ in range(2)]
+        shown = parked.actors["record"].send(n=4343, user_id=4812).message_id
+        bulk = [parked.actors["record"].send(n=g, tag="log-bulk").message_id for g in range(30)]
+    wait_for(lambda: scalar(db, "SELECT count(*) FROM jobs WHERE id = ANY(%s) AND status = 'failed'", (failed,)) == 2,
+             60, message="the log's flaky jobs to fail")
+    # They went through the log: their outcomes are done rows, the parked ones log rows.
+    assert scalar(db, "SELECT count(*) FROM job_done WHERE id = ANY(%s) AND status = 'failed'", (failed,)) == 2
+    assert scalar(db, "SELECT count(*) FROM job_log WHERE id = ANY(%s)", ([shown, *bulk],)) == 31
+    assert scalar(db, "SELECT count(*) FROM job_queue WHERE id = ANY(%s)", ([*failed, shown, *bulk],)) == 0
+
+    browser.open(dash.base + "/jobs?status=failed")
+    if browser.css("#token"):
+        _use_token(browser, TOKEN)
+    assert browser.text("#count") == f"{scalar(db, 'SELECT count(*) FROM jobs WHERE status = %s', ('failed',))} job(s) match"
+    listed = [r.get_attribute("data-job") for r in browser.css("#jobs tr[data-job]")]
+    assert set(failed) <= set(listed), (failed, listed)
+    browser.click(f'tr[data-job="{failed[0]}"] input.pick')
+    _click(browser, 'button.bulk-act[data-action="retry"]')
+    browser.wait_text("#flash", lambda t: "1 job(s) retried" in t)
+    assert scalar(db, "SELECT count(*) FROM job_events WHERE job_id = %s AND reason = 'retried by operator'",
+                  (failed[0],)) == 1
+    assert scalar(db, "SELECT status FROM job_done WHERE id = %s", (failed[0],)) == "retried"
+    wait_for(lambda: db.execute("SELECT status, attempts FROM jobs WHERE id = %s", (failed[0],)).fetchall()
+             == [("failed", 2)], 60, message="the retried job to run (and fail) again, shown once")
+
+    # Found by a value inside its arguments; its page shows them; cancelled from there.
+    browser.open(dash.base + "/jobs")
+    browser.type('#filter input[name="match"]', "kwargs.user_id = 4812")
+    browser.click("#filter button")
+    wait_for(lambda: "match=" in browser.driver.current_url, 10, message="the search in the URL")
+    assert browser.texts("#jobs tr[data-job] td a") == [shown[:8]]
+    browser.open(f"{dash.base}/jobs/{shown}")
+    assert '"n": 4343' in browser.text("#kwargs")
+    assert browser.text("#job-status") == "pending"
+    _click(browser, "button.act", confirm=True)
+    wait_for(lambda: scalar(db, "SELECT status FROM jobs WHERE id = %s", (shown,)) == "cancelled", 10,
+             message="the log's job cancelled from its page")
+    browser.wait_text("#job-status", lambda t: t == "cancelled")
+
+    # "All matching" reaches every pending job of the log the filter names.
+    browser.open(dash.base + "/jobs?text=log-bulk&status=pending")
+    assert browser.text("#count") == "30 job(s) match"
+    browser.click("#select-all-matching")
+    _click(browser, 'button.bulk-act[data-action="cancel"]')
+    browser.wait_text("#flash", lambda t: "30 job(s) cancelled" in t)
+    assert conn_statuses(db, bulk) == {"cancelled": 30}
+
+
+def conn_statuses(db: psycopg.Connection, ids: list[str]) -> dict[str, int]:
+    return dict(db.execute("SELECT status, count(*) FROM jobs WHERE id = ANY(%s) GROUP BY 1", (ids,)).fetchall())
 
 
 def test_read_only_hides_every_action(dash: Dash, browser: Browser, tmp_path) -> None:

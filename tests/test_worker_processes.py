@@ -23,11 +23,26 @@ def succeeded(conn) -> int:
     return scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'")
 
 
-def test_four_processes_run_5000_jobs_exactly_once(conn, workers):
+def send_through_the_log(url: str, actor: str, options: dict, rows: list[tuple[tuple, dict]],
+                         delay_ms: int = 0) -> None:
+    """``rows`` (args, message options) sent in one batch by a producer at the default
+    storage: plain jobs go to the job log, delayed ones (``delay_ms``) to job_queue."""
+    with log_producer(url, "tests", {actor: options}) as producer:
+        sender = producer.actors[actor]
+        producer.enqueue_many([sender.message_with_options(args=args, **opts) for args, opts in rows],
+                              delay=delay_ms or None)
+
+
+@pytest.mark.parametrize("storage", ["table", "log"])
+def test_four_processes_run_5000_jobs_exactly_once(conn, workers, database_url, storage):
     procs = [workers(threads=8) for _ in range(4)]
     for p in procs:
         p.wait_ready(conn)
-    conn.execute(ENQUEUE_RECORDS, (0.0, 5000))
+    if storage == "log":
+        send_through_the_log(database_url, "record", {"max_retries": 3}, [((g, 0.0), {}) for g in range(1, 5001)])
+        assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    else:
+        conn.execute(ENQUEUE_RECORDS, (0.0, 5000))
     wait_for(lambda: succeeded(conn) == 5000, 180, interval=0.2, message="5000 jobs to succeed")
     runs, distinct, pids = conn.execute(
         "SELECT count(*), count(DISTINCT job_id), count(DISTINCT pid) FROM test_results"
@@ -38,18 +53,27 @@ def test_four_processes_run_5000_jobs_exactly_once(conn, workers):
 
 
 
-def test_four_processes_take_priority_levels_in_order_past_delayed_rows_exactly_once(conn, workers):
+@pytest.mark.parametrize("storage", ["table", "log"])
+def test_four_processes_take_priority_levels_in_order_past_delayed_rows_exactly_once(conn, workers, database_url,
+                                                                                       storage):
     # The claim reads each priority level from its own run_at bound: rows due in an hour at
     # the highest priority stay put, and every due row runs once, a level only after the
     # levels above it were taken (a claim reaches a lower level only when every row above
-    # is claimed or locked by another claim).
+    # is claimed or locked by another claim). Through the log: each level is a cursor of
+    # its own, and the delayed rows wait in job_queue.
     procs = [workers(threads=8) for _ in range(4)]
     for p in procs:
         p.wait_ready(conn)
-    conn.execute("INSERT INTO jobs (queue, actor, args, max_attempts, priority, run_at) SELECT 'tests', 'record',"
-                 " jsonb_build_array(g, 0.0), 4, 5, now() + interval '1 hour' FROM generate_series(1, 1000) AS g")
-    conn.execute("INSERT INTO jobs (queue, actor, args, max_attempts, priority) SELECT 'tests', 'record',"
-                 " jsonb_build_array(g, 0.0), 4, g %% 3 FROM generate_series(1, 3000) AS g", ())
+    if storage == "log":
+        send_through_the_log(database_url, "record", {"max_retries": 3},
+                             [((g, 0.0), {"priority": 5}) for g in range(1, 1001)], delay_ms=3_600_000)
+        send_through_the_log(database_url, "record", {"max_retries": 3},
+                             [((g, 0.0), {"priority": g % 3}) for g in range(1, 3001)])
+    else:
+        conn.execute("INSERT INTO jobs (queue, actor, args, max_attempts, priority, run_at) SELECT 'tests', 'record',"
+                     " jsonb_build_array(g, 0.0), 4, 5, now() + interval '1 hour' FROM generate_series(1, 1000) AS g")
+        conn.execute("INSERT INTO jobs (queue, actor, args, max_attempts, priority) SELECT 'tests', 'record',"
+                     " jsonb_build_array(g, 0.0), 4, g %% 3 FROM generate_series(1, 3000) AS g", ())
     wait_for(lambda: succeeded(conn) == 3000, 120, interval=0.2, message="3000 jobs to succeed")
     runs, distinct = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM test_results").fetchone()
     assert (runs, distinct) == (3000, 3000)
@@ -67,7 +91,8 @@ SELECT 'tests', 'record_once', jsonb_build_array(g, %s::float) FROM generate_ser
 """
 
 
-def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers):
+@pytest.mark.parametrize("storage", ["table", "log"])
+def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers, database_url, storage):
     """Dramatiq's at-least-once: a job whose process died runs again whatever its
     max_retries (here 0); none fails."""
     # A lease of 5 s: a live process starved of the CPU for 2 s (a loaded CI machine) lost
@@ -77,7 +102,12 @@ def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers):
     procs = [workers(threads=8, lease=5, heartbeat=0.5) for _ in range(4)]
     for p in procs:
         p.wait_ready(conn)
-    conn.execute(ENQUEUE_ONCE, (0.002, 5000))
+    if storage == "log":
+        send_through_the_log(database_url, "record_once", {"max_retries": 0},
+                             [((g, 0.002), {}) for g in range(1, 5001)])
+        assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    else:
+        conn.execute(ENQUEUE_ONCE, (0.002, 5000))
     victim = procs[0]
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results WHERE pid = %s", (victim.pid,)) >= 100,
              120, message="the victim to be busy")

@@ -57,7 +57,10 @@ def insert_params(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
             "kwargs": [r["kwargs"] for r in rows], "options": [r["options"] for r in rows],
             "payload": [r["payload"] for r in rows], "priority": [r["priority"] for r in rows],
             "max_attempts": [r["max_attempts"] for r in rows],
-            "max_lease_losses": [r["max_lease_losses"] for r in rows],
+            # The budget a release by any process spends, stated on the row: job_queue's
+            # claim fills the same default in, so both stores show the budget they apply.
+            "max_lease_losses": [defaults.MAX_LEASE_LOSSES if r["max_lease_losses"] is None
+                                 else r["max_lease_losses"] for r in rows],
             "message_timestamp": [r["message_timestamp"] for r in rows]}
 
 
