@@ -327,9 +327,10 @@ def test_a_claim_of_a_new_window_reads_from_the_window_not_from_the_level_s_firs
     pages), never the level's earlier rows."""
     with psycopg.connect(conn.info.dsn) as pin, psycopg.connect(conn.info.dsn, autocommit=True) as producer:
         pin.execute("SELECT txid_current()")  # held: it is in every window's running transactions
-        for _ in range(200):
+        for i in range(200):
             enqueue(producer, 20)
-            assert len(claim(conn, 100)) == 20
+            taken = len(claim(conn, 100))
+            assert taken == 20, f"claim {i} took {taken} of the 20 rows committed just before it"
         buffers = _claim_buffers(conn)
         pin.rollback()
     assert buffers < 150, buffers  # 37-57 here; from the level's first row: 4,000 entries and their rows
