@@ -15,6 +15,7 @@ import pytest
 from dramatiq.encoder import JSONEncoder, PickleEncoder
 from dramatiq.message import Message
 
+from supervisor import defaults
 from supervisor.broker import PostgresBroker, sql
 from supervisor.broker.bulk import COPY_MIN_ROWS
 from supervisor.broker.bulk import enqueue_many as bulk_enqueue
@@ -94,7 +95,19 @@ def test_copy_writes_the_rows_insert_many_and_enqueue_write(conn, broker, actors
             broker.enqueue(m, conn=tx)
         rows = [[tx.execute(ROW, (m.message_id,)).fetchone()[0] for m in batch]
                 for batch in (by_copy, by_insert, one_by_one)]
+        logged = {r[0] for r in tx.execute("SELECT id::text FROM job_log WHERE id = ANY(%s)",
+                                            ([m.message_id for m in one_by_one],))}
         tx.commit()
+    # A plain job sent alone goes to the log at the default storage (a batch through
+    # bulk.py to job_queue), and a log row states its lease-loss budget when sent (a
+    # release by any process spends it) where job_queue's claim fills it in: otherwise
+    # the rows are the same.
+    assert all(m.actor_name == "plain" for m in one_by_one if m.message_id in logged)
+    assert bool(logged) == (broker.storage == "log")
+    for m, row in zip(one_by_one, rows[2], strict=True):
+        if m.message_id in logged:
+            assert row["max_lease_losses"] == defaults.MAX_LEASE_LOSSES
+            row["max_lease_losses"] = None
     assert rows[0] == rows[1] == rows[2]
     first = rows[0]
     assert first[0]["max_attempts"] == 21 and first[2]["max_attempts"] == 6 and first[3]["max_attempts"] == 4

@@ -80,7 +80,9 @@ def test_progress_of_a_job_of_the_log_is_visible_while_running(conn, producer, w
     # sends a plain job): the running job's progress column is its latest report.
     dramatiq.actor(broker=producer, queue_name="ops", actor_name="ops_steps", max_retries=0)(lambda *a: None)
     ops_worker(workers, conn)
-    msg = producer.enqueue(ops("ops_steps", 4, 2, 1.5))
+    # Half way it sleeps long enough for a CLI to start and read it on a loaded machine
+    # (a full run's 1.5 s once let the job finish first).
+    msg = producer.enqueue(ops("ops_steps", 4, 2, 6.0))
     assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (msg.message_id,)) == 1
     wait_for(lambda: (scalar(conn, "SELECT (progress->>'percent')::float FROM jobs WHERE id = %s",
                              (msg.message_id,)) == 50), 10, message="progress 50% while running")
