@@ -14,8 +14,9 @@ from pathlib import Path
 import dramatiq
 from dramatiq.message import Message
 
+from supervisor import testing
 from supervisor.broker import PostgresBroker
-from tests.conftest import ROOT, scalar, wait_for
+from tests.conftest import ROOT, _server_url, scalar, wait_for
 
 
 def write(base: Path, files: dict[str, str]) -> None:
@@ -83,7 +84,9 @@ PLUGIN_PROJECT = {
 
 def test_the_pytest_plugin_runs_actor_tests_written_for_the_stub_broker(tmp_path):
     write(tmp_path, PLUGIN_PROJECT)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    # The plugin's server is this session's (TEST_DATABASE_URL's, or the embedded one in
+    # .state/test): left to its default, it started one in the user's state directory.
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", testing.SERVER_ENV: _server_url()}
     env.pop("PYTEST_ADDOPTS", None)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
