@@ -213,12 +213,30 @@ class JobStream(threading.Thread):
 
 
 def enqueue(conn: psycopg.Connection, n: int, *, sleep_s: float = 0.0, queue: str = "tests",
-            actor: str = "record") -> None:
+            actor: str = "record", via: str = "table") -> None:
+    """``n`` jobs of ``actor`` (kwargs n, sleep_s) in one statement: by SQL into job_queue,
+    or with ``via="log"`` in one batch of a producer at the default storage, to the job log."""
+    if via == "log":
+        ids = send_through_the_log(conn.info.dsn, actor,
+                                   [{"kwargs": {"n": g, "sleep_s": sleep_s}} for g in range(1, n + 1)], queue=queue)
+        assert conn.execute("SELECT count(*) FROM job_log WHERE id = ANY(%s)", (ids,)).fetchone() == (n,)
+        return
     conn.execute(
         "INSERT INTO jobs (queue, actor, kwargs) SELECT %s, %s, jsonb_build_object('n', g, 'sleep_s', %s::float)"
         " FROM generate_series(1, %s) g",
         (queue, actor, sleep_s, n),
     )
+
+
+def send_through_the_log(url: str, actor: str, calls: list[dict[str, Any]], *, queue: str = "tests",
+                         options: dict[str, Any] | None = None, delay_ms: int = 0) -> list[str]:
+    """``calls`` (each ``message_with_options``'s arguments) sent in one batch by a producer
+    that knows ``actor`` (with ``options``): plain jobs go to the job log, delayed ones
+    (``delay_ms``) to job_queue. Returns their ids."""
+    with log_producer(url, queue, {actor: options or {}}) as producer:
+        sender = producer.actors[actor]
+        sent = producer.enqueue_many([sender.message_with_options(**call) for call in calls], delay=delay_ms or None)
+    return [m.message_id for m in sent]
 
 
 @contextlib.contextmanager

@@ -16,6 +16,13 @@ from tests.conftest import in_process_worker, scalar, wait_for
 from tests.supervisor_helpers import enqueue, wait_all_succeeded
 
 
+@pytest.fixture(params=["table", "log"])
+def via(request: pytest.FixtureRequest) -> str:
+    """How the long jobs are sent: by SQL into job_queue, or by a producer at the default
+    storage into the job log (whose rows go back by being appended again)."""
+    return request.param
+
+
 def given_back(conn) -> int:
     """Times a long (record) job went back to its queue for want of a free thread."""
     return scalar(conn, "SELECT count(*) FROM job_events e JOIN jobs j ON j.id = e.job_id"
@@ -121,13 +128,13 @@ def test_a_paced_process_claims_ahead_of_its_threads_within_the_bound(conn, brok
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'timed' AND status = 'succeeded'") == jobs
 
 
-def test_long_jobs_are_not_hoarded_by_one_process(conn, workers):
+def test_long_jobs_are_not_hoarded_by_one_process(conn, workers, via):
     """Two paced processes of 2 threads, 4 jobs of 1 s: each runs 2 at once, so the
     4 run together; a process that took all 4 would make 2 of them wait a second."""
     procs = [workers(threads=2) for _ in range(2)]
     for p in procs:
         p.wait_ready(conn)
-    enqueue(conn, 4, sleep_s=1.0)
+    enqueue(conn, 4, sleep_s=1.0, via=via)
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'running'") == 4, 10)
     held = dict(conn.execute("SELECT lease_owner, count(*) FROM jobs WHERE status = 'running' GROUP BY 1").fetchall())
     assert sorted(held.values()) == [2, 2], held
@@ -144,7 +151,7 @@ def test_a_long_job_still_running_slows_the_claims_before_it_ends():
 
 
 
-def test_a_switch_from_short_to_long_jobs_strands_nothing(conn, workers):
+def test_a_switch_from_short_to_long_jobs_strands_nothing(conn, workers, via):
     """A paced process of 1 thread, warmed up by 2,000 no-op jobs (it holds 4 rows then),
     claims both of two 3 s jobs sent together: the other process, busy for a second
     when they arrive, cannot take either. Once it is free, the row waiting behind the
@@ -157,7 +164,7 @@ def test_a_switch_from_short_to_long_jobs_strands_nothing(conn, workers):
     other.wait_ready(conn)
     enqueue(conn, 1, sleep_s=1.0, queue="busy", actor="nap")
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'busy' AND status = 'running'"), 10)
-    enqueue(conn, 2, sleep_s=3.0)  # one statement: one claim of the idle process takes both
+    enqueue(conn, 2, sleep_s=3.0, via=via)  # one statement: one claim of the idle process takes both
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results") == 2, 20)
     (pid_a, start_a, end_a), (pid_b, start_b, _) = conn.execute(
         "SELECT pid, started, at FROM test_results ORDER BY started").fetchall()
@@ -170,7 +177,7 @@ def test_a_switch_from_short_to_long_jobs_strands_nothing(conn, workers):
 
 
 @pytest.mark.parametrize("prefetch", [None, 4])
-def test_a_row_given_back_comes_back_once_without_churn(conn, workers, prefetch):
+def test_a_row_given_back_comes_back_once_without_churn(conn, workers, prefetch, via):
     """One process of 1 thread holding up to 4 rows (paced and warmed up, or a fixed
     prefetch of 4) claims two 1 s jobs: the second goes back once, and while the first
     runs it is not claimed and given back again and again; each runs exactly once."""
@@ -184,7 +191,7 @@ def test_a_row_given_back_comes_back_once_without_churn(conn, workers, prefetch)
     if prefetch is None:
         enqueue(conn, 2000, actor="nap")
         wait_all_succeeded(conn, 2000, timeout=60)
-    enqueue(conn, 2, sleep_s=1.0)
+    enqueue(conn, 2, sleep_s=1.0, via=via)
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results") == 2, 20)
     wait_all_succeeded(conn, 2 if prefetch else 2002)
     assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == 2
@@ -253,7 +260,7 @@ def test_waiting_threads_are_woken_when_no_row_is_taken_between_two_looks():
     work.join()
 
 
-def test_rows_behind_a_known_quick_actor_turned_slow_do_not_wait_for_it(conn, workers):
+def test_rows_behind_a_known_quick_actor_turned_slow_do_not_wait_for_it(conn, workers, via):
     """A paced process of 4 threads learns that `record` is quick (2,000 runs), so a
     batch of its rows wakes one or two threads. Four 1 s runs of it claimed together must
     still run together, not one after the other: the waiting threads are woken by
@@ -263,7 +270,7 @@ def test_rows_behind_a_known_quick_actor_turned_slow_do_not_wait_for_it(conn, wo
     enqueue(conn, 2000)
     wait_all_succeeded(conn, 2000, timeout=60)
     conn.execute("TRUNCATE test_results")
-    enqueue(conn, 4, sleep_s=1.0)  # one statement: one claim takes all four
+    enqueue(conn, 4, sleep_s=1.0, via=via)  # one statement: one claim takes all four
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results") == 4, 20)
     spread = scalar(conn, "SELECT extract(epoch FROM max(started) - min(started)) FROM test_results")
     assert spread < 0.25, f"the four started {spread:.2f} s apart"

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, scalar, wait_for
-from tests.supervisor_helpers import log_producer
+from tests.supervisor_helpers import log_producer, send_through_the_log
 from tests.tcp_proxy import TcpProxy
 
 ENQUEUE_RECORDS = """
@@ -23,23 +23,14 @@ def succeeded(conn) -> int:
     return scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'")
 
 
-def send_through_the_log(url: str, actor: str, options: dict, rows: list[tuple[tuple, dict]],
-                         delay_ms: int = 0) -> None:
-    """``rows`` (args, message options) sent in one batch by a producer at the default
-    storage: plain jobs go to the job log, delayed ones (``delay_ms``) to job_queue."""
-    with log_producer(url, "tests", {actor: options}) as producer:
-        sender = producer.actors[actor]
-        producer.enqueue_many([sender.message_with_options(args=args, **opts) for args, opts in rows],
-                              delay=delay_ms or None)
-
-
 @pytest.mark.parametrize("storage", ["table", "log"])
 def test_four_processes_run_5000_jobs_exactly_once(conn, workers, database_url, storage):
     procs = [workers(threads=8) for _ in range(4)]
     for p in procs:
         p.wait_ready(conn)
     if storage == "log":
-        send_through_the_log(database_url, "record", {"max_retries": 3}, [((g, 0.0), {}) for g in range(1, 5001)])
+        send_through_the_log(database_url, "record", [{"args": (g, 0.0)} for g in range(1, 5001)],
+                             options={"max_retries": 3})
         assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
     else:
         conn.execute(ENQUEUE_RECORDS, (0.0, 5000))
@@ -65,10 +56,10 @@ def test_four_processes_take_priority_levels_in_order_past_delayed_rows_exactly_
     for p in procs:
         p.wait_ready(conn)
     if storage == "log":
-        send_through_the_log(database_url, "record", {"max_retries": 3},
-                             [((g, 0.0), {"priority": 5}) for g in range(1, 1001)], delay_ms=3_600_000)
-        send_through_the_log(database_url, "record", {"max_retries": 3},
-                             [((g, 0.0), {"priority": g % 3}) for g in range(1, 3001)])
+        send_through_the_log(database_url, "record", [{"args": (g, 0.0), "priority": 5} for g in range(1, 1001)],
+                             options={"max_retries": 3}, delay_ms=3_600_000)
+        send_through_the_log(database_url, "record", [{"args": (g, 0.0), "priority": g % 3} for g in range(1, 3001)],
+                             options={"max_retries": 3})
     else:
         conn.execute("INSERT INTO jobs (queue, actor, args, max_attempts, priority, run_at) SELECT 'tests', 'record',"
                      " jsonb_build_array(g, 0.0), 4, 5, now() + interval '1 hour' FROM generate_series(1, 1000) AS g")
@@ -103,8 +94,8 @@ def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers, data
     for p in procs:
         p.wait_ready(conn)
     if storage == "log":
-        send_through_the_log(database_url, "record_once", {"max_retries": 0},
-                             [((g, 0.002), {}) for g in range(1, 5001)])
+        send_through_the_log(database_url, "record_once", [{"args": (g, 0.002)} for g in range(1, 5001)],
+                             options={"max_retries": 0})
         assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
     else:
         conn.execute(ENQUEUE_ONCE, (0.002, 5000))
