@@ -1,0 +1,187 @@
+"""The claim side of PostgresBroker (mixed in): a claim of the log and of job_queue, in
+the order the broker's storage says, and what a claim learns (flow control's late keys
+and gates, the floors of floors.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from dramatiq.errors import ActorNotFound, BrokerConnectionError
+from psycopg_pool import ConnectionPool
+
+from .. import defaults
+from . import late_keys, logstore, sql
+from .floors import ClaimFloors
+from .gates import Gates
+from .joining import Failures
+from .leases import Leases
+from .listener import Wakeups
+from .message import PgMessageProxy, decode_claimed
+from .middleware import Retries, claim_budgets
+from .outcomes import Finish
+from .sql import joblog
+from .timer import DueTimer
+
+T = TypeVar("T")
+# How long a claim waits for a connection while claims are failing (see Claims._claiming).
+CLAIM_TIMEOUT_IN_OUTAGE = 0.25
+
+
+class Claims:
+    owner: str
+    pool: ConnectionPool
+    storage: str
+    lease_seconds: float
+    leases: Leases
+    batches: logstore.Batches
+    floors: ClaimFloors
+    gates: Gates
+    failures: Failures
+    actors: dict[str, Any]  # dramatiq's Broker: the declared actors by name
+    _listener: Wakeups | None
+    _timer: DueTimer | None
+    _log_turn: int
+    _claims_failing: bool
+    _budget_cache: tuple[int, dict[str, Any]] | None
+    _limited_cache: tuple[int, frozenset[str]] | None
+
+    if TYPE_CHECKING:  # provided by PostgresBroker and Outcomes (never defined here: MRO)
+        def _conn(self, conn: psycopg.Connection | None = None, *, pool: ConnectionPool | None = None,
+                  timeout: float = 10.0) -> contextlib.AbstractContextManager[psycopg.Connection]: ...
+
+        def _retries(self) -> Retries | None: ...
+
+        def _finish(self, conn: psycopg.Connection, rows: Sequence[Finish], progress: Any = None) -> int: ...
+
+    def _budgets(self) -> dict[str, Any]:
+        """Each known actor's exception and lease-loss budgets, for rows that carry none
+        (computed again only when an actor was declared since)."""
+        if self._budget_cache is None or self._budget_cache[0] != len(self.actors):
+            self._budget_cache = (len(self.actors), claim_budgets(self.actors, self._retries()))
+        return self._budget_cache[1]
+
+    def claim(self, queue: str, n: int, *, idle: bool = False) -> list[PgMessageProxy]:
+        """Claim up to n rows; ``idle`` when the previous claim found the queue short.
+
+        A row that cannot become a message fails at once, alone; only the others
+        are returned (the consumer frees the capacity the bad ones reserved).
+
+        With the log (storage "log"): the log's rows, and job_queue's only when the log had
+        none (one statement a claim while the log has work: a woken consumer's job starts
+        after one round trip), or first at every LOG_TABLE_TURN-th claim, so job_queue's
+        rows (retries, delayed and keyed jobs) are never starved by a log that always has
+        more.
+
+        With storage "table" (every job this broker sends goes to job_queue): job_queue's
+        rows, and the log's when job_queue had none, so the jobs of a producer left at the
+        default storage never wait in a log no worker reads."""
+        if self.storage != "log":
+            return self._claim_table(queue, n, idle) or self._claim_log(queue, n, idle)
+        self._log_turn += 1
+        if self._log_turn % defaults.LOG_TABLE_TURN == 0:
+            out = self._claim_table(queue, n, idle)
+            return out + self._claim_log(queue, n - len(out), idle) if len(out) < n else out
+        return self._claim_log(queue, n, idle) or self._claim_table(queue, n, idle)
+
+    def _claiming(self, statement: Callable[[psycopg.Connection], T]) -> T:
+        """A claim's statement on the pool, as an outage wants it (see claim)."""
+        # In an outage, ask for a connection only briefly: the consumer tries again
+        # at once, and each try makes the pool attempt a fresh connection.
+        timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
+        try:
+            with self._conn(pool=self.pool, timeout=timeout) as c:
+                result = statement(c)
+        except BrokerConnectionError:
+            self._claims_failing = True
+            self.leases.may_have_orphaned()  # the claim may have committed with its answer lost
+            with contextlib.suppress(Exception):
+                self.pool.check()  # drop every broken idle connection now, not one per try
+            raise
+        self._claims_failing = False
+        return result
+
+    def _claim_log(self, queue: str, n: int, idle: bool) -> list[PgMessageProxy]:
+        """Up to n rows of the queue's log, as one leased batch (``idle``: see claim)."""
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle}
+        sent = time.monotonic()
+        rows = self._claiming(lambda c: c.execute(joblog.LOG_CLAIM, params).fetchall())
+        if not rows:
+            return []
+        out, bad = logstore.decode(rows, self.actors, self._budgets()["default_max_attempts"])
+        self.batches.hold([(m.message_id, m.log_row) for m in out] + [(b[0], b[3]) for b in bad])
+        self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
+        if bad:
+            self.leases.fail_unreadable([b[:3] for b in bad])
+            for job_id, _, _, _ in bad:
+                actor = next(str(r[5]) for r in rows if str(r[3]) == job_id)
+                if actor not in self.actors:
+                    self.failures.record(job_id, ActorNotFound(actor))
+        return out
+
+    def _claim_table(self, queue: str, n: int, idle: bool) -> list[PgMessageProxy]:
+        """Up to n rows of the queue in job_queue (sql.claim)."""
+        floors, sweep = self.floors.params(queue)
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
+                  **self._budgets(), **floors, **self.gates.params(queue, n)}
+        sent = time.monotonic()
+        keyed, probe = self.gates.statement(queue)
+        rows = self._claiming(lambda c: c.execute(sql.claim(n, keyed=keyed, probe=probe), params).fetchall())
+        if rows and rows[0][0] is None:  # the keyed part's META row (sql/flow.py)
+            self._gated(queue, n, rows.pop(0))
+        self.floors.claimed(queue, rows, sweep, time.monotonic() - sent)
+        out, bad = decode_claimed(rows, self.actors)
+        late: list[late_keys.LateKey] = []
+        with_limits = self._with_limits()
+        if with_limits:
+            out, late, unkeyable = late_keys.split(rows, out, self.actors, with_limits)
+            bad += unkeyable
+        self.leases.hold([(m.message_id, m.attempts) for m in (*out, *(k.message for k in late))], since=sent)
+        if late:
+            self._key_late(late)
+        if bad:
+            self.leases.fail_unreadable(bad)
+            failed = {job_id for job_id, _, _ in bad}
+            for row in rows:  # join(fail_fast) raises what Dramatiq's worker would have met
+                if str(row[0]) in failed and row[2] not in self.actors:
+                    self.failures.record(str(row[0]), ActorNotFound(row[2]))
+        return out
+
+    def _with_limits(self) -> frozenset[str]:
+        """The actors this process knows that have flow control (again only when an actor
+        was declared since)."""
+        if self._limited_cache is None or self._limited_cache[0] != len(self.actors):
+            self._limited_cache = (len(self.actors), late_keys.planned(self.actors))
+        return self._limited_cache[1]
+
+    def _key_late(self, late: list[late_keys.LateKey]) -> None:
+        """Claimed rows their producer did not key: written back waiting on their actor's key."""
+        rows = [Finish(k.message.message_id, k.message.attempts, "requeue",
+                       reason="keyed by its actor's limits (its producer did not know them)") for k in late]
+        with self._conn(pool=self.pool) as c, c.transaction():
+            c.execute(sql.KEY_LATE, late_keys.params(self.owner, late))
+            self._finish(c, rows)
+        self.leases.let_go(*(k.message.message_id for k in late))
+
+    def _gate_opens(self, queue: str, seconds: float) -> None:
+        """A peer's '~queue seconds': a limit key of the queue opens then (it has waiting rows)."""
+        self.gates.gated(queue)
+        if self._timer is not None:
+            self._timer.due_in(queue, seconds)
+
+    def _gated(self, queue: str, n: int, meta: tuple[Any, ...]) -> None:
+        """A claim's word on the queue's limit keys: whether it has waiting rows, where its
+        next turn starts, and when a gated key opens (0: the plain claim saw waiting rows,
+        or the keyed one could not reach every key or left rows: claim again now)."""
+        wait, cursor = meta[sql.WAIT_COLUMN], meta[sql.CURSOR_COLUMN]
+        self.gates.learned(queue, n, wait, cursor, meta[sql.KEYS_COLUMN], meta[sql.TOOK_COLUMN])
+        if wait is None:
+            return
+        if wait <= 0:
+            if self._listener is not None:
+                self._listener.event_for(queue).set()
+        elif self._timer is not None:
+            self._timer.due_in(queue, float(wait))

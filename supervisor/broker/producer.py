@@ -1,0 +1,143 @@
+"""The producer side of PostgresBroker (mixed in): a message becomes a row of the job
+log (a plain job, at the default storage) or of job_queue (one that needs its columns:
+delayed, keyed, limited, or storage "table"), in the caller's transaction or in one of
+its own written again on a fresh connection if the server ends it (sending.py)."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from dramatiq.message import Message
+from psycopg_pool import ConnectionPool
+
+from .. import defaults
+from . import bulk, logstore, sending
+from .message import PgMessageProxy, body_columns
+from .middleware import Retries
+from .sql import joblog
+
+T = TypeVar("T")
+# The caller's connection inside PostgresBroker.transaction(): sends write through it.
+_transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.ContextVar(
+    "actor_supervisor_transaction", default=None
+)
+
+
+class Producer:
+    url: str
+    pool: ConnectionPool
+    storage: str
+    actors: dict[str, Any]  # dramatiq's Broker: the declared actors by name
+    queue_priorities: dict[str, int]
+
+    if TYPE_CHECKING:  # provided by PostgresBroker, Outcomes and dramatiq's Broker (never defined here: MRO)
+        def _retries(self) -> Retries | None: ...
+
+        def _retry(self, message: PgMessageProxy, delay: int | None) -> PgMessageProxy: ...
+
+        def emit_before(self, signal: str, *args: Any, **kwargs: Any) -> None: ...
+
+        def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None: ...
+
+    def _row(self, message: Message[Any], delay: int | None) -> dict[str, Any]:
+        actor = self.actors.get(message.actor_name)
+        priority, max_attempts, dedupe_key = bulk.job_fields(message, actor, self._retries(), self.queue_priorities)
+        message, concurrency_key, flow_key, limits = bulk.flow_fields(message, actor)
+        return {
+            "id": message.message_id,
+            "queue": message.queue_name,
+            "actor": message.actor_name,
+            **body_columns(message),
+            "message_timestamp": message.message_timestamp,
+            "priority": priority,
+            "delay_ms": int(delay or 0),
+            "max_attempts": max_attempts,
+            # the log's rows carry it (a release by any process spends it); job_queue's
+            # claim reads it from the options or the claimer's actor
+            "max_lease_losses": message.options.get("max_lease_losses",
+                                                    None if actor is None else actor.options.get("max_lease_losses")),
+            "dedupe_key": dedupe_key,
+            "concurrency_key": concurrency_key,
+            "flow_key": flow_key,
+            "flow": limits,
+        }
+
+    def enqueue(
+        self, message: Message[Any], *, delay: int | None = None, conn: psycopg.Connection | None = None
+    ) -> Message[Any]:
+        if isinstance(message, PgMessageProxy):
+            # A retry: Retries hands the proxy back. dramatiq types enqueue Message -> Message only.
+            return self._retry(message, delay)  # type: ignore[return-value]
+        self.emit_before("enqueue", message, delay)
+        row = self._row(message, delay)
+        if self.storage == "log" and logstore.eligible(row, self.actors):
+            message = self._send(self._log_writer([row], lambda c: message, atomic=False), conn, "enqueue 1 message")
+        else:
+            message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    def _log_writer(self, rows: list[dict[str, Any]], rest: Callable[[psycopg.Connection], T], *,
+                    atomic: bool = True) -> Callable[[psycopg.Connection], T]:
+        """A producer's write that appends ``rows`` to the log, then does ``rest`` (the
+        job_queue part, if any), in one transaction (``atomic``: else no BEGIN and COMMIT
+        for a write that is one statement); written again on a fresh connection, it
+        appends only the rows the first write did not (sending.py)."""
+        params = logstore.insert_params(rows)
+        tries = [0]
+
+        def write(c: psycopg.Connection) -> T:
+            tries[0] += 1
+            statement = ((joblog.LOG_INSERT_ONE if len(rows) == 1 else joblog.LOG_INSERT) if tries[0] == 1
+                         else joblog.LOG_INSERT_AGAIN)
+            if not c.autocommit or not atomic:  # the caller's transaction, or one statement
+                c.execute(statement, params)
+                return rest(c)
+            with c.transaction():  # both parts, or neither
+                c.execute(statement, params)
+                return rest(c)
+        return write
+
+    def enqueue_many(
+        self, messages: Iterable[Message[Any]], *, delay: int | None = None,
+        conn: psycopg.Connection | None = None,
+    ) -> list[Message[Any]]:
+        """Write many messages at once, in one transaction (the caller's ``conn`` or
+        ``transaction()``, else one of its own, written again on a fresh connection
+        if the server ends it: see sending.py); large batches go in with COPY (see
+        bulk.py). Messages whose dedupe key already has a live job, or repeats a
+        key earlier in the batch, come back carrying that job's id."""
+        messages = list(messages)
+        if not messages:
+            return []
+        retries = self._retries()
+        table = messages
+        logged: list[dict[str, Any]] = []
+        if self.storage == "log" and not delay:
+            rows = [self._row(m, None) for m in messages]
+            logged = [r for r in rows if logstore.eligible(r, self.actors)]
+            if logged:
+                table = [m for m, r in zip(messages, rows, strict=True) if not logstore.eligible(r, self.actors)]
+
+        def write_table(c: psycopg.Connection) -> list[Message[Any]]:
+            return bulk.enqueue_many(c, table, actors=self.actors, retries=retries, delay=int(delay or 0),
+                                     priorities=self.queue_priorities) if table else []
+
+        what = f"enqueue {len(messages)} messages"
+        if not logged:
+            return self._send(write_table, conn, what)
+        written = iter(self._send(self._log_writer(logged, write_table), conn, what))
+        kept = {r["id"] for r in logged}  # in the caller's order: a table message as bulk returns it
+        return [m if m.message_id in kept else next(written) for m in messages]
+
+    def _send(self, write: Callable[[psycopg.Connection], T], conn: psycopg.Connection | None, what: str) -> T:
+        """A producer's write: on the caller's connection (its transaction, never
+        written again here: see sending.py), else on the pool's, again on a fresh one
+        if the server ends it (BrokerConnectionError once that has not helped)."""
+        callers = conn or _transaction.get()
+        if callers is not None:
+            return write(callers)
+        return sending.write_retrying(self.pool, self.url, write, what, give_up_after=defaults.ENQUEUE_RETRY_SECONDS)
