@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from .. import db, defaults
 from ..identity import owner_id
 from . import bulk, logstore
+from .batcher import AckBatcher
 from .capacity import Capacity
 from .claims import Claims
 from .consumer import PostgresConsumer
@@ -41,7 +42,7 @@ from .leases import Leases
 from .listener import CANCEL_CHANNEL, Listener, PipeWakeups, Wakeups
 from .message import PgMessageProxy
 from .middleware import JobOptions, Retries
-from .outcomes import AckBatcher, Outcomes
+from .outcomes import Outcomes
 from .producer import Producer, _transaction
 from .progress import ProgressBuffer
 from .results import PostgresBackend
