@@ -175,35 +175,45 @@ def dead(pid: int) -> bool:
 
 
 class JobStream(threading.Thread):
-    """Inserts `record` jobs at a steady rate until stopped (plain SQL, one row each)."""
+    """Sends `record` jobs at a steady rate until stopped, one at a time: by plain SQL into
+    job_queue, or with ``via="log"`` by a producer at the default storage, to the job log."""
 
     def __init__(self, url: str, per_second: float = 50.0, *, sleep_s: float = 0.0, queue: str = "tests",
-                 max_lease_losses: int | None = None) -> None:
+                 max_lease_losses: int | None = None, via: str = "table") -> None:
         super().__init__(daemon=True)
         self.url = url
         self.interval = 1.0 / per_second
         self.sleep_s = sleep_s
         self.queue = queue
         self.max_lease_losses = max_lease_losses  # None: the actor's poison-pill budget
+        self.via = via
         self.sent = 0
         self._halt = threading.Event()
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
+            if self.via == "log":
+                with log_producer(self.url, self.queue, {"record": {}}) as producer:
+                    budget = {} if self.max_lease_losses is None else {"max_lease_losses": self.max_lease_losses}
+                    self._stream(lambda: producer.actors["record"].send_with_options(
+                        kwargs={"n": self.sent, "sleep_s": self.sleep_s}, **budget))
+                return
             with psycopg.connect(self.url, autocommit=True) as c:
-                next_at = time.monotonic()
-                while not self._halt.is_set():
-                    c.execute(
-                        "INSERT INTO jobs (queue, actor, kwargs, max_lease_losses) VALUES"
-                        " (%s, 'record', jsonb_build_object('n', %s::int, 'sleep_s', %s::float), %s)",
-                        (self.queue, self.sent, self.sleep_s, self.max_lease_losses),
-                    )
-                    self.sent += 1
-                    next_at += self.interval
-                    self._halt.wait(max(0.0, next_at - time.monotonic()))
+                self._stream(lambda: c.execute(
+                    "INSERT INTO jobs (queue, actor, kwargs, max_lease_losses) VALUES"
+                    " (%s, 'record', jsonb_build_object('n', %s::int, 'sleep_s', %s::float), %s)",
+                    (self.queue, self.sent, self.sleep_s, self.max_lease_losses)))
         except BaseException as exc:
             self.error = exc
+
+    def _stream(self, send: Callable[[], object]) -> None:
+        next_at = time.monotonic()
+        while not self._halt.is_set():
+            send()
+            self.sent += 1
+            next_at += self.interval
+            self._halt.wait(max(0.0, next_at - time.monotonic()))
 
     def stop(self) -> int:
         self._halt.set()

@@ -8,6 +8,8 @@ import random
 import signal
 import time
 
+import pytest
+
 from supervisor.master.janitor import RELEASE_AGAIN_AFTER
 from tests.conftest import scalar, wait_for
 from tests.supervisor_helpers import (
@@ -23,7 +25,8 @@ from tests.supervisor_helpers import (
 KILL_SECONDS = 10
 
 
-def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database_url, supervisor):
+@pytest.mark.parametrize("via", ["table", "log"])
+def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database_url, supervisor, via):
     # A 60s lease: only the master's immediate release can bring jobs back within a second.
     path = write_config(tmp_path / "s.yaml", database_url,
                         {"alpha": role(processes=3, threads=2, lease="60s", heartbeat="5s")})
@@ -31,7 +34,8 @@ def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database
     s.wait_state({"alpha": 3})
     # Victims are processes holding jobs, so one job may be hit more than 3 times: that is
     # the poison-pill budget (tested in test_crash), not what this test measures.
-    stream = JobStream(database_url, per_second=30, sleep_s=0.3, max_lease_losses=1000)
+    # Through the log too: the master releases a killed process's log batches at once.
+    stream = JobStream(database_url, per_second=30, sleep_s=0.3, max_lease_losses=1000, via=via)
     stream.start()
     rng = random.Random(7)
     kills: list[tuple[str, float]] = []
@@ -53,6 +57,8 @@ def test_sigkill_random_workers_every_second_under_load(tmp_path, conn, database
 
     wait_all_succeeded(conn, sent, timeout=90)
     assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == sent  # none lost
+    if via == "log":  # they ran from the log, not from job_queue
+        assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded'") == sent
     assert len(kills) >= KILL_SECONDS - 1
     released = at_once = 0
     log = s.log()
