@@ -7,7 +7,9 @@ import html
 import re
 from urllib.parse import parse_qs, urlsplit
 
+from supervisor import admin
 from tests.conftest import scalar, upstream_failure, wait_for
+from tests.supervisor_helpers import log_producer
 
 
 def test_chart_history_survives_a_restart_of_the_http_child(http_server, conn):
@@ -138,3 +140,45 @@ def test_the_jobs_page_and_the_api_share_one_filter_and_one_cursor(http_server, 
     for bad in ({"status": "nope"}, {"cursor": "xyz"}):
         assert s.client.get("/jobs", params=bad).status_code == 400
         assert s.client.get("/api/v1/jobs", params=bad).status_code == 400
+
+
+def test_one_cursor_pages_through_both_stores_in_order(http_server, conn, database_url):
+    """Jobs of one queue in every part of the jobs view, sent in turn: by SQL to job_queue
+    and by a producer at the default storage to the log, every third one cancelled (to
+    job_history, and a done row of the log). Paged seven at a time, the API and the page
+    show each once, newest first, as SQL orders them."""
+    sent = []
+    with log_producer(database_url, "paged2", {"noop": {}}) as producer:
+        for i in range(40):
+            if i % 2:
+                sent.append(producer.actors["noop"].send().message_id)
+            else:
+                sent.append(str(scalar(conn, "INSERT INTO jobs (queue, actor) VALUES ('paged2', 'noop') RETURNING id")))
+    for job_id in sent[::3]:
+        assert admin.cancel_job(conn, job_id)
+    assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = ANY(%s)", (sent,)) == 20
+    assert scalar(conn, "SELECT count(*) FROM job_done WHERE id = ANY(%s) AND status = 'cancelled'", (sent,)) > 0
+    assert scalar(conn, "SELECT count(*) FROM job_history WHERE id = ANY(%s)", (sent,)) > 0
+    s = http_server()
+    for status in (None, "cancelled", "pending"):
+        expected = [str(r[0]) for r in conn.execute(
+            "SELECT id FROM jobs WHERE queue = 'paged2' AND (%(s)s::text IS NULL OR status = %(s)s)"
+            " ORDER BY created_at DESC, id DESC", {"s": status}).fetchall()]
+        assert len(expected) == {None: 40, "cancelled": 14, "pending": 26}[status]
+        query = {"queue": "paged2", **({"status": status} if status else {})}
+        seen, cursor = [], None
+        while True:
+            page = s.client.get("/api/v1/jobs", params={**query, "limit": 7, **({"cursor": cursor} if cursor else {})}
+                                ).json()
+            seen += [j["id"] for j in page["jobs"]]
+            cursor = page["next_cursor"]
+            if not cursor:
+                break
+        assert seen == expected, status
+        shown, url = [], "/jobs?" + "&".join(f"{k}={v}" for k, v in query.items())
+        while url:
+            text = s.client.get(url).text
+            shown += re.findall(r'<tr data-job="([^"]+)">', text)
+            found = re.search(r'<a id="next" href="([^"]+)"', text)
+            url = html.unescape(found.group(1)) if found else ""
+        assert shown == expected, status
