@@ -51,6 +51,14 @@ def _click(b: Browser, selector: str, *, confirm: bool = False) -> None:
         wait_for(lambda: _alert(b), 5, message="confirm dialog").accept()
 
 
+def _cancel_on_its_page(b: Browser, db: psycopg.Connection, job_id: str) -> None:
+    """Cancel the job whose page is open (its button, confirmed): the database and the page say so."""
+    _click(b, "button.act", confirm=True)
+    wait_for(lambda: scalar(db, "SELECT status FROM jobs WHERE id = %s", (job_id,)) == "cancelled", 10,
+             message="the job cancelled from its page")
+    b.wait_text("#job-status", lambda t: t == "cancelled")
+
+
 def _alert(b: Browser):
     from selenium.common.exceptions import NoAlertPresentException
 
@@ -120,10 +128,7 @@ def test_jobs_retry_and_cancel_from_the_page_need_the_token(dash: Dash, browser:
     assert '"n": 4242' in browser.text("#kwargs")
     # A row inserted by plain SQL takes its actor's budget at its first claim.
     assert browser.text("#attempts") == "0 of its actor's budget (set at the first claim)"
-    _click(browser, "button.act", confirm=True)
-    wait_for(lambda: scalar(db, "SELECT status FROM jobs WHERE id = %s", (later,)) == "cancelled", 10,
-             message="job cancelled from its page")
-    browser.wait_text("#job-status", lambda t: t == "cancelled")
+    _cancel_on_its_page(browser, db, later)
     browser.screenshot("job")
 
     # "All matching": every job whose args contain the text, on any page.
@@ -393,10 +398,7 @@ def test_the_pages_find_show_and_act_on_jobs_sent_through_the_log(dash: Dash, br
     browser.open(f"{dash.base}/jobs/{shown}")
     assert '"n": 4343' in browser.text("#kwargs")
     assert browser.text("#job-status") == "pending"
-    _click(browser, "button.act", confirm=True)
-    wait_for(lambda: scalar(db, "SELECT status FROM jobs WHERE id = %s", (shown,)) == "cancelled", 10,
-             message="the log's job cancelled from its page")
-    browser.wait_text("#job-status", lambda t: t == "cancelled")
+    _cancel_on_its_page(browser, db, shown)
 
     # "All matching" reaches every pending job of the log the filter names.
     browser.open(dash.base + "/jobs?text=log-bulk&status=pending")
