@@ -51,7 +51,7 @@ from supervisor import defaults  # noqa: E402
 from supervisor.broker import PostgresBroker, sql  # noqa: E402
 from supervisor.broker.gates import first_turn  # noqa: E402
 from supervisor.broker.outcomes import Finish, finish_params  # noqa: E402
-from supervisor.worker.registry import Registration  # noqa: E402
+from supervisor.registry import Registration  # noqa: E402
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings  # noqa: E402
 
 CHUNK = 250_000

@@ -35,12 +35,11 @@ from starlette.testclient import TestClient  # noqa: E402
 from bench import dashboard_fill, dashboard_reads  # noqa: E402
 from bench.basics import with_dbname  # noqa: E402
 from bench.common import code_state, say, server_url  # noqa: E402
-from supervisor import apps, error_groups, jobsearch  # noqa: E402
+from supervisor import apps, error_groups, jobsearch, registry, scheduler_sql  # noqa: E402  # noqa: E402
 from supervisor.broker import actor_reads, reads  # noqa: E402
 from supervisor.http import state  # noqa: E402
 from supervisor.http.dashboard import recorder  # noqa: E402
 from supervisor.migrate import migrate  # noqa: E402
-from supervisor.worker import registry, scheduler_sql  # noqa: E402
 
 
 def percentiles(times: list[float]) -> tuple[float, float]:

@@ -12,11 +12,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from . import db, defaults, jobsearch
+from . import db, defaults, jobsearch, registry
 from .broker import reads, sql
 from .broker.sql import joblog
 from .identity import operator
-from .worker import registry, scheduler_sql
+from .worker import scheduler_sql
 
 
 def show_job(conn: psycopg.Connection, job_id: str) -> dict[str, Any] | None:

@@ -7,6 +7,9 @@ read these, so a default cannot drift between the places that use it.
 # Leases: a claim stays valid this long without a heartbeat; the heartbeat renews it.
 LEASE_SECONDS = 30.0
 HEARTBEAT_SECONDS = 10.0
+# The `workers` role of a process that consumes a broker outside `supervisor worker` (the
+# dramatiq CLI: broker/keeper.py registers and beats it).
+DRAMATIQ_ROLE = "dramatiq"
 # Self-fencing: a process stops a job it could not renew this long before the lease
 # expires (a fraction of the lease, capped); other processes reclaim it only
 # REAP_MARGIN_SECONDS after it expired. Together they keep two runs of a job apart.

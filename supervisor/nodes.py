@@ -14,11 +14,10 @@ from typing import Any
 
 import psycopg
 
-from . import db, defaults
+from . import db, defaults, registry
 from .broker import logstore, sql
 from .broker.sql import joblog
 from .identity import operator
-from .worker import registry
 
 
 class NodeError(RuntimeError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from supervisor import defaults
 from supervisor.broker import PostgresBroker
 from supervisor.config import Retention, parse
-from supervisor.worker.registry import Registration
+from supervisor.registry import Registration
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 from tests.conftest import scalar
 

@@ -391,7 +391,7 @@ def test_concurrency_key_serialises_real_runs(conn, actors, worker, broker):
 
 def test_retention_prunes_old_finished_rows_only(conn, broker):
     from supervisor.config import Retention
-    from supervisor.worker.registry import Registration
+    from supervisor.registry import Registration
     from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 
     conn.execute(

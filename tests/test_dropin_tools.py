@@ -12,10 +12,12 @@ import textwrap
 from pathlib import Path
 
 import dramatiq
+import psutil
 from dramatiq.message import Message
 
 from supervisor import testing
 from supervisor.broker import PostgresBroker
+from supervisor.identity import node_name
 from tests.conftest import ROOT, _server_url, scalar, wait_for
 
 
@@ -130,6 +132,15 @@ def test_the_dramatiq_cli_drains_a_queue(tmp_path, conn, database_url):
     try:
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'cli' AND status = 'succeeded'") == 50,
                  60, message="the dramatiq CLI to run 50 jobs")
+        # Its worker process is in the registry as a supervisor worker is (nodes, the
+        # dashboard's Workers page, the metrics): its queue, the rows it may hold (Dramatiq's
+        # prefetch, 2 x threads a queue), beating.
+        row = wait_for(lambda: conn.execute(
+            "SELECT id, host, pid, queues, capacity, state, beat_seconds, heartbeat_at > now() - interval '15 s'"
+            " FROM workers WHERE role = 'dramatiq'").fetchall(), 15, message="the CLI's process registered")
+        [(owner, host, pid, queues, capacity, state, beat, fresh)] = row
+        assert (host, queues, capacity, state, beat, fresh) == (node_name(), ["cli"], 4, "running", 10.0, True)
+        assert psutil.Process(pid).parent().pid == cli.pid  # Dramatiq's worker process, a child of the CLI
     finally:
         cli.send_signal(signal.SIGTERM)
         code = cli.wait(60)
@@ -138,6 +149,9 @@ def test_the_dramatiq_cli_drains_a_queue(tmp_path, conn, database_url):
     assert code == 0, output
     assert scalar(conn, "SELECT count(DISTINCT n) FROM test_results") == 50
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE status <> 'succeeded'") == 0
+    # Stopped, it said so (broker.close(): the keeper's last write).
+    assert conn.execute("SELECT state, stopped_at IS NOT NULL FROM workers WHERE id = %s", (owner,)).fetchone() == (
+        "stopped", True)
 
 
 def test_a_broker_made_for_the_cli_keeps_its_leases(conn, database_url):

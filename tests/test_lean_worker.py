@@ -68,7 +68,7 @@ def test_the_registry_samples_rss_and_cpu_as_psutil_does():
 
     import psutil
 
-    from supervisor.worker.registry import SelfUsage
+    from supervisor.registry import SelfUsage
 
     usage, proc = SelfUsage(), psutil.Process()
     proc.cpu_percent(None)

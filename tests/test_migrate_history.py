@@ -81,7 +81,7 @@ def test_retention_drops_whole_days_and_keeps_the_rest(conn, database_url):
     from supervisor import db
     from supervisor.broker import PostgresBroker
     from supervisor.config import Retention
-    from supervisor.worker.registry import Registration
+    from supervisor.registry import Registration
     from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 
     old = scalar(conn, "SELECT job_history_add_day('succeeded', current_date - 10)")

@@ -327,7 +327,7 @@ SELECT gen_random_uuid(), 'x', s, now() - interval '8 days'
 
 def test_prune_removes_only_what_it_should_while_claims_go_on(conn, workers, database_url, producer):
     from supervisor.config import Retention
-    from supervisor.worker.registry import Registration
+    from supervisor.registry import Registration
     from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 
     conn.execute(SEED_OLD, {"n": 700})

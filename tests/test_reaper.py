@@ -14,7 +14,7 @@ import pytest
 
 from supervisor.broker import PostgresBroker, sql
 from supervisor.broker.leases import reap_params
-from supervisor.worker.registry import Registration
+from supervisor.registry import Registration
 from tests.conftest import plan_buffers, run_rounds, scalar, wait_for
 
 QUEUE = "reap"

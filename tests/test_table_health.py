@@ -21,7 +21,7 @@ from supervisor.broker.leases import reap_params
 from supervisor.broker.outcomes import Finish, finish_params
 from supervisor.config import Retention
 from supervisor.http.dashboard import recorder
-from supervisor.worker.registry import Registration
+from supervisor.registry import Registration
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 from tests.conftest import scalar, wait_for
 

@@ -28,6 +28,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import db, defaults
 from ..identity import owner_id
+from ..registry import Registration
 from . import bulk, logstore
 from .batcher import AckBatcher
 from .capacity import Capacity
@@ -258,13 +259,19 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
             if self._stragglers is None:
                 self._stragglers = StragglerProbe(self.pool, self.floors)
                 self._stragglers.start()
-            if self._keeper is not None and self._keeper.ident is None:
-                self._keeper.start()
             return self._listener, self._acks
 
     def _serve(self, queue_name: str, prefetch: int) -> tuple[threading.Event, Capacity]:
         """A queue consumer's wake-up event (NOTIFY or the due timer) and in-flight bound."""
         listener, _ = self._start()
+        with self._start_lock:
+            if self._keeper is not None and self._keeper.ident is None:
+                # Each queue holds up to its own prefetch (Dramatiq's consumers are per queue).
+                self._keeper.register_as(
+                    Registration(self.pool, self.owner, role=defaults.DRAMATIQ_ROLE, queues=sorted(self.queues),
+                                 capacity=prefetch * len(self.queues), beat_seconds=self._keeper.beat_seconds),
+                    done=lambda: self.jobs_done)
+                self._keeper.start()
         assert self._timer is not None
         wakeup = self._timer.serve(queue_name, listener)
         sweep = SweepSignal(self.floors, queue_name, wakeup)

@@ -21,7 +21,7 @@ import psutil
 from .. import backoff, db
 from ..broker import Leases
 from ..identity import node_name
-from ..worker.registry import Beat, Registration
+from ..registry import Beat, Registration
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import logging
 
 from .. import db, defaults
 from ..broker import Leases
-from .registry import Registration
+from ..registry import Registration
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from ..broker import PostgresBroker, order
 from ..broker.fencing import Fence, LeaseLost
 from ..broker.pace import GiveBack, Pace
 from ..db import Database
+from ..registry import Registration
 from . import executor, liveness, metrics
 from .joblog import JobLog
-from .registry import Registration
 from .scheduler import RunResults, Scheduler
 from .settings import WorkerSettings
 from .upkeep import Upkeep, UpkeepSettings

@@ -18,8 +18,8 @@ from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
 from ..broker.sql import joblog
 from ..config import Retention
+from ..registry import Beat, Registration
 from . import liveness, scheduler_sql
-from .registry import Beat, Registration
 
 log = logging.getLogger(__name__)
 

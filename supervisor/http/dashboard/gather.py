@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 import psutil
 import psycopg
 
-from ... import actor_stats, admin, cron, db, jobsearch, ratelimit
+from ... import actor_stats, admin, cron, db, jobsearch, ratelimit, registry
 from ... import limits as flow_limits
 from ...broker import reads
-from ...worker import registry, scheduler_sql
+from ...worker import scheduler_sql
 from .. import data
 from ..state import AppState
 from . import recorder

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from ..identity import node_name
+from .identity import node_name
 
 log = logging.getLogger(__name__)
 
