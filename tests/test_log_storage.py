@@ -201,6 +201,41 @@ def test_rows_given_back_unstarted_are_claimed_again_uncounted(conn, broker) -> 
     assert [job(conn, m.message_id)[:2] for m in sent] == [("succeeded", 1)] * 3
 
 
+def test_a_row_given_back_and_taken_again_at_once_by_this_process_is_held(conn, broker) -> None:
+    """A row given back (requeue: appended again) can be claimed again by this process's
+    next claim, on another thread, before the give-back's own bookkeeping has run: the new
+    hold must survive it. Seen in a loaded CI run: the job given back was then held by no
+    batch and no lease, and never ran."""
+    first = broker.actors["log_record"].send(1)
+    second = broker.actors["log_record"].send(2)
+    running, given_back = broker.claim(QUEUE, 2)
+    assert given_back.message_id == second.message_id
+    taken: list = []
+    claiming = threading.Thread(target=lambda: taken.extend(broker.claim(QUEUE, 1)))
+    written = broker.batches.written
+
+    def claimed_again_first(ids):  # the give-back has committed; its bookkeeping is next
+        if given_back.message_id in ids and not claiming.is_alive() and not taken:
+            claiming.start()
+            wait_for(lambda: scalar(conn, "SELECT count(*) FROM job_lease WHERE %s = ANY(seqs)",
+                                    (given_back.log_row.seq + 1,)), 10, message="the row claimed again")
+        written(ids)
+
+    broker.batches.written = claimed_again_first
+    assert broker.requeue([given_back]) == 1
+    claiming.join(10)
+    broker.batches.written = written
+    [again] = taken
+    assert again.message_id == second.message_id and again.log_row.seq == given_back.log_row.seq + 1
+    assert broker.batches.row(again.message_id) == again.log_row
+    assert broker.leases.holds((again.message_id, again.attempts))
+    broker.ack(running)
+    broker.ack(again)
+    assert broker.flush_acks(10)
+    assert [job(conn, m.message_id)[:2] for m in (first, second)] == [("succeeded", 1)] * 2
+    assert broker.leases.count() == 0 and not broker.batches.held()  # both batches ended
+
+
 def test_a_lease_lost_is_released_elsewhere_and_the_late_ack_counts_nothing(conn, broker, database_url) -> None:
     message = broker.actors["log_record"].send(9)
     lost = PostgresBroker(database_url, storage="log", owner="gone:1:aaaaaa", lease_seconds=0.1, pool_size=1)

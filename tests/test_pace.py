@@ -165,7 +165,7 @@ def test_a_switch_from_short_to_long_jobs_strands_nothing(conn, workers, via):
     enqueue(conn, 1, sleep_s=1.0, queue="busy", actor="nap")
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'busy' AND status = 'running'"), 10)
     enqueue(conn, 2, sleep_s=3.0, via=via)  # one statement: one claim of the idle process takes both
-    wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results") == 2, 20)
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results") >= 2, 20, message=_story(conn))
     (pid_a, start_a, end_a), (pid_b, start_b, _) = conn.execute(
         "SELECT pid, started, at FROM test_results ORDER BY started").fetchall()
     assert pid_a == hoarder.pid and pid_b == other.pid, "both ran on one process, one after the other"
@@ -174,6 +174,27 @@ def test_a_switch_from_short_to_long_jobs_strands_nothing(conn, workers, via):
     wait_all_succeeded(conn, 2003)
     assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == 2  # each ran once
     assert given_back(conn) >= 1
+
+
+class _story:
+    """A wait's message: what became of the record jobs (their statuses and events)."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+
+    def __str__(self) -> str:
+        jobs = self.conn.execute("SELECT id, status, attempts, lease_owner FROM jobs WHERE actor = 'record'").fetchall()
+        events = self.conn.execute("SELECT e.job_id, e.from_status, e.to_status, e.who, e.reason FROM job_events e"
+                                   " JOIN jobs j ON j.id = e.job_id WHERE j.actor = 'record' ORDER BY e.id").fetchall()
+        runs = self.conn.execute("SELECT job_id, pid, started FROM test_results ORDER BY id").fetchall()
+        log_rows = self.conn.execute("SELECT seq, day, tx, id, attempts FROM job_log WHERE actor = 'record'"
+                                     " ORDER BY seq").fetchall()
+        done = self.conn.execute("SELECT seq, day, id, status, attempt, owner FROM job_done WHERE actor = 'record'"
+                                 " ORDER BY seq").fetchall()
+        leases = self.conn.execute("SELECT batch, owner, seqs, expires_at > now() FROM job_lease").fetchall()
+        cursors = self.conn.execute("SELECT * FROM job_cursor ORDER BY 1 DESC LIMIT 6").fetchall()
+        return (f"two runs; jobs {jobs}; events {events}; runs {runs}; log {log_rows}; done {done};"
+                f" leases {leases}; cursors {cursors}")
 
 
 @pytest.mark.parametrize("prefetch", [None, 4])

@@ -144,6 +144,12 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
         self.claiming.set()
         self.batches = logstore.Batches()  # the log batches this process holds
         self.leases = Leases(self.pool, self.owner, lease_seconds, batches=self.batches)
+        # An outcome that makes its job claimable again (requeue, retry, limited, a late
+        # key) writes and lets go under it, and a claim holds what it took under it: this
+        # process's own next claim may take the job back between that commit and the let
+        # go, and a let go keyed by job id must not drop the new hold (it did: a job given
+        # back from the log and taken again here was then lost).
+        self._handback = threading.RLock()
         self._log_turn = 0  # claims since this process last asked job_queue (claim)
         self.floors = ClaimFloors()  # where this process's next claim of each queue starts
         self.gates = Gates()  # the keyed part's turn cursor and announced wake-up, per queue

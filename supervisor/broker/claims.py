@@ -5,6 +5,7 @@ and gates, the floors of floors.py)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,6 +47,7 @@ class Claims:
     _timer: DueTimer | None
     _log_turn: int
     _claims_failing: bool
+    _handback: threading.RLock  # see PostgresBroker.__init__
     _budget_cache: tuple[int, dict[str, Any]] | None
     _limited_cache: tuple[int, frozenset[str]] | None
 
@@ -112,8 +114,9 @@ class Claims:
         if not rows:
             return []
         out, bad = logstore.decode(rows, self.actors, self._budgets()["default_max_attempts"])
-        self.batches.hold([(m.message_id, m.log_row) for m in out] + [(b[0], b[3]) for b in bad])
-        self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
+        with self._handback:
+            self.batches.hold([(m.message_id, m.log_row) for m in out] + [(b[0], b[3]) for b in bad])
+            self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
         if bad:
             self.leases.fail_unreadable([b[:3] for b in bad])
             for job_id, _, _, _ in bad:
@@ -139,7 +142,8 @@ class Claims:
         if with_limits:
             out, late, unkeyable = late_keys.split(rows, out, self.actors, with_limits)
             bad += unkeyable
-        self.leases.hold([(m.message_id, m.attempts) for m in (*out, *(k.message for k in late))], since=sent)
+        with self._handback:
+            self.leases.hold([(m.message_id, m.attempts) for m in (*out, *(k.message for k in late))], since=sent)
         if late:
             self._key_late(late)
         if bad:
@@ -161,10 +165,11 @@ class Claims:
         """Claimed rows their producer did not key: written back waiting on their actor's key."""
         rows = [Finish(k.message.message_id, k.message.attempts, "requeue",
                        reason="keyed by its actor's limits (its producer did not know them)") for k in late]
-        with self._conn(pool=self.pool) as c, c.transaction():
-            c.execute(sql.KEY_LATE, late_keys.params(self.owner, late))
-            self._finish(c, rows)
-        self.leases.let_go(*(k.message.message_id for k in late))
+        with self._handback:
+            with self._conn(pool=self.pool) as c, c.transaction():
+                c.execute(sql.KEY_LATE, late_keys.params(self.owner, late))
+                self._finish(c, rows)
+            self.leases.let_go(*(k.message.message_id for k in late))
 
     def _gate_opens(self, queue: str, seconds: float) -> None:
         """A peer's '~queue seconds': a limit key of the queue opens then (it has waiting rows)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -169,6 +170,7 @@ class Outcomes:
     _acks: AckBatcher | None
     _listener: Wakeups | None
     _progress: ProgressBuffer | None
+    _handback: threading.RLock  # see PostgresBroker.__init__
 
     failures: Failures
     actors: dict[str, Any]  # dramatiq's Broker: the declared actors by name
@@ -321,8 +323,9 @@ class Outcomes:
             f" ({type(exc).__name__ if exc else 'retry'}); retry in {int(delay or 0)} ms",
         )
         self.emit_before("enqueue", message, delay)
-        self._write_until_done("schedule retry", row)
-        self.leases.let_go(message.message_id)
+        with self._handback:
+            self._write_until_done("schedule retry", row)
+            self.leases.let_go(message.message_id)
         if not delay and self._listener is not None:  # due now: wake our consumer before the NOTIFY does
             self._listener.event_for(message.queue_name).set()
         # As Dramatiq's brokers do for a retry: middleware (metrics) sees it enqueued again.
@@ -345,8 +348,9 @@ class Outcomes:
                 if self._finish(c, [row]):  # still ours: its key is blocked with it
                     c.execute(sql.BLOCK_JOB_KEY, {"id": message.message_id, "seconds": seconds})
 
-        backoff.retry(write, f"record rate limit of job {row.id}", retry_on=(BrokerConnectionError,), logger=log)
-        self.leases.let_go(message.message_id)
+        with self._handback:
+            backoff.retry(write, f"record rate limit of job {row.id}", retry_on=(BrokerConnectionError,), logger=log)
+            self.leases.let_go(message.message_id)
         return message
 
     def requeue(self, messages: Iterable[PgMessageProxy], reason: str = "requeued unstarted on drain") -> int:
@@ -356,12 +360,13 @@ class Outcomes:
         if not messages:
             return 0
         rows = [Finish(m.message_id, m.attempts, "requeue", reason=reason) for m in messages]
-        with self._conn() as c:
-            count = self._finish(c, rows)
+        with self._handback:
+            with self._conn() as c:
+                count = self._finish(c, rows)
+            # Only once written: rows it could not give back are still this process's
+            # (renewed, and released with the rest of its jobs when it stops).
+            self.leases.let_go(*(m.message_id for m in messages))
         for queue in {m.queue_name for m in messages}:  # back in line, behind this process's floors
             self.floors.reset(queue)
-        # Only once written: rows it could not give back are still this process's
-        # (renewed, and released with the rest of its jobs when it stops).
-        self.leases.let_go(*(m.message_id for m in messages))
         return int(count)
 
