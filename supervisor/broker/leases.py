@@ -153,7 +153,7 @@ class Leases:
         started = time.monotonic()
         with self._lock:
             sent = [(job_id, attempt) for job_id, (attempt, _) in self._held.items()]
-        if not sent:
+        if not sent and not self.batches:  # nothing held, and no ended batch's lease row to drop
             self._unreachable = False
             return 0
         params = {"ids": [job_id for job_id, _ in sent if self.batches.row(job_id) is None], "owner": self.owner,
