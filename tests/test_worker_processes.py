@@ -19,6 +19,24 @@ SELECT 'tests', 'record', jsonb_build_array(g, %s::float), 4 FROM generate_serie
 """
 
 
+# max_retries=0 and no budgets in the rows: a lost lease must still re-run them.
+ENQUEUE_ONCE = """
+INSERT INTO jobs (queue, actor, args)
+SELECT 'tests', 'record_once', jsonb_build_array(g, %s::float) FROM generate_series(1, %s) AS g
+"""
+
+
+def send_5000(conn, url: str, storage: str, actor: str, sleep_s: float) -> None:
+    """5,000 jobs of ``actor`` (record: 3 retries; record_once: none) in one statement: by
+    SQL into job_queue, or by a producer at the default storage through the log."""
+    if storage == "log":
+        send_through_the_log(url, actor, [{"args": (g, sleep_s)} for g in range(1, 5001)],
+                             options={"max_retries": 3 if actor == "record" else 0})
+        assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    else:
+        conn.execute(ENQUEUE_RECORDS if actor == "record" else ENQUEUE_ONCE, (sleep_s, 5000))
+
+
 def succeeded(conn) -> int:
     return scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'")
 
@@ -28,12 +46,7 @@ def test_four_processes_run_5000_jobs_exactly_once(conn, workers, database_url, 
     procs = [workers(threads=8) for _ in range(4)]
     for p in procs:
         p.wait_ready(conn)
-    if storage == "log":
-        send_through_the_log(database_url, "record", [{"args": (g, 0.0)} for g in range(1, 5001)],
-                             options={"max_retries": 3})
-        assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
-    else:
-        conn.execute(ENQUEUE_RECORDS, (0.0, 5000))
+    send_5000(conn, database_url, storage, "record", 0.0)
     wait_for(lambda: succeeded(conn) == 5000, 180, interval=0.2, message="5000 jobs to succeed")
     runs, distinct, pids = conn.execute(
         "SELECT count(*), count(DISTINCT job_id), count(DISTINCT pid) FROM test_results"
@@ -41,7 +54,6 @@ def test_four_processes_run_5000_jobs_exactly_once(conn, workers, database_url, 
     assert (runs, distinct) == (5000, 5000)
     assert pids >= 2  # the work was shared
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE status <> 'succeeded' OR attempts <> 1") == 0
-
 
 
 @pytest.mark.parametrize("storage", ["table", "log"])
@@ -75,13 +87,6 @@ def test_four_processes_take_priority_levels_in_order_past_delayed_rows_exactly_
     assert claimed[2][1] <= claimed[0][0], claimed  # the top level was all taken before the lowest began
 
 
-# max_retries=0 and no budgets in the rows: a lost lease must still re-run them.
-ENQUEUE_ONCE = """
-INSERT INTO jobs (queue, actor, args)
-SELECT 'tests', 'record_once', jsonb_build_array(g, %s::float) FROM generate_series(1, %s) AS g
-"""
-
-
 @pytest.mark.parametrize("storage", ["table", "log"])
 def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers, database_url, storage):
     """Dramatiq's at-least-once: a job whose process died runs again whatever its
@@ -93,12 +98,7 @@ def test_sigkill_mid_run_reruns_only_the_killed_process_jobs(conn, workers, data
     procs = [workers(threads=8, lease=5, heartbeat=0.5) for _ in range(4)]
     for p in procs:
         p.wait_ready(conn)
-    if storage == "log":
-        send_through_the_log(database_url, "record_once", [{"args": (g, 0.002)} for g in range(1, 5001)],
-                             options={"max_retries": 0})
-        assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
-    else:
-        conn.execute(ENQUEUE_ONCE, (0.002, 5000))
+    send_5000(conn, database_url, storage, "record_once", 0.002)
     victim = procs[0]
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM test_results WHERE pid = %s", (victim.pid,)) >= 100,
              120, message="the victim to be busy")
