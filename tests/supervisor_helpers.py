@@ -227,7 +227,8 @@ def enqueue(conn: psycopg.Connection, n: int, *, sleep_s: float = 0.0, queue: st
     """``n`` jobs of ``actor`` (kwargs n, sleep_s) in one statement: by SQL into job_queue,
     or with ``via="log"`` in one batch of a producer at the default storage, to the job log."""
     if via == "log":
-        ids = send_through_the_log(conn.info.dsn, actor,
+        url = psycopg.conninfo.make_conninfo(conn.info.dsn, password=conn.info.password or None)  # dsn hides it
+        ids = send_through_the_log(url, actor,
                                    [{"kwargs": {"n": g, "sleep_s": sleep_s}} for g in range(1, n + 1)], queue=queue)
         assert conn.execute("SELECT count(*) FROM job_log WHERE id = ANY(%s)", (ids,)).fetchone() == (n,)
         return

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import dramatiq
 import psycopg
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 # How long the actor pool keeps retrying a failed connection attempt (with backoff)
 # while actor code waits for a connection.
 ACTOR_POOL_RECONNECT = 30.0
-T = TypeVar("T")
 
 
 # Signals makes ``middleware`` a property (a list that notices edits); Broker types it as a list.

@@ -271,10 +271,8 @@ WITH done AS (
     UPDATE job_done d SET status = 'retried'
       FROM job_log l
      WHERE d.id = %(id)s::uuid AND d.status IN ('failed', 'cancelled') AND l.seq = d.seq AND l.day = d.day
-       -- not while the id runs again (sent again once ended): in job_queue, or a log row with no outcome
-       AND NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.id = d.id)
-       AND NOT EXISTS (SELECT 1 FROM job_log o WHERE o.id = d.id
-                        AND NOT EXISTS (SELECT 1 FROM job_done x WHERE x.seq = o.seq AND x.day = o.day))
+       -- not while the id runs again (sent again once ended): the producers' own check
+       AND NOT job_id_live(d.id)
     RETURNING d.id, d.attempt, d.last_error, d.started_at, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload,
               l.priority, l.max_attempts, coalesce(d.lease_losses, l.lease_losses) AS lease_losses, l.max_lease_losses,
               l.message_timestamp, l.created_at
