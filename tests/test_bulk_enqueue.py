@@ -223,3 +223,63 @@ def test_a_non_json_encoder_puts_the_message_in_the_payload(conn, broker, actors
         assert got[sent.message_id] == sent and type(got[sent.message_id].args[0]) is datetime.date
     rows = conn.execute("SELECT DISTINCT payload IS NOT NULL, args, kwargs, options FROM jobs").fetchall()
     assert rows == [(True, [], {}, {})]
+
+
+LOG_ROW = ("SELECT to_jsonb(l) - 'id' - 'seq' - 'tx' - 'created_at' - 'day' FROM job_log l WHERE id = %s")
+
+
+@pytest.mark.skipif(defaults.STORAGE != "log", reason="the log is the default storage's")
+def test_a_log_batch_by_copy_writes_the_rows_one_send_and_a_small_batch_write(conn, actors, database_url):
+    """A plain batch of COPY_MIN_ROWS or more streams into the log with COPY (its text
+    escaped), a smaller one goes in as LOG_INSERT's arrays, one message as LOG_INSERT_ONE:
+    the same rows either way, and a message sent again while its job is live is not written
+    twice."""
+    broker = PostgresBroker(database_url, storage="log")
+    try:
+        plain = dramatiq.actor(actors.plain.fn, broker=broker, queue_name=QUEUE, actor_name="plain_log")
+        by_copy = [plain.message_with_options(args=(i, "tab\there, newline\nthere, back\\slash \\N ✓"),
+                                              kwargs={"k": [i, {"deep": "\\."}]}, max_lease_losses=i % 3 or None)
+                   for i in range(N)]
+        small, one_by_one = fresh_ids(by_copy)[:N - 1], fresh_ids(by_copy)
+        assert broker.enqueue_many(by_copy) == by_copy
+        assert broker.enqueue_many(small) == small
+        for m in one_by_one:
+            broker.enqueue(m)
+        rows = [[scalar(conn, LOG_ROW, (m.message_id,)) for m in batch] for batch in (by_copy, small, one_by_one)]
+        assert rows[0][:N - 1] == rows[1] and rows[0] == rows[2]
+        assert rows[0][1]["args"][1].startswith("tab\there") and rows[0][1]["max_lease_losses"] == 1
+        assert rows[0][0]["max_lease_losses"] == defaults.MAX_LEASE_LOSSES
+        # sent again, with new ones: only the new ones are written
+        extra = [plain.message() for _ in range(N)]
+        assert broker.enqueue_many(by_copy + extra) == by_copy + extra
+        assert scalar(conn, "SELECT count(*) FROM job_log") == 3 * N - 1 + N
+        assert scalar(conn, "SELECT count(DISTINCT id) FROM job_log") == 3 * N - 1 + N
+    finally:
+        broker.close()
+
+
+def test_a_log_batch_written_again_skips_every_id_the_first_write_appended(conn, database_url):
+    """A batch written again on a fresh connection (sending.py) appends only what the first
+    write did not, even a job that has since run and ended (LOG_SENT_IDS)."""
+    from supervisor.broker import logstore
+
+    def row(i: int) -> tuple:
+        return (str(uuid.uuid4()), QUEUE, "noop", "[%d]" % i, "{}", "{}", None, 0, None, 3, None)
+
+    first = [row(i) for i in range(N)]
+    with psycopg.connect(database_url) as tx:
+        logstore.append(tx, first, again=False)
+        tx.commit()
+    # one of them ran and ended: live no more, but written all the same
+    seq, day = conn.execute("SELECT seq, day FROM job_log WHERE id = %s", (first[0][0],)).fetchone()
+    conn.execute("INSERT INTO job_done (seq, day, id, attempt, status, queue, actor, created_at)"
+                 " VALUES (%s, %s, %s, 1, 'succeeded', %s, 'noop', now())", (seq, day, first[0][0], QUEUE))
+    more = [row(i) for i in range(N, N + 3)]
+    with psycopg.connect(database_url) as tx:
+        logstore.append(tx, first + more, again=True)
+        tx.commit()
+    assert scalar(conn, "SELECT count(*) FROM job_log") == N + 3
+    with psycopg.connect(database_url) as tx:  # the first try's check lets an ended job's id in again
+        logstore.append(tx, first[:1], again=False)
+        tx.commit()
+    assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (first[0][0],)) == 2

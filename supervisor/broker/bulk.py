@@ -43,7 +43,10 @@ COPY_MIN_ROWS = 32
 
 # A row's dedupe key (its index in sql.BULK_COLUMNS); its limit key and limits follow the
 # BULK_COLUMNS (sql.FLOW_COLUMNS).
+ACTOR = 2
 KEY = 9
+CONCURRENCY_KEY = 10
+STAMP = 11
 FLOW_KEY = 12
 
 # The message options job_fields reads; a message with none of them has its actor's fields.

@@ -16,8 +16,12 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+
 from .. import defaults
+from . import bulk
 from .message import PgMessageProxy, Unreadable, from_claimed_row
+from .sql import joblog
 
 
 @dataclass(frozen=True)
@@ -34,10 +38,39 @@ class LogRow:
     created_at: str
 
 
-def eligible(row: dict[str, Any], actors: Container[str]) -> bool:
-    """Whether a producer's row (PostgresBroker._row) can be appended to the log."""
-    return (not row["delay_ms"] and row["dedupe_key"] is None and row["concurrency_key"] is None
-            and row["flow_key"] is None and row["actor"] in actors)
+def loggable(row: tuple[Any, ...], actors: Container[str]) -> bool:
+    """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log."""
+    return (row[bulk.KEY] is None and row[bulk.CONCURRENCY_KEY] is None and row[bulk.FLOW_KEY] is None
+            and row[bulk.ACTOR] in actors)
+
+
+def log_row(row: tuple[Any, ...], max_lease_losses: int | None) -> tuple[Any, ...]:
+    """A loggable row's values in sql.LOG_COLUMNS order. ``max_lease_losses``: the message's
+    or its actor's, stated on the row (the default's when neither sets one), since a release
+    by any process spends it; job_queue's claim fills the same default in, so both stores
+    show the budget they apply."""
+    return (*row[:bulk.KEY], defaults.MAX_LEASE_LOSSES if max_lease_losses is None else max_lease_losses,
+            row[bulk.STAMP])
+
+
+def insert_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """sql.LOG_INSERT's arrays for ``log_row`` rows."""
+    return dict(zip(_LOG_NAMES, map(list, zip(*rows, strict=True)), strict=True))
+
+
+_LOG_NAMES = [name.strip() for name in joblog.LOG_COLUMNS.split(",")]
+
+
+def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]], *, again: bool) -> None:
+    """``log_row`` rows appended with the check and COPY (sql.LOG_COPY), in the caller's
+    transaction: those whose id a live job has are left out (``again``: any row of the log
+    with the id too, as LOG_INSERT_AGAIN)."""
+    check = joblog.LOG_SENT_IDS if again else joblog.LOG_LIVE_IDS
+    live = {r[0] for r in conn.execute(check, {"ids": [r[0] for r in rows]})}
+    with conn.cursor() as cur, cur.copy(joblog.LOG_COPY) as copy:
+        for row in rows:
+            if row[0] not in live:
+                copy.write_row(row)
 
 
 def storage(value: str | None) -> str:
@@ -48,20 +81,6 @@ def storage(value: str | None) -> str:
         raise ValueError(f"storage must be one of {', '.join(defaults.STORAGES)}, not {chosen!r}"
                          f"{'' if value else f' (from {defaults.STORAGE_ENV})'}")
     return chosen
-
-
-def insert_params(rows: Sequence[dict[str, Any]]) -> dict[str, list[Any]]:
-    """sql.LOG_INSERT's arrays for producer rows."""
-    return {"id": [r["id"] for r in rows], "queue": [r["queue"] for r in rows],
-            "actor": [r["actor"] for r in rows], "args": [r["args"] for r in rows],
-            "kwargs": [r["kwargs"] for r in rows], "options": [r["options"] for r in rows],
-            "payload": [r["payload"] for r in rows], "priority": [r["priority"] for r in rows],
-            "max_attempts": [r["max_attempts"] for r in rows],
-            # The budget a release by any process spends, stated on the row: job_queue's
-            # claim fills the same default in, so both stores show the budget they apply.
-            "max_lease_losses": [defaults.MAX_LEASE_LOSSES if r["max_lease_losses"] is None
-                                 else r["max_lease_losses"] for r in rows],
-            "message_timestamp": [r["message_timestamp"] for r in rows]}
 
 
 # LOG_CLAIM's columns (job_log_claim, migration 039)

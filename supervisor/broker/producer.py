@@ -65,6 +65,24 @@ class Producer:
             "flow": limits,
         }
 
+    def _log_rows(self, messages: list[Message[Any]]) -> list[tuple[Any, ...] | None]:
+        """Each message's log row (logstore.log_row), None for one the log does not take (a
+        dedupe, concurrency or limit key, an actor this process does not know, storage
+        "table"): built as bulk.rows builds job_queue's, each actor's fields looked up once."""
+        if self.storage != "log":
+            return [None] * len(messages)
+        actors = self.actors
+        out: list[tuple[Any, ...] | None] = []
+        for m, row in zip(messages, bulk.rows(messages, actors, self._retries(), self.queue_priorities), strict=True):
+            if not logstore.loggable(row, actors):
+                out.append(None)
+                continue
+            budget = m.options.get("max_lease_losses")
+            if budget is None:
+                budget = actors[m.actor_name].options.get("max_lease_losses")
+            out.append(logstore.log_row(row, budget))
+        return out
+
     def enqueue(
         self, message: Message[Any], *, delay: int | None = None, conn: psycopg.Connection | None = None
     ) -> Message[Any]:
@@ -72,32 +90,42 @@ class Producer:
             # A retry: Retries hands the proxy back. dramatiq types enqueue Message -> Message only.
             return self._retry(message, delay)  # type: ignore[return-value]
         self.emit_before("enqueue", message, delay)
-        row = self._row(message, delay)
-        if self.storage == "log" and logstore.eligible(row, self.actors):
-            message = self._send(self._log_writer([row], lambda c: message, atomic=False), conn, "enqueue 1 message")
+        (logged,) = self._log_rows([message]) if not delay else (None,)
+        if logged is not None:
+            message = self._send(self._log_writer([logged], lambda c: message, atomic=False), conn,
+                                 "enqueue 1 message")
         else:
+            row = self._row(message, delay)
             message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
         self.emit_after("enqueue", message, delay)
         return message
 
-    def _log_writer(self, rows: list[dict[str, Any]], rest: Callable[[psycopg.Connection], T], *,
+    def _log_writer(self, rows: list[tuple[Any, ...]], rest: Callable[[psycopg.Connection], T], *,
                     atomic: bool = True) -> Callable[[psycopg.Connection], T]:
-        """A producer's write that appends ``rows`` to the log, then does ``rest`` (the
-        job_queue part, if any), in one transaction (``atomic``: else no BEGIN and COMMIT
-        for a write that is one statement); written again on a fresh connection, it
-        appends only the rows the first write did not (sending.py)."""
-        params = logstore.insert_params(rows)
+        """A producer's write that appends ``rows`` (logstore.log_row) to the log, then does
+        ``rest`` (the job_queue part, if any), in one transaction (``atomic``: else no BEGIN
+        and COMMIT for a write that is one statement); written again on a fresh connection,
+        it appends only the rows the first write did not (sending.py). A large batch goes in
+        with COPY (logstore.append), as job_queue's does (bulk.COPY_MIN_ROWS)."""
+        copy = len(rows) >= bulk.COPY_MIN_ROWS
+        params = None if copy else logstore.insert_params(rows)
         tries = [0]
 
-        def write(c: psycopg.Connection) -> T:
+        def append(c: psycopg.Connection) -> None:
             tries[0] += 1
+            if copy:
+                logstore.append(c, rows, again=tries[0] > 1)
+                return
             statement = ((joblog.LOG_INSERT_ONE if len(rows) == 1 else joblog.LOG_INSERT) if tries[0] == 1
                          else joblog.LOG_INSERT_AGAIN)
-            if not c.autocommit or not atomic:  # the caller's transaction, or one statement
-                c.execute(statement, params)
+            c.execute(statement, params)
+
+        def write(c: psycopg.Connection) -> T:
+            if not c.autocommit or (not atomic and not copy):  # the caller's transaction, or one statement
+                append(c)
                 return rest(c)
             with c.transaction():  # both parts, or neither
-                c.execute(statement, params)
+                append(c)
                 return rest(c)
         return write
 
@@ -114,13 +142,9 @@ class Producer:
         if not messages:
             return []
         retries = self._retries()
-        table = messages
-        logged: list[dict[str, Any]] = []
-        if self.storage == "log" and not delay:
-            rows = [self._row(m, None) for m in messages]
-            logged = [r for r in rows if logstore.eligible(r, self.actors)]
-            if logged:
-                table = [m for m, r in zip(messages, rows, strict=True) if not logstore.eligible(r, self.actors)]
+        rows = self._log_rows(messages) if not delay else [None] * len(messages)
+        logged = [r for r in rows if r is not None]
+        table = [m for m, r in zip(messages, rows, strict=True) if r is None] if logged else messages
 
         def write_table(c: psycopg.Connection) -> list[Message[Any]]:
             return bulk.enqueue_many(c, table, actors=self.actors, retries=retries, delay=int(delay or 0),
@@ -129,9 +153,12 @@ class Producer:
         what = f"enqueue {len(messages)} messages"
         if not logged:
             return self._send(write_table, conn, what)
+        if not table:
+            self._send(self._log_writer(logged, lambda c: None), conn, what)
+            return messages
         written = iter(self._send(self._log_writer(logged, write_table), conn, what))
-        kept = {r["id"] for r in logged}  # in the caller's order: a table message as bulk returns it
-        return [m if m.message_id in kept else next(written) for m in messages]
+        # in the caller's order: a logged message as it came, a table one as bulk returns it
+        return [m if r is not None else next(written) for m, r in zip(messages, rows, strict=True)]
 
     def _send(self, write: Callable[[psycopg.Connection], T], conn: psycopg.Connection | None, what: str) -> T:
         """A producer's write: on the caller's connection (its transaction, never

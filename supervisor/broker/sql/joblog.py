@@ -18,14 +18,14 @@ from .outcomes import GONE
 # A message whose id a live job has (in job_queue, or in the log of yesterday to tomorrow,
 # UTC days, with no outcome: job_id_live, 041) is not written again, as job_queue's key absorbs
 # it: a producer that sends one message twice runs it once.
-_LOG_INSERT = """
-INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, max_attempts, max_lease_losses,
-                     message_timestamp)
+# A log row's columns as a producer writes them (the rest are defaults: seq, day, tx, ...).
+LOG_COLUMNS = "id, queue, actor, args, kwargs, options, payload, priority, max_attempts, max_lease_losses, message_timestamp"
+_LOG_INSERT = f"""
+INSERT INTO job_log ({LOG_COLUMNS})
 SELECT * FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(args)s::jsonb[], %(kwargs)s::jsonb[],
                      %(options)s::jsonb[], %(payload)s::bytea[], %(priority)s::int[], %(max_attempts)s::int[],
                      %(max_lease_losses)s::int[], %(message_timestamp)s::bigint[])
-    AS m(id, queue, actor, args, kwargs, options, payload, priority, max_attempts, max_lease_losses,
-         message_timestamp)
+    AS m({LOG_COLUMNS})
 """
 # Many messages: the check written out, as scalar subqueries (an index probe a row whatever
 # the planner guesses of the tables, 2-3 us a row); planned at each call, which a batch pays
@@ -45,6 +45,20 @@ LOG_INSERT_ONE = _LOG_INSERT + " WHERE NOT job_id_live(m.id)\n"
 LOG_INSERT_AGAIN = LOG_INSERT.rstrip() + """
    AND NOT EXISTS (SELECT 1 FROM job_log l WHERE l.id = m.id)
 """
+
+# A large batch (bulk.COPY_MIN_ROWS rows or more) streams in with COPY, in one transaction
+# with the check before it: the ids of the batch that a live job has (job_ids_live, 044:
+# LOG_INSERT's check for the whole batch, an index scan per partition with every id, its
+# plan cached by the session), which the COPY leaves out. Against LOG_INSERT's arrays, the
+# server's CPU per job fell by a third and the client's by half (bench/README.md,
+# bulk_vs_pgqueuer.py).
+LOG_LIVE_IDS = "SELECT i::text FROM job_ids_live(%(ids)s::uuid[]) AS i"
+# The same written again (LOG_INSERT_AGAIN's check): any row of the log with the id too.
+LOG_SENT_IDS = LOG_LIVE_IDS + """
+UNION ALL
+SELECT l.id::text FROM job_log l WHERE l.id = ANY(%(ids)s::uuid[])
+"""
+LOG_COPY = f"COPY job_log ({LOG_COLUMNS}) FROM STDIN"
 
 # Up to n ready rows of a queue for an owner, as one leased batch (job_log_claim, 039);
 # ``relaxed``: an idle claim, committed without waiting for its WAL flush.
