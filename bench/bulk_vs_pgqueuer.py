@@ -80,8 +80,8 @@ def pgqueuer(url: str, jobs: int, batch: int) -> tuple[float, float]:
 
     import asyncpg
     import psycopg
-    from pgqueuer.db import AsyncpgDriver
     from pgqueuer.adapters.persistence.qb import QueryBuilderEnvironment
+    from pgqueuer.db import AsyncpgDriver
     from pgqueuer.queries import Queries
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 

@@ -264,7 +264,7 @@ def test_a_log_batch_written_again_skips_every_id_the_first_write_appended(conn,
     from supervisor.broker import logstore
 
     def row(i: int) -> tuple:
-        return (str(uuid.uuid4()), QUEUE, "noop", "[%d]" % i, "{}", "{}", None, 0, None, 3, None)
+        return (str(uuid.uuid4()), QUEUE, "noop", f"[{i}]", "{}", "{}", None, 0, None, 3, None)
 
     first = [row(i) for i in range(N)]
     with psycopg.connect(database_url) as tx:
