@@ -16,6 +16,7 @@ from . import db, defaults, jobsearch, registry
 from .broker import reads, sql
 from .broker.sql import joblog
 from .identity import operator
+from .jobstates import JobState
 from .worker import scheduler_sql
 
 
@@ -74,8 +75,8 @@ def queue_capacity(conn: psycopg.Connection, *, waits: bool = True) -> list[dict
     return [{**q, **{k: finished.get(q["queue"], {}).get(k) for k in WAITS}} for q in found]
 
 
-# Every status a job row can have (the jobs table's check constraint), in a job's order.
-JOB_STATUSES = ("pending", "waiting", "running", "retryable", "succeeded", "failed", "cancelled")
+# Every status a job can have, in a job's order (jobstates.JobState).
+JOB_STATUSES = tuple(s.value for s in JobState)
 
 
 def job_status(value: object) -> str | None:

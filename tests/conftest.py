@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from supervisor import apps, db
+from supervisor import apps, db, jobstates
 from supervisor.broker import PostgresBroker
 from supervisor.testing import ThrowawayDatabase, empty_tables
 from supervisor.testsignals import Recorded
@@ -98,8 +98,14 @@ def emptied(url: str) -> Iterator[psycopg.Connection]:
 
 @pytest.fixture
 def conn(database_url: str) -> Iterator[psycopg.Connection]:
+    """The test database's tables emptied, on one autocommit connection; after the test,
+    every move its jobs made (job_events) must be one of the state machine's."""
     with emptied(database_url) as c:
         yield c
+        if not c.closed:
+            moves = c.execute("SELECT DISTINCT from_status, to_status FROM job_events").fetchall()
+            wrong = [m for m in moves if not jobstates.allowed(*m)]
+            assert not wrong, f"job moves outside supervisor/jobstates.py's TRANSITIONS: {wrong}"
 
 
 @pytest.fixture
