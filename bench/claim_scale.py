@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import WorkerPool, bench_database, code_state, percentile, say, server_url  # noqa: E402
 from supervisor import defaults  # noqa: E402
 from supervisor.broker import PostgresBroker, sql  # noqa: E402
+from supervisor.broker.completer import Finish, finish_params  # noqa: E402
 from supervisor.broker.gates import first_turn  # noqa: E402
-from supervisor.broker.outcomes import Finish, finish_params  # noqa: E402
 from supervisor.registry import Registration  # noqa: E402
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings  # noqa: E402
 

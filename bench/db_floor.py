@@ -13,7 +13,7 @@ statement, as a worker process does, until no row is left. Prints enqueue and dr
 the backends' CPU per row of each (from /proc, as profile_worker.py) and their sum per job.
 
 ``--storage`` (default: the product's, defaults.STORAGE): ``log`` sends joblog.LOG_INSERT,
-LOG_CLAIM and the worker's ack through outcomes.write_log_outcomes; ``table`` sends
+LOG_CLAIM and the worker's ack through completer.write_log_outcomes; ``table`` sends
 sql.INSERT_MANY, sql.claim(BATCH) and sql.FINISH.
 
 Compare with W1 (bench_broker.py): W1's jobs/s over the drain figure is the share of the
@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import bench_database, code_state, reset  # noqa: E402
 from bench.floor import Conn, JobPath, main  # noqa: E402
 from supervisor.broker import sql  # noqa: E402
+from supervisor.broker.completer import ack_params, log_columns, write_log_outcomes  # noqa: E402
 from supervisor.broker.floors import SWEEP  # noqa: E402
 from supervisor.broker.gates import first_turn  # noqa: E402
 from supervisor.broker.logstore import Batches, LogRow  # noqa: E402
 from supervisor.broker.middleware import claim_budgets  # noqa: E402
-from supervisor.broker.outcomes import ack_params, log_columns, write_log_outcomes  # noqa: E402
 from supervisor.broker.sql import joblog  # noqa: E402
 from supervisor.defaults import STORAGE  # noqa: E402
 

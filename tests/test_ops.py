@@ -331,10 +331,10 @@ def test_prune_removes_only_what_it_should_while_claims_go_on(conn, workers, dat
     from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 
     conn.execute(SEED_OLD, {"n": 700})
-    conn.execute("INSERT INTO job_events (job_id, at, who, to_status) SELECT id, now() - interval '40 days',"
-                 " 'test', 'succeeded' FROM jobs WHERE status = 'failed'")
-    conn.execute("INSERT INTO job_events (job_id, who, to_status) SELECT id, 'test', 'failed' FROM jobs"
-                 " WHERE status = 'failed'")
+    conn.execute("INSERT INTO job_events (job_id, at, who, from_status, to_status) SELECT id,"
+                 " now() - interval '40 days', 'test', 'running', 'succeeded' FROM jobs WHERE status = 'failed'")
+    conn.execute("INSERT INTO job_events (job_id, who, from_status, to_status) SELECT id, 'test', 'running', 'failed'"
+                 " FROM jobs WHERE status = 'failed'")
     conn.execute("INSERT INTO job_progress (job_id, at, percent) SELECT id, now() - interval '8 days', 100"
                  " FROM jobs WHERE status = 'succeeded'")
     conn.execute("INSERT INTO job_runs (job_name, started_at, status) VALUES"

@@ -16,9 +16,9 @@ from psycopg_pool import ConnectionPool
 from supervisor import db, error_groups
 from supervisor.broker import PostgresBroker, actor_reads, reads
 from supervisor.broker import sql as jobs_sql
+from supervisor.broker.completer import Finish, finish_params
 from supervisor.broker.gates import first_turn
 from supervisor.broker.leases import reap_params
-from supervisor.broker.outcomes import Finish, finish_params
 from supervisor.config import Retention
 from supervisor.http.dashboard import recorder
 from supervisor.registry import Registration
@@ -268,7 +268,8 @@ def test_the_errors_and_actors_reads_are_bounded_by_their_windows_indexes(conn):
     conn.execute("INSERT INTO job_events (job_id, at, who, from_status, to_status, actor, error_type, error_where)"
                  " SELECT id, finished_at, 'w', 'running', 'failed', actor, 'ValueError', 'app.py:f' FROM jobs"
                  " WHERE status = 'failed'")
-    conn.execute("INSERT INTO job_events (job_id, at, who, to_status) SELECT id, now(), 'w', 'cancelled' FROM jobs")
+    conn.execute("INSERT INTO job_events (job_id, at, who, from_status, to_status)"
+                 " SELECT id, now(), 'w', 'pending', 'cancelled' FROM jobs")
     conn.execute("ANALYZE job_queue")
     conn.execute("ANALYZE job_history")
     conn.execute("ANALYZE job_events")

@@ -16,6 +16,7 @@ from psycopg_pool import ConnectionPool
 
 from .. import defaults
 from . import late_keys, logstore, sql
+from .completer import Finish
 from .floors import ClaimFloors
 from .gates import Gates
 from .joining import Failures
@@ -23,7 +24,6 @@ from .leases import Leases
 from .listener import Wakeups
 from .message import PgMessageProxy, decode_claimed
 from .middleware import Retries, claim_budgets
-from .outcomes import Finish
 from .sql import joblog
 from .timer import DueTimer
 

@@ -18,7 +18,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .. import defaults
 from . import logstore, sql
-from .outcomes import Finish, finish_params, log_finish_params, write_log_outcomes
+from .completer import Finish, finish_params, log_finish_params, write_log_outcomes
 from .sql import joblog
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import dramatiq.worker
 from dramatiq import Actor
@@ -30,8 +30,14 @@ from ..broker.consumer import PostgresConsumer
 from ..broker.fencing import LeaseLost
 from ..broker.message import PgMessageProxy
 
-if TYPE_CHECKING:
-    from .executor_async import Coroutines
+
+class Coroutines(Protocol):
+    """What a WorkerThread asks of the async actors' side (executor_async.Coroutines),
+    stated here so the two modules do not import each other."""
+
+    def take(self, message: MessageProxy, thread: WorkerThread) -> bool:
+        """Whether the message is an async actor's, now handed to the event loop."""
+        ...
 
 # Dramatiq's loggers, so its users' logging config applies to the same lines.
 _worker_log = logging.getLogger("dramatiq.worker.WorkerThread")

@@ -74,7 +74,7 @@ SELECT batch, seq, day::text, id::text, queue, actor, body, attempt, max_attempt
 """
 
 # The one way an attempt of a log row ends (sql.FINISH's counterpart, with its parameters
-# plus each row's seq and day: outcomes.finish_params): a batch of outcomes, any mix.
+# plus each row's seq and day: completer.finish_params): a batch of outcomes, any mix.
 #   succeeded, failed: the done row is all (a failure's traceback and its event, grouped on
 #       the Errors page as sql.FINISH's are);
 #   retry: done 'retried', and the job goes on in job_queue, 'retryable' at now() + delay_ms
@@ -91,7 +91,7 @@ SELECT batch, seq, day::text, id::text, queue, actor, body, attempt, max_attempt
 # LOG_FINISH_FIRST is the same without the ON CONFLICT: the owner's first try, as nearly
 # every attempt's done row is its first (a speculative insertion cost the ack 2 us a row, an
 # eighth of it); a unique violation means another writer ended one of these attempts first,
-# and LOG_FINISH, tried next, lets the fence decide (outcomes.write_log_outcomes).
+# and LOG_FINISH, tried next, lets the fence decide (completer.write_log_outcomes).
 _LOG_OUTCOMES = """
 WITH f AS (
     SELECT * FROM unnest(%(seqs)s::bigint[], %(days)s::date[], %(ids)s::uuid[], %(attempts)s::int[],
