@@ -47,11 +47,10 @@ ENDED: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, Job
 TRANSITIONS: dict[JobState, dict[JobState, str]] = {
     JobState.PENDING: {
         JobState.RUNNING: "claim",
-        JobState.WAITING: "claim finds its limit key full",
         JobState.CANCELLED: "cancel",
     },
     JobState.WAITING: {
-        JobState.PENDING: "its key has room",
+        JobState.RUNNING: "claim, once its key has room",
         JobState.CANCELLED: "cancel",
     },
     JobState.RETRYABLE: {
@@ -63,11 +62,11 @@ TRANSITIONS: dict[JobState, dict[JobState, str]] = {
         JobState.FAILED: "fail (out of attempts, or of lease losses)",
         JobState.RETRYABLE: "retry",
         JobState.PENDING: "requeue, release, or a limit's put-back",
-        JobState.WAITING: "a limit's put-back with its key",
+        JobState.WAITING: "a late limit key; a retry, release or put-back of a job with a key",
         JobState.CANCELLED: "cancel",
     },
-    JobState.FAILED: {JobState.PENDING: "an operator's retry"},
-    JobState.CANCELLED: {JobState.PENDING: "an operator's retry"},
+    JobState.FAILED: {JobState.PENDING: "an operator's retry", JobState.WAITING: "an operator's retry (a key)"},
+    JobState.CANCELLED: {JobState.PENDING: "an operator's retry", JobState.WAITING: "an operator's retry (a key)"},
     JobState.SUCCEEDED: {},
 }
 

@@ -5,9 +5,11 @@ make (job_events, written by the code that moves them) are all in it."""
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 
 import pytest
+from psycopg.types.json import Jsonb
 
 from supervisor import admin
 from supervisor.jobstates import ENDED, SENT, TRANSITIONS, JobState, Outcome, allowed
@@ -59,3 +61,19 @@ def test_every_state_but_the_ended_ones_can_end() -> None:
                     seen.add(nxt)
                     todo.append(nxt)
         assert seen & ENDED, start
+
+
+@pytest.mark.parametrize("key", [None, "account-1"], ids=["plain", "with a limit key"])
+@pytest.mark.parametrize("was", ["failed", "cancelled"])
+def test_an_operators_retry_writes_the_move_it_makes(conn, was, key) -> None:
+    """A finished job of job_history retried by an operator (admin.retry_job): its event
+    says where it came from and where it went (pending, or waiting with a limit key)."""
+    job = str(uuid.uuid4())
+    conn.execute("INSERT INTO jobs (id, queue, actor, status, attempts, max_attempts, finished_at, flow_key, flow)"
+                 " VALUES (%s, 'q', 'a', %s, 1, 1, now(), %s, %s)",
+                 (job, was, key, None if key is None else Jsonb({"c": 1})))
+    assert admin.retry_job(conn, job)
+    went = "pending" if key is None else "waiting"
+    assert conn.execute("SELECT from_status, to_status FROM job_events WHERE job_id = %s", (job,)).fetchall() == [
+        (was, went)]
+    assert allowed(was, went)

@@ -156,9 +156,9 @@ def test_an_operator_retries_a_job_that_ended_in_the_log(conn, broker) -> None:
     assert sorted(ran) == [5, 5, 6]
     assert job(conn, failing.message_id)[:2] == ("succeeded", 2)
     assert conn.execute("SELECT status FROM job_done WHERE id = %s", (failing.message_id,)).fetchall() == [("retried",)]
-    for message in (failing, cancelled):
-        assert scalar(conn, "SELECT count(*) FROM job_events WHERE job_id = %s AND reason = 'retried by operator'",
-                      (message.message_id,)) == 1
+    for message, was in ((failing, "failed"), (cancelled, "cancelled")):
+        assert conn.execute("SELECT from_status, to_status FROM job_events WHERE job_id = %s"
+                            " AND reason = 'retried by operator'", (message.message_id,)).fetchall() == [(was, "pending")]
         assert not admin.retry_job(conn, message.message_id)
     # A job failed in the log whose message was sent again (the same id) and waits: its
     # failed run is not retried beside it.

@@ -283,13 +283,14 @@ RETURNING job_id
 LOG_RETRY_FAILED = """
 WITH done AS (
     UPDATE job_done d SET status = 'retried'
-      FROM job_log l
+      FROM job_log l, job_done was  -- was: the row as it stood (RETURNING gives the new one)
      WHERE d.id = %(id)s::uuid AND d.status IN ('failed', 'cancelled') AND l.seq = d.seq AND l.day = d.day
+       AND was.seq = d.seq AND was.day = d.day
        -- not while the id runs again (sent again once ended): the producers' own check
        AND NOT job_id_live(d.id)
     RETURNING d.id, d.attempt, d.last_error, d.started_at, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload,
               l.priority, l.max_attempts, coalesce(d.lease_losses, l.lease_losses) AS lease_losses, l.max_lease_losses,
-              l.message_timestamp, l.created_at
+              l.message_timestamp, l.created_at, was.status AS was
 ), back AS (
     INSERT INTO job_queue (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
                            max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error,
@@ -301,7 +302,7 @@ WITH done AS (
     RETURNING id, status
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(who)s, NULL, status, 'retried by operator' FROM back
+    SELECT b.id, %(who)s, d.was, b.status, 'retried by operator' FROM back b JOIN done d ON d.id = b.id
 )
 SELECT id FROM back
 """

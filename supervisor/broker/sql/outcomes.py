@@ -336,7 +336,7 @@ WITH done AS (
     RETURNING id, queue, status
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, %(who)s, NULL, status, 'retried by operator' FROM back
+    SELECT b.id, %(who)s, d.status, b.status, 'retried by operator' FROM back b JOIN done d ON d.id = b.id
 )
 SELECT id FROM back
 """
