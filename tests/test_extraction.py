@@ -155,7 +155,9 @@ def test_re_alerts_off_block_only_while_pending_and_on_wait_for_the_cooldown(con
     assert run_extraction(cheap, watch_id)["alert_id"] is not None
     assert run_extraction(cheap, watch_id)["alert_id"] is None  # off: blocked while the first is pending
     conn.execute("UPDATE alerts SET notified = true, notified_at = now()")
-    assert run_extraction(cheap, watch_id)["alert_id"] is not None  # off: notified, so it may alert again
+    assert run_extraction(cheap, watch_id)["alert_id"] is None  # off: notified, and neither cheaper nor back
+    conn.execute("UPDATE listings SET price_cents = 6900 WHERE id = %s", (cheap,))
+    assert run_extraction(cheap, watch_id)["alert_id"] is not None  # off: under the price notified
     conn.execute("UPDATE alerts SET notified = true, notified_at = now()")
 
     pipeline_config["alerts"] = {"re_alerts_enabled": True, "re_alerts_cooldown": "1h"}
@@ -178,6 +180,9 @@ def test_re_alerts_per_watch_override_the_config(conn, setup, pipeline_config):
     assert run_extraction(cheap, watch_id)["alert_id"] is None  # the 24 h default cooldown applies
     pipeline_config["alerts"] = {"re_alerts_enabled": True, "re_alerts_cooldown": "1h"}
     catalog.set_watch_re_alerts(conn, str(watch_id), False)  # opted out, the config's default is on
+    conn.execute("UPDATE alerts SET notified_at = now() - interval '2 hours'")  # past the config's cooldown
+    assert run_extraction(cheap, watch_id)["alert_id"] is None  # off: neither cheaper nor back
+    conn.execute("UPDATE listings SET price_cents = 6900 WHERE id = %s", (cheap,))
     assert run_extraction(cheap, watch_id)["alert_id"] is not None
     assert catalog.get_watch(conn, str(watch_id))["re_alerts"] is False
 

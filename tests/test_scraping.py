@@ -545,3 +545,43 @@ def test_a_deal_that_disappears_and_reappears_is_judged_again_and_alerts_again(
     assert extractions() == 1
     assert extract_deal() is not None
     assert scalar(conn, "SELECT count(*) FROM alerts") == 2
+
+
+def test_a_notified_listing_alerts_again_only_below_its_notified_price_or_back_after_an_absence(
+        conn, pipeline_broker, pipeline_config, httpserver):
+    """Re-alerts off (the default): an auction's rising bid under the target alerts once, not
+    on every poll that sees a new bid; a price under the one notified, or the listing coming
+    back after a poll that did not find it, alerts again."""
+    from actors.extraction import run_extraction
+    from actors.scraping import run_scrape
+
+    source_id = make_source(conn, "auctions", httpserver.url_for("/search") + "?q={query}")
+    watch_id = make_watch(conn, source_id, "ddr4 32gb", target_price_cents=8_000)
+    pipeline_config["cache"] = {"enabled": False}  # each scrape reads the page anew
+
+    def poll(bid: float | None) -> list[int | None]:
+        """One scrape that finds the auction at ``bid`` (None: not at all), then the
+        extractions it chained, as a worker would run them: the alerts they created."""
+        httpserver.clear()
+        httpserver.expect_request("/search").respond_with_json(
+            [] if bid is None else [{"id": "B1", "title": "Corsair 32GB DDR4 3200", "price": bid, "type": "auction"}])
+        run_scrape(watch_id)
+        chained = conn.execute("SELECT (args->>0)::bigint, (args->>1)::bigint FROM jobs"
+                               " WHERE actor = 'extract_listing'").fetchall()
+        conn.execute("DELETE FROM jobs WHERE actor = 'extract_listing'")
+        return [run_extraction(listing_id, watch)["alert_id"] for listing_id, watch in chained]
+
+    def notified() -> None:
+        conn.execute("UPDATE alerts SET notified = true, notified_at = now() WHERE NOT notified")
+
+    first = poll(50.0)
+    assert len(first) == 1 and first[0] is not None
+    notified()
+    assert poll(55.0) == [None]  # a higher bid, still under the target: no news
+    assert poll(60.0) == [None]
+    assert poll(52.0) == [None]  # lower than the last poll, not than the notified 50
+    assert poll(45.0)[0] is not None  # under the notified price
+    notified()
+    assert poll(None) == []  # gone
+    assert poll(45.0)[0] is not None  # back after an absence
+    assert scalar(conn, "SELECT count(*) FROM alerts") == 3

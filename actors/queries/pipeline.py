@@ -90,7 +90,7 @@ DELETE FROM watches WHERE name IS NULL OR NOT (name = ANY(%(names)s)) RETURNING 
 # Returns the listing id, whether it is new, its price before this upsert (so the
 # caller can re-score a listing whose price moved), and whether it reappeared: it was
 # last seen before the watch's previous poll, so that poll did not find it (a deal
-# that disappears and comes back is judged again and may alert again).
+# that disappears and comes back is judged again and may alert again: returned_at).
 UPSERT_LISTING = """
 WITH before AS (
     SELECT price_cents, last_seen_at FROM listings WHERE source_id = %(source_id)s AND external_id = %(external_id)s
@@ -103,7 +103,8 @@ ON CONFLICT (source_id, external_id) DO UPDATE
    SET url = EXCLUDED.url, title = EXCLUDED.title, description = EXCLUDED.description,
        price_cents = EXCLUDED.price_cents, currency = EXCLUDED.currency, price_type = EXCLUDED.price_type,
        condition_text = EXCLUDED.condition_text, raw = EXCLUDED.raw, listing_type = EXCLUDED.listing_type,
-       auction_ends_at = EXCLUDED.auction_ends_at, last_seen_at = now()
+       auction_ends_at = EXCLUDED.auction_ends_at, last_seen_at = now(),
+       returned_at = CASE WHEN l.last_seen_at < %(previous_poll)s::timestamptz THEN now() ELSE l.returned_at END
 RETURNING l.id, (xmax = 0) AS inserted, (SELECT price_cents FROM before),
           coalesce((SELECT last_seen_at FROM before) < %(previous_poll)s::timestamptz, false) AS reappeared
 """
@@ -259,25 +260,31 @@ WATCH_FOR_SCORING = """
 SELECT id, enabled, target_price_cents, deal_threshold, webhook_url FROM watches WHERE id = %(id)s
 """
 
-# One pending alert per watch and listing, always (the partial unique index): that is
-# all that blocks a second alert with re-alerts off, so a deal that disappears and
-# reappears alerts again once the first was notified. With re-alerts on (the watch's
-# own `re_alerts`, else %(re_alerts)s from the config), a listing notified within the
-# cooldown does not alert again. A re-extraction (%(reextract)s) never alerts a listing
-# that was notified before: reading it again is no news.
+# One pending alert per watch and listing, always (the partial unique index). With
+# re-alerts off (the default: the watch's own `re_alerts`, else %(re_alerts)s from the
+# config), a listing notified before alerts again only when its price is under the one
+# last notified, or it came back (returned_at) after that notification: an auction's
+# rising bid under the target is judged on every poll but alerts once. With re-alerts on,
+# a listing notified within the cooldown does not alert again. A re-extraction
+# (%(reextract)s) never alerts a listing that was notified before: reading it again is
+# no news.
 CREATE_ALERT = """
 INSERT INTO alerts (watch_id, listing_id, price_cents, baseline_cents, score, reason)
 SELECT w.id, %(listing_id)s, %(price_cents)s, %(baseline_cents)s, %(score)s, %(reason)s
   FROM watches w
+  LEFT JOIN LATERAL (
+        SELECT a.id, a.price_cents, a.notified_at FROM alerts a
+         WHERE a.watch_id = w.id AND a.listing_id = %(listing_id)s AND a.notified
+         ORDER BY a.notified_at DESC NULLS LAST, a.id DESC LIMIT 1) last ON true
  WHERE w.id = %(watch_id)s
-   AND (NOT coalesce(w.re_alerts, %(re_alerts)s::boolean)
-        OR NOT EXISTS (
-            SELECT 1 FROM alerts a
-             WHERE a.watch_id = w.id AND a.listing_id = %(listing_id)s AND a.notified
-               AND a.notified_at > now() - %(cooldown_s)s::float8 * interval '1 second'))
-   AND (NOT %(reextract)s::boolean
-        OR NOT EXISTS (SELECT 1 FROM alerts a WHERE a.watch_id = w.id AND a.listing_id = %(listing_id)s
-                                                 AND a.notified))
+   AND CASE WHEN coalesce(w.re_alerts, %(re_alerts)s::boolean)
+            THEN last.id IS NULL
+                 OR last.notified_at <= now() - %(cooldown_s)s::float8 * interval '1 second'
+            ELSE last.id IS NULL
+                 OR %(price_cents)s < last.price_cents
+                 OR (SELECT l.returned_at FROM listings l WHERE l.id = %(listing_id)s) > last.notified_at
+       END
+   AND (NOT %(reextract)s::boolean OR last.id IS NULL)
 ON CONFLICT (watch_id, listing_id) WHERE NOT notified DO NOTHING
 RETURNING id
 """
