@@ -585,3 +585,90 @@ def test_a_notified_listing_alerts_again_only_below_its_notified_price_or_back_a
     assert poll(None) == []  # gone
     assert poll(45.0)[0] is not None  # back after an absence
     assert scalar(conn, "SELECT count(*) FROM alerts") == 3
+
+
+# --- a failing watch -----------------------------------------------------------------
+
+
+def _watch(conn, watch_id) -> dict:
+    row = conn.execute("SELECT last_polled_at IS NOT NULL, last_error, failures,"
+                       " extract(epoch FROM next_poll_at - last_polled_at) FROM watches WHERE id = %s",
+                       (watch_id,)).fetchone()
+    return {"polled": row[0], "error": row[1], "failures": row[2], "backoff_s": row[3]}
+
+
+def _time_passes(conn, watch_id, seconds: float) -> None:
+    """The watch's last attempt (and its next try) happened ``seconds`` earlier."""
+    conn.execute("UPDATE watches SET last_polled_at = last_polled_at - %s * interval '1 second',"
+                 " next_poll_at = next_poll_at - %s * interval '1 second' WHERE id = %s", (seconds, seconds, watch_id))
+
+
+def test_a_failing_watch_records_each_attempt_and_backs_off_from_its_interval_to_a_day(
+        conn, pipeline_broker, pipeline_config, httpserver, shop, database_url):
+    """A 404 (or a page that cannot be parsed) is still a poll: the watch shows when and
+    why, and is tried again after its interval, then twice that, up to a day, instead of
+    on every poll_due_watches tick; a good page clears it."""
+    from actors.scraping import enqueue_due_watches, send_scrape
+    from tests.conftest import cli
+
+    _, watch_id = shop  # polled every hour
+    pipeline_config["cache"] = {"enabled": False}
+    httpserver.expect_request("/search").respond_with_data("gone", status=404)
+    def newest_scrape() -> str:
+        return scalar(conn, "SELECT id::text FROM jobs WHERE actor = 'scrape_watch' ORDER BY created_at DESC LIMIT 1")
+
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        job = send_scrape(watch_id).message_id
+        for failures, backoff in ((1, 3600), (2, 7200), (3, 14400)):
+            assert wait_job(conn, job, "failed", "succeeded") == "failed"
+            state = _watch(conn, watch_id)
+            assert state["polled"] and "HTTP 404" in state["error"], state
+            assert (state["failures"], state["backoff_s"]) == (failures, backoff)
+            assert enqueue_due_watches() == 0  # not again on the next tick
+            _time_passes(conn, watch_id, backoff - 60)
+            assert enqueue_due_watches() == 0  # nor before its backoff has passed
+            _time_passes(conn, watch_id, 60)
+            assert enqueue_due_watches() == 1  # due: the worker runs it (the next failure)
+            job = newest_scrape()
+        assert wait_job(conn, job, "failed", "succeeded") == "failed"
+        assert _watch(conn, watch_id)["failures"] == 4
+        conn.execute("UPDATE watches SET failures = 10 WHERE id = %s", (watch_id,))
+        msg = send_scrape(watch_id)
+        assert wait_job(conn, msg.message_id, "failed", "succeeded") == "failed"
+        assert _watch(conn, watch_id)["backoff_s"] == 86400  # doubling stops at a day
+
+        listed = cli("watches", "list", url=database_url)
+        assert listed.returncode == 0 and "HTTP 404" in listed.stdout, listed.stderr
+        shown = json.loads(cli("watches", "list", "--json", url=database_url).stdout)[0]
+        assert "HTTP 404" in shown["last_error"] and shown["next_poll_at"] and shown["failures"] == 11
+
+        # A page that cannot be parsed fails the same way; a good one clears the failure.
+        httpserver.clear()
+        httpserver.expect_request("/search").respond_with_data("<html><p>captcha</p></html>", content_type="text/html")
+        msg = send_scrape(watch_id)
+        assert wait_job(conn, msg.message_id, "failed", "succeeded") == "failed"
+        assert "layout may have changed" in _watch(conn, watch_id)["error"]
+        httpserver.clear()
+        httpserver.expect_request("/search").respond_with_json(ITEMS)
+        msg = send_scrape(watch_id)
+        assert wait_job(conn, msg.message_id, "failed", "succeeded") == "succeeded"
+    # not failing: no next try of its own, due again after its interval
+    assert _watch(conn, watch_id) == {"polled": True, "error": None, "failures": 0, "backoff_s": None}
+    assert enqueue_due_watches() == 0
+
+
+def test_a_scrapes_retries_count_once_toward_its_watchs_backoff(conn, pipeline_broker, pipeline_config,
+                                                               httpserver, shop):
+    """A 503 is retried by the job (its own backoff); its attempts are one failed poll."""
+    from actors.scraping import send_scrape
+
+    _, watch_id = shop
+    pipeline_config["cache"] = {"enabled": False}
+    httpserver.expect_request("/search").respond_with_data("busy", status=503)
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        msg = send_scrape(watch_id)
+        wait_for(lambda: scalar(conn, "SELECT attempts FROM jobs WHERE id = %s", (msg.message_id,)) >= 2
+                 and scalar(conn, "SELECT status FROM jobs WHERE id = %s", (msg.message_id,)) != "running",
+                 timeout=30, message="the scrape's second attempt")
+    state = _watch(conn, watch_id)
+    assert "HTTP 503" in state["error"] and (state["failures"], state["backoff_s"]) == (1, 3600), state

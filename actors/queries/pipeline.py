@@ -12,15 +12,38 @@ RETURNING id
 """
 
 WATCH_WITH_SOURCE = """
-SELECT w.id, w.query, w.enabled, w.last_polled_at, s.id, s.name, s.search_url, s.format, s.enabled,
+SELECT w.id, w.query, w.enabled, w.last_ok_at, s.id, s.name, s.search_url, s.format, s.enabled,
        s.rate_limit_per_minute, s.burst, s.daily_quota
   FROM watches w JOIN sources s ON s.id = w.source_id
  WHERE w.id = %(id)s
 """
 
-MARK_POLLED = "UPDATE watches SET last_polled_at = now() WHERE id = %(id)s"
+MARK_POLLED = """
+UPDATE watches
+   SET last_polled_at = now(), last_ok_at = now(), last_error = NULL, failures = 0, failed_job = NULL,
+       next_poll_at = NULL
+ WHERE id = %(id)s
+"""
 
-# Enabled watches not polled within their interval, on sources that are enabled, not
+# A failed poll (migration 106): the attempt and its error, and the next try after the
+# watch's interval doubled once per failed poll before this one, at most %(max_backoff_s)s
+# (or the interval, if longer). A scrape job's retries (%(job)s) count as one failed poll.
+MARK_FAILED = """
+WITH f AS (
+    SELECT id, failures + CASE WHEN %(job)s::text IS NOT NULL AND failed_job = %(job)s THEN 0 ELSE 1 END AS n
+      FROM watches WHERE id = %(id)s
+)
+UPDATE watches w
+   SET last_polled_at = now(), last_error = %(error)s, failures = f.n, failed_job = %(job)s,
+       next_poll_at = now() + least(w.poll_interval_seconds * power(2, least(f.n - 1, 30)),
+                                    greatest(w.poll_interval_seconds, %(max_backoff_s)s)) * interval '1 second'
+  FROM f
+ WHERE w.id = f.id
+RETURNING w.failures, w.next_poll_at
+"""
+
+# Enabled watches not polled within their interval (a failing one: not before its next
+# try, MARK_FAILED), on sources that are enabled, not
 # paused by the breaker (their scrapes would only be deferred) and allowed requests at
 # all (a daily quota of 0), with their source's limits (each scrape carries them).
 # A watch whose scrape waits for its source's token is left out: the runtime's unique
@@ -39,6 +62,7 @@ SELECT w.id, w.query, s.id, s.rate_limit_per_minute, s.burst, s.daily_quota
    AND %(dedupe_prefix)s || w.id NOT IN (SELECT dedupe_key FROM waiting)
    AND (w.last_polled_at IS NULL
         OR w.last_polled_at < now() - coalesce(%(older_than_s)s, w.poll_interval_seconds) * interval '1 second')
+   AND (w.next_poll_at IS NULL OR w.next_poll_at <= now())
  ORDER BY w.last_polled_at NULLS FIRST, w.id
  LIMIT %(limit)s
 """
@@ -46,7 +70,9 @@ SELECT w.id, w.query, s.id, s.rate_limit_per_minute, s.burst, s.daily_quota
 # The catalog (CLI and config sync). Pending alerts: not yet notified.
 WATCH_COLUMNS = """
 w.id, w.name, w.query, s.name AS source, w.enabled, w.target_price_cents, w.deal_threshold,
-w.webhook_url, w.poll_interval_seconds AS every_seconds, w.re_alerts, w.last_polled_at, w.created_at,
+w.webhook_url, w.poll_interval_seconds AS every_seconds, w.re_alerts, w.last_polled_at, w.last_ok_at,
+w.last_error, w.failures,
+coalesce(w.next_poll_at, w.last_polled_at + w.poll_interval_seconds * interval '1 second') AS next_poll_at, w.created_at,
 (SELECT count(*) FROM alerts a WHERE a.watch_id = w.id AND NOT a.notified) AS pending_alerts
 """
 
@@ -327,7 +353,8 @@ SELECT a.id, a.watch_id, w.query, l.title, a.price_cents, a.reason, a.created_at
 
 WATCHES_POLLED = """
 SELECT w.id, coalesce(w.name, w.query) AS watch, s.name AS source, w.enabled, w.poll_interval_seconds,
-       w.last_polled_at, w.last_polled_at + w.poll_interval_seconds * interval '1 second' AS next_poll
+       w.last_polled_at, w.last_error,
+       coalesce(w.next_poll_at, w.last_polled_at + w.poll_interval_seconds * interval '1 second') AS next_poll
   FROM watches w JOIN sources s ON s.id = w.source_id
  ORDER BY w.id
 """
