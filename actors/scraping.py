@@ -185,12 +185,13 @@ def _recorded(pool, target: _Target) -> Iterator[None]:
     except (PermanentScrapeError, TransientScrapeError) as exc:
         current = CurrentMessage.get_current_message()
         with pool.connection() as conn:
-            failures, next_try = conn.execute(sql.MARK_FAILED, {
+            row = conn.execute(sql.MARK_FAILED, {
                 "id": target.watch_id, "error": f"{type(exc).__name__}: {exc}",
                 "job": current.message_id if current is not None else None, "max_backoff_s": MAX_BACKOFF_S,
             }).fetchone()
-        log.warning("watch %s failed (%d in a row), next try at %s: %s", target.watch_id, failures,
-                    next_try.isoformat(timespec="seconds"), exc)
+        if row is not None:  # None: the watch was deleted meanwhile
+            log.warning("watch %s failed (%d in a row), next try at %s: %s", target.watch_id, row[0],
+                        row[1].isoformat(timespec="seconds"), exc)
         raise
 
 
