@@ -1,6 +1,7 @@
 """The price tracker's own /api/v1 routes (through ``App.routes``; the HTTP child
 mounts them, answering only where the tracker is in use).
 
+``GET /api/v1/watches`` lists the watches as ``supervisor watches list --json`` does.
 ``POST /api/v1/reextract`` is the synchronous re-extraction (decision 8 of the
 refactor plan): the listings are extracted in the HTTP process, one at a time, and
 the answer carries the counts. ``{"enqueue": true}`` sends them to the extraction
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import psycopg
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -80,5 +82,21 @@ async def reextract(request: Request) -> Json:
     return await run_in_threadpool(run)
 
 
+def watches(request: Request) -> Json:
+    """
+    ---
+    summary: "The watches: last polled (whatever the outcome), next_poll_at (a failing watch backs off:
+      its interval, doubling per failed poll up to a day), last_error and failures, pending alerts"
+    responses:
+      200: {description: "{watches: [...]}"}
+      503: {description: the database is unavailable}
+    """
+    try:
+        with state_of(request).connection() as conn:
+            return Json({"watches": catalog.list_watches(conn)})
+    except (psycopg.Error, TimeoutError) as exc:
+        return error(503, f"database unavailable: {exc}")
+
+
 def routes() -> list[Route]:
-    return [Route("/reextract", reextract, methods=["POST"])]
+    return [Route("/reextract", reextract, methods=["POST"]), Route("/watches", watches, methods=["GET"])]

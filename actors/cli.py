@@ -215,13 +215,16 @@ def watches_add(ctx, source, query, name, target_price, deal_threshold, webhook,
 @json_option
 @click.pass_context
 def watches_list(ctx, source, as_json) -> None:
-    """Watches: last polled ("never" until the first poll) and pending alerts."""
+    """Watches: last polled ("never" until the first poll, whatever its outcome), when next
+    due (a failing watch backs off: its interval, doubling per failed poll up to a day),
+    the last poll's error, and pending alerts."""
     with tracker_db(ctx) as conn:
         data = catalog.list_watches(conn, source)
         if not as_json:
-            data = [{**w, "last_polled_at": w["last_polled_at"] or "never"} for w in data]
+            data = [{**w, "last_polled_at": w["last_polled_at"] or "never", "next_poll_at": w["next_poll_at"] or "now",
+                     "last_error": w["last_error"] or ""} for w in data]
         rows(data, as_json, ["id", "name", "query", "source", "enabled", "every_seconds", "last_polled_at",
-                             "pending_alerts"])
+                             "next_poll_at", "pending_alerts", "last_error"])
 
 
 @watches.command("set")

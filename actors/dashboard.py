@@ -33,9 +33,11 @@ def tracker_tables(conn: psycopg.Connection) -> list[Table]:
     alerts = db.dicts(conn, notifications.RECENT_ALERTS, {"limit": RECENT_ALERTS})
     return [
         Table("State", ("what", "count"), [(k.replace("_", " "), v) for k, v in counts.items()]),
-        Table("Watches", ("id", "watch", "source", "enabled", "every (s)", "last polled", "next poll"),
+        Table("Watches", ("id", "watch", "source", "enabled", "every (s)", "last polled", "next poll", "last error"),
               [(w["id"], w["watch"], w["source"], "yes" if w["enabled"] else "no", w["poll_interval_seconds"],
-                _when(w["last_polled_at"]) or "never", _when(w["next_poll"]) or "now") for w in watches]),
+                _when(w["last_polled_at"]) or "never", _when(w["next_poll"]) or "now", w["last_error"] or "")
+               for w in watches],
+              note="a failing watch is tried again after its interval, doubling per failed poll up to a day"),
         Table("Recent alerts", ("id", "watch", "price", "reason", "created", "delivery", "HTTP", "attempts"),
               [(a["id"], a["watch"], _money(a["price_cents"]), a["reason"], _when(a["created_at"]),
                 a["delivery"] or ("delivered" if a["notified"] else "not tried"), a["http_status"], a["attempts"])

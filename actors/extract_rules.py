@@ -177,19 +177,24 @@ def _first_match(table: tuple[tuple[re.Pattern[str], str], ...], text: str) -> s
     return next((value for pattern, value in table if pattern.search(text)), None)
 
 
+# A part of a key the listing did not give: such a key is kept (its listing is still priced
+# among the other unknowns) but counts as incomplete, so it is extracted again
+# (listing_extraction_incomplete, migration 104). A default in its place priced NVMe drives
+# against SATA ones.
+UNKNOWN = "?"
+
+
 def product_key(attrs: dict[str, Any], title: str) -> str | None:
     """Listings with the same key are priced against each other."""
     component = attrs.get("component")
     cap = attrs.get("capacity_gb")
     if component == "ram" and cap:
-        parts = ["ram", attrs.get("memory_type", "ddr?"), _fmt_gb(cap)]
-        if attrs.get("speed_mts"):
-            parts.append(str(attrs["speed_mts"]))
+        parts = ["ram", attrs.get("memory_type", f"ddr{UNKNOWN}"), _fmt_gb(cap), str(attrs.get("speed_mts") or UNKNOWN)]
         if attrs.get("form_factor") in ("sodimm", "rdimm"):
             parts.append(attrs["form_factor"])
         return ":".join(parts)
     if component == "ssd" and cap:
-        return ":".join(["ssd", attrs.get("interface", "sata"), _fmt_gb(cap)])
+        return ":".join(["ssd", attrs.get("interface") or UNKNOWN, _fmt_gb(cap)])
     if component == "hdd" and cap:
         parts = ["hdd", _fmt_gb(cap)]
         if attrs.get("rpm"):

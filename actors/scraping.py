@@ -4,7 +4,9 @@
 parses listings (JSON or HTML), upserts them, inserts price points deduplicated by
 ``dedupe_key``, chains an extraction job for each listing that is new to the watch
 (or whose price moved) and sets ``watches.last_polled_at`` -- all of the writes in
-one transaction.
+one transaction. A failed fetch or parse is a poll too: the watch records the attempt
+and its error, and is tried again after its interval, doubling per failed poll up to a
+day (``MAX_BACKOFF_S``), instead of on every ``poll_due_watches`` tick.
 
 The source's politeness (a rate per minute with a burst, a daily quota) is the
 runtime's flow control: each scrape job carries its source's limits as its own
@@ -22,8 +24,10 @@ whose last poll is older than their interval.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +51,9 @@ log = logging.getLogger(__name__)
 QUEUE = "scraping"
 # A scrape's dedupe key is this and its watch's id: one live scrape per watch.
 DEDUPE_PREFIX = "scrape:"
+# A failing watch's next try is its interval doubled per failed poll, at most this (or its
+# interval, if that is longer).
+MAX_BACKOFF_S = 86_400
 
 
 class PermanentScrapeError(Exception):
@@ -62,7 +69,7 @@ class _Target:
     watch_id: int
     query: str
     watch_enabled: bool
-    last_polled_at: datetime | None
+    last_ok_at: datetime | None  # its last successful poll
     source_id: int
     source_name: str
     search_url: str
@@ -75,8 +82,8 @@ def _load(conn, watch_id: int) -> _Target | None:
     row = conn.execute(sql.WATCH_WITH_SOURCE, {"id": watch_id}).fetchone()
     if row is None:
         return None
-    wid, query, wenabled, polled, sid, sname, url, fmt, senabled, rate, burst, quota = row
-    return _Target(wid, query, wenabled, polled, sid, sname, url, fmt, senabled,
+    wid, query, wenabled, last_ok, sid, sname, url, fmt, senabled, rate, burst, quota = row
+    return _Target(wid, query, wenabled, last_ok, sid, sname, url, fmt, senabled,
                    source_limits(sid, rate, burst, quota))
 
 
@@ -132,8 +139,8 @@ def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
             return {"skipped": "watch does not exist"}
         if not (target.watch_enabled and target.source_enabled):
             return {"skipped": "watch or source disabled"}
-        if requested_at and target.last_polled_at and target.last_polled_at.timestamp() >= requested_at:
-            # A scrape that ran after this one was asked for already has fresh data.
+        if requested_at and target.last_ok_at and target.last_ok_at.timestamp() >= requested_at:
+            # A scrape that succeeded after this one was asked for already has fresh data.
             return {"skipped": "already polled since requested"}
         # A cached page costs the source nothing: no breaker, no request, and no token when
         # the scrape was sent while it was cached (then it carries no limits).
@@ -146,7 +153,9 @@ def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
         admission = (breaker.admit(conn, target.source_id, settings.breaker())
                      if cached is None and not unlimited else None)
     if cached is not None:
-        return {**_store(pool, target, _parse(target, cached)), "cached": True}
+        with _recorded(pool, target):
+            listings = _parse(target, cached)
+        return {**_store(pool, target, listings), "cached": True}
     if unlimited:
         if target.limits is None:
             return {"skipped": "the source's daily quota is 0"}
@@ -159,11 +168,31 @@ def run_scrape(watch_id: int, requested_at: float | None = None) -> dict:
         return {"deferred": "breaker open", "seconds": admission.wait_seconds}
 
     # The source's token was taken when this job was claimed (its limits: source_limits).
-    page = _fetch(pool, target)
-    listings = _parse(target, page)
+    with _recorded(pool, target):
+        page = _fetch(pool, target)
+        listings = _parse(target, page)
     with pool.connection() as conn:
         cache.put(conn, target.source_id, target.query, page)
     return _store(pool, target, listings)
+
+
+@contextlib.contextmanager
+def _recorded(pool, target: _Target) -> Iterator[None]:
+    """A failed fetch or parse is recorded on the watch (the attempt, its error and the
+    watch's next try: sql.MARK_FAILED), then raised for the job's own retries."""
+    try:
+        yield
+    except (PermanentScrapeError, TransientScrapeError) as exc:
+        current = CurrentMessage.get_current_message()
+        with pool.connection() as conn:
+            row = conn.execute(sql.MARK_FAILED, {
+                "id": target.watch_id, "error": f"{type(exc).__name__}: {exc}",
+                "job": current.message_id if current is not None else None, "max_backoff_s": MAX_BACKOFF_S,
+            }).fetchone()
+        if row is not None:  # None: the watch was deleted meanwhile
+            log.warning("watch %s failed (%d in a row), next try at %s: %s", target.watch_id, row[0],
+                        row[1].isoformat(timespec="seconds"), exc)
+        raise
 
 
 def _where(target: _Target) -> str:
@@ -224,7 +253,7 @@ def _store(pool, target: _Target, listings) -> dict:
                 "title": item.title, "description": item.description, "price_cents": item.price_cents,
                 "currency": item.currency, "price_type": item.price_type, "condition": item.condition,
                 "raw": Jsonb(item.raw), "listing_type": item.listing_type, "auction_ends_at": item.auction_ends_at,
-                "previous_poll": target.last_polled_at,
+                "previous_poll": target.last_ok_at,
             }).fetchone()
             key = dedupe_key(external_id=item.external_id, url=item.url, title=item.title,
                              price_cents=item.price_cents, day=today, price_type=item.price_type)

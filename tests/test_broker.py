@@ -458,3 +458,28 @@ def test_signals_follow_every_change_to_the_middleware_list(database_url):
         assert emitted() == []
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("storage", ["log", "table"])
+def test_every_priority_of_the_int_range_runs(conn, actors, database_url, storage):
+    """Both ends of jobs.priority's int range are claimed, in priority order, whichever
+    store the job went to; and a row any SQL client writes into job_queue at the lowest
+    priority is claimed too (the claim's level probe once stopped above it: pending forever)."""
+    from supervisor.cli.jobs import INT4_MAX, INT4_MIN
+
+    b = PostgresBroker(database_url, storage=storage, pool_size=2)
+    b.declare_actor(actors.record)
+    try:
+        sent = [b.enqueue(actors.record.message_with_options(args=(p,), priority=p)).message_id
+                for p in (INT4_MIN, 0, INT4_MAX)]
+        by_hand = scalar(conn, "INSERT INTO job_queue (queue, actor, args, priority) VALUES ('tests', 'record', '[1]', %s)"
+                               " RETURNING id::text", (INT4_MIN,))
+        claims = []
+        while len(claims) < 6 and (claimed := b.claim("tests", 10)):
+            claims.append([m.message_id for m in claimed])
+        # the sent jobs come in one claim, highest first; the hand-written row in the
+        # same claim (table store: after them) or the next one (the log's claim first)
+        assert [i for c in claims for i in c] == [*reversed(sent), by_hand]
+        assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'running'") == 4
+    finally:
+        b.close()

@@ -50,6 +50,37 @@ def test_quantity_sets_the_unit_price_and_kits_count_total_capacity():
     assert kit.quantity == 1 and kit.product_key == "ram:ddr3:16gb:1600"
 
 
+@pytest.mark.parametrize("title, key", [
+    ("Kingston FURY Beast 16GB DDR4 desktop RAM", "ram:ddr4:16gb:?"),
+    ("Crucial 8GB DDR4 SODIMM laptop memory", "ram:ddr4:8gb:?:sodimm"),
+    ("WD Blue SN570 1TB M.2 SSD", "ssd:?:1tb"),
+    ('Samsung 870 EVO 2TB 2.5" SATA SSD', "ssd:sata:2tb"),
+])
+def test_an_unknown_attribute_stays_unknown_in_the_key(title, key):
+    """A RAM speed or a drive interface the title does not give is "?" in the key: a default
+    (once `sata`) priced NVMe drives against SATA ones, and kits of any speed together."""
+    assert extract_rules.extract(title).product_key == key
+
+
+@pytest.mark.parametrize("key, attrs, incomplete", [
+    ("ram:ddr4:16gb:3200", {"speed_mts": 3200}, False),
+    ("ram:ddr4:16gb:3200:sodimm", {"speed_mts": 3200}, False),
+    ("ssd:sata:2tb", {"interface": "sata"}, False),
+    ("ssd:nvme:1tb", {"interface": "nvme"}, False),
+    ("hdd:4tb:5400", {"rpm": 5400}, False),
+    ("ram:ddr4:16gb:?", {}, True),
+    ("ram:ddr?:16gb:3200", {"speed_mts": 3200}, True),
+    ("ssd:?:1tb", {}, True),
+    # keys written before unknown was "?": RAM with no speed, a drive whose sata was the default
+    ("ram:ddr4:16gb", {}, True),
+    ("ram:ddr4:8gb:sodimm", {"form_factor": "sodimm"}, True),
+    ("ssd:sata:1tb", {"form_factor": "m.2"}, True),
+])
+def test_a_key_with_an_unknown_part_counts_as_incomplete(conn, key, attrs, incomplete):
+    assert scalar(conn, "SELECT listing_extraction_incomplete(%s, %s::jsonb, now())",
+                  (key, json.dumps({"component": key.split(":")[0], **attrs}))) is incomplete
+
+
 # --- the actor -----------------------------------------------------------------------------
 
 
@@ -124,7 +155,9 @@ def test_re_alerts_off_block_only_while_pending_and_on_wait_for_the_cooldown(con
     assert run_extraction(cheap, watch_id)["alert_id"] is not None
     assert run_extraction(cheap, watch_id)["alert_id"] is None  # off: blocked while the first is pending
     conn.execute("UPDATE alerts SET notified = true, notified_at = now()")
-    assert run_extraction(cheap, watch_id)["alert_id"] is not None  # off: notified, so it may alert again
+    assert run_extraction(cheap, watch_id)["alert_id"] is None  # off: notified, and neither cheaper nor back
+    conn.execute("UPDATE listings SET price_cents = 6900 WHERE id = %s", (cheap,))
+    assert run_extraction(cheap, watch_id)["alert_id"] is not None  # off: under the price notified
     conn.execute("UPDATE alerts SET notified = true, notified_at = now()")
 
     pipeline_config["alerts"] = {"re_alerts_enabled": True, "re_alerts_cooldown": "1h"}
@@ -147,6 +180,9 @@ def test_re_alerts_per_watch_override_the_config(conn, setup, pipeline_config):
     assert run_extraction(cheap, watch_id)["alert_id"] is None  # the 24 h default cooldown applies
     pipeline_config["alerts"] = {"re_alerts_enabled": True, "re_alerts_cooldown": "1h"}
     catalog.set_watch_re_alerts(conn, str(watch_id), False)  # opted out, the config's default is on
+    conn.execute("UPDATE alerts SET notified_at = now() - interval '2 hours'")  # past the config's cooldown
+    assert run_extraction(cheap, watch_id)["alert_id"] is None  # off: neither cheaper nor back
+    conn.execute("UPDATE listings SET price_cents = 6900 WHERE id = %s", (cheap,))
     assert run_extraction(cheap, watch_id)["alert_id"] is not None
     assert catalog.get_watch(conn, str(watch_id))["re_alerts"] is False
 

@@ -182,3 +182,16 @@ def test_a_claim_reads_at_most_max_keys_keys_and_goes_on_from_there(conn, eligib
     with conn.transaction():
         took, meta = claim(conn, 4, cursor=cursor)
     assert took == ([("z", 0), ("z", 0)] if eligible_last else [])
+
+
+def test_both_ends_of_the_int_range_are_claimed_keyed_or_plain(conn):
+    from supervisor.cli.jobs import INT4_MAX, INT4_MIN
+
+    add(conn, "a", 1, priority=INT4_MIN)
+    add(conn, None, 1, priority=INT4_MIN)
+    add(conn, "b", 1, priority=INT4_MAX)
+    add(conn, None, 1, priority=INT4_MAX)
+    with conn.transaction():
+        took, _ = claim(conn, 8)
+    assert [p for _, p in took] == [INT4_MAX, INT4_MAX, INT4_MIN, INT4_MIN]  # highest first
+    assert set(took) == {(None, INT4_MAX), ("b", INT4_MAX), (None, INT4_MIN), ("a", INT4_MIN)}

@@ -449,6 +449,14 @@ def test_an_apps_state_routes_and_gauges_only_where_it_is_in_use(conn, api, matr
     assert r.status_code == 200 and r.json()["listings"] == 1 and r.json()["errors"] == 0, r.text
     assert scalar(conn, "SELECT product_key FROM listings") == "ram:ddr4:32gb:3200"
     assert api.client.post("/api/v1/reextract", json={"enqueue": True}, headers=AUTH).json()["enqueued"] == 1
+    # A failing watch shows its last error and when it is tried again.
+    conn.execute("INSERT INTO watches (query, source_id, last_polled_at, last_error, failures, next_poll_at)"
+                 " VALUES ('ddr4', %s, now(), 'PermanentScrapeError: HTTP 404', 2, now() + interval '2 hours')",
+                 (source,))
+    listed = api.client.get("/api/v1/watches").json()["watches"]
+    assert [(w["query"], w["last_error"], w["failures"]) for w in listed] == [
+        ("ddr4", "PermanentScrapeError: HTTP 404", 2)] and listed[0]["next_poll_at"] > listed[0]["last_polled_at"]
+    assert "/api/v1/watches" in api.client.get("/api/v1/openapi.json").json()["paths"]
 def test_the_live_job_states_in_metrics_partition_the_live_rows(conn, api):
     """actor_supervisor_jobs{queue,state}: each live job in exactly one state, so a sum
     by queue is the queue's live rows (pending, due or not, retryable and running)."""

@@ -545,3 +545,130 @@ def test_a_deal_that_disappears_and_reappears_is_judged_again_and_alerts_again(
     assert extractions() == 1
     assert extract_deal() is not None
     assert scalar(conn, "SELECT count(*) FROM alerts") == 2
+
+
+def test_a_notified_listing_alerts_again_only_below_its_notified_price_or_back_after_an_absence(
+        conn, pipeline_broker, pipeline_config, httpserver):
+    """Re-alerts off (the default): an auction's rising bid under the target alerts once, not
+    on every poll that sees a new bid; a price under the one notified, or the listing coming
+    back after a poll that did not find it, alerts again."""
+    from actors.extraction import run_extraction
+    from actors.scraping import run_scrape
+
+    source_id = make_source(conn, "auctions", httpserver.url_for("/search") + "?q={query}")
+    watch_id = make_watch(conn, source_id, "ddr4 32gb", target_price_cents=8_000)
+    pipeline_config["cache"] = {"enabled": False}  # each scrape reads the page anew
+
+    def poll(bid: float | None) -> list[int | None]:
+        """One scrape that finds the auction at ``bid`` (None: not at all), then the
+        extractions it chained, as a worker would run them: the alerts they created."""
+        httpserver.clear()
+        httpserver.expect_request("/search").respond_with_json(
+            [] if bid is None else [{"id": "B1", "title": "Corsair 32GB DDR4 3200", "price": bid, "type": "auction"}])
+        run_scrape(watch_id)
+        chained = conn.execute("SELECT (args->>0)::bigint, (args->>1)::bigint FROM jobs"
+                               " WHERE actor = 'extract_listing'").fetchall()
+        conn.execute("DELETE FROM jobs WHERE actor = 'extract_listing'")
+        return [run_extraction(listing_id, watch)["alert_id"] for listing_id, watch in chained]
+
+    def notified() -> None:
+        conn.execute("UPDATE alerts SET notified = true, notified_at = now() WHERE NOT notified")
+
+    first = poll(50.0)
+    assert len(first) == 1 and first[0] is not None
+    notified()
+    assert poll(55.0) == [None]  # a higher bid, still under the target: no news
+    assert poll(60.0) == [None]
+    assert poll(52.0) == [None]  # lower than the last poll, not than the notified 50
+    assert poll(45.0)[0] is not None  # under the notified price
+    notified()
+    assert poll(None) == []  # gone
+    assert poll(45.0)[0] is not None  # back after an absence
+    assert scalar(conn, "SELECT count(*) FROM alerts") == 3
+
+
+# --- a failing watch -----------------------------------------------------------------
+
+
+def _watch(conn, watch_id) -> dict:
+    row = conn.execute("SELECT last_polled_at IS NOT NULL, last_error, failures,"
+                       " extract(epoch FROM next_poll_at - last_polled_at) FROM watches WHERE id = %s",
+                       (watch_id,)).fetchone()
+    return {"polled": row[0], "error": row[1], "failures": row[2], "backoff_s": row[3]}
+
+
+def _time_passes(conn, watch_id, seconds: float) -> None:
+    """The watch's last attempt (and its next try) happened ``seconds`` earlier."""
+    conn.execute("UPDATE watches SET last_polled_at = last_polled_at - %s * interval '1 second',"
+                 " next_poll_at = next_poll_at - %s * interval '1 second' WHERE id = %s", (seconds, seconds, watch_id))
+
+
+def test_a_failing_watch_records_each_attempt_and_backs_off_from_its_interval_to_a_day(
+        conn, pipeline_broker, pipeline_config, httpserver, shop, database_url):
+    """A 404 (or a page that cannot be parsed) is still a poll: the watch shows when and
+    why, and is tried again after its interval, then twice that, up to a day, instead of
+    on every poll_due_watches tick; a good page clears it."""
+    from actors.scraping import enqueue_due_watches, send_scrape
+    from tests.conftest import cli
+
+    _, watch_id = shop  # polled every hour
+    pipeline_config["cache"] = {"enabled": False}
+    httpserver.expect_request("/search").respond_with_data("gone", status=404)
+    def newest_scrape() -> str:
+        return scalar(conn, "SELECT id::text FROM jobs WHERE actor = 'scrape_watch' ORDER BY created_at DESC LIMIT 1")
+
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        job = send_scrape(watch_id).message_id
+        for failures, backoff in ((1, 3600), (2, 7200), (3, 14400)):
+            assert wait_job(conn, job, "failed", "succeeded") == "failed"
+            state = _watch(conn, watch_id)
+            assert state["polled"] and "HTTP 404" in state["error"], state
+            assert (state["failures"], state["backoff_s"]) == (failures, backoff)
+            assert enqueue_due_watches() == 0  # not again on the next tick
+            _time_passes(conn, watch_id, backoff - 60)
+            assert enqueue_due_watches() == 0  # nor before its backoff has passed
+            _time_passes(conn, watch_id, 60)
+            assert enqueue_due_watches() == 1  # due: the worker runs it (the next failure)
+            job = newest_scrape()
+        assert wait_job(conn, job, "failed", "succeeded") == "failed"
+        assert _watch(conn, watch_id)["failures"] == 4
+        conn.execute("UPDATE watches SET failures = 10 WHERE id = %s", (watch_id,))
+        msg = send_scrape(watch_id)
+        assert wait_job(conn, msg.message_id, "failed", "succeeded") == "failed"
+        assert _watch(conn, watch_id)["backoff_s"] == 86400  # doubling stops at a day
+
+        listed = cli("watches", "list", url=database_url)
+        assert listed.returncode == 0 and "HTTP 404" in listed.stdout, listed.stderr
+        shown = json.loads(cli("watches", "list", "--json", url=database_url).stdout)[0]
+        assert "HTTP 404" in shown["last_error"] and shown["next_poll_at"] and shown["failures"] == 11
+
+        # A page that cannot be parsed fails the same way; a good one clears the failure.
+        httpserver.clear()
+        httpserver.expect_request("/search").respond_with_data("<html><p>captcha</p></html>", content_type="text/html")
+        msg = send_scrape(watch_id)
+        assert wait_job(conn, msg.message_id, "failed", "succeeded") == "failed"
+        assert "layout may have changed" in _watch(conn, watch_id)["error"]
+        httpserver.clear()
+        httpserver.expect_request("/search").respond_with_json(ITEMS)
+        msg = send_scrape(watch_id)
+        assert wait_job(conn, msg.message_id, "failed", "succeeded") == "succeeded"
+    # not failing: no next try of its own, due again after its interval
+    assert _watch(conn, watch_id) == {"polled": True, "error": None, "failures": 0, "backoff_s": None}
+    assert enqueue_due_watches() == 0
+
+
+def test_a_scrapes_retries_count_once_toward_its_watchs_backoff(conn, pipeline_broker, pipeline_config,
+                                                               httpserver, shop):
+    """A 503 is retried by the job (its own backoff); its attempts are one failed poll."""
+    from actors.scraping import send_scrape
+
+    _, watch_id = shop
+    pipeline_config["cache"] = {"enabled": False}
+    httpserver.expect_request("/search").respond_with_data("busy", status=503)
+    with running_worker(pipeline_broker, queues=["scraping"]):
+        msg = send_scrape(watch_id)
+        wait_for(lambda: scalar(conn, "SELECT attempts FROM jobs WHERE id = %s", (msg.message_id,)) >= 2
+                 and scalar(conn, "SELECT status FROM jobs WHERE id = %s", (msg.message_id,)) != "running",
+                 timeout=30, message="the scrape's second attempt")
+    state = _watch(conn, watch_id)
+    assert "HTTP 503" in state["error"] and (state["failures"], state["backoff_s"]) == (1, 3600), state

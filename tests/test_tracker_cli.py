@@ -195,11 +195,24 @@ def test_incomplete_extractions_counted_and_reextracted_enqueued_or_now(conn, da
     assert (state["baselines_warm"], state["baselines_cold"]) == (1, 0)
 
 
-def test_the_default_config_schedules_the_incomplete_reextraction():
-    import yaml
+# The periodic work the reference's scheduler ran (refactor-plan-price-tracker.md: ingestion,
+# baseline_refresh, re_extraction; forecast-worker.md: the daily forecast): actor -> the queue
+# its role serves.
+SEED_SCHEDULES = {"poll_due_watches": "scraping", "refresh_baselines": "extraction",
+                  "reextract_incomplete": "extraction", "forecast_daily": "forecasting"}
 
+
+def test_every_shipped_config_passes_check_and_schedules_the_seeds_work(database_url):
+    from supervisor import config
     from tests.conftest import ROOT
 
-    schedules = yaml.safe_load((ROOT / "config" / "supervisor.yaml").read_text())["schedules"]
-    entry = schedules["reextract-incomplete"]
-    assert (entry["actor"], entry["queue"]) == ("reextract_incomplete", "extraction")
+    shipped = sorted((ROOT / "config").glob("*.yaml"))
+    assert {p.name for p in shipped} >= {"supervisor.yaml", "production.example.yaml"}
+    for path in shipped:
+        checked = cli("check", "--json", config=path, url=database_url)
+        assert checked.returncode == 0 and json.loads(checked.stdout)["ok"], (path.name, checked.stdout, checked.stderr)
+        loaded = config.parse(path.read_text(), path.name, env={"DATABASE_URL": database_url})
+        scheduled = {s.actor: s.queue for s in loaded.schedules}
+        assert {a: scheduled.get(a) for a in SEED_SCHEDULES} == SEED_SCHEDULES, path.name
+        served = {q for r in loaded.roles for q in r.queues}
+        assert set(SEED_SCHEDULES.values()) <= served, path.name

@@ -12,15 +12,38 @@ RETURNING id
 """
 
 WATCH_WITH_SOURCE = """
-SELECT w.id, w.query, w.enabled, w.last_polled_at, s.id, s.name, s.search_url, s.format, s.enabled,
+SELECT w.id, w.query, w.enabled, w.last_ok_at, s.id, s.name, s.search_url, s.format, s.enabled,
        s.rate_limit_per_minute, s.burst, s.daily_quota
   FROM watches w JOIN sources s ON s.id = w.source_id
  WHERE w.id = %(id)s
 """
 
-MARK_POLLED = "UPDATE watches SET last_polled_at = now() WHERE id = %(id)s"
+MARK_POLLED = """
+UPDATE watches
+   SET last_polled_at = now(), last_ok_at = now(), last_error = NULL, failures = 0, failed_job = NULL,
+       next_poll_at = NULL
+ WHERE id = %(id)s
+"""
 
-# Enabled watches not polled within their interval, on sources that are enabled, not
+# A failed poll (migration 106): the attempt and its error, and the next try after the
+# watch's interval doubled once per failed poll before this one, at most %(max_backoff_s)s
+# (or the interval, if longer). A scrape job's retries (%(job)s) count as one failed poll.
+MARK_FAILED = """
+WITH f AS (
+    SELECT id, failures + CASE WHEN %(job)s::text IS NOT NULL AND failed_job = %(job)s THEN 0 ELSE 1 END AS n
+      FROM watches WHERE id = %(id)s
+)
+UPDATE watches w
+   SET last_polled_at = now(), last_error = %(error)s, failures = f.n, failed_job = %(job)s,
+       next_poll_at = now() + least(w.poll_interval_seconds * power(2, least(f.n - 1, 30)),
+                                    greatest(w.poll_interval_seconds, %(max_backoff_s)s)) * interval '1 second'
+  FROM f
+ WHERE w.id = f.id
+RETURNING w.failures, w.next_poll_at
+"""
+
+# Enabled watches not polled within their interval (a failing one: not before its next
+# try, MARK_FAILED), on sources that are enabled, not
 # paused by the breaker (their scrapes would only be deferred) and allowed requests at
 # all (a daily quota of 0), with their source's limits (each scrape carries them).
 # A watch whose scrape waits for its source's token is left out: the runtime's unique
@@ -39,6 +62,7 @@ SELECT w.id, w.query, s.id, s.rate_limit_per_minute, s.burst, s.daily_quota
    AND %(dedupe_prefix)s || w.id NOT IN (SELECT dedupe_key FROM waiting)
    AND (w.last_polled_at IS NULL
         OR w.last_polled_at < now() - coalesce(%(older_than_s)s, w.poll_interval_seconds) * interval '1 second')
+   AND (w.next_poll_at IS NULL OR w.next_poll_at <= now())
  ORDER BY w.last_polled_at NULLS FIRST, w.id
  LIMIT %(limit)s
 """
@@ -46,7 +70,9 @@ SELECT w.id, w.query, s.id, s.rate_limit_per_minute, s.burst, s.daily_quota
 # The catalog (CLI and config sync). Pending alerts: not yet notified.
 WATCH_COLUMNS = """
 w.id, w.name, w.query, s.name AS source, w.enabled, w.target_price_cents, w.deal_threshold,
-w.webhook_url, w.poll_interval_seconds AS every_seconds, w.re_alerts, w.last_polled_at, w.created_at,
+w.webhook_url, w.poll_interval_seconds AS every_seconds, w.re_alerts, w.last_polled_at, w.last_ok_at,
+w.last_error, w.failures,
+coalesce(w.next_poll_at, w.last_polled_at + w.poll_interval_seconds * interval '1 second') AS next_poll_at, w.created_at,
 (SELECT count(*) FROM alerts a WHERE a.watch_id = w.id AND NOT a.notified) AS pending_alerts
 """
 
@@ -90,7 +116,7 @@ DELETE FROM watches WHERE name IS NULL OR NOT (name = ANY(%(names)s)) RETURNING 
 # Returns the listing id, whether it is new, its price before this upsert (so the
 # caller can re-score a listing whose price moved), and whether it reappeared: it was
 # last seen before the watch's previous poll, so that poll did not find it (a deal
-# that disappears and comes back is judged again and may alert again).
+# that disappears and comes back is judged again and may alert again: returned_at).
 UPSERT_LISTING = """
 WITH before AS (
     SELECT price_cents, last_seen_at FROM listings WHERE source_id = %(source_id)s AND external_id = %(external_id)s
@@ -103,7 +129,8 @@ ON CONFLICT (source_id, external_id) DO UPDATE
    SET url = EXCLUDED.url, title = EXCLUDED.title, description = EXCLUDED.description,
        price_cents = EXCLUDED.price_cents, currency = EXCLUDED.currency, price_type = EXCLUDED.price_type,
        condition_text = EXCLUDED.condition_text, raw = EXCLUDED.raw, listing_type = EXCLUDED.listing_type,
-       auction_ends_at = EXCLUDED.auction_ends_at, last_seen_at = now()
+       auction_ends_at = EXCLUDED.auction_ends_at, last_seen_at = now(),
+       returned_at = CASE WHEN l.last_seen_at < %(previous_poll)s::timestamptz THEN now() ELSE l.returned_at END
 RETURNING l.id, (xmax = 0) AS inserted, (SELECT price_cents FROM before),
           coalesce((SELECT last_seen_at FROM before) < %(previous_poll)s::timestamptz, false) AS reappeared
 """
@@ -259,25 +286,31 @@ WATCH_FOR_SCORING = """
 SELECT id, enabled, target_price_cents, deal_threshold, webhook_url FROM watches WHERE id = %(id)s
 """
 
-# One pending alert per watch and listing, always (the partial unique index): that is
-# all that blocks a second alert with re-alerts off, so a deal that disappears and
-# reappears alerts again once the first was notified. With re-alerts on (the watch's
-# own `re_alerts`, else %(re_alerts)s from the config), a listing notified within the
-# cooldown does not alert again. A re-extraction (%(reextract)s) never alerts a listing
-# that was notified before: reading it again is no news.
+# One pending alert per watch and listing, always (the partial unique index). With
+# re-alerts off (the default: the watch's own `re_alerts`, else %(re_alerts)s from the
+# config), a listing notified before alerts again only when its price is under the one
+# last notified, or it came back (returned_at) after that notification: an auction's
+# rising bid under the target is judged on every poll but alerts once. With re-alerts on,
+# a listing notified within the cooldown does not alert again. A re-extraction
+# (%(reextract)s) never alerts a listing that was notified before: reading it again is
+# no news.
 CREATE_ALERT = """
 INSERT INTO alerts (watch_id, listing_id, price_cents, baseline_cents, score, reason)
 SELECT w.id, %(listing_id)s, %(price_cents)s, %(baseline_cents)s, %(score)s, %(reason)s
   FROM watches w
+  LEFT JOIN LATERAL (
+        SELECT a.id, a.price_cents, a.notified_at FROM alerts a
+         WHERE a.watch_id = w.id AND a.listing_id = %(listing_id)s AND a.notified
+         ORDER BY a.notified_at DESC NULLS LAST, a.id DESC LIMIT 1) last ON true
  WHERE w.id = %(watch_id)s
-   AND (NOT coalesce(w.re_alerts, %(re_alerts)s::boolean)
-        OR NOT EXISTS (
-            SELECT 1 FROM alerts a
-             WHERE a.watch_id = w.id AND a.listing_id = %(listing_id)s AND a.notified
-               AND a.notified_at > now() - %(cooldown_s)s::float8 * interval '1 second'))
-   AND (NOT %(reextract)s::boolean
-        OR NOT EXISTS (SELECT 1 FROM alerts a WHERE a.watch_id = w.id AND a.listing_id = %(listing_id)s
-                                                 AND a.notified))
+   AND CASE WHEN coalesce(w.re_alerts, %(re_alerts)s::boolean)
+            THEN last.id IS NULL
+                 OR last.notified_at <= now() - %(cooldown_s)s::float8 * interval '1 second'
+            ELSE last.id IS NULL
+                 OR %(price_cents)s < last.price_cents
+                 OR (SELECT l.returned_at FROM listings l WHERE l.id = %(listing_id)s) > last.notified_at
+       END
+   AND (NOT %(reextract)s::boolean OR last.id IS NULL)
 ON CONFLICT (watch_id, listing_id) WHERE NOT notified DO NOTHING
 RETURNING id
 """
@@ -320,7 +353,8 @@ SELECT a.id, a.watch_id, w.query, l.title, a.price_cents, a.reason, a.created_at
 
 WATCHES_POLLED = """
 SELECT w.id, coalesce(w.name, w.query) AS watch, s.name AS source, w.enabled, w.poll_interval_seconds,
-       w.last_polled_at, w.last_polled_at + w.poll_interval_seconds * interval '1 second' AS next_poll
+       w.last_polled_at, w.last_error,
+       coalesce(w.next_poll_at, w.last_polled_at + w.poll_interval_seconds * interval '1 second') AS next_poll
   FROM watches w JOIN sources s ON s.id = w.source_id
  ORDER BY w.id
 """

@@ -19,7 +19,11 @@ _CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, 
 # is its place in the claim order).
 KEYED_COLUMN, WAIT_COLUMN, CURSOR_COLUMN, KEYS_COLUMN, TOOK_COLUMN = 12, 13, 14, 15, 16
 
-_ABOVE_ANY_PRIORITY = 2**31  # jobs.priority is an integer
+# jobs.priority is an integer: the levels' seed is one above its range, and a probe with no
+# known level below starts one under it (a bound of -2**31 left a row at the lowest priority
+# pending forever).
+_ABOVE_ANY_PRIORITY = 2**31
+_BELOW_ANY_PRIORITY = -(2**31) - 1
 # Priority levels the claim reads one by one before it reads the rest in one scan.
 _LEVELS_ONE_BY_ONE = 16
 
@@ -83,7 +87,7 @@ WITH RECURSIVE floors AS (
     SELECT greatest((SELECT max(f.p) FROM floors f WHERE f.p < l.p),
                     (SELECT max(priority) FROM job_queue
                       WHERE queue = %(queue)s AND status IN ('pending', 'retryable') AND priority < l.p
-                        AND priority > coalesce((SELECT max(f.p) FROM floors f WHERE f.p < l.p), -{_ABOVE_ANY_PRIORITY}))),
+                        AND priority > coalesce((SELECT max(f.p) FROM floors f WHERE f.p < l.p), {_BELOW_ANY_PRIORITY}::bigint))),
            l.depth + 1
       FROM levels l WHERE l.p IS NOT NULL AND l.depth < {_LEVELS_ONE_BY_ONE}
 ), cand AS (
