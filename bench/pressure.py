@@ -1,6 +1,6 @@
 """Pressure: a steady stream of no-op jobs while the xmin horizon is held back (issue 18 item 3).
 
-    python bench/pressure.py [--mode pin|readers|both|scans] [--rate JOBS_PER_S] [--baseline 60]
+    python bench/pressure.py [--mode pin|readers|both|scans] [--jobs plain|keyed] [--rate JOBS_PER_S] [--baseline 60]
                              [--pin 90] [--after 60] [--interval 60] [--threads 16]
                              [--reader-xact 30] [--reader-pause 0.5] [--server-log PATH]
                              [--database-url URL]
@@ -53,6 +53,22 @@ from typing import Any
 
 import psutil
 import psycopg
+
+# --jobs keyed: this many concurrency keys, taken in turn ("one sync per account at a time").
+CONCURRENCY_KEYS = 50
+
+
+def _keyed(actor: Any) -> Any:
+    """Messages with a dedupe key of their own and one of CONCURRENCY_KEYS concurrency keys."""
+    import itertools
+    import uuid
+    turn = itertools.count()
+    return lambda: actor.message_with_options(dedupe_key=f"once:{uuid.uuid4()}",
+                                              concurrency_key=f"account:{next(turn) % CONCURRENCY_KEYS}")
+
+
+# What the stream sends (--jobs): a maker of messages for an actor.
+JOB_SHAPES: dict[str, Any] = {"plain": lambda actor: actor.message, "keyed": _keyed}
 
 # The checkout measured: PYTHONPATH's when given, else this one.
 if not os.environ.get("PYTHONPATH"):
@@ -356,7 +372,7 @@ def run(url: str, args: argparse.Namespace) -> int:
         phases = [("baseline", args.baseline), (pressure_name, args.pin), ("after", args.after)]
         say(f"stream {rate:,.0f} jobs/s; {' / '.join(f'{n} {s:.0f} s' for n, s in phases)}; "
             f"1 x {args.threads} threads (load {os.getloadavg()[0]:.1f})")
-        producer = Producer(broker, actors.noop, rate)
+        producer = Producer(broker, actors.noop, rate, make=JOB_SHAPES[args.jobs](actors.noop))
         producer.start()
         time.sleep(args.settle)  # the worker catches up with the stream's start before the baseline
         say(HEADER)
@@ -445,6 +461,9 @@ def run(url: str, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=("pin", "readers", "both", "scans"), default="pin")
+    p.add_argument("--jobs", choices=tuple(JOB_SHAPES), default="plain",
+                   help="plain: no-op jobs; keyed: each with a dedupe key of its own and one of"
+                        f" {CONCURRENCY_KEYS} concurrency keys (a web app's jobs: they live in job_queue)")
     p.add_argument("--rate", type=float, default=None, help="jobs/s (default: half a warm-up drain)")
     p.add_argument("--baseline", type=float, default=60.0, help="seconds unpinned first")
     p.add_argument("--pin", type=float, default=90.0, help="seconds under pressure (pin and/or readers)")

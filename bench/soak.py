@@ -173,11 +173,13 @@ def pct(values: list[float], p: float) -> float:
 
 
 class Producer(threading.Thread):
-    """Enqueues ``rate`` no-op jobs a second, a batch every TICK, on a fixed schedule."""
+    """Enqueues ``rate`` no-op jobs a second, a batch every TICK, on a fixed schedule
+    (``make``: builds each message; default ``actor.message()``)."""
 
-    def __init__(self, broker, actor, rate: float) -> None:
+    def __init__(self, broker, actor, rate: float, make=None) -> None:
         super().__init__(name="producer", daemon=True)
         self.broker, self.actor, self.rate = broker, actor, rate
+        self.make = make or actor.message
         self.halt = threading.Event()
         self.sent = 0
         self.late = 0  # ticks that started behind schedule
@@ -188,7 +190,7 @@ class Producer(threading.Thread):
         while not self.halt.is_set():
             due = int(self.rate * (tick + 1) * TICK) - self.sent
             if due > 0:
-                self.broker.enqueue_many([self.actor.message() for _ in range(due)])
+                self.broker.enqueue_many([self.make() for _ in range(due)])
                 self.sent += due
             tick += 1
             wait = started + tick * TICK - time.monotonic()
