@@ -24,8 +24,13 @@ BENCH = ROOT / "bench"
 # Modules the scripts import (bench.<name>): run as a script, each says so in one line.
 HELPERS = ("async_actors", "basics", "bench_actors", "common", "dashboard_fill", "dashboard_reads", "floor",
            "limit_actors", "server_log")
-# Scripts that need a peer's package, not one of ours: --help only where it is installed.
-PEERS = {"floor_pgqueuer": "pgqueuer", "w1_pgqueuer": "pgqueuer", "profiled_cli": "yappi"}
+# Scripts that need a peer's packages, not ours: skipped where one is missing, else --help
+# and a small run (its arguments and a line of its figures), as SMALL below.
+PEERS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "floor_pgqueuer": (("pgqueuer",), "--jobs 300 --batch 32 --connections 1 --repeat 1", "backend CPU per job"),
+    "w1_pgqueuer": (("pgqueuer", "asyncpg"), "--jobs 300 --repeat 1 --configs 1x16/8", "summary (1 runs each)"),
+    "profiled_cli": (("yappi",), "", ""),  # the workers' entry point of profile_worker.py --profile
+}
 # Scripts run with --help only: what a test run has not, or a run too dear for it (the
 # small run that passed, by hand, when this list was made).
 HELP_ONLY = {
@@ -155,13 +160,18 @@ def test_a_helper_says_it_is_not_a_script(module: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("script", sorted(PEERS))
-def test_a_peer_script_answers_help(script: str, tmp_path: Path) -> None:
-    package = PEERS[script]
-    if importlib.util.find_spec(package) is None:
-        pytest.skip(f"bench/{script}.py needs {package} (a peer's package), not installed here")
+def test_a_peer_script_runs(script: str, tmp_path: Path) -> None:
+    packages, args, figure = PEERS[script]
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if missing:
+        pytest.skip(f"bench/{script}.py needs {' and '.join(missing)} (a peer's), not installed here")
     out = run_script(script, ["--help"], tmp_path, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "usage:" in out.stdout
+    assert "usage:" in out.stdout.lower()
+    if args:
+        out = run_script(script, args.split(), tmp_path, timeout=RUN_TIMEOUT)
+        assert out.returncode == 0, f"{out.stdout[-1500:]}\n{out.stderr[-2500:]}"
+        assert figure in out.stdout + out.stderr, out.stdout[-1500:]
 
 
 # The small runs mostly wait (a worker's start, a phase's seconds, the server's checkpoint
