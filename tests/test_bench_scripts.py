@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import _server_url
+from tests.conftest import ROOT, _server_url
 
-ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 
 # Modules the scripts import (bench.<name>): run as a script, each says so in one line.
@@ -76,6 +75,12 @@ SMALL: dict[str, tuple[str, str]] = {
     "stub_worker": ("--jobs 300 --threads 2 --repeat 1", "us CPU per job"),
 }
 ENTRY = sorted(set(SMALL) | set(HELP_ONLY))
+# The small runs mostly wait (a worker's start, a phase's seconds, the server's checkpoint
+# at each DROP DATABASE), so a few run at once, in one test: xdist cannot be asked to keep
+# tests together here (its loadgroup does not group under pytest 9), and one test per
+# script would run them one at a time in each test process.
+AT_ONCE = 4
+RUN_TIMEOUT = 300.0
 
 # Runs each script given on its command line as `python bench/<script>.py --help` would,
 # in one interpreter (each fresh one would import the runtime again: a third of this
@@ -172,14 +177,6 @@ def test_a_peer_script_runs(script: str, tmp_path: Path) -> None:
         out = run_script(script, args.split(), tmp_path, timeout=RUN_TIMEOUT)
         assert out.returncode == 0, f"{out.stdout[-1500:]}\n{out.stderr[-2500:]}"
         assert figure in out.stdout + out.stderr, out.stdout[-1500:]
-
-
-# The small runs mostly wait (a worker's start, a phase's seconds, the server's checkpoint
-# at each DROP DATABASE), so a few run at once, in one test: xdist cannot be asked to keep
-# tests together here (its loadgroup does not group under pytest 9), and one test per
-# script would run two at a time at most.
-AT_ONCE = 4
-RUN_TIMEOUT = 300.0
 
 
 def test_every_script_runs_small(tmp_path_factory: pytest.TempPathFactory) -> None:
