@@ -119,17 +119,18 @@ def script_env() -> dict[str, str]:
 
 
 def run_script(script: str, args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``python bench/<script>.py ARGS`` from ``cwd``; on a timeout its whole process group
-    (the script and the workers it started) is ended, so nothing is left running."""
+    """``python bench/<script>.py ARGS`` from ``cwd``. On a timeout the script gets a Ctrl-C
+    (its own cleanup stops its workers and drops its databases; signalled with it, the
+    workers died first and the databases stayed), then its process group a SIGKILL."""
     command = [sys.executable, str(BENCH / f"{script}.py"), *args]
     proc = subprocess.Popen(command, cwd=cwd, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C: the script drops its databases on the way out
+        proc.send_signal(signal.SIGINT)
         try:
-            out, err = proc.communicate(timeout=30)
+            out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
