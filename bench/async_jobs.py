@@ -21,7 +21,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     LIVE,
     Figure,
     WorkerPool,
@@ -38,10 +38,13 @@ QUEUE = "async"
 ACTORS = "bench.async_actors"
 INSERT = ("INSERT INTO jobs (queue, actor, args, max_attempts) SELECT %(queue)s, 'asleep',"
           " jsonb_build_array(%(seconds)s::float), 1 FROM generate_series(1, %(jobs)s)")
-# At a job's start, the jobs that had started and not yet finished: the most at once.
+# At a job's start, the jobs that had started and not yet finished: the most at once. A
+# running sum over the starts (+1) and finishes (-1), a finish first at the same instant;
+# the jobs view read once (a count per job, re-reading the view, took 10 s for 50 jobs).
 OVERLAP = """
-SELECT max(n) FROM (SELECT (SELECT count(*) FROM jobs b WHERE b.started_at <= a.started_at
-                            AND b.finished_at > a.started_at) AS n FROM jobs a) s"""
+WITH r AS (SELECT started_at, finished_at FROM jobs WHERE started_at IS NOT NULL),
+     e AS (SELECT started_at AS at, 1 AS d FROM r UNION ALL SELECT finished_at, -1 FROM r WHERE finished_at IS NOT NULL)
+SELECT max(n) FROM (SELECT sum(d) OVER (ORDER BY at, d) AS n FROM e) s"""
 
 
 def one_run(conn: psycopg.Connection, jobs: int, seconds: float) -> tuple[float, int]:

@@ -4,6 +4,9 @@ All of them live on the ``bench`` queue and never retry, so a failure shows up
 as a ``failed`` row instead of hiding inside a backoff.
 """
 
+if __name__ == "__main__":  # imported by the scripts as bench.<name>; nothing to run
+    raise SystemExit(f"{__file__}: a module the scripts in bench/ import, not a script (bench/README.md lists them)")
+
 import time
 
 import dramatiq

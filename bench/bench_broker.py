@@ -36,11 +36,12 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     Figure,
     WorkerPool,
     bench_database,
     code_state,
+    empty_jobs,
     percentile,
     print_table,
     reset,
@@ -141,7 +142,7 @@ def _warm_up(url: str, conn: psycopg.Connection, broker, actor, n: int = 200) ->
     timed part measures the steady state rather than connection set-up."""
     broker.enqueue_many([actor.message() for _ in range(n)])
     wait_until(lambda: not conn.execute(ANY_LIVE).fetchone()[0], 60, what="warm-up jobs")
-    conn.execute("TRUNCATE job_queue, job_history, job_log, job_done")
+    empty_jobs(conn)
 
 
 def w1(url: str, broker, actors, *, jobs: int, threads: int, chunk: int, pool: dict | None = None) -> dict[str, float]:

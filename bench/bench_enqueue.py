@@ -34,8 +34,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_database, code_state, say, server_url  # noqa: E402
-from supervisor.broker import bulk  # noqa: E402
+from bench.common import bench_database, code_state, empty_jobs, say, server_url
+from supervisor.broker import bulk
 
 PATHS = {"INSERT_MANY": False, "COPY": True}
 
@@ -56,7 +56,7 @@ def backend_cpu(conn: psycopg.Connection) -> float:
 def one_run(conn: psycopg.Connection, broker, actor, *, jobs: int, variant: str,
             copy: bool) -> tuple[float, float, float]:
     """Seconds for (build, insert + commit, the server's CPU) of one batch."""
-    conn.execute("TRUNCATE job_queue, job_history")
+    empty_jobs(conn)
     t0 = time.perf_counter()
     if variant == "keyed":
         messages = [actor.message_with_options(dedupe_key=f"k{i}") for i in range(jobs)]

@@ -29,8 +29,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_broker import w1, w2  # noqa: E402
-from bench.common import ROOT, Figure, bench_database, code_state, percentile, print_table, say, server_url  # noqa: E402
+from bench.bench_broker import w1, w2
+from bench.common import ROOT, Figure, bench_database, code_state, percentile, print_table, say, server_url
 
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 

@@ -32,7 +32,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     Figure,
     WorkerPool,
     bench_database,
@@ -79,12 +79,15 @@ def l1_rate(url: str, actors, jobs: int) -> list[Figure]:
             Figure("L1 rate used", "% of 20/s", (100 * rate / actors.RATE,), target=95, config="3+1 procs, 20/s")]
 
 
-# Polled every 10 ms while L2 drains: one probe of the live table's partial indexes (a
+# Polled every 10 ms while L2 drains: probes of the live table's partial indexes (a
 # count over the jobs view, history included, cost ~4 ms of server CPU a poll, a fifth of
 # a core at that pace, and read a growing history). The count is checked once at the end.
+# The plain jobs go to the job log (the default storage; the limited ones, to job_queue):
+# a log row without its done row is still to run.
 FREE_LIVE = """
 SELECT EXISTS (SELECT 1 FROM job_queue WHERE queue = 'limits' AND status IN ('pending', 'retryable') AND actor = 'free')
     OR EXISTS (SELECT 1 FROM job_queue WHERE status = 'running' AND actor = 'free')
+    OR (SELECT count(*) FROM job_log) > (SELECT count(*) FROM job_done)
 """
 
 
@@ -142,7 +145,10 @@ def l3_fairness(url: str, actors, backlog: int) -> list[Figure]:
                    config=f"2x8, a: {backlog:,} x 10 ms")]
 
 
-def l4_claim(url: str, keys: int, claims: int = 400, per_key: int = 10) -> list[Figure]:
+L4_CLAIM, L4_PER_KEY = 32, 10  # L4's rows a claim, and waiting rows a key
+
+
+def l4_claim(url: str, keys: int, claims: int = 400, per_key: int = L4_PER_KEY) -> list[Figure]:
     """Claims of 32 by a PostgresBroker as a worker's (its floors, its turn cursor, prepared
     statements), in turn from three queues of keys x per_key rows: waiting rows over
     ``keys`` keys with every other key blocked, waiting rows over as many keys none
@@ -177,13 +183,13 @@ def l4_claim(url: str, keys: int, claims: int = 400, per_key: int = 10) -> list[
             order = ["l4-half", "l4-open", "l4-plain"]
             times: dict[str, list[float]] = {q: [] for q in order}
             for queue in queues:
-                broker.claim(queue, 32)  # the plain claim finds waiting rows: the keyed one from now on
+                broker.claim(queue, L4_CLAIM)  # the plain claim finds waiting rows: the keyed one from now on
             for i in range(claims):
                 for queue in order[i % 3:] + order[:i % 3]:
                     start = time.perf_counter()
-                    got = broker.claim(queue, 32)
+                    got = broker.claim(queue, L4_CLAIM)
                     times[queue].append(time.perf_counter() - start)
-                    if len(got) != 32:
+                    if len(got) != L4_CLAIM:
                         raise RuntimeError(f"{queue}: a claim took {len(got)} rows")
                     ids = [m.message_id for m in got]
                     side.execute("DELETE FROM job_queue WHERE id = ANY(%s::uuid[])", (ids,))
@@ -204,12 +210,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2000, help="L1's jobs")
     p.add_argument("--backlog", type=int, default=100_000, help="L3's tenant a jobs")
     p.add_argument("--keys", type=int, default=10_000, help="L4's keys")
+    p.add_argument("--l4-claims", type=int, default=400, help="L4's claims from each queue (the first 20 warm up)")
     p.add_argument("--only", default="L1,L2,L3,L4")
+    p.add_argument("--l2-jobs", type=int, default=10_000, help="L2's plain jobs per drain")
     p.add_argument("--l2-repeat", type=int, default=5,
                    help="L2's alternating pairs (alone, behind); the median of each is compared")
     p.add_argument("--database-url", default=None)
     args = p.parse_args(argv)
     only = set(args.only.upper().split(","))
+    if "L4" in only and args.l4_claims <= 20:
+        p.error("--l4-claims: more than 20 (the first 20 of each queue warm up)")
+    if "L4" in only and args.keys * L4_PER_KEY // 2 < (args.l4_claims + 1) * L4_CLAIM:
+        p.error(f"--keys: at least {-(-2 * (args.l4_claims + 1) * L4_CLAIM // L4_PER_KEY):,} for {args.l4_claims} claims of"
+                f" {L4_CLAIM} (every other key blocked, {L4_PER_KEY} rows a key)")
     with bench_database(server_url(args.database_url)) as url:
         import supervisor
 
@@ -219,11 +232,11 @@ def main(argv: list[str] | None = None) -> int:
         say(code_state())
         figures: list[Figure] = []
         if "L4" in only:
-            figures += l4_claim(url, args.keys)
+            figures += l4_claim(url, args.keys, claims=args.l4_claims)
         if "L3" in only:
             figures += l3_fairness(url, actors, args.backlog)
         if "L2" in only:
-            figures += l2_threads(url, actors, repeat=args.l2_repeat)
+            figures += l2_threads(url, actors, jobs=args.l2_jobs, repeat=args.l2_repeat)
         if "L1" in only:
             figures += l1_rate(url, actors, args.jobs)
         say(f"load {os.getloadavg()[0]:.2f}")

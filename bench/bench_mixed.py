@@ -33,8 +33,17 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_broker import ANY_LIVE, _bulk_enqueue, _drain, load  # noqa: E402
-from bench.common import WorkerPool, bench_database, code_state, percentile, reset, say, server_url  # noqa: E402
+from bench.bench_broker import ANY_LIVE, _bulk_enqueue, _drain, load
+from bench.common import (
+    WorkerPool,
+    bench_database,
+    code_state,
+    empty_jobs,
+    percentile,
+    reset,
+    say,
+    server_url,
+)
 
 SHORT_S, LONG_S, LONG_SHARE = 0.001, 0.5, 0.05
 TICK = 0.01
@@ -91,12 +100,14 @@ def run(url: str, broker, actors, *, mode: str, args: argparse.Namespace, seed: 
                 if time.monotonic() > deadline:
                     raise RuntimeError("warm-up jobs did not finish")
                 time.sleep(0.05)
-            conn.execute("TRUNCATE job_queue, job_history, job_events, bench_latency")
+            empty_jobs(conn)
+            conn.execute("TRUNCATE bench_latency")
             waits = stream(conn, broker, actors.timed, rate=args.rate, seconds=args.seconds, seed=seed)
             while conn.execute(ANY_LIVE).fetchone()[0]:
                 time.sleep(0.05)
             given_back = conn.execute(GIVEN_BACK).fetchone()[0]
-            conn.execute("TRUNCATE job_queue, job_history, job_events, bench_latency")
+            empty_jobs(conn)
+            conn.execute("TRUNCATE bench_latency")
             rate = burst(url, conn, broker, actors.timed, jobs=args.burst, seed=seed + 2)
             given_back_burst = conn.execute(GIVEN_BACK).fetchone()[0]
     out = {"p50": percentile(waits, 50), "p99": percentile(waits, 99), "max": max(waits), "jobs/s": rate,

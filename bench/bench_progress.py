@@ -25,8 +25,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_broker import BATCHES, _bulk_enqueue, _drain, _warm_up, load, w2  # noqa: E402
-from bench.common import (  # noqa: E402
+from bench.bench_broker import BATCHES, _bulk_enqueue, _drain, _warm_up, load, w2
+from bench.common import (
     Figure,
     WorkerPool,
     bench_database,

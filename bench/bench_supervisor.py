@@ -30,8 +30,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, Figure, bench_database, print_table, say, server_url, wait_until  # noqa: E402
-from supervisor import control  # noqa: E402
+from bench.common import ROOT, Figure, bench_database, print_table, say, server_url, wait_until
+from supervisor import control
 
 ROLE = "bench"
 
@@ -172,6 +172,8 @@ def main() -> None:
     parser.add_argument("--database-url", default=None, help="server to create the throw-away database on")
     parser.add_argument("--repeat", type=int, default=6)
     args = parser.parse_args()
+    if args.repeat < 2:
+        parser.error("--repeat: at least 2 (the reloads alternate between the control socket and the CLI)")
     with bench_database(server_url(args.database_url), prefix="as_bench_sup") as url, \
             tempfile.TemporaryDirectory(prefix="as-sup-", dir="/tmp") as tmp:
         tmp_path = Path(tmp)

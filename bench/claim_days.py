@@ -27,9 +27,9 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.basics import Figure, cpu_seconds, print_table, say  # noqa: E402
-from bench.common import bench_database, code_state, reset, server_url  # noqa: E402
-from bench.db_floor import build_rows, log_claim, log_enqueue  # noqa: E402
+from bench.basics import Figure, cpu_seconds, print_table, say
+from bench.common import bench_database, code_state, reset, server_url
+from bench.db_floor import build_rows, log_claim, log_enqueue
 
 # The past days' partitions (job_log's and job_done's), dropped between rounds.
 DROP_PAST = """

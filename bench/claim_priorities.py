@@ -26,13 +26,14 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Figure, bench_database, code_state, print_table, reset, say, server_url  # noqa: E402
-from supervisor.broker import sql  # noqa: E402
-from supervisor.broker.gates import first_turn  # noqa: E402
-from supervisor.broker.middleware import claim_budgets  # noqa: E402
+from bench.common import Figure, bench_database, code_state, print_table, reset, say, server_url
+from supervisor.broker import sql
+from supervisor.broker.floors import SWEEP
+from supervisor.broker.gates import first_turn
+from supervisor.broker.middleware import claim_budgets
 
 PARAMS = {"queue": "bench", "owner": "claim-priorities", "lease_s": 30.0, "relaxed": False, **first_turn(2048),
-          **claim_budgets({}, None)}
+          **claim_budgets({}, None), **SWEEP}
 
 
 def fill(conn: psycopg.Connection, delayed: int, levels: int, due: int) -> None:

@@ -46,13 +46,14 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import WorkerPool, bench_database, code_state, percentile, say, server_url  # noqa: E402
-from supervisor import defaults  # noqa: E402
-from supervisor.broker import PostgresBroker, sql  # noqa: E402
-from supervisor.broker.completer import Finish, finish_params  # noqa: E402
-from supervisor.broker.gates import first_turn  # noqa: E402
-from supervisor.registry import Registration  # noqa: E402
-from supervisor.worker.upkeep import Upkeep, UpkeepSettings  # noqa: E402
+from bench.common import WorkerPool, bench_database, code_state, percentile, say, server_url
+from supervisor import defaults
+from supervisor.broker import PostgresBroker, sql
+from supervisor.broker.completer import Finish, finish_params
+from supervisor.broker.floors import SWEEP
+from supervisor.broker.gates import first_turn
+from supervisor.registry import Registration
+from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 
 CHUNK = 250_000
 
@@ -123,7 +124,7 @@ def vacuum(conn: psycopg.Connection, options: str = "ANALYZE") -> float:
 
 
 def claim_params(n: int, owner: str = "claim-scale-probe") -> dict:
-    return {"queue": "bench", "n": n, "owner": owner, "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, **first_turn(n), "actors": [],
+    return {"queue": "bench", "n": n, "owner": owner, "lease_s": 30.0, "relaxed": False, **SWEEP, **first_turn(n), "actors": [],
             "actor_max_attempts": [], "actor_max_losses": [], "default_max_attempts": 21, "default_max_losses": 3}
 
 
@@ -255,15 +256,17 @@ def measure(dbs: list[Db], state: str, args: argparse.Namespace, results: list[t
 
 
 def explain_prune(db: Db) -> None:
-    """PRUNE must walk jobs_finished oldest first and stop at its batch, never scan the table."""
+    """The row-wise prune (sql.PRUNE_ROWS: what no whole day's drop covers) must stop at
+    its batch, never scan the history."""
     with db.conn.transaction():
         lines = [r[0] for r in db.conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS) " + sql.PRUNE,
+            "EXPLAIN (ANALYZE, BUFFERS) " + sql.PRUNE_ROWS,
             {"status": "succeeded", "older_than_s": 0, "limit": defaults.PRUNE_BATCH}).fetchall()]
         raise psycopg.Rollback()
-    scans = [x.strip() for x in lines if "Scan" in x and "on jobs" in x]
+    scans = [x.strip() for x in lines if "Scan" in x and " on job_history" in x]
     took = next((x.strip() for x in lines if "Execution Time" in x), "?")
-    say(f"  PRUNE of {defaults.PRUNE_BATCH:,} succeeded rows ({db.variant}): {took}; jobs scans: {'; '.join(scans)}")
+    say(f"  PRUNE_ROWS of {defaults.PRUNE_BATCH:,} succeeded rows ({db.variant}): {took};"
+        f" history scans: {'; '.join(scans)}")
 
 
 def main(argv: list[str] | None = None) -> int:

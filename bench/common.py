@@ -7,6 +7,9 @@ PostgreSQL server (DATABASE_URL, default the local one on 127.0.0.1).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # imported by the scripts as bench.<name>; nothing to run
+    raise SystemExit(f"{__file__}: a module the scripts in bench/ import, not a script (bench/README.md lists them)")
+
 import contextlib
 import os
 import shutil
@@ -63,10 +66,19 @@ def bench_database(server: str, *, prefix: str = "as_bench") -> Iterator[str]:
         yield url
 
 
+# Every table a job's rows live in, at either storage (a plain job sent goes to the log's
+# job_log / job_done, one inserted by SQL or with options to job_queue / job_history).
+JOB_TABLES = "job_queue, job_history, job_events, job_log, job_done"
+
+
+def empty_jobs(conn: psycopg.Connection) -> None:
+    """Empty the job tables between phases of a run; workers may stay up (no job live)."""
+    conn.execute(f"TRUNCATE {JOB_TABLES}")
+
+
 def reset(conn: psycopg.Connection) -> None:
     """Empty the tables between runs (workers must be stopped)."""
-    conn.execute("TRUNCATE job_queue, job_history, job_events, job_concurrency, workers, bench_latency, job_log, job_done,"
-                 " job_lease, job_cursor, job_log_cancel")
+    conn.execute(f"TRUNCATE {JOB_TABLES}, job_concurrency, workers, bench_latency, job_lease, job_cursor, job_log_cancel")
 
 
 @dataclass

@@ -28,7 +28,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, bench_database, say, server_url, wait_until  # noqa: E402
+from bench.common import ROOT, bench_database, say, server_url, wait_until
 
 SESSIONS = """
 SELECT client_port, query LIKE 'LISTEN %%' FROM pg_stat_activity

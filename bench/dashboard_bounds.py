@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psycopg  # noqa: E402
-from starlette.testclient import TestClient  # noqa: E402
+import psycopg
+from starlette.testclient import TestClient
 
-from bench import dashboard_fill, dashboard_reads  # noqa: E402
-from bench.basics import say, server_url  # noqa: E402
-from bench.common import bench_database  # noqa: E402
+from bench import dashboard_fill, dashboard_reads
+from bench.basics import say, server_url
+from bench.common import bench_database
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,9 @@ What is made (g: the row number, newest last):
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # imported by the scripts as bench.<name>; nothing to run
+    raise SystemExit(f"{__file__}: a module the scripts in bench/ import, not a script (bench/README.md lists them)")
+
 import time
 
 import psycopg

@@ -12,6 +12,9 @@ connections record each statement and its parameters (``Recorded``).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # imported by the scripts as bench.<name>; nothing to run
+    raise SystemExit(f"{__file__}: a module the scripts in bench/ import, not a script (bench/README.md lists them)")
+
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field

@@ -30,16 +30,17 @@ from psycopg.conninfo import conninfo_to_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from bench import dashboard_fill, dashboard_reads  # noqa: E402
-from bench.basics import with_dbname  # noqa: E402
-from bench.common import code_state, say, server_url  # noqa: E402
-from supervisor import apps, error_groups, jobsearch, registry, scheduler_sql  # noqa: E402  # noqa: E402
-from supervisor.broker import actor_reads, reads  # noqa: E402
-from supervisor.http import state  # noqa: E402
-from supervisor.http.dashboard import recorder  # noqa: E402
-from supervisor.migrate import migrate  # noqa: E402
+from bench import dashboard_fill, dashboard_reads
+from bench.basics import with_dbname
+from bench.common import code_state, say, server_url
+from supervisor import apps, error_groups, jobsearch, registry
+from supervisor.broker import actor_reads, reads
+from supervisor.http import state
+from supervisor.http.dashboard import recorder
+from supervisor.migrate import migrate
+from supervisor.worker import scheduler_sql
 
 
 def percentiles(times: list[float]) -> tuple[float, float]:

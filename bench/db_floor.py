@@ -32,16 +32,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bench_database, code_state, reset  # noqa: E402
-from bench.floor import Conn, JobPath, main  # noqa: E402
-from supervisor.broker import sql  # noqa: E402
-from supervisor.broker.completer import ack_params, log_columns, write_log_outcomes  # noqa: E402
-from supervisor.broker.floors import SWEEP  # noqa: E402
-from supervisor.broker.gates import first_turn  # noqa: E402
-from supervisor.broker.logstore import Batches, LogRow  # noqa: E402
-from supervisor.broker.middleware import claim_budgets  # noqa: E402
-from supervisor.broker.sql import joblog  # noqa: E402
-from supervisor.defaults import STORAGE  # noqa: E402
+from bench.common import bench_database, code_state, reset
+from bench.floor import Conn, JobPath, main
+from supervisor.broker import sql
+from supervisor.broker.completer import ack_params, log_columns, write_log_outcomes
+from supervisor.broker.floors import SWEEP
+from supervisor.broker.gates import first_turn
+from supervisor.broker.logstore import Batches, LogRow
+from supervisor.broker.middleware import claim_budgets
+from supervisor.broker.sql import joblog
+from supervisor.defaults import STORAGE
 
 QUEUE = "floor"
 NO_BUDGETS = claim_budgets({}, None)  # no actors known: the rows carry their own budget

@@ -25,6 +25,9 @@ from a venv without this project installed.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # imported by the scripts as bench.<name>; nothing to run
+    raise SystemExit(f"{__file__}: a module the scripts in bench/ import, not a script (bench/README.md lists them)")
+
 import argparse
 import statistics
 import threading

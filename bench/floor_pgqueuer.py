@@ -48,8 +48,8 @@ from pydantic_core import to_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.basics import code_state, say, scratch_database  # noqa: E402
-from bench.floor import Conn, JobPath, main  # noqa: E402
+from bench.basics import code_state, say, scratch_database
+from bench.floor import Conn, JobPath, main
 
 ENTRYPOINT = "noop"
 HEARTBEAT_TIMEOUT = timedelta(seconds=30)  # as our claim's 30 s lease

@@ -52,11 +52,11 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.basics import Figure, print_table  # noqa: E402
-from bench.common import bench_database, code_state, say, server_url  # noqa: E402
-from bench.db_floor import LOG_PATH  # noqa: E402
-from bench.db_floor import TABLE_PATH as TODAY  # noqa: E402
-from bench.floor import Conn, JobPath, Run, run_once  # noqa: E402
+from bench.basics import Figure, print_table
+from bench.common import bench_database, code_state, say, server_url
+from bench.db_floor import LOG_PATH
+from bench.db_floor import TABLE_PATH as TODAY
+from bench.floor import Conn, JobPath, Run, run_once
 
 SCHEMA = """
 DROP TABLE IF EXISTS fs_jobs, fs_live, fs_ready, fs_claimed, fs_history, fs_log, fs_cursor, fs_lease, fs_done,

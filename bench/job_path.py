@@ -30,13 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import dramatiq  # noqa: E402
+import dramatiq
 
-from bench.common import bench_database, reset  # noqa: E402
-from supervisor.broker import PostgresBroker  # noqa: E402
-from supervisor.broker.fencing import Fence  # noqa: E402
-from supervisor.worker.executor_threads import WorkerThread, WorkQueue  # noqa: E402
-from supervisor.worker.scheduler import RunResults  # noqa: E402
+from bench.common import bench_database, reset
+from supervisor.broker import PostgresBroker
+from supervisor.broker.fencing import Fence
+from supervisor.worker.executor_threads import WorkerThread, WorkQueue
+from supervisor.worker.scheduler import RunResults
 
 QUEUE = "bench"
 

@@ -1,6 +1,9 @@
 """Actors of bench/bench_limits.py, on the ``limits`` queue: flow control (supervisor/flow.py)
 and a plain actor beside them. Each records when it started in bench_latency."""
 
+if __name__ == "__main__":  # imported by the scripts as bench.<name>; nothing to run
+    raise SystemExit(f"{__file__}: a module the scripts in bench/ import, not a script (bench/README.md lists them)")
+
 import time
 
 import dramatiq

@@ -26,12 +26,12 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Figure, bench_database, code_state, print_table, say, server_url  # noqa: E402
-from supervisor import db  # noqa: E402
-from supervisor.broker import reads, sql  # noqa: E402
-from supervisor.broker.completer import Finish, finish_params  # noqa: E402
-from supervisor.broker.leases import reap_params  # noqa: E402
-from supervisor.http.dashboard import recorder  # noqa: E402
+from bench.common import Figure, bench_database, code_state, print_table, say, server_url
+from supervisor import db
+from supervisor.broker import reads, sql
+from supervisor.broker.completer import Finish, finish_params
+from supervisor.broker.leases import reap_params
+from supervisor.http.dashboard import recorder
 
 BUDGET = {"who": "lease-scale", "why": "bench", "default_max_losses": 3}
 

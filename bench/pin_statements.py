@@ -30,12 +30,12 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.basics import cpu_seconds  # noqa: E402
-from bench.common import bench_database, code_state, percentile, say, server_url  # noqa: E402
-from bench.db_floor import QUEUE, build_rows, claim_params, enqueue_rows, finish_rows  # noqa: E402
-from supervisor import db  # noqa: E402
-from supervisor.broker import sql  # noqa: E402
-from supervisor.broker.floors import (  # noqa: E402
+from bench.basics import cpu_seconds
+from bench.common import bench_database, code_state, percentile, say, server_url
+from bench.db_floor import QUEUE, build_rows, claim_params, enqueue_rows, finish_rows
+from supervisor import db
+from supervisor.broker import sql
+from supervisor.broker.floors import (
     HELD_SLACK_SECONDS,
     SLACK_SECONDS,
     SWEEP,

@@ -74,10 +74,10 @@ JOB_SHAPES: dict[str, Any] = {"plain": lambda actor: actor.message, "keyed": _ke
 if not os.environ.get("PYTHONPATH"):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import server_log  # noqa: E402
-from bench.basics import cpu_seconds, runq_seconds  # noqa: E402
-from bench.common import LIVE, WorkerPool, bench_database, code_state, say, server_url  # noqa: E402
-from bench.soak import Producer, traced  # noqa: E402
+from bench import server_log
+from bench.basics import cpu_seconds, runq_seconds
+from bench.common import LIVE, WorkerPool, bench_database, code_state, say, server_url
+from bench.soak import Producer, traced
 
 LAG_S = 2.0
 READERS = 4

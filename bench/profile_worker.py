@@ -37,10 +37,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.basics import cpu_seconds, cpu_split  # noqa: E402
-from bench.bench_broker import _bulk_enqueue, _drain, _warm_up, load  # noqa: E402
-from bench.common import ROOT, WorkerPool, bench_database, code_state, reset, say, server_url  # noqa: E402
-from bench.stub_worker import TARGET_US, YARDSTICK_US  # noqa: E402
+from bench.basics import cpu_seconds, cpu_split
+from bench.bench_broker import _bulk_enqueue, _drain, _warm_up, load
+from bench.common import ROOT, WorkerPool, bench_database, code_state, reset, say, server_url
+from bench.stub_worker import TARGET_US, YARDSTICK_US
 
 
 def backend_pids(conn: psycopg.Connection, dbname: str) -> list[int]:

@@ -34,7 +34,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     ROOT,
     Figure,
     WorkerPool,
@@ -46,7 +46,7 @@ from bench.common import (  # noqa: E402
     server_url,
     wait_until,
 )
-from supervisor import control  # noqa: E402
+from supervisor import control
 
 TARGET_MB = 36.0
 MB = 2**20

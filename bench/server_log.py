@@ -14,6 +14,9 @@ statement's text follows its ``duration:`` line on the lines after it.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # imported by the scripts as bench.<name>; nothing to run
+    raise SystemExit(f"{__file__}: a module the scripts in bench/ import, not a script (bench/README.md lists them)")
+
 import re
 from datetime import UTC, datetime
 from pathlib import Path

@@ -56,18 +56,19 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import soak_trace  # noqa: E402
-from bench.bench_broker import w1  # noqa: E402
-from bench.common import WorkerPool, bench_database, code_state, reset, say, server_url  # noqa: E402
-from supervisor.broker import sql  # noqa: E402
-from supervisor.broker.gates import first_turn  # noqa: E402
-from supervisor.config import load  # noqa: E402
+from bench import soak_trace
+from bench.bench_broker import w1
+from bench.common import WorkerPool, bench_database, code_state, reset, say, server_url
+from supervisor.broker import sql
+from supervisor.broker.floors import SWEEP
+from supervisor.broker.gates import first_turn
+from supervisor.config import load
 
 TICK = 0.02
 LAG_S = 2.0
 PROBES_PER_SECOND = 5
 # The probe's claim: 16 rows (a worker's batch) of the live queue, as owner soak-probe.
-PROBE = {"queue": "bench", "n": 16, "owner": "soak-probe", "lease_s": 30.0, "relaxed": False, "floor_levels": None, "floor_at": None, **first_turn(16), "actors": [], "actor_max_attempts": [],
+PROBE = {"queue": "bench", "n": 16, "owner": "soak-probe", "lease_s": 30.0, "relaxed": False, **SWEEP, **first_turn(16), "actors": [], "actor_max_attempts": [],
          "actor_max_losses": [], "default_max_attempts": 1, "default_max_losses": 3}
 
 CONFIG = """\
@@ -350,7 +351,7 @@ def attribute(seconds: list[tuple[float, float, collections.Counter]],
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=int, default=30)
+    p.add_argument("--minutes", type=float, default=30, help="the timeline's length (a fraction for a short run)")
     p.add_argument("--rate", type=float, default=None, help="jobs/s (default: half of a W1 measured first)")
     p.add_argument("--processes", type=int, default=2)
     p.add_argument("--threads", type=int, default=8)
@@ -388,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             windows: list[Window] = []
             say(HEADER)
             started = time.monotonic()
-            for i in range(args.minutes * 60 // args.window):
+            for i in range(max(1, round(args.minutes * 60) // args.window)):
                 w = Window(args.window, lo=time.time())
                 for sec in range(args.window):
                     sampler.second(w)

@@ -42,8 +42,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.basics import code_state, cpu_seconds, say, server_url  # noqa: E402
-from bench.floor_pgqueuer import ENTRYPOINT, build_rows, enqueue_rows, pgqueuer_database  # noqa: E402
+from bench.basics import code_state, cpu_seconds, say, server_url
+from bench.floor_pgqueuer import ENTRYPOINT, build_rows, enqueue_rows, pgqueuer_database
 
 QUEUE_TABLE = "pgqueuer"
 
