@@ -1,0 +1,67 @@
+"""`supervisor schedules`, and a schedule's zone as `supervisor check` reads it."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+from supervisor.worker import scheduler_sql as sql
+from tests.conftest import cli
+
+CONFIG = """\
+database: {{url: "{url}"}}
+supervisor: {{timezone: Europe/Paris}}
+roles:
+  r: {{processes: 1, queues: [default], actors: [tests.sample_actors]}}
+schedules:
+  report: {{cron: "30 9 * * *", timezone: {zone}, actor: send_report, queue: default}}
+  nightly: {{cron: "0 2 * * *", actor: cleanup, queue: default, catch_up: last}}
+"""
+UNREACHABLE = "postgresql://nobody@127.0.0.1:1/none"
+
+
+def config(tmp_path: Path, url: str = UNREACHABLE, zone: str = "America/New_York") -> Path:
+    path = tmp_path / "supervisor.yaml"
+    path.write_text(CONFIG.format(url=url, zone=zone))
+    return path
+
+
+def test_from_the_config_alone_when_the_database_is_unreachable(tmp_path):
+    before = datetime.now(UTC)
+    done = cli("schedules", "--json", config=config(tmp_path), env={"SUPERVISOR_CONFIG": ""})
+    assert done.returncode == 0, done.stderr
+    assert "last fires not shown" in done.stderr
+    report, nightly = json.loads(done.stdout)
+    assert (report["name"], report["cron"], report["timezone"], report["catch_up"], report["last_fire"]) == (
+        "report", "30 9 * * *", "America/New_York", "none", None)
+    assert (nightly["timezone"], nightly["catch_up"]) == ("Europe/Paris", "last")  # supervisor.timezone
+    for entry, zone, wall in ((report, "America/New_York", (9, 30)), (nightly, "Europe/Paris", (2, 0))):
+        times = [datetime.fromisoformat(t) for t in entry["next"]]
+        assert len(times) == 3 and times == sorted(times) and times[0] > before
+        for t in times:  # each at its wall-clock time, with the zone's offset of that day
+            assert (t.hour, t.minute) == wall
+            assert t.utcoffset() == t.astimezone(ZoneInfo(zone)).utcoffset()
+    table = cli("schedules", config=config(tmp_path), env={"SUPERVISOR_CONFIG": ""})
+    assert table.returncode == 0 and "America/New_York" in table.stdout and report["next"][0] in table.stdout
+
+
+def test_the_last_fire_comes_from_the_database(tmp_path, database_url, conn):
+    fired = datetime(2026, 3, 8, 13, 30, tzinfo=UTC)
+    conn.execute(sql.ACQUIRE, {"name": "report", "holder": "h", "ttl_s": 0, "fire_at": fired})
+    done = cli("schedules", "--json", config=config(tmp_path, url=database_url), env={"SUPERVISOR_CONFIG": ""})
+    assert done.returncode == 0, done.stderr
+    by_name = {s["name"]: s for s in json.loads(done.stdout)}
+    assert by_name["report"]["last_fire"] == "2026-03-08T09:30:00-04:00"
+    assert by_name["nightly"]["last_fire"] is None
+
+
+def test_check_refuses_an_unknown_zone_in_one_line(tmp_path):
+    path = config(tmp_path, zone="America/NewYork")
+    done = cli("check", config=path, env={"SUPERVISOR_CONFIG": ""})
+    assert done.returncode == 2
+    (line,) = [line for line in done.stdout.splitlines() if "timezone" in line]
+    assert line.strip() == (f"{path}:6: schedules.report.timezone: unknown time zone 'America/NewYork': "
+                            "use an IANA name such as America/New_York, Europe/Paris or UTC")
+    assert "Traceback" not in done.stderr
