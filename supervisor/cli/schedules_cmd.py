@@ -43,7 +43,9 @@ def schedules(ctx: click.Context, as_json: bool) -> None:
     now = datetime.now(UTC)
     found: list[dict[str, Any]] = [describe(s, now, (last or {}).get(s.name)) for s in cfg.schedules]
     if as_json:
-        print_json([{k: v for k, v in s.items() if k not in ("next_fire", "next_fire_local")} for s in found])
+        print_json([{"name": s["name"], "cron": s["cron"], "timezone": s["timezone"], "catch_up": s["catch_up"],
+                     "actor": s["actor"], "queue": s["queue"], "last_fire": s["last_fire_local"], "next": s["next"]}
+                    for s in found])
         return
-    table([{**s, "next": "  ".join(s["next"])} for s in found],
+    table([{**s, "last_fire": s["last_fire_local"], "next": "  ".join(s["next"])} for s in found],
           ["name", "cron", "timezone", "catch_up", "last_fire", "next"])

@@ -1,4 +1,5 @@
-"""`supervisor schedules`, and a schedule's zone as `supervisor check` reads it."""
+"""Where a schedule's zone and next fires are shown: `supervisor schedules`, GET
+/api/v1/schedules and the Schedules page; and the zone as `supervisor check` reads it."""
 
 from __future__ import annotations
 
@@ -65,3 +66,18 @@ def test_check_refuses_an_unknown_zone_in_one_line(tmp_path):
     assert line.strip() == (f"{path}:6: schedules.report.timezone: unknown time zone 'America/NewYork': "
                             "use an IANA name such as America/New_York, Europe/Paris or UTC")
     assert "Traceback" not in done.stderr
+
+
+def test_the_api_and_the_page_show_the_zone_and_the_next_fire_in_utc_and_in_it(tmp_path, database_url, http_server):
+    server = http_server("-c", str(config(tmp_path, url=database_url)), env={"SUPERVISOR_CONFIG": ""})
+    found = {s["name"]: s for s in server.client.get("/api/v1/schedules").json()["schedules"]}
+    report = found["report"]
+    assert report["timezone"] == "America/New_York" and len(report["next"]) == 3
+    utc, local = datetime.fromisoformat(report["next_fire"]), datetime.fromisoformat(report["next_fire_local"])
+    assert utc.utcoffset().total_seconds() == 0 and utc == local and report["next"][0] == report["next_fire_local"]
+    assert (local.hour, local.minute) == (9, 30) and local.utcoffset() == utc.astimezone(ZoneInfo(report["timezone"])).utcoffset()
+    page = server.client.get("/schedules").text
+    row = page[page.index('data-schedule="report"'):]
+    row = row[:row.index("</tr>")]
+    assert "America/New_York" in row
+    assert local.strftime("%Y-%m-%d %H:%M ") in row and utc.strftime("%Y-%m-%d %H:%M UTC") in row
