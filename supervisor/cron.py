@@ -76,7 +76,15 @@ class CronExpr:
             # answer can be the first pass's fire, earlier than ``when``; that one has fired.
             t = _next(it, self.expr).astimezone(UTC)
             if t > when:
-                return t
+                break
+        if self.tz is UTC:
+            return t
+        # Where an offset changes by less than an hour (Australia/Lord_Howe: 30 min) the
+        # forward walk can step over a fire that its reverse walk finds: take the earliest.
+        back = self._iter(t, reverse=True)  # its first step is back 1 s: strictly before t
+        while (earlier := _next(back, self.expr).astimezone(UTC)) > when:
+            t = earlier
+        return t
 
     def last_at_or_before(self, when: datetime) -> datetime:
         """The last fire time at or before ``when`` (aware, UTC): where a schedule's missed

@@ -162,14 +162,20 @@ def test_an_interval_keeps_its_pace_in_real_time_across_both_changes():
         assert {b - a for a, b in zip(fires, fires[1:], strict=False)} == {timedelta(minutes=30)}
 
 
-@pytest.mark.parametrize("zone", ["America/New_York", "Europe/London", "America/Santiago"])
+# The Saturdays before each zone's two changes of 2026 (Santiago's and Lord Howe's
+# autumn is in April; Lord Howe moves by 30 minutes).
+CHANGES = {"America/New_York": (at(2026, 3, 7), at(2026, 10, 31)), "Europe/London": (at(2026, 3, 28), at(2026, 10, 24)),
+           "America/Santiago": (at(2026, 4, 4), at(2026, 9, 5)), "Australia/Lord_Howe": (at(2026, 4, 4), at(2026, 10, 3))}
+
+
+@pytest.mark.parametrize("zone", list(CHANGES))
 @pytest.mark.parametrize("expr", ["30 9 * * *", "30 2 * * *", "30 1 * * *", "0,30 1-3 * * *", "*/20 * * * *",
                                   "15 * * * *", "0 */2 * * *"])
 def test_next_and_last_agree_across_dst_changes(zone, expr):
     """Forward and backward walks give one sequence of fire times through a year's both
     changes (what catch_up counts back over is what the scheduler fires going forward)."""
     c = cron.parse(expr, zone)
-    for start in (at(2026, 3, 7), at(2026, 3, 28), at(2026, 4, 4), at(2026, 9, 5), at(2026, 10, 24), at(2026, 10, 31)):
+    for start in CHANGES[zone]:
         end = start + timedelta(days=2)
         fires = [c.next_after(start)]
         while fires[-1] < end:
@@ -180,3 +186,12 @@ def test_next_and_last_agree_across_dst_changes(zone, expr):
             assert c.next_after(t) == min(f for f in fires if f > t)
             assert c.last_at_or_before(t) == max(f for f in fires if f <= t)
             t += timedelta(minutes=41, seconds=7)
+
+
+def test_a_half_hour_change_steps_over_no_fire():
+    """Lord Howe Island moves its clocks by 30 minutes: at 02:00 (+11) on April 5, 2026
+    it is 01:30 (+10:30) again. An every-2-hours schedule still fires at 02:00 (+10:30)."""
+    c = cron.parse("0 */2 * * *", "Australia/Lord_Howe")
+    fires = c.upcoming(at(2026, 4, 4, 12), 3)
+    assert [c.local(t).isoformat() for t in fires] == [
+        "2026-04-05T00:00:00+11:00", "2026-04-05T02:00:00+10:30", "2026-04-05T04:00:00+10:30"]
