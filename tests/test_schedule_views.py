@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pytest
+
 from supervisor.worker import scheduler_sql as sql
 from tests.conftest import cli
 
@@ -81,3 +83,12 @@ def test_the_api_and_the_page_show_the_zone_and_the_next_fire_in_utc_and_in_it(t
     row = row[:row.index("</tr>")]
     assert "America/New_York" in row
     assert local.strftime("%Y-%m-%d %H:%M ") in row and utc.strftime("%Y-%m-%d %H:%M UTC") in row
+
+
+def test_a_bad_default_zone_is_named_by_its_key_and_line(tmp_path):
+    from supervisor.config import ConfigError, parse
+
+    text = CONFIG.format(url=UNREACHABLE, zone="UTC").replace("Europe/Paris", "Europe/Pariss")
+    with pytest.raises(ConfigError, match="unknown time zone 'Europe/Pariss'") as err:
+        parse(text, tmp_path / "s.yaml")
+    assert (err.value.line, err.value.key) == (2, "supervisor.timezone")
