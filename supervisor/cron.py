@@ -1,18 +1,35 @@
-"""Five-field cron expressions (minute hour day-of-month month day-of-week).
+"""Cron expressions in a time zone, on cronsim (the parser is the library's, not ours).
 
-Supports ``*``, lists (``1,15``), ranges (``1-5``), steps (``*/15``, ``10-40/10``,
-``5/20``), month and weekday names (``jan``, ``mon-fri``), 7 as Sunday, and the
-aliases ``@hourly @daily @midnight @weekly @monthly @yearly @annually``.
+The grammar is cronsim's: five fields (minute hour day-of-month month day-of-week), or
+six with seconds first; ``*``, lists, ranges, steps, month and weekday names, ``L``
+(last day of the month, or ``5L``: the month's last Friday), ``LW`` (its last weekday)
+and ``#`` (``1#2``: the second Monday). We add only the ``@hourly``-style aliases.
+As in Vixie and Debian cron, when both day fields are restricted a day matches if
+*either* does.
 
-As in Vixie cron, when both day-of-month and day-of-week are restricted a day
-matches if *either* matches. Times are UTC; naive datetimes are taken as UTC.
+Fire times are wall-clock times in the schedule's zone (an IANA name, through
+zoneinfo), with Debian cron's rules at DST changes, which cronsim implements:
+
+- a schedule at a fixed time (minute and hour fields not starting with ``*``): a fire
+  time in the hour skipped at spring-forward fires once, right after the gap (02:30 ->
+  03:00); a fire time in the hour repeated at fall-back fires once, the first time;
+- any other schedule (``*/15 * * * *``, ``0 * * * *``) keeps its pace in real time
+  across both changes (every 15 minutes stays every 15 minutes).
+
+Every instant given or returned is aware; naive ones are taken as UTC. Results are in
+UTC, the same on every host, which is what scheduler_locks and job_runs compare.
 """
 
 from __future__ import annotations
 
-import calendar
+import functools
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from . import defaults
 
 ALIASES = {
     "@hourly": "0 * * * *",
@@ -24,174 +41,114 @@ ALIASES = {
     "@annually": "0 0 1 1 *",
 }
 
-_MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_abbr) if name}
-_DAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
+_SECOND = timedelta(seconds=1)
 
 
-@dataclass(frozen=True)
-class _Field:
-    name: str
-    low: int
-    high: int
-    names: dict[str, int]
-
-
-_FIELDS = (
-    _Field("minute", 0, 59, {}),
-    _Field("hour", 0, 23, {}),
-    _Field("day-of-month", 1, 31, {}),
-    _Field("month", 1, 12, _MONTHS),
-    _Field("day-of-week", 0, 7, _DAYS),
-)
-
-# Far enough for any satisfiable expression (Feb 29 on a Monday recurs within 28 years).
-_SEARCH_YEARS = 30
-
-
-def _value(field: _Field, text: str, expr: str) -> int:
-    token = text.strip().lower()
-    if token in field.names:
-        return field.names[token]
-    if not token.isdigit():
-        raise ValueError(f"cron {expr!r}: {field.name} value {text!r} is not a number"
-                         + (f" or a name ({', '.join(field.names)})" if field.names else ""))
-    value = int(token)
-    if not field.low <= value <= field.high:
-        raise ValueError(f"cron {expr!r}: {field.name} value {value} is outside {field.low}-{field.high}")
-    return value
-
-
-def _parse_field(field: _Field, text: str, expr: str) -> frozenset[int]:
-    values: set[int] = set()
-    for part in text.split(","):
-        if not part:
-            raise ValueError(f"cron {expr!r}: empty item in {field.name} field {text!r}")
-        base, _, step_text = part.partition("/")
-        step = 1
-        if step_text:
-            if not step_text.isdigit() or int(step_text) == 0:
-                raise ValueError(f"cron {expr!r}: {field.name} step {step_text!r} must be a positive number")
-            step = int(step_text)
-        if base == "*":
-            low, high = field.low, field.high
-        elif "-" in base:
-            a, _, b = base.partition("-")
-            low, high = _value(field, a, expr), _value(field, b, expr)
-            if low > high:
-                raise ValueError(f"cron {expr!r}: {field.name} range {base!r} runs backwards")
-        else:
-            low = _value(field, base, expr)
-            # "5/15" means from 5 to the end in steps of 15, as in Vixie cron.
-            high = field.high if step_text else low
-        values.update(range(low, high + 1, step))
-    if field.name == "day-of-week" and 7 in values:
-        values.discard(7)
-        values.add(0)
-    return frozenset(values)
+@functools.lru_cache(maxsize=256)
+def zone(name: str | None) -> tzinfo:
+    """The zone an IANA name stands for; ValueError (one line) for a name zoneinfo does not know.
+    UTC is datetime's own, so cronsim applies no DST handling to it."""
+    if name is None or name.upper() in ("UTC", "ETC/UTC", "Z"):
+        return UTC
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        raise ValueError(f"unknown time zone {name!r}: use an IANA name such as America/New_York, "
+                         "Europe/Paris or UTC") from exc
 
 
 @dataclass(frozen=True)
 class CronExpr:
-    expr: str
-    minutes: frozenset[int]
-    hours: frozenset[int]
-    days: frozenset[int]
-    months: frozenset[int]
-    weekdays: frozenset[int]  # 0 = Sunday
-    any_day: bool  # day-of-month was "*"
-    any_weekday: bool  # day-of-week was "*"
+    expr: str  # as written (an alias stays an alias)
+    fields: str  # what cronsim reads
+    timezone: str  # the IANA name, as written
+    tz: tzinfo
 
-    def _day_matches(self, t: datetime) -> bool:
-        dom = t.day in self.days
-        dow = (t.weekday() + 1) % 7 in self.weekdays
-        if self.any_day and self.any_weekday:
-            return True
-        if self.any_day:
-            return dow
-        if self.any_weekday:
-            return dom
-        return dom or dow
-
-    def matches(self, when: datetime) -> bool:
-        t = _utc(when)
-        return (t.minute in self.minutes and t.hour in self.hours and t.month in self.months
-                and self._day_matches(t))
+    def _iter(self, start: datetime, *, reverse: bool = False) -> CronSim:
+        return CronSim(self.fields, start.astimezone(self.tz), reverse=reverse)
 
     def next_after(self, when: datetime) -> datetime:
-        """The first fire time strictly after ``when`` (aware, UTC, whole minute)."""
-        t = _utc(when).replace(second=0, microsecond=0) + timedelta(minutes=1)
-        limit = t.year + _SEARCH_YEARS
-        while t.year <= limit:
-            if t.month not in self.months:
-                year, month = (t.year + 1, 1) if t.month == 12 else (t.year, t.month + 1)
-                t = t.replace(year=year, month=month, day=1, hour=0, minute=0)
-                continue
-            if not self._day_matches(t):
-                t = (t + timedelta(days=1)).replace(hour=0, minute=0)
-                continue
-            if t.hour not in self.hours:
-                t = (t + timedelta(hours=1)).replace(minute=0)
-                continue
-            later = [m for m in self.minutes if m >= t.minute]
-            if not later:
-                t = (t + timedelta(hours=1)).replace(minute=0)
-                continue
-            return t.replace(minute=min(later))
-        raise ValueError(f"cron {self.expr!r} never fires")
+        """The first fire time strictly after ``when`` (aware, UTC)."""
+        when = _aware(when)
+        it = self._iter(when)
+        while True:
+            # cronsim walks wall-clock time: from the repeated hour's second pass its first
+            # answer can be the first pass's fire, earlier than ``when``; that one has fired.
+            t = _next(it, self.expr).astimezone(UTC)
+            if t > when:
+                break
+        if self.tz is UTC:
+            return t
+        # Where an offset changes by less than an hour (Australia/Lord_Howe: 30 min) the
+        # forward walk can step over a fire that its reverse walk finds: take the earliest.
+        back = self._iter(t, reverse=True)  # its first step is back 1 s: strictly before t
+        while (earlier := _next(back, self.expr).astimezone(UTC)) > when:
+            t = earlier
+        return t
 
     def last_at_or_before(self, when: datetime) -> datetime:
-        """The last fire time at or before ``when`` (aware, UTC, whole minute): where a
-        schedule's missed fires are counted back from (worker/scheduler.py)."""
-        t = _utc(when).replace(second=0, microsecond=0)
-        limit = t.year - _SEARCH_YEARS
-        while t.year >= limit:
-            if t.month not in self.months:
-                t = t.replace(day=1, hour=0, minute=0) - timedelta(minutes=1)  # the previous month's last minute
-                continue
-            if not self._day_matches(t):
-                t = t.replace(hour=0, minute=0) - timedelta(minutes=1)
-                continue
-            if t.hour not in self.hours:
-                t = t.replace(minute=0) - timedelta(minutes=1)
-                continue
-            earlier = [m for m in self.minutes if m <= t.minute]
-            if not earlier:
-                t = t.replace(minute=0) - timedelta(minutes=1)
-                continue
-            return t.replace(minute=max(earlier))
-        raise ValueError(f"cron {self.expr!r} never fired in the {_SEARCH_YEARS} years before {when}")
+        """The last fire time at or before ``when`` (aware, UTC): where a schedule's missed
+        fires are counted back from (worker/scheduler.py). next_after is the definition
+        of the fire times; cronsim's reverse walk finds a candidate, then a forward step
+        takes any fire the reverse walk passed over around a DST change."""
+        when = _aware(when)
+        it = self._iter(when.replace(microsecond=0) + _SECOND, reverse=True)  # its first step is back 1 s
+        t = _next(it, self.expr).astimezone(UTC)
+        while t > when:
+            t = _next(it, self.expr).astimezone(UTC)
+        while (later := self.next_after(t)) <= when:
+            t = later
+        return t
+
+    def upcoming(self, when: datetime, count: int) -> list[datetime]:
+        """The next ``count`` fire times after ``when`` (UTC)."""
+        out: list[datetime] = []
+        for _ in range(count):
+            when = self.next_after(when)
+            out.append(when)
+        return out
+
+    def matches(self, when: datetime) -> bool:
+        return self.last_at_or_before(when) == _aware(when)
+
+    def local(self, when: datetime) -> datetime:
+        """``when`` in the schedule's zone."""
+        return _aware(when).astimezone(self.tz)
 
     def __str__(self) -> str:
         return self.expr
 
 
-def _utc(when: datetime) -> datetime:
-    if when.tzinfo is None:
-        return when.replace(tzinfo=UTC)
-    return when.astimezone(UTC)
+def _aware(when: datetime) -> datetime:
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when
 
 
-def _satisfiable(days: frozenset[int], months: frozenset[int]) -> bool:
-    longest = {m: 29 if m == 2 else calendar.monthrange(2001, m)[1] for m in range(1, 13)}
-    return any(d <= longest[m] for m in months for d in days)
+def _next(it: CronSim, expr: str) -> datetime:
+    try:
+        return next(it)
+    except StopIteration:
+        raise ValueError(f"cron {expr!r} never fires (no fire time within 50 years)") from None
 
 
-def parse(expr: str) -> CronExpr:
-    """Parse a cron expression; raise ValueError naming the bad field."""
+@functools.lru_cache(maxsize=256)
+def parse(expr: str, timezone: str | None = None) -> CronExpr:
+    """Parse a cron expression in ``timezone`` (an IANA name; None: UTC); raise a one-line
+    ValueError naming what is wrong."""
     if not isinstance(expr, str) or not expr.strip():
         raise ValueError("cron expression is empty")
     text = expr.strip()
+    fields = text
     if text.startswith("@"):
         if text.lower() not in ALIASES:
             raise ValueError(f"cron {expr!r}: unknown alias (use one of {', '.join(ALIASES)})")
-        text = ALIASES[text.lower()]
-    parts = text.split()
-    if len(parts) != 5:
-        raise ValueError(
-            f"cron {expr!r}: expected 5 fields (minute hour day-of-month month day-of-week), got {len(parts)}"
-        )
-    sets = [_parse_field(f, p, expr) for f, p in zip(_FIELDS, parts, strict=True)]
-    any_day, any_weekday = parts[2] == "*", parts[4] == "*"
-    if any_weekday and not any_day and not _satisfiable(sets[2], sets[3]):
-        raise ValueError(f"cron {expr!r}: day-of-month never occurs in the given months")
-    return CronExpr(expr.strip(), sets[0], sets[1], sets[2], sets[3], sets[4], any_day, any_weekday)
+        fields = ALIASES[text.lower()]
+    count = len(fields.split())
+    if count not in (5, 6):
+        raise ValueError(f"cron {expr!r}: expected 5 fields (minute hour day-of-month month day-of-week), "
+                         f"or 6 with seconds first, got {count}")
+    tz = zone(timezone)
+    try:
+        CronSim(fields, datetime(2000, 1, 1, tzinfo=UTC))  # the grammar is checked as it is read
+    except CronSimError as exc:
+        raise ValueError(f"cron {expr!r}: {str(exc).lower() or 'not understood'} field") from exc
+    return CronExpr(text, fields, timezone or defaults.SCHEDULE_TIMEZONE, tz)

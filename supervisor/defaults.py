@@ -145,6 +145,8 @@ SCHEDULE_LOCK_TTL = 300.0
 SCHEDULE_GRACE = 60.0
 # The most missed fires one catch-up of `catch_up: all` runs (the latest ones).
 SCHEDULE_CATCH_UP_LIMIT = 100
+# The zone of schedules that name none (supervisor.timezone): UTC, as before zones existed.
+SCHEDULE_TIMEZONE = "UTC"
 # The HTTP child (`http:`): loopback unless told otherwise.
 HTTP_HOST = "127.0.0.1"
 HTTP_PORT = 9191

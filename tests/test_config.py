@@ -106,7 +106,7 @@ def test_every_role_setting_reaches_worker_settings():
     assert role.limits == config.Limits(memory_percent=90.0, cpu_percent=95.0, max_rss=512 << 20, max_jobs=1000)
     (sched,) = cfg.schedules
     assert sched == config.ScheduleConfig(name="poll", cron="*/5 * * * *", actor="poll_due", queue="slow",
-                                          args=(1, "two"), kwargs={"limit": 10}, lock_ttl_seconds=240.0)
+                                          args=(1, "two"), kwargs={"limit": 10}, lock_ttl_seconds=240.0, timezone="UTC")
 
 
 def test_interpolation():

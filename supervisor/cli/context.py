@@ -94,16 +94,22 @@ def load_config(ctx: click.Context) -> Config:
 def url(ctx: click.Context) -> str:
     """The database URL for this invocation: --database-url, else the config's
     database.url when a config is given, else DATABASE_URL, else embedded."""
+    try:
+        return resolved_url(ctx)
+    except Exception as exc:  # embedded server failed to start, for instance
+        die(f"cannot start or find the database: {exc}", exit_codes.DATABASE)
+
+
+def resolved_url(ctx: click.Context) -> str:
+    """``url``, raising what went wrong instead of ending the command (for a command
+    that can do without the database)."""
     o = obj(ctx)
     chosen = o.get("database_url")
     pooled = False
     if not o.get("database_url_from_cmdline") and config_given(ctx):
         chosen = load_config(ctx).database.url
         pooled = bool(load_config(ctx).database.pooled)
-    try:
-        resolved = db.resolve_url(chosen)
-    except Exception as exc:  # embedded server failed to start, for instance
-        die(f"cannot start or find the database: {exc}", exit_codes.DATABASE)
+    resolved = db.resolve_url(chosen)
     if pooled:
         db.mark_pooled(resolved)
     return resolved

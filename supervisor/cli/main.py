@@ -35,7 +35,7 @@ RUNTIME_COMMANDS = {
     "enqueue": ("jobs", "enqueue"), "jobs": ("jobs", "jobs"), "runs": ("jobs", "runs"),
     "history": ("jobs", "history"), "queues": ("queues", "queues"), "nodes": ("nodes", "nodes"),
     "errors": ("errors_cmd", "errors"), "config": ("config_cmd", "config"),
-    "limits": ("limits_cmd", "limits_group"),
+    "limits": ("limits_cmd", "limits_group"), "schedules": ("schedules_cmd", "schedules"),
 }
 
 

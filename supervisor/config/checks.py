@@ -310,6 +310,17 @@ def _cron(item: Item) -> str:
 cron = Check("cron expression", _cron, text=str)
 
 
+def _timezone(item: Item) -> str:
+    from ..cron import zone  # zoneinfo's names: only where a schedule's zone is read
+
+    text = _string(item)
+    zone(text)  # a ValueError saying what to write instead
+    return text
+
+
+timezone = Check("IANA time zone name", _timezone, text=str)
+
+
 def _listen(item: Item) -> tuple[str, int]:
     host, sep, port = _string(item).rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -90,6 +90,8 @@ class SupervisorConfig:
     node_name: str | None = key(check.node_name, "This supervisor's name in owner ids, the registry, status and logs; two "
                                 "supervisors on one machine with different names act as two hosts.", None,
                                 shown="the host name", reload="restart")
+    timezone: str = key(check.timezone, "The time zone of schedules that name none (an IANA name, e.g. "
+                        "America/New_York).", defaults.SCHEDULE_TIMEZONE)
 
     def problems(self) -> list[Problem]:
         out = []
@@ -217,8 +219,8 @@ CATCH_UP = ("none", "last", "all")
 @dataclass(frozen=True)
 class ScheduleConfig:
     name: str
-    cron: str = key(check.cron, "When it fires: five cron fields (minute hour day month weekday, UTC) or @hourly, "
-                    "@daily ...", required=True)
+    cron: str = key(check.cron, "When it fires: five cron fields (minute hour day month weekday; six with seconds "
+                    "first), L and # as in cronsim, or @hourly, @daily ...; wall-clock times in timezone.", required=True)
     actor: str = key(check.string, "The actor it sends.", required=True)
     queue: str = key(check.string, "The queue it sends to (a role must serve it).", "default", required=True)
     args: tuple[Any, ...] = key(check.sequence, "Positional arguments of the message.", (), hash=False)
@@ -232,6 +234,9 @@ class ScheduleConfig:
                               "are skipped).", defaults.SCHEDULE_CATCH_UP_LIMIT)
     catch_up_window: float | None = key(check.duration(0, strict=True), "Missed fires older than this are skipped "
                                         "(last and all).", None, shown="no limit")
+    timezone: str | None = key(check.timezone, "The zone its cron times are in (an IANA name); at DST changes a "
+                               "fixed-time fire in the skipped hour runs right after it, one in the repeated hour "
+                               "runs once.", None, shown="supervisor.timezone")
 
 
 @dataclass(frozen=True)

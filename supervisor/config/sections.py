@@ -90,7 +90,7 @@ def parse(text: str, path: str | Path = "<config>", env: Mapping[str, str] | Non
     if roles_item is None or roles_item.value is None:
         raise ConfigError(path, 1, "roles", "is required: map each role name to its processes, queues and actors")
     roles = _roles(reader, roles_item, supervisor)
-    schedules = _schedules(reader, top.map.get("schedules"), roles)
+    schedules = _schedules(reader, top.map.get("schedules"), roles, supervisor.timezone)
     retention = top.get("retention", _built(reader, Retention), Retention())
     http = top.get("http", lambda i: _http(reader, i), None)
     if http is not None and "http" in roles_item.value:
@@ -219,7 +219,9 @@ def _roles(reader: Reader, item: Item, sup: SupervisorConfig) -> tuple[RoleConfi
     return tuple(roles)
 
 
-def _schedules(reader: Reader, item: Item | None, roles: tuple[RoleConfig, ...]) -> tuple[ScheduleConfig, ...]:
+def _schedules(reader: Reader, item: Item | None, roles: tuple[RoleConfig, ...],
+               timezone: str) -> tuple[ScheduleConfig, ...]:
+    """The schedules, each with its zone (supervisor.timezone where it names none)."""
     if item is None or item.value is None:
         return ()
     if not isinstance(item.value, dict):
@@ -227,7 +229,8 @@ def _schedules(reader: Reader, item: Item | None, roles: tuple[RoleConfig, ...])
     served = {q for r in roles for q in r.queues}
     out = []
     for name, sched_item in item.value.items():
-        schedule = ScheduleConfig(name=name, **read_fields(reader, sched_item, ScheduleConfig))
+        fields = read_fields(reader, sched_item, ScheduleConfig)
+        schedule = ScheduleConfig(name=name, **{"timezone": timezone, **fields})
         if schedule.queue not in served:
             raise reader.error(
                 sched_item.value["queue"], f"queue {schedule.queue!r} is served by no role; add it to a role's queues "

@@ -221,7 +221,7 @@ def workers(request: Request) -> Json:
 def schedules(request: Request) -> Json:
     """
     ---
-    summary: Schedules with cron, catch_up, last and next fire, and recent runs
+    summary: Schedules with cron, time zone, catch_up, last and next fire (UTC and the zone's), the next 3, and recent runs
     responses:
       200: {description: "{schedules: [...]}"}
     """

@@ -13,8 +13,9 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import actor_stats, admin, apps, control, cron, defaults, limits, ratelimit
+from .. import actor_stats, admin, apps, control, defaults, limits, ratelimit
 from ..identity import node_name
+from ..schedules import describe
 from .state import AppState
 
 log = logging.getLogger(__name__)
@@ -147,22 +148,21 @@ def workers(state: AppState) -> list[dict[str, Any]]:
 
 
 def schedules(state: AppState) -> list[dict[str, Any]]:
-    """Configured schedules (cron, last and next fire, recent runs), plus any the
-    database knows of that the config does not name."""
+    """Configured schedules (schedules.describe: cron, zone, last and next fire in UTC
+    and in the zone, the next 3), with recent runs; plus any the database knows of that
+    the config does not name."""
     with state.connection() as conn:
         locks, recent = admin.schedule_state(conn, runs=RECENT_RUNS)
     now = datetime.now(UTC)
     out = []
     configured = state.config.schedules if state.config is not None else ()
     for s in configured:
-        out.append({"name": s.name, "cron": s.cron, "actor": s.actor, "queue": s.queue, "catch_up": s.catch_up,
-                    "last_fire": (locks.get(s.name) or {}).get("fire_at"),
-                    "next_fire": cron.parse(s.cron).next_after(now),
+        out.append({**describe(s, now, (locks.get(s.name) or {}).get("fire_at")),
                     "recent_runs": recent.get(s.name, [])})
     for name in sorted((set(locks) | set(recent)) - {s.name for s in configured}):
-        out.append({"name": name, "cron": None, "actor": None, "queue": None, "catch_up": None,
-                    "last_fire": (locks.get(name) or {}).get("fire_at"), "next_fire": None,
-                    "recent_runs": recent.get(name, [])})
+        out.append({"name": name, "cron": None, "timezone": None, "actor": None, "queue": None, "catch_up": None,
+                    "last_fire": (locks.get(name) or {}).get("fire_at"), "last_fire_local": None,
+                    "next_fire": None, "next_fire_local": None, "next": [], "recent_runs": recent.get(name, [])})
     return out
 
 

@@ -11,8 +11,9 @@ fire while the previous fire's job is still pending or running is recorded as
 ``skipped`` (and, but for the missed fires of ``catch_up: all``, a schedule never has
 two live jobs).
 
-Fire times are computed in UTC from the cron expression and are the same on every
-host, so clock skew between hosts cannot make a schedule fire twice.
+Fire times are wall-clock times in the schedule's zone (``timezone``, else
+``supervisor.timezone``), with cron.py's DST rules, held as UTC instants: the same on
+every host, so neither clock skew nor a host's own zone can make a schedule fire twice.
 
 A fire no scheduler took within ``grace_seconds`` of its time (none ran: the fleet was
 down, its host suspended, the database away) is missed; the schedule's ``catch_up`` says
@@ -99,7 +100,7 @@ class Scheduler(threading.Thread):
         super().__init__(name="scheduler", daemon=True)
         self.broker = broker
         self.schedules = list(schedules)
-        self.crons = {s.name: cron.parse(s.cron) for s in self.schedules}
+        self.crons = {s.name: cron.parse(s.cron, s.timezone) for s in self.schedules}
         self.holder = holder
         self.clock = clock
         self.sync_seconds = sync_seconds
@@ -108,6 +109,9 @@ class Scheduler(threading.Thread):
         self.fired: list[tuple[str, datetime, str]] = []  # (schedule, fire time, outcome), for status and tests
         # Each schedule's next fire time; None: not known yet (at start, while the database is away).
         self.due: dict[str, datetime | None] = {s.name: None for s in self.schedules}
+        self._recovered = False
+        self._last_sync: datetime | None = None  # tick(): when runs were last synced, crashed ones last looked for
+        self._last_purge: datetime | None = None
 
     # --- one fire -------------------------------------------------------------
 
@@ -262,32 +266,39 @@ class Scheduler(threading.Thread):
         return fire_at
 
     def _run_forever(self) -> None:
-        recovered = self._safely("recovery", self.recover) is not None
-        now = self.clock()
-        due = self.due
-        last_sync = last_purge = now
+        self._safely_recover()
         while not self._halt.is_set():
-            now = self.clock()
-            for s in self.schedules:
-                fire_at = due[s.name]
-                if fire_at is None:
-                    fire_at = due[s.name] = self._safely(f"starting {s.name}",
-                                                         functools.partial(self._first_due, s, now))
-                if fire_at is None or fire_at > now:
-                    continue
-                handled = self._due(s, fire_at, now)
-                # Not before now - grace: fires missed by more were handled as such just now.
-                due[s.name] = self.crons[s.name].next_after(max(handled, now - self.grace))
-            if (now - last_sync).total_seconds() >= self.sync_seconds:
-                self._safely("syncing runs", self.sync)
-                last_sync = now
-            if not recovered or (now - last_purge) > timedelta(days=1):
-                recovered = self._safely("recovery", self.recover) is not None or recovered
-                last_purge = now
-            known = [d for d in due.values() if d is not None]
-            wake = min(known, default=now + timedelta(seconds=self.sync_seconds))
+            wake = self.tick(self.clock())
             wait = min(self.sync_seconds, max(0.0, (wake - self.clock()).total_seconds()))
             self._halt.wait(wait)
+
+    def _safely_recover(self) -> None:
+        self._recovered = self._safely("recovery", self.recover) is not None or self._recovered
+
+    def tick(self, now: datetime) -> datetime:
+        """One pass at ``now``: fire what is due, sync and recover when their time
+        comes; returns when the next fire is due. The thread calls it in a loop; a test
+        calls it with the times of a clock it controls."""
+        due = self.due
+        if self._last_sync is None or self._last_purge is None:
+            self._last_sync = self._last_purge = now
+        for s in self.schedules:
+            fire_at = due[s.name]
+            if fire_at is None:
+                fire_at = due[s.name] = self._safely(f"starting {s.name}", functools.partial(self._first_due, s, now))
+            if fire_at is None or fire_at > now:
+                continue
+            handled = self._due(s, fire_at, now)
+            # Not before now - grace: fires missed by more were handled as such just now.
+            due[s.name] = self.crons[s.name].next_after(max(handled, now - self.grace))
+        if (now - self._last_sync).total_seconds() >= self.sync_seconds:
+            self._safely("syncing runs", self.sync)
+            self._last_sync = now
+        if not self._recovered or (now - self._last_purge) > timedelta(days=1):
+            self._safely_recover()
+            self._last_purge = now
+        known = [d for d in due.values() if d is not None]
+        return min(known, default=now + timedelta(seconds=self.sync_seconds))
 
 
 def missed_fires(cron_expr: cron.CronExpr, since: datetime, until: datetime, limit: int,

@@ -19,9 +19,10 @@ from typing import Any, TypeVar
 import psutil
 import psycopg
 
-from ... import actor_stats, admin, cron, db, jobsearch, ratelimit, registry
+from ... import actor_stats, admin, db, jobsearch, ratelimit, registry
 from ... import limits as flow_limits
 from ...broker import reads
+from ...schedules import describe
 from ...worker import scheduler_sql
 from .. import data
 from ..state import AppState
@@ -316,9 +317,8 @@ def schedules(state: AppState) -> list[dict[str, Any]]:
     out = []
     for s in configured:
         runs = list(reversed(recent.get(s.name, [])))  # oldest first, for the strip
-        out.append({"name": s.name, "cron": s.cron, "actor": s.actor, "queue": s.queue,
-                    "last_fire": (locks.get(s.name) or {}).get("fire_at") or (runs[-1]["started_at"] if runs else None),
-                    "next_fire": cron.parse(s.cron).next_after(now), "runs": runs,
+        last = (locks.get(s.name) or {}).get("fire_at") or (runs[-1]["started_at"] if runs else None)
+        out.append({**describe(s, now, last), "runs": runs,
                     "strip": [(r["status"], r["started_at"].isoformat(timespec="seconds")) for r in runs]})
     return out
 

@@ -31,6 +31,17 @@ def until(value: datetime | None) -> str:
     return "in " + duration((value - datetime.now(UTC)).total_seconds())
 
 
+def clock(value: datetime | str | None) -> str:
+    """A wall-clock time with its offset (a fire time in a schedule's zone, or in UTC)."""
+    if value is None:
+        return "—"
+    when = datetime.fromisoformat(value) if isinstance(value, str) else value
+    offset = when.utcoffset()
+    if not offset:
+        return when.strftime("%Y-%m-%d %H:%M UTC")
+    return when.strftime("%Y-%m-%d %H:%M ") + when.strftime("%z")[:3] + ":" + when.strftime("%z")[3:]
+
+
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "—"
@@ -60,7 +71,7 @@ def percent(x: float | None) -> str:
 
 env = Environment(loader=PackageLoader("supervisor.http.dashboard", "templates"),
                   autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
-env.filters.update(ago=ago, until=until, duration=duration, size=size, percent=percent, rate=rate)
+env.filters.update(ago=ago, until=until, clock=clock, duration=duration, size=size, percent=percent, rate=rate)
 env.globals.update(charts=charts)
 
 
