@@ -73,6 +73,10 @@ SMALL: dict[str, tuple[str, str]] = {
     "db_floor": ("--jobs 300 --batch 32 --connections 1 --repeat 1", "backend CPU per job"),
     "live_scale": ("--finished 2000 --running 4 --runs 1", "live rows of a queue"),
     "stub_worker": ("--jobs 300 --threads 2 --repeat 1", "us CPU per job"),
+    # our side only here (pgqueuer runs in a venv of its own, given by --pgqueuer-python)
+    "bulk_vs_pgqueuer": ("--jobs 300 --batch 100 --repeat 1 --pgqueuer-python /nonexistent/python",
+                         "jobs in calls of 100"),
+    "cron_next": ("--rounds 1 --n 50", "us per next fire time"),
 }
 ENTRY = sorted(set(SMALL) | set(HELP_ONLY))
 # The small runs mostly wait (a worker's start, a phase's seconds, the server's checkpoint
