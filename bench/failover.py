@@ -1,7 +1,7 @@
 """A failover under a stream of jobs and a producer, as issue 42 measured it.
 
     python bench/failover.py [--jobs 3000] [--rate 200] [--sleep 0.02] [--at 5] [--mode immediate|fast]
-                             [--runs 1] [--processes 2] [--threads 8]
+                             [--runs 1] [--processes 2] [--threads 8] [--commit-cost]
 
 Builds a primary and a synchronous streaming standby on loopback (tests/replication.py:
 initdb, pg_basebackup; as `postgres` when root), starts `supervisor run` and a producer
@@ -11,7 +11,8 @@ jobs of --sleep seconds at --rate per second, and --at seconds in stops the prim
 run: jobs run, run twice by the runtime (a lease lost) and again by their actor's own retry
 (its INSERT committed as the connection died: the actor saw an error), sends failed, the slowest send and its p99, how long
 after the promote the first job was written on the new primary, and how many children
-the master restarted. Asserts nothing.
+the master restarted. ``--commit-cost``: what the synchronous standby costs a send
+instead (no failover). Asserts nothing.
 """
 
 from __future__ import annotations
@@ -120,6 +121,31 @@ def _measure(args: argparse.Namespace, pair: Pair, url: str, socket: Path) -> di
             "p99": percentile(waits, 99), "first_after": float(first_after) - promoted[0], "restarts": restarts}
 
 
+def commit_cost(sends: int, rounds: int) -> None:
+    """What synchronous replication costs a send: ``sends`` single sends with the
+    database's synchronous_commit at ``on`` (wait for the standby) and ``local`` (do not),
+    alternated ``rounds`` times on one pair; the median send of each."""
+    pair = Pair()
+    try:
+        url = ThrowawayDatabase(pair.url(), "as_bench_failover").create(owners=())
+        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        for _ in range(rounds):
+            for setting in ("on", "local"):
+                with psycopg.connect(url, autocommit=True) as c:
+                    c.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = {setting}'.encode())
+                with log_producer(url, "tests", {"record": {}}) as producer:  # new sessions: the new setting
+                    actor = producer.actors["record"]
+                    waits = []
+                    for n in range(sends):
+                        started = time.monotonic()
+                        actor.send(n=n)
+                        waits.append(time.monotonic() - started)
+                say(f"synchronous_commit = {setting:<5}: {sends} sends, median {percentile(waits, 50) * 1000:.2f} ms,"
+                    f" p99 {percentile(waits, 99) * 1000:.2f} ms")
+    finally:
+        pair.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=3000)
@@ -130,7 +156,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--commit-cost", action="store_true",
+                    help="instead: single sends with synchronous_commit on vs local, alternated (--jobs each, --runs)")
     args = ap.parse_args()
+    if args.commit_cost:
+        commit_cost(args.jobs, args.runs)
+        return
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # each failed attempt's lines: the figures say it
     say(f"{args.jobs} jobs of {args.sleep * 1000:.0f} ms at {args.rate:.0f}/s, {args.processes} x {args.threads}"
         f" threads; primary stopped ({args.mode}) and standby promoted {args.at:.0f} s in")
