@@ -148,6 +148,7 @@ def test_dashboard_reads_from_the_standby_with_the_primary_down(pair: replicatio
             assert html.status_code == 200, (page, html.text[-2000:])
             assert "read from the standby" in html.text, page
         assert httpx.get(f"{dash.base}/metrics", timeout=10).status_code == 200
+        pair.promote(1)  # the failover ends: the processes stop on a reachable primary, at once
 
 
 def test_reads_fall_back_to_the_primary_when_the_standby_is_down(database_url: str, tmp_path) -> None:
