@@ -318,6 +318,38 @@ class _Reconnector:
                 pool.check()
 
 
+@dataclass(frozen=True)
+class ServerSeen:
+    """The server (``host:port``) this process's newest connection to a URL reached: with a
+    multi-host URL, the one that took writes then. ``previous``/``since``: the one before
+    it, and when the change was first seen (a failover, as this process saw it)."""
+
+    address: str
+    since: float  # wall-clock time of the first connection to ``address``
+    previous: str | None = None
+
+
+_seen: dict[str, ServerSeen] = {}
+_seen_lock = threading.Lock()
+
+
+def note_server(url: str, conn: psycopg.Connection) -> None:
+    """Record which server a new connection to ``url`` reached (no round trip: libpq knows)."""
+    address = f"{conn.info.host}:{conn.info.port}"
+    with _seen_lock:
+        last = _seen.get(url)
+        if last is not None and last.address == address:
+            return
+        _seen[url] = ServerSeen(address, time.time(), last.address if last else None)
+    if last is not None:
+        log.warning("connected to %s, no longer to %s (a failover or a switchover)", address, last.address)
+
+
+def server_seen(url: str) -> ServerSeen | None:
+    with _seen_lock:
+        return _seen.get(url)
+
+
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "supervisor",
               options: str | None = None, reconnect_timeout: float = 0,
               reconnect_failed: Callable[[ConnectionPool], None] | None = None) -> ConnectionPool:
@@ -336,6 +368,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
 
     pool = ConnectionPool(
         url,
+        configure=lambda conn: note_server(url, conn),
         min_size=min_size,
         max_size=max_size,
         kwargs=kwargs,

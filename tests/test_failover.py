@@ -17,7 +17,7 @@ import pytest
 
 from supervisor.testing import ThrowawayDatabase
 from tests import replication
-from tests.conftest import TEST_TABLES, scalar
+from tests.conftest import TEST_TABLES, cli, scalar, wait_for
 from tests.http_helpers import dashboard
 from tests.supervisor_helpers import (
     enqueue,
@@ -122,6 +122,10 @@ def test_failover_under_load(pair: replication.Pair, supervisor, tmp_path, mode:
         after = scalar(c, "SELECT count(*) FROM test_results WHERE at > clock_timestamp() - make_interval(secs => %s)",
                        (since,))
         assert after > 0
+    # The master saw the change of server (its beats go to the new primary).
+    seen = wait_for(lambda: (s := master.status()["server"]) and s["previous"] and s, 30, message="the switch seen")
+    assert (seen["address"], seen["previous"]) == (f"127.0.0.1:{pair.ports[1]}", f"127.0.0.1:{pair.ports[0]}")
+    assert "before: 127.0.0.1:" in cli("status", config=config).stdout
     # The master restarted nothing: the same children, no restart counted.
     assert master.pids() == pids
     assert all(r["restarts"] == 0 for r in master.roles().values()), master.roles()
