@@ -154,6 +154,12 @@ def test_dashboard_reads_from_the_standby_with_the_primary_down(pair: replicatio
         assert httpx.get(f"{dash.base}/metrics", timeout=10).status_code == 200
         pair.promote(1)  # the failover ends: the processes stop on a reachable primary, at once
 
+        def switch_shown() -> bool:
+            httpx.get(f"{dash.base}/readyz", timeout=10)  # a read of the primary's own (url)
+            return f"a failover: before, 127.0.0.1:{pair.ports[0]}" in httpx.get(dash.base + "/", timeout=10).text
+
+        wait_for(switch_shown, 30, interval=0.2, message="the Overview showing the failover")
+
 
 def test_reads_fall_back_to_the_primary_when_the_standby_is_down(database_url: str, tmp_path) -> None:
     nowhere = psycopg.conninfo.make_conninfo(database_url, host="127.0.0.1", port=str(replication.free_port()))
