@@ -7,9 +7,11 @@ data directory lives in the state directory and survives restarts.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -279,6 +281,75 @@ def probe_if_idle(conn: psycopg.Connection, pool: ConnectionPool) -> None:
             raise
 
 
+# While callers wait for a connection, a failed connection attempt is tried again after
+# this pause (see make_pool): a failover's new primary is in use within this long of
+# becoming writable, where psycopg_pool would start no new attempt until a new request.
+RECONNECT_PAUSE = 0.2
+
+
+class _Reconnector:
+    """A pool's ``reconnect_failed``: when an attempt failed while callers wait, one more
+    after RECONNECT_PAUSE (``pool.check()`` starts it: psycopg_pool's public way to grow a
+    pool that has no connection), for as long as someone waits. Without it a caller that
+    queued just before the failure (the standby of a failover, still read-only) waits
+    out its whole timeout although the new primary is writable a moment later."""
+
+    def __init__(self, told: Callable[[ConnectionPool], None] | None) -> None:
+        self.told = told
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, pool: ConnectionPool) -> None:
+        if self.told is not None:
+            self.told(pool)
+        if pool.closed or not pool.get_stats().get("requests_waiting"):
+            return
+        with self._lock:
+            if self._timer is not None and self._timer.is_alive():
+                return
+            self._timer = threading.Timer(RECONNECT_PAUSE, self._again, (pool,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    @staticmethod
+    def _again(pool: ConnectionPool) -> None:
+        if not pool.closed:
+            with contextlib.suppress(Exception):  # closed meanwhile: nothing left to grow
+                pool.check()
+
+
+@dataclass(frozen=True)
+class ServerSeen:
+    """The server (``host:port``) this process's newest connection to a URL reached: with a
+    multi-host URL, the one that took writes then. ``previous``/``since``: the one before
+    it, and when the change was first seen (a failover, as this process saw it)."""
+
+    address: str
+    since: float  # wall-clock time of the first connection to ``address``
+    previous: str | None = None
+
+
+_seen: dict[str, ServerSeen] = {}
+_seen_lock = threading.Lock()
+
+
+def note_server(url: str, conn: psycopg.Connection) -> None:
+    """Record which server a new connection to ``url`` reached (no round trip: libpq knows)."""
+    address = f"{conn.info.host}:{conn.info.port}"
+    with _seen_lock:
+        last = _seen.get(url)
+        if last is not None and last.address == address:
+            return
+        _seen[url] = ServerSeen(address, time.time(), last.address if last else None)
+    if last is not None:
+        log.warning("connected to %s, no longer to %s (a failover or a switchover)", address, last.address)
+
+
+def server_seen(url: str) -> ServerSeen | None:
+    with _seen_lock:
+        return _seen.get(url)
+
+
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "supervisor",
               options: str | None = None, reconnect_timeout: float = 0,
               reconnect_failed: Callable[[ConnectionPool], None] | None = None) -> ConnectionPool:
@@ -286,7 +357,8 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
     settings for its sessions (libpq ``options``), a guard such as a statement
     timeout; dropped for a pooled URL, where sessions are not ours to configure.
     ``reconnect_failed``: told each time a connection attempt fails (with no retry
-    budget, at once)."""
+    budget, at once). A failed attempt is made again every RECONNECT_PAUSE while
+    callers wait (_Reconnector)."""
     kwargs = session_kwargs(url)
     if options and url not in _pooled:
         kwargs["options"] = options
@@ -296,6 +368,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
 
     pool = ConnectionPool(
         url,
+        configure=lambda conn: note_server(url, conn),
         min_size=min_size,
         max_size=max_size,
         kwargs=kwargs,
@@ -303,13 +376,12 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
         open=False,
         # A broken connection is replaced instead of handed out again.
         check=check,
-        # By default a failed connection attempt is not retried on the pool's own
-        # backoff (1, 2, 4... s: a reconnect up to seconds after the database is back);
-        # callers retry, and each request that finds no connection starts a new attempt.
-        # A pool whose callers wait instead (actor code) passes a retry budget: without
-        # one, a caller waiting when an attempt failed would wait out its whole timeout.
+        # A failed connection attempt is not retried on the pool's own backoff (1, 2, 4...
+        # s: a reconnect up to seconds after the database is back, or the new primary of
+        # a failover writable): each request that finds no connection starts a new
+        # attempt, and while callers wait, _Reconnector makes one every RECONNECT_PAUSE.
         reconnect_timeout=reconnect_timeout,
-        reconnect_failed=reconnect_failed,
+        reconnect_failed=_Reconnector(reconnect_failed),
     )
     pool.open(wait=False)
     return pool

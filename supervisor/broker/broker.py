@@ -52,10 +52,6 @@ from .timer import DueTimer
 
 log = logging.getLogger(__name__)
 
-# How long the actor pool keeps retrying a failed connection attempt (with backoff)
-# while actor code waits for a connection.
-ACTOR_POOL_RECONNECT = 30.0
-
 
 # Signals makes ``middleware`` a property (a list that notices edits); Broker types it as a list.
 class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):  # type: ignore[misc]
@@ -236,7 +232,7 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
         with self._start_lock:
             if self._actor_pool is None:
                 self._actor_pool = db.make_pool(self.url, min_size=0, max_size=self._actor_pool_size,
-                                                name="actors", reconnect_timeout=ACTOR_POOL_RECONNECT)
+                                                name="actors")
             return self._actor_pool
 
     def _wakeups(self) -> Wakeups:

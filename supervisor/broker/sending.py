@@ -10,7 +10,9 @@ made live. A write whose outcome the client never learned is therefore written a
 not guessed at. Only an error that writing again cannot cure (bad input: a data or
 programming error) is raised at once; the server's or the network's (``OperationalError``:
 the connection ended, the server restarting, no connection in time) are retried until
-the time allowed runs out, then raised as one ``BrokerConnectionError``.
+the time allowed runs out, then raised as one ``BrokerConnectionError``. So is a write
+that meets a read-only server (SQLSTATE 25006, a primary demoted in a failover): its
+session is closed and the write goes to whichever server now takes writes.
 
 A write inside the caller's own transaction (``broker.transaction(conn)`` or ``conn=``)
 never comes here: the server rolled that transaction back with its connection, and
@@ -75,8 +77,16 @@ def write_retrying(pool: ConnectionPool, url: str, write: Callable[[psycopg.Conn
         tries += 1
         try:
             with pool.connection(timeout=max(MIN_CONNECTION_WAIT, deadline - time.monotonic())) as c:
-                return write(c)
-        except psycopg.OperationalError as exc:  # PoolTimeout and the server's shutdowns are ones too
+                try:
+                    return write(c)
+                except psycopg.errors.ReadOnlySqlTransaction:
+                    # SQLSTATE 25006: this session's server is (now) a standby. The session
+                    # will never write again: closed, the pool drops it and connects anew,
+                    # and a multi-host URL's target_session_attrs=read-write finds the primary.
+                    c.close()
+                    raise
+        except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction) as exc:
+            # PoolTimeout and the server's shutdowns (57P01 admin_shutdown) are OperationalErrors
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BrokerConnectionError(

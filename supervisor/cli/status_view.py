@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from ..units import human_bytes
@@ -25,12 +26,22 @@ def _table(rows: list[list[str]], indent: str = "") -> list[str]:
     return [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
+def _server(seen: dict[str, Any] | None) -> str:
+    """Which server the master reaches, and since when it does if it changed (a failover)."""
+    if not seen:
+        return ""
+    if not seen.get("previous"):
+        return f"  server {seen['address']}"
+    at = datetime.fromtimestamp(seen["since"]).strftime("%Y-%m-%d %H:%M:%S")
+    return f"  server {seen['address']} (since {at}; before: {seen['previous']})"
+
+
 def render(status: dict[str, Any]) -> str:
     lines = [
         f"node {status.get('node', '?')}  master pid {status['pid']}  {status['state']}  up {human_duration(status['uptime'])}  "
         f"rss {human_bytes(status['rss'])}  reloads {status['reloads']}",
         f"config {status['config']}  database {status['database']}"
-        + ("  (pooled)" if status.get("pooled") else ""),
+        + ("  (pooled)" if status.get("pooled") else "") + _server(status.get("server")),
         "",
     ]
     paused = {p["queue"]: p for p in status.get("paused_queues") or []}

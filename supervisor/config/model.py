@@ -51,6 +51,9 @@ class DatabaseConfig:
     listen_url: str | None = key(check.string, "A direct connection for LISTEN when url is a transaction pooler "
                                  "(PgBouncer); unset: url itself, or no LISTEN (consumers poll) when url is pooled.",
                                  None, shown="url", reload="restart")
+    read_url: str | None = key(check.string, "A standby for the dashboard's, the API's and /metrics' reads (an "
+                               "operator's heavy page never costs the primary); unset or down: url.", None,
+                               shown="url", reload="restart")
     pooled: bool | None = key(check.boolean, "url goes through a transaction pooler: no server-side prepared statements, "
                               "LISTEN only on listen_url.", None, shown="detected at start", reload="restart")
     storage: str | None = key(check.one_of(defaults.STORAGES, "storage"), "Where plain jobs are kept: `log` "

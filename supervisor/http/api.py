@@ -149,7 +149,7 @@ def queues(request: Request) -> Json:
     responses:
       200: {description: "{queues: [...]}"}
     """
-    with state_of(request).connection() as conn:
+    with state_of(request).reading() as conn:
         return Json({"queues": admin.queue_capacity(conn)})
 
 
@@ -247,7 +247,7 @@ def _one_job_action(change: Callable[[psycopg.Connection, str], bool], to: str,
     @_handles_errors
     def action(request: Request) -> Json:
         job_id = _job_id(request)
-        with state_of(request).connection() as conn:
+        with state_of(request).reading() as conn:
             if change(conn, job_id):
                 note(request, job_ids=[job_id])
                 return Json({"id": job_id, "status": to})

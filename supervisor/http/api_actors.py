@@ -58,7 +58,7 @@ def errors(request: Request) -> Json:
     params = _params(request, ("since", "actor", "limit"))
     window_s = _window(params.get("since"), error_groups.DEFAULT_WINDOW)
     limit = limit_param(params.get("limit"), error_groups.DEFAULT_GROUPS, error_groups.MAX_GROUPS)
-    with state_of(request).connection() as conn:
+    with state_of(request).reading() as conn:
         found = error_groups.error_groups(conn, window_s=window_s, actor=params.get("actor") or None, limit=limit)
     return Json(found)
 
@@ -125,7 +125,7 @@ def actors(request: Request) -> Json:
     """
     params = _params(request, ("since",))
     window_s = _window(params.get("since"), actor_stats.DEFAULT_WINDOW)
-    with state_of(request).connection() as conn:
+    with state_of(request).reading() as conn:
         return Json(actor_stats.actor_stats(conn, window_s=window_s))
 
 

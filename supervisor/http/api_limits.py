@@ -59,7 +59,7 @@ def list_limits(request: Request) -> Json:
     if unknown:
         raise BadRequest(f"unknown parameter(s) {', '.join(sorted(unknown))} (known: after, limit)")
     max_keys = limit_param(params.get("limit"), limits.MAX_KEYS, limits.MAX_KEYS)
-    with state_of(request).connection() as conn:
+    with state_of(request).reading() as conn:
         seen = limits.seen(conn, after=params.get("after") or "", max_keys=max_keys)
     return Json({"keys": [limits.as_json(k) for k in seen.keys], "next_after": seen.next_after})
 

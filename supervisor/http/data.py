@@ -16,7 +16,7 @@ from typing import Any
 from .. import actor_stats, admin, apps, control, defaults, limits, ratelimit
 from ..identity import node_name
 from ..schedules import describe
-from .state import AppState
+from .state import AppState, read_from
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +112,11 @@ def jobs_page(state: AppState, where: admin.JobFilter, *, limit: int, cursor: st
     index serves adds ``scan``: the jobs it reads at most per page, and (``scanned_to``)
     the creation time of the last one read when older jobs were left for the next page."""
     after = decode_cursor(cursor) if cursor else None
-    with state.connection() as conn:
+    with state.reading() as conn:
         page = admin.jobs_page(conn, where, limit=limit, after=after)
         count = admin.page_count(conn, where, page, first=True) if cursor is None else None
-    out: dict[str, Any] = {"jobs": page.rows, "next_cursor": encode_cursor(*page.after) if page.after else None}
+    out: dict[str, Any] = {"jobs": page.rows, "next_cursor": encode_cursor(*page.after) if page.after else None,
+                           "read_from": read_from.get()}
     if count is not None:
         out["count"] = count.json()
     if page.scan_rows is not None:
@@ -124,7 +125,7 @@ def jobs_page(state: AppState, where: admin.JobFilter, *, limit: int, cursor: st
 
 
 def job_detail(state: AppState, job_id: str) -> dict[str, Any] | None:
-    with state.connection() as conn:
+    with state.reading() as conn:
         job = admin.show_job(conn, job_id)
     if job is None:
         return None
@@ -135,7 +136,7 @@ def job_detail(state: AppState, job_id: str) -> dict[str, Any] | None:
 def workers(state: AppState) -> list[dict[str, Any]]:
     """The registry, with why a process is paused: its own beat's reason (every host),
     or the local master's fresher word for its children."""
-    with state.connection() as conn:
+    with state.reading() as conn:
         rows = admin.workers(conn)
     status = master_status(state)
     paused: dict[str, str | None] = {}
@@ -151,7 +152,7 @@ def schedules(state: AppState) -> list[dict[str, Any]]:
     """Configured schedules (schedules.describe: cron, zone, last and next fire in UTC
     and in the zone, the next 3), with recent runs; plus any the database knows of that
     the config does not name."""
-    with state.connection() as conn:
+    with state.reading() as conn:
         locks, recent = admin.schedule_state(conn, runs=RECENT_RUNS)
     now = datetime.now(UTC)
     out = []
@@ -174,7 +175,7 @@ def system_state(state: AppState) -> dict[str, Any]:
                                                       "token_required": state.http.auth_required}}
     out["master"] = master_status(state)
     try:
-        with state.connection() as conn:
+        with state.reading() as conn:
             out["database"] = {"reachable": True, "server_version": conn.info.server_version}
             out["jobs"] = {status: c.json() for status, c in admin.counts_by_status(conn).items()}
             out["paused_queues"] = admin.paused_queues(conn)
@@ -218,7 +219,7 @@ def metrics_snapshot(state: AppState) -> dict[str, Any]:
     claim sees them, the start waits per actor of the last minutes' jobs), and the local
     master's status when there is one. Raises if the database is away."""
     in_use = state.apps_in_use()
-    with state.connection() as conn:
+    with state.reading() as conn:
         snapshot: dict[str, Any] = {
             "queues": admin.queue_capacity(conn, waits=False),
             "workers": [w for w in admin.workers(conn) if w["stopped_at"] is None],

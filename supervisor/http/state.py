@@ -4,8 +4,10 @@ apps in use (whose pages, alerts and gauges are shown)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -33,6 +35,16 @@ SESSION_OPTIONS = f"-c statement_timeout={STATEMENT_TIMEOUT_MS} -c work_mem={WOR
 POOL_SIZE = 4
 # Seconds a request waits for a connection: a database that is away answers 503 quickly.
 POOL_WAIT = 2.0
+# Seconds a read waits for a connection to database.read_url before it reads from the
+# primary instead; and how long after such a miss reads go to the primary without trying.
+READ_WAIT = 0.5
+READ_RETRY_SECONDS = 10.0
+# Where this request's last read went: "standby" (database.read_url) or "primary". Set by
+# AppState.reading in the handler's thread; the page footer and the API's read_from show it.
+read_from: ContextVar[str] = ContextVar("read_from", default="primary")
+
+log = logging.getLogger(__name__)
+
 # Seconds the apps' migrations read from the database stay current: an app migrated
 # meanwhile shows within this long, and most pages cost no extra statement.
 APPS_RECHECK_SECONDS = 10.0
@@ -50,6 +62,8 @@ class AppState:
     # a reload or --no-migrate left uncreated).
     apps_from: Literal["config", "database"] = "config"
     pool: ConnectionPool | None = field(default=None, repr=False)
+    read_pool: ConnectionPool | None = field(default=None, repr=False)
+    _reader_down_until: float = field(default=0.0, init=False, repr=False)
     _producer: PostgresBroker | None = field(default=None, init=False, repr=False)
     _migrated: tuple[float, frozenset[str]] | None = field(default=None, init=False, repr=False)
 
@@ -65,7 +79,7 @@ class AppState:
         now = time.monotonic()
         read = self._migrated
         if read is None or now - read[0] >= APPS_RECHECK_SECONDS:
-            with self.connection() as conn:
+            with self.reading() as conn:
                 read = (now, frozenset(a.name for a in migrated_apps(conn, apps.installed())))
             self._migrated = read
         return tuple(a for a in wanted if a.name in read[1])
@@ -74,10 +88,17 @@ class AppState:
     def control_socket(self) -> Path | None:
         return self.config.supervisor.control_socket if self.config is not None else None
 
+    @property
+    def read_url(self) -> str | None:
+        return self.config.database.read_url if self.config is not None else None
+
     def open(self) -> None:
         if self.pool is None:
             self.pool = db.make_pool(self.url, min_size=0, max_size=POOL_SIZE, name="http",
                                      options=SESSION_OPTIONS)
+        if self.read_pool is None and self.read_url:
+            self.read_pool = db.make_pool(self.read_url, min_size=0, max_size=POOL_SIZE, name="http-read",
+                                          options=SESSION_OPTIONS)
 
     def producer(self) -> PostgresBroker:
         """A broker that only sends (the API's POST /jobs, an app's actions): made on
@@ -92,15 +113,35 @@ class AppState:
         if self._producer is not None:
             self._producer.close()
             self._producer = None
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        for pool in (self.pool, self.read_pool):
+            if pool is not None:
+                pool.close()
+        self.pool = self.read_pool = None
 
     @contextlib.contextmanager
     def connection(self, timeout: float = POOL_WAIT) -> Iterator[psycopg.Connection]:
         self.open()
         assert self.pool is not None
         with self.pool.connection(timeout=timeout) as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def reading(self, timeout: float = POOL_WAIT) -> Iterator[psycopg.Connection]:
+        """A connection for reads only: to database.read_url (a standby) when it is set and
+        answers within READ_WAIT, else to the primary; ``read_from`` says which."""
+        self.open()
+        with contextlib.ExitStack() as stack:
+            conn: psycopg.Connection | None = None
+            if self.read_pool is not None and time.monotonic() >= self._reader_down_until:
+                try:
+                    conn = stack.enter_context(self.read_pool.connection(timeout=READ_WAIT))
+                except psycopg.OperationalError as exc:  # PoolTimeout too: reads go to the primary a while
+                    self._reader_down_until = time.monotonic() + READ_RETRY_SECONDS
+                    log.warning("database.read_url %s unreachable (%s); reading from the primary for %gs",
+                                db.redact(self.read_url or ""), " ".join(str(exc).split()), READ_RETRY_SECONDS)
+            read_from.set("primary" if conn is None else "standby")
+            if conn is None:
+                conn = stack.enter_context(self.connection(timeout))
             yield conn
 
 

@@ -10,7 +10,7 @@ import contextlib
 import logging
 import selectors
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -293,6 +293,8 @@ class Handlers:
             "control_socket": str(self.master.config.supervisor.control_socket),
             "database": db.redact(self.master.database.url),
             "pooled": self.master.database.pooled,
+            # The server the master's connections reach now, and the one before (a failover).
+            "server": asdict(seen) if (seen := db.server_seen(self.master.database.url)) else None,
             # One LISTEN connection for the host, relayed to the children; else they poll.
             "wakeups": "relayed" if self.master.relay is not None else "polling",
             "reloads": self.reloads,

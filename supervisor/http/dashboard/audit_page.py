@@ -22,7 +22,7 @@ def audit_page(request: Request) -> Response:
         before = int(q["cursor"]) if q.get("cursor") else None
     except ValueError:
         return HTMLResponse("bad cursor: follow the page's Older link", status_code=400)
-    with state_of(request).connection() as conn:
+    with state_of(request).reading() as conn:
         rows = audit.recent(conn, token_name=token, action=action, before_id=before, limit=PAGE_SIZE + 1)
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]

@@ -19,7 +19,7 @@ ACTOR_WINDOWS, ACTOR_DEFAULT = tuple(actor_stats.WINDOWS), actor_stats.DEFAULT_W
 
 def errors(state: AppState, window: str, actor: str | None) -> dict[str, Any]:
     """``window`` is one of ERROR_WINDOWS (checked by the caller)."""
-    with state.connection() as conn:
+    with state.reading() as conn:
         found = error_groups.error_groups(conn, window_s=error_groups.WINDOWS[window], actor=actor)
     step = found["step_s"]
     for g in found["groups"]:
@@ -61,7 +61,7 @@ def actors(state: AppState, window: str) -> dict[str, Any]:
     """``window`` is one of ACTOR_WINDOWS (checked by the caller). Each actor links to
     its jobs and to its errors over the Errors page's window that holds this one."""
     window_s = actor_stats.WINDOWS[window]
-    with state.connection() as conn:
+    with state.reading() as conn:
         found = actor_stats.actor_stats(conn, window_s=window_s)
     errors_window = next(w for w, s in error_groups.WINDOWS.items() if s >= window_s)
     for a in found["actors"]:

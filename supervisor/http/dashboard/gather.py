@@ -63,7 +63,7 @@ def _contributed(page: Page, what: str, read: Callable[[], Sequence[T]], failed:
 
 def overview(state: AppState, window: str) -> dict[str, Any]:
     span, step = WINDOWS[window]
-    with state.connection() as conn:
+    with state.reading() as conn:
         # The last hour from the rows themselves (current to the second); longer windows
         # from the recorder's rollup, which never reads a day of jobs.
         series = reads.FINISHED_PER_BUCKET if span <= RAW_WINDOW_S else recorder.FINISHED_SERIES
@@ -100,7 +100,7 @@ def alerts(state: AppState, queue_rows: list[dict[str, Any]]) -> list[str]:
             out.append(f"queue {q['queue']} needs {need} worker(s) to drain in 1 h; {q['workers']} running")
     pages = [p for p in app_pages(state) if p.alerts is not None]
     if pages:
-        with state.connection() as conn:
+        with state.reading() as conn:
             for page in pages:
                 assert page.alerts is not None
                 out.extend(_contributed(page, "alerts", functools.partial(page.alerts, conn), str))
@@ -117,7 +117,7 @@ def roles(state: AppState) -> list[dict[str, Any]]:
     if status is not None:
         return [{**r, "local": True} for r in status["roles"]]
     live: dict[str, int] = {}
-    with state.connection() as conn:
+    with state.reading() as conn:
         live = admin.live_processes_by_role(conn)
     configured = state.config.roles if state.config is not None else ()
     return [{"name": rc.name, "wanted": rc.processes, "running": live.get(rc.name, 0), "state": "registry",
@@ -141,7 +141,7 @@ def workers(state: AppState) -> dict[str, Any]:
     """Per role its processes: in flight / capacity, memory and CPU against the role's
     limits (colour level), a sparkline's points over the last hour, why it backs off."""
     span, step = WINDOWS["1h"]
-    with state.connection() as conn:
+    with state.reading() as conn:
         rows = db.dicts(conn, registry.LIST)
         series_rows = db.dicts(conn, recorder.PROCESS_SERIES, {"step_s": recorder.SAMPLE_SECONDS, "window_s": span})
     series: dict[str, list[tuple[float, float, float]]] = {}
@@ -190,7 +190,7 @@ def queues(state: AppState, *, detail: bool = True) -> list[dict[str, Any]]:
     ``detail`` (the Queues page), also run times and waits, failure rates over 6 h and
     24 h (the recorder's rollup) and the failed jobs kept (estimated when many:
     ``failed_estimated_by``)."""
-    with state.connection() as conn:
+    with state.reading() as conn:
         live = {r["queue"]: r for r in db.dicts(conn, reads.LIVE_BY_QUEUE)}
         done = {r["queue"]: r for r in db.dicts(conn, reads.FINISHED_BY_QUEUE)}
         rolled = {r["queue"]: r for r in db.dicts(conn, recorder.OUTCOMES_BY_QUEUE)} if detail else {}
@@ -227,7 +227,7 @@ def queues(state: AppState, *, detail: bool = True) -> list[dict[str, Any]]:
 def queue_names(state: AppState) -> list[str]:
     """The Jobs page's queue choices: the queues the database knows of without reading
     the jobs (``admin.queue_names``), and the config's."""
-    with state.connection() as conn:
+    with state.reading() as conn:
         found = set(admin.queue_names(conn))
     if state.config is not None:
         found |= {q for rc in state.config.roles for q in rc.queues}
@@ -268,7 +268,7 @@ def form_fields(where: admin.JobFilter) -> dict[str, str]:
 
 def jobs(state: AppState, where: admin.JobFilter, cursor: str | None) -> dict[str, Any]:
     after = data.decode_cursor(cursor) if cursor else None
-    with state.connection() as conn:
+    with state.reading() as conn:
         found = admin.jobs_page(conn, where, limit=PAGE_SIZE, after=after, columns=reads.PAGE_COLUMNS)
         total = admin.page_count(conn, where, found, first=cursor is None)
     return {"jobs": found.rows, "next": data.encode_cursor(*found.after) if found.after else None, "total": total,
@@ -280,7 +280,7 @@ def matching_ids(conn: psycopg.Connection, where: admin.JobFilter) -> list[str]:
 
 
 def job(state: AppState, job_id: str) -> dict[str, Any] | None:
-    with state.connection() as conn:
+    with state.reading() as conn:
         found = admin.show_job(conn, job_id)
         owner = None
         if found is not None and found["lease_owner"]:
@@ -307,7 +307,7 @@ def job(state: AppState, job_id: str) -> dict[str, Any] | None:
 
 
 def schedules(state: AppState) -> list[dict[str, Any]]:
-    with state.connection() as conn:
+    with state.reading() as conn:
         locks = {r["job_name"]: r for r in db.dicts(conn, scheduler_sql.LOCKS)}
         recent: dict[str, list[dict[str, Any]]] = {}
         for r in db.dicts(conn, scheduler_sql.RECENT_RUNS, {"per_schedule": RUNS_SHOWN}):
@@ -328,7 +328,7 @@ def limits(state: AppState, after: str = "") -> dict[str, Any]:
     them after ``after``), the buckets, and what apps add."""
     pages = [p for p in app_pages(state) if p.limits is not None]
     tables: list[Table] = []
-    with state.connection() as conn:
+    with state.reading() as conn:
         seen = flow_limits.seen(conn, after=after)
         buckets = ratelimit.states(conn)
         for page in pages:
@@ -344,5 +344,5 @@ def app_page(state: AppState, slug: str) -> dict[str, Any] | None:
     page = next((p for p in app_pages(state) if p.slug == slug), None)
     if page is None:
         return None
-    with state.connection() as conn:
+    with state.reading() as conn:
         return {"page": page, "tables": list(page.tables(conn))}

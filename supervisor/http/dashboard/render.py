@@ -12,7 +12,7 @@ from starlette.responses import HTMLResponse
 
 from ... import limits, units
 from .. import roles
-from ..state import state_of
+from ..state import read_from, state_of
 from . import charts
 from .gather import app_pages
 
@@ -80,5 +80,6 @@ def page(request: Request, template: str, **context: Any) -> HTMLResponse:
     html = env.get_template(template).render(
         request=request, partial=request.headers.get(PARTIAL_HEADER) == "1",
         actions=not http.read_only, token_needed=http.auth_required and not http.read_only, needs=roles.NEEDS,
-        app_pages=app_pages(state_of(request)), path=request.url.path, **context)
+        app_pages=app_pages(state_of(request)), path=request.url.path, read_from=read_from.get(),
+        standby=state_of(request).read_url is not None, **context)
     return HTMLResponse(html, headers={"Cache-Control": "no-store"})

@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -19,7 +20,7 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ... import admin
+from ... import admin, db
 from ... import limits as flow_limits
 from .. import api_limits
 from ..auth import note
@@ -39,7 +40,11 @@ def overview(request: Request) -> Response:
     window = request.query_params.get("window", "1h")
     if window not in gather.WINDOWS:
         return HTMLResponse(f"unknown window (one of {', '.join(gather.WINDOWS)})", status_code=400)
-    return page(request, "overview.html", o=gather.overview(state_of(request), window), windows=list(gather.WINDOWS))
+    state = state_of(request)
+    # The server this process's connections reach, and the one before a failover it saw.
+    seen = db.server_seen(state.url)
+    return page(request, "overview.html", o=gather.overview(state, window), windows=list(gather.WINDOWS),
+                server=seen, server_since=datetime.fromtimestamp(seen.since, UTC) if seen else None)
 
 
 def queues(request: Request) -> Response:
