@@ -75,6 +75,7 @@ READS: tuple[tuple[str, str], ...] = (
     ("api workers", "/api/v1/workers"),
     ("api schedules", "/api/v1/schedules"),
     ("api system/state", "/api/v1/system/state"),
+    ("api watches", "/api/v1/watches"),
     ("api errors 24h", "/api/v1/errors"),
     ("api errors 7d", "/api/v1/errors?since=7d"),
     ("api actors 1h", "/api/v1/actors"),
