@@ -16,6 +16,9 @@ W3  2,000 jobs sleeping 50 ms each on 2 processes x 16 threads: jobs/s
 
 --executors runs each workload with each executor (the role key `executor`) in turn,
 run by run (A B A B ...), and reports each apart: a before/after in one run.
+--job-log off,on does the same with the per-job log line (`--no-job-log` / the default),
+each worker's stderr to a file as in production; "traced" is the line on plus tracing
+(supervisor[otel], its console exporter written to /dev/null).
 
 A fresh database is created on the server (DATABASE_URL or --database-url,
 default postgresql://postgres@127.0.0.1:5432/postgres) and dropped at the end.
@@ -250,21 +253,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--executors", default="own",
                    help="comma-separated executors (own, dramatiq), each optionally with a job storage (own:log,"
                         " dramatiq:table; default table), alternated run by run")
+    p.add_argument("--job-log", default="off",
+                   help="comma-separated: off (--no-job-log), on (the default line), traced (on, and spans to the"
+                        " console exporter, to /dev/null); alternated run by run with the executors")
     p.add_argument("--database-url", default=None,
                    help="server to create the bench database on (default $DATABASE_URL, else local)")
     args = p.parse_args(argv)
     only = {w.strip().upper() for w in args.only.split(",") if w.strip()}
-    executors = [e.strip() for e in args.executors.split(",") if e.strip()]
+    modes = [m.strip() for m in args.job_log.split(",") if m.strip()]
+    executors = [f"{e.strip()}/{m}" for e in args.executors.split(",") if e.strip() for m in modes]
 
     def named(config: str, executor: str) -> str:
-        return config if executors == ["own"] else f"{config}, {executor}"
+        name, _, mode = executor.partition("/")
+        tags = ([] if name == "own" and "," not in args.executors else [name]) + \
+            ([f"job log {mode}"] if modes != ["off"] else [])
+        return ", ".join([config, *tags])
 
     def variant(name: str, pool: dict) -> dict:
-        """The worker pool's options for an executor[:storage] variant; the producer's storage
-        set to match (storage "log": logstore.py)."""
+        """The worker pool's options for an executor[:storage]/job-log variant; the producer's
+        storage set to match (storage "log": logstore.py)."""
+        name, _, mode = name.partition("/")
         executor, _, storage = name.partition(":")
         broker.storage = storage or "table"
-        return {**pool, "executor": executor, "env": {"SUPERVISOR_STORAGE": broker.storage}}
+        env = {"SUPERVISOR_STORAGE": broker.storage}
+        if mode == "traced":
+            env.update(OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
+                       OTEL_SERVICE_NAME="bench-worker")
+        return {**pool, "executor": executor, "env": env, "job_log": mode in ("on", "traced"),
+                "traced": mode == "traced"}
 
     server = server_url(args.database_url)
     figures: list[Figure] = []

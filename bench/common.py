@@ -87,6 +87,8 @@ class WorkerPool:
     # the broker; BENCH_JOB_LOG=1 measures with it (its cost: README.md, "The per-job log line").
     job_log: bool = os.environ.get("BENCH_JOB_LOG") == "1"
     env: dict[str, str] = field(default_factory=dict)
+    # Run under OpenTelemetry's launcher (opentelemetry-instrument, of the supervisor[otel] extra).
+    traced: bool = False
     extra: tuple[str, ...] = ()  # more `supervisor worker` flags (e.g. --async-limit 500)
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
@@ -103,8 +105,9 @@ class WorkerPool:
             log = Path(self._dir.name) / f"worker{i}.log"
             self.logs.append(log)
             with log.open("w") as out:
+                launcher = [str(Path(sys.executable).with_name("opentelemetry-instrument"))] if self.traced else []
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", self.module, "worker", "--queues", self.queues,
+                    [*launcher, sys.executable, "-m", self.module, "worker", "--queues", self.queues,
                      "--actors", self.actors, "--threads", str(self.threads), "--no-migrate",
                      "--log-level", "INFO", *self.job_log_args, *(["--prefetch", str(self.prefetch)] if self.prefetch else []),
                      *(["--executor", self.executor] if self.executor else []), *self.extra],
