@@ -19,6 +19,11 @@ class JsonFormatter(logging.Formatter):
             "pid": os.getpid(),
             "msg": record.getMessage(),
         }
+        otel = sys.modules.get("opentelemetry.trace")  # only where tracing is in use: no import here
+        if otel is not None:
+            ids = otel.get_current_span().get_span_context()
+            if ids.is_valid:
+                out["trace_id"], out["span_id"] = format(ids.trace_id, "032x"), format(ids.span_id, "016x")
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 out[key] = value
