@@ -27,6 +27,7 @@ from bench.basics import (  # noqa: F401
     ROOT,
     Figure,
     code_state,
+    cpu_seconds,
     print_table,
     say,
     scratch_database,
