@@ -10,7 +10,7 @@ import json
 import logging
 import threading
 
-from supervisor.logs import JsonFormatter
+from supervisor.logs import JsonFormatter, SecondStamps
 from supervisor.worker.lines import LineWriter
 
 
@@ -87,3 +87,13 @@ def test_levels_filters_and_other_handlers_are_kept() -> None:
     assert [r.n for r in seen] == list(range(10))  # type: ignore[attr-defined]
     writer.put((0.0, 10))  # after stop: written at once, never lost
     assert [r.n for r in seen][-1] == 10  # type: ignore[attr-defined]
+
+
+def test_the_second_stamped_formatter_writes_what_logging_s_own_does() -> None:
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    ours, theirs = SecondStamps(fmt), logging.Formatter(fmt)
+    for at in (1_700_000_000.123, 1_700_000_000.999, 1_700_000_001.0, 1_700_000_000.5):
+        record = logging.makeLogRecord({"msg": "x", "created": at, "msecs": int((at - int(at)) * 1000) + 0.0,
+                                        "levelname": "INFO", "name": "n"})
+        assert ours.format(record) == theirs.format(record)
+        assert ours.formatTime(record, "%Y-%m-%dT%H:%M:%S") == theirs.formatTime(record, "%Y-%m-%dT%H:%M:%S")

@@ -30,6 +30,7 @@ from ..broker.order import Before, Placement
 from .lines import LineWriter
 
 log = logging.getLogger("supervisor.jobs")
+LINE = "job %s %s queue=%s role=%s pid=%d %sms %s%s%s"
 
 # What the job's thread notes: when it ended, then the line's own fields.
 Noted = tuple[float, str, str, str, "float | None", str, "str | None", dict[str, Any], "dict[str, str] | None"]
@@ -46,6 +47,7 @@ class JobLog(Middleware):
         self.pid = os.getpid()
         self._started = threading.local()  # a message is processed on one worker thread
         self.writer = LineWriter(log, self._record)
+        self._template: dict[str, Any] | None = None  # see _record
         jobfields.collecting = True  # supervisor.log_fields() keeps what actors add from now on
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
@@ -84,13 +86,22 @@ class JobLog(Middleware):
         fields.update(added)
         if ids:
             fields.update(ids)
-        record = log.makeRecord(
-            log.name, logging.INFO, __file__, 0, "job %s %s queue=%s role=%s pid=%d %sms %s%s%s",
-            (job_id, actor, queue, self.role, self.pid, duration_ms, outcome,
-             "".join(f" {k}={v}" for k, v in added.items()), f" ({error})" if error is not None else ""),
-            None, extra=fields)
-        record.created = at
-        record.msecs = int((at - int(at)) * 1000) + 0.0
+        # What makeRecord would make, from a record made once on this (the writer's) thread:
+        # only the line's own attributes differ (LogRecord's constructor looks up the
+        # thread, process and more, a third of the line's cost).
+        template = self._template
+        if template is None:
+            template = self._template = vars(log.makeRecord(log.name, logging.INFO, __file__, 0, LINE, (), None))
+        record = logging.LogRecord.__new__(logging.LogRecord)
+        attributes = record.__dict__
+        attributes.update(template)
+        attributes["args"] = (job_id, actor, queue, self.role, self.pid, duration_ms, outcome,
+                              "".join(f" {k}={v}" for k, v in added.items()),
+                              f" ({error})" if error is not None else "")
+        attributes["created"] = at
+        attributes["msecs"] = int((at - int(at)) * 1000) + 0.0
+        attributes["relativeCreated"] = template["relativeCreated"] + (at - template["created"]) * 1000
+        attributes.update(fields)
         return record
 
 
