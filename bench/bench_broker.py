@@ -19,7 +19,8 @@ run by run (A B A B ...), and reports each apart: a before/after in one run.
 --job-log off,on does the same with the per-job log line (`--no-job-log` / the default),
 each worker's stderr to a file as in production; "traced" is the line on plus tracing
 (opentelemetry-instrument, its console exporter written to /dev/null), "sampled" the
-same recording one trace in ten (parentbased_traceidratio 0.1).
+same recording one trace in ten (parentbased_traceidratio 0.1), "base" the line on in
+workers run from the tree $BENCH_BASE_TREE (e.g. `git archive` of an older commit).
 
 A fresh database is created on the server (DATABASE_URL or --database-url,
 default postgresql://postgres@127.0.0.1:5432/postgres) and dropped at the end.
@@ -286,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         if mode in ("traced", "sampled"):
             env.update(OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
                        OTEL_SERVICE_NAME="bench-worker")
+        if mode == "base":  # the line on, the workers' code from another tree (a before/after in one run)
+            env["PYTHONPATH"] = os.environ["BENCH_BASE_TREE"]
         if mode == "sampled":  # one trace in ten recorded (the bench's sends have no parent)
             env.update(OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0.1")
         return {**pool, "executor": executor, "env": env, "job_log": mode != "off",
