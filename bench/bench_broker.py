@@ -287,12 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         if mode in ("traced", "sampled"):
             env.update(OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
                        OTEL_SERVICE_NAME="bench-worker")
-        if mode == "base":  # the line on, the workers' code from another tree (a before/after in one run)
-            env["PYTHONPATH"] = os.environ["BENCH_BASE_TREE"]
         if mode == "sampled":  # one trace in ten recorded (the bench's sends have no parent)
             env.update(OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0.1")
+        # base: the line on, the workers' code from another tree (a before/after in one run)
+        root = {"root": Path(os.environ["BENCH_BASE_TREE"])} if mode == "base" else {}
         return {**pool, "executor": executor, "env": env, "job_log": mode != "off",
-                "traced": mode in ("traced", "sampled")}
+                "traced": mode in ("traced", "sampled"), **root}
 
     server = server_url(args.database_url)
     figures: list[Figure] = []
