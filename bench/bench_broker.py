@@ -16,6 +16,11 @@ W3  2,000 jobs sleeping 50 ms each on 2 processes x 16 threads: jobs/s
 
 --executors runs each workload with each executor (the role key `executor`) in turn,
 run by run (A B A B ...), and reports each apart: a before/after in one run.
+--job-log off,on does the same with the per-job log line (`--no-job-log` / the default),
+each worker's stderr to a file as in production; "traced" is the line on plus tracing
+(opentelemetry-instrument, its console exporter written to /dev/null), "sampled" the
+same recording one trace in ten (parentbased_traceidratio 0.1), "base" the line on in
+workers run from the tree $BENCH_BASE_TREE (e.g. `git archive` of an older commit).
 
 A fresh database is created on the server (DATABASE_URL or --database-url,
 default postgresql://postgres@127.0.0.1:5432/postgres) and dropped at the end.
@@ -41,6 +46,7 @@ from bench.common import (
     WorkerPool,
     bench_database,
     code_state,
+    cpu_seconds,
     empty_jobs,
     percentile,
     print_table,
@@ -148,8 +154,9 @@ def _warm_up(url: str, conn: psycopg.Connection, broker, actor, n: int = 200) ->
 def w1(url: str, broker, actors, *, jobs: int, threads: int, chunk: int, pool: dict | None = None) -> dict[str, float]:
     with psycopg.connect(url, autocommit=True) as conn:
         reset(conn)
-        with WorkerPool(url, count=2, threads=threads, **(pool or {})):
+        with WorkerPool(url, count=2, threads=threads, **(pool or {})) as workers:
             _warm_up(url, conn, broker, actors.noop)
+            cpu0 = sum(cpu_seconds(pid) for pid in workers.pids())
             t0 = time.monotonic()
             messages = [actors.noop.message() for _ in range(jobs)]
             built = time.monotonic()
@@ -159,12 +166,15 @@ def w1(url: str, broker, actors, *, jobs: int, threads: int, chunk: int, pool: d
             say(f"    enqueued {jobs:,} in {committed - t0:.3f}s ({enqueue_rate:,.0f} jobs/s; "
                 f"building messages {built - t0:.3f}s, enqueue_many + commit {committed - built:.3f}s)")
             seconds = _drain(conn, jobs, committed, timeout=300)
+            # The workers' CPU per job: steadier than jobs/s on a loaded machine (it leaves out
+            # time spent waiting for a core), and what the job line and tracing add to a job.
+            cpu_us = (sum(cpu_seconds(pid) for pid in workers.pids()) - cpu0) / jobs * 1e6
             shape = conn.execute(BATCHES).fetchone()
     rate = jobs / seconds
-    say(f"    drained {jobs:,} in {seconds:.3f}s -> {rate:,.0f} jobs/s "
+    say(f"    drained {jobs:,} in {seconds:.3f}s -> {rate:,.0f} jobs/s, workers' CPU {cpu_us:.0f} us/job "
         f"({shape[0]:,} claims of {shape[1]:.1f} rows on average, {shape[2]:,} ack batches of {shape[3]:.1f}; "
         f"{load()})")
-    return {"enqueue": enqueue_rate, "insert": insert_rate, "drain": rate}
+    return {"enqueue": enqueue_rate, "insert": insert_rate, "drain": rate, "cpu": cpu_us}
 
 
 def w2(url: str, actors, *, jobs: int, threads: int, interval: float, processes: int = 2,
@@ -251,21 +261,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--executors", default="own",
                    help="comma-separated executors (own, dramatiq), each optionally with a job storage (own:log,"
                         " dramatiq:table; default table), alternated run by run")
+    p.add_argument("--job-log", default="off",
+                   help="comma-separated: off (--no-job-log), on (the default line), traced (on, and spans to the"
+                        " console exporter, to /dev/null), sampled (traced, 1 trace in 10); alternated run by"
+                        " run with the executors")
     p.add_argument("--database-url", default=None,
                    help="server to create the bench database on (default $DATABASE_URL, else local)")
     args = p.parse_args(argv)
     only = {w.strip().upper() for w in args.only.split(",") if w.strip()}
-    executors = [e.strip() for e in args.executors.split(",") if e.strip()]
+    modes = [m.strip() for m in args.job_log.split(",") if m.strip()]
+    executors = [f"{e.strip()}/{m}" for e in args.executors.split(",") if e.strip() for m in modes]
 
     def named(config: str, executor: str) -> str:
-        return config if executors == ["own"] else f"{config}, {executor}"
+        name, _, mode = executor.partition("/")
+        tags = ([] if name == "own" and "," not in args.executors else [name]) + \
+            ([f"job log {mode}"] if modes != ["off"] else [])
+        return ", ".join([config, *tags])
 
     def variant(name: str, pool: dict) -> dict:
-        """The worker pool's options for an executor[:storage] variant; the producer's storage
-        set to match (storage "log": logstore.py)."""
+        """The worker pool's options for an executor[:storage]/job-log variant; the producer's
+        storage set to match (storage "log": logstore.py)."""
+        name, _, mode = name.partition("/")
         executor, _, storage = name.partition(":")
         broker.storage = storage or "table"
-        return {**pool, "executor": executor, "env": {"SUPERVISOR_STORAGE": broker.storage}}
+        env = {"SUPERVISOR_STORAGE": broker.storage}
+        if mode in ("traced", "sampled"):
+            env.update(OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
+                       OTEL_SERVICE_NAME="bench-worker")
+        if mode == "sampled":  # one trace in ten recorded (the bench's sends have no parent)
+            env.update(OTEL_TRACES_SAMPLER="parentbased_traceidratio", OTEL_TRACES_SAMPLER_ARG="0.1")
+        # base: the line on, the workers' code from another tree (a before/after in one run)
+        root = {"root": Path(os.environ["BENCH_BASE_TREE"])} if mode == "base" else {}
+        return {**pool, "executor": executor, "env": env, "job_log": mode != "off",
+                "traced": mode in ("traced", "sampled"), **root}
 
     server = server_url(args.database_url)
     figures: list[Figure] = []
@@ -282,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         if "W1" in only:
             thread_counts = [int(t) for t in args.w1_threads.split(",")]
             drains: dict[tuple[int, str], list[float]] = {}
+            cpus: dict[tuple[int, str], list[float]] = {}
             enqueues: list[float] = []
             inserts: list[float] = []
             for run in range(args.repeat):
@@ -292,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                         r = w1(url, broker, actors, jobs=args.jobs, threads=threads, chunk=args.chunk,
                                pool=variant(executor, {"prefetch": threads * args.prefetch_factor or None}))
                         drains.setdefault((threads, executor), []).append(r["drain"])
+                        cpus.setdefault((threads, executor), []).append(r["cpu"])
                         enqueues.append(r["enqueue"])
                         inserts.append(r["insert"])
             figures.append(Figure("W1 enqueue (build+insert+commit)", "jobs/s", tuple(enqueues),
@@ -300,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
                                   config=f"enqueue_many x{args.jobs:,}"))
             for (threads, executor), values in drains.items():
                 figures.append(Figure("W1 drain", "jobs/s", tuple(values), target=15_000,
+                                      config=named(f"2 proc x {threads} thr", executor)))
+            for (threads, executor), values in cpus.items():
+                figures.append(Figure("W1 workers' CPU per job", "us", tuple(values), higher_is_better=False,
                                       config=named(f"2 proc x {threads} thr", executor)))
             for executor in executors:
                 best = max(thread_counts, key=lambda t: max(drains[(t, executor)]))

@@ -30,6 +30,7 @@ from bench.basics import (  # noqa: F401
     ROOT,
     Figure,
     code_state,
+    cpu_seconds,
     print_table,
     say,
     scratch_database,
@@ -99,6 +100,10 @@ class WorkerPool:
     # the broker; BENCH_JOB_LOG=1 measures with it (its cost: README.md, "The per-job log line").
     job_log: bool = os.environ.get("BENCH_JOB_LOG") == "1"
     env: dict[str, str] = field(default_factory=dict)
+    # Run under OpenTelemetry's launcher (opentelemetry-instrument, of the supervisor[otel] extra).
+    traced: bool = False
+    # The tree the workers run from (cwd and PYTHONPATH: `-m` puts cwd first on sys.path).
+    root: Path = ROOT
     extra: tuple[str, ...] = ()  # more `supervisor worker` flags (e.g. --async-limit 500)
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
@@ -110,17 +115,18 @@ class WorkerPool:
 
     def start(self, timeout: float = 60.0) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="as-bench-")
-        env = {**os.environ, "DATABASE_URL": self.url, "PYTHONPATH": str(ROOT), **self.env}
+        env = {**os.environ, "DATABASE_URL": self.url, "PYTHONPATH": str(self.root), **self.env}
         for i in range(self.count):
             log = Path(self._dir.name) / f"worker{i}.log"
             self.logs.append(log)
             with log.open("w") as out:
+                launcher = [str(Path(sys.executable).with_name("opentelemetry-instrument"))] if self.traced else []
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", self.module, "worker", "--queues", self.queues,
+                    [*launcher, sys.executable, "-m", self.module, "worker", "--queues", self.queues,
                      "--actors", self.actors, "--threads", str(self.threads), "--no-migrate",
                      "--log-level", "INFO", *self.job_log_args, *(["--prefetch", str(self.prefetch)] if self.prefetch else []),
                      *(["--executor", self.executor] if self.executor else []), *self.extra],
-                    cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=out,
+                    cwd=self.root, env=env, stdout=subprocess.DEVNULL, stderr=out,
                 ))
         self.wait_ready(timeout)
 

@@ -59,13 +59,14 @@ def write_config(path: Path, url: str, roles: dict[str, dict], socket: Path | No
 class Supervisor:
     """A `supervisor run -c FILE` subprocess and a control-socket client for it."""
 
-    def __init__(self, config_path: Path, *, env: dict | None = None) -> None:
+    def __init__(self, config_path: Path, *, env: dict | None = None, launcher: tuple[str, ...] = ()) -> None:
         self.config_path = config_path
         self.socket = Path(yaml.safe_load(config_path.read_text())["supervisor"]["control_socket"])
         self.log_path = config_path.parent / f"master-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in cleanup
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run", "-c", str(config_path)],
+        # launcher: a program that runs the command (e.g. opentelemetry-instrument)
+        self.proc = subprocess.Popen([*launcher, sys.executable, "-m", "supervisor.cli", "run", "-c", str(config_path)],
                                      cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT)
         self.pid = self.proc.pid
         self.seen: set[int] = set()  # every child pid ever reported, to check for orphans

@@ -29,7 +29,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from .. import db, defaults
 from ..identity import owner_id
 from ..registry import Registration
-from . import bulk, logstore
+from . import bulk, logstore, tracing
 from .batcher import AckBatcher
 from .capacity import Capacity
 from .claims import Claims
@@ -151,6 +151,7 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
         # Last, so its after_process_message runs first (see Fence).
         self.fence = Fence(self.leases)
         self.add_middleware(self.fence)
+        tracing.add_to(self)  # the consumer spans, first in the list (where tracing is on)
         self._listener: Wakeups | None = None
         self._acks: AckBatcher | None = None
         self._timer: DueTimer | None = None

@@ -116,6 +116,9 @@ class PgMessageProxy(MessageProxy):
         # A result stored for a job of the log (results.py), as jobs.result shows it: written
         # onto its done row with its outcome (job_queue's row gets it from the store itself).
         self.log_result: Any = None
+        # The trace and span ids of the span this attempt ran in (supervisor/tracing.py),
+        # for the job's log line, which is written off the job's thread.
+        self.trace_ids: dict[str, str] | None = None
 
     @property
     def deliveries(self) -> int:

@@ -5,6 +5,7 @@ its own written again on a fresh connection if the server ends it (sending.py)."
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -14,7 +15,7 @@ from dramatiq.message import Message
 from psycopg_pool import ConnectionPool
 
 from .. import defaults
-from . import bulk, logstore, sending
+from . import bulk, logstore, sending, tracing
 from .message import PgMessageProxy, body_columns
 from .middleware import Retries
 from .sql import joblog
@@ -90,13 +91,14 @@ class Producer:
             # A retry: Retries hands the proxy back. dramatiq types enqueue Message -> Message only.
             return self._retry(message, delay)  # type: ignore[return-value]
         self.emit_before("enqueue", message, delay)
-        (logged,) = self._log_rows([message]) if not delay else (None,)
-        if logged is not None:
-            message = self._send(self._log_writer([logged], lambda c: message, atomic=False), conn,
-                                 "enqueue 1 message")
-        else:
-            row = self._row(message, delay)
-            message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
+        with tracing.active.sending([message]) if tracing.active else contextlib.nullcontext():
+            (logged,) = self._log_rows([message]) if not delay else (None,)
+            if logged is not None:
+                message = self._send(self._log_writer([logged], lambda c: message, atomic=False), conn,
+                                     "enqueue 1 message")
+            else:
+                row = self._row(message, delay)
+                message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
         self.emit_after("enqueue", message, delay)
         return message
 
@@ -141,6 +143,11 @@ class Producer:
         messages = list(messages)
         if not messages:
             return []
+        with tracing.active.sending(messages) if tracing.active else contextlib.nullcontext():
+            return self._enqueue_many(messages, delay, conn)
+
+    def _enqueue_many(self, messages: list[Message[Any]], delay: int | None,
+                      conn: psycopg.Connection | None) -> list[Message[Any]]:
         retries = self._retries()
         rows = self._log_rows(messages) if not delay else [None] * len(messages)
         logged = [r for r in rows if r is not None]

@@ -79,8 +79,8 @@ class SupervisorConfig:
     log_level: str = key(check.log_level, "Log level of the master and its children.", "INFO", flag=("--log-level",),
                          reload="live")
     log_json: bool = key(check.boolean, "Log JSON lines (one object per event).", False, flag=("--json",), reload="live")
-    job_log: bool = key(check.boolean, "One log line per finished job (costs ~40% of the throughput of no-op jobs, "
-                        "nothing measurable for real work).", True, flag=("--job-log/--no-job-log",))
+    job_log: bool = key(check.boolean, "One log line per finished job (written off the job's thread, in batches).",
+                        True, flag=("--job-log/--no-job-log",))
     kill_grace: float = key(check.duration(0, strict=True), "A hung or overdue child gets this long after SIGTERM before "
                             "SIGKILL.", defaults.KILL_GRACE, reload="live")
     start_timeout: float = key(check.duration(0, strict=True), "A child not ready this long after its fork is treated as "
