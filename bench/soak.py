@@ -108,7 +108,7 @@ SELECT s.n_dead_tup + (SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tab
          WHERE t.isleaf)::bigint,
        s.vacuum_count, s.autovacuum_count,
        s.n_tup_del, now() - %(lag)s * interval '1 second',
-       (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),
+       ({checkpoints}),
        (SELECT count(*) FROM jobs WHERE queue = 'bench' AND status IN ('pending', 'retryable') AND run_at <= now()),
        (SELECT coalesce(max(extract(epoch FROM now() - a.xact_start)), 0) * 1000 FROM pg_stat_activity a
          WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() AND a.backend_xmin IS NOT NULL),
@@ -201,10 +201,21 @@ class Producer(threading.Thread):
                 self.late += 1
 
 
+def health_statement(conn: psycopg.Connection) -> str:
+    """HEALTH for this server: PostgreSQL 17 moved the checkpoint counts from
+    pg_stat_bgwriter to pg_stat_checkpointer (the embedded server is 17, Debian's 15)."""
+    if conn.info.server_version >= 170000:
+        checkpoints = "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+    else:
+        checkpoints = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+    return HEALTH.replace("{checkpoints}", checkpoints)
+
+
 class Sampler:
     def __init__(self, conn: psycopg.Connection) -> None:
         self.conn = conn
-        self.last = conn.execute(HEALTH, {"lag": LAG_S}).fetchone()
+        self.health = health_statement(conn)
+        self.last = conn.execute(self.health, {"lag": LAG_S}).fetchone()
         self.mark = self.last[7]  # now() - lag: where the first second starts
         # Each second's jobs (by when they finished, wall clock): (from, to, histogram).
         self.seconds: list[tuple[float, float, collections.Counter]] = []
@@ -228,7 +239,7 @@ class Sampler:
     def second(self, window: Window) -> None:
         for _ in range(PROBES_PER_SECOND):
             window.probes.append(self.probe())
-        row = self.conn.execute(HEALTH, {"lag": LAG_S}).fetchone()
+        row = self.conn.execute(self.health, {"lag": LAG_S}).fetchone()
         dead, table, indexes, history, vacs, autovacs, deleted, hi, checkpoints, backlog, oldest, query = row
         if oldest > window.oldest_xact:
             window.oldest_xact, window.oldest_query = oldest, query or ""

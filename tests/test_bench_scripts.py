@@ -45,6 +45,8 @@ HELP_ONLY = {
     "bench_mixed": "paced and fixed prefetch: --repeat 1 --rate 50 --seconds 1 --burst 100 --threads 2",
     "bench_delay": "D1 and D2: --jobs 20 --interval-ms 10",
     "bench_supervisor": "a supervisor run reloaded, killed and measured: --repeat 2",
+    "failover": "builds a primary and a synchronous standby and fails over under load (tests/test_failover.py"
+                " runs the same in the suite)",
 }
 # Each script that runs small: its arguments, and a line of its figures that must be printed;
 # the longest first, so the last to start are short.
