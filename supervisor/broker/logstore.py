@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from .. import defaults
+from .. import db, defaults
 from . import bulk
 from .message import PgMessageProxy, Unreadable, from_claimed_row
 from .sql import joblog
@@ -66,7 +66,7 @@ def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]], *, again: 
     transaction: those whose id a live job has are left out (``again``: any row of the log
     with the id too, as LOG_INSERT_AGAIN)."""
     check = joblog.LOG_SENT_IDS if again else joblog.LOG_LIVE_IDS
-    live = {r[0] for r in conn.execute(check, {"ids": [r[0] for r in rows]})}
+    live = {r[0] for r in conn.execute(check, {"ids": db.array_text([r[0] for r in rows])})}
     with conn.cursor() as cur, cur.copy(joblog.LOG_COPY) as copy:
         for row in rows:
             if row[0] not in live:
