@@ -144,6 +144,11 @@ def test_failover_under_load(pair: replication.Pair, supervisor, tmp_path, mode:
         wait_for(all_moved, 30, interval=0.2)
     assert all_moved(), f"children's servers (promoted {promoted}): {children_servers(master.status())}"
     assert f"{old} -> {promoted} (4 of 4 processes there now)" in cli("status", config=config).stdout
+    # Their registry rows (written on the new primary) say so too, for every host's readers.
+    with psycopg.connect(url, autocommit=True) as c:
+        wait_for(lambda: scalar(c, "SELECT count(*) FROM workers WHERE pid = ANY(%s) AND db_server = %s"
+                                   " AND db_server_previous = %s", (list(master.pids("work")), promoted, old)) == 2,
+                 30, interval=0.2, message="the workers' rows naming the promoted standby")
     # And each counted its reconnects: the change of server once per process (the master, two
     # workers, the HTTP child), and the sessions the primary's stop ended: a fast stop says
     # so (57P01: seen 7 of 11), an immediate one mostly leaves them broken unannounced (seen

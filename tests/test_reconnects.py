@@ -75,6 +75,11 @@ def test_a_terminated_session_is_counted_and_every_child_names_its_server(conn, 
     status = master.status()
     assert {s["address"] for s in children_servers(status).values()} == {address}
     assert all(s["previous"] is None for s in children_servers(status).values())
+    # And on its beat's registry row, for every host's readers (the Workers page, the API).
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM workers WHERE pid = ANY(%s) AND db_server = %s",
+                            (list(master.pids("w")), address)) == 2, 30, interval=0.2,
+             message="the workers' rows naming their server")
+    assert address in httpx.get(base + "/workers", timeout=20).text
     before = reconnects(base)
     assert set(before) == set(servers.CAUSES)  # declared at 0 before any reconnect
     assert sum(before.values()) == 0
