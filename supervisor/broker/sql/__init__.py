@@ -19,6 +19,7 @@ from .claiming import (
     STRAGGLERS,
     TOOK_COLUMN,
     WAIT_COLUMN,
+    WAITING_FLOOR_AT,
     claim,
 )
 from .enqueue import (
@@ -92,6 +93,7 @@ __all__ = [
     "TOOK_COLUMN",
     "CLAIM_KEYED",
     "WAIT_COLUMN",
+    "WAITING_FLOOR_AT",
     "CURSOR_COLUMN",
     "NEXT_DUE",
     "STRAGGLERS",

@@ -248,6 +248,15 @@ SELECT EXISTS (
 """
 
 
+# The waiting floor of a queue (sql/flow.py's WAITING_FLOOR, broker/floors.py): the oldest
+# run_at among its waiting rows, or now when none is older; the probe's thread reads it,
+# off the claim's path (under a pinned horizon the descent passes over every row that
+# waited since the pin: jobs_waiting_due keeps their entries). A row committed later with
+# an older run_at (a long transaction's) is behind the floor until the next round.
+WAITING_FLOOR_AT = """
+SELECT least(now(), (SELECT min(j.run_at) FROM job_queue j WHERE j.queue = %(queue)s AND j.status = 'waiting'))
+"""
+
 # How long (s) the oldest transaction of this database holding a snapshot or an xid has
 # been open, 0 if none: what holds back the xmin horizon for its tables (PostgreSQL 14 on
 # counts only the database's own sessions, plus replication slots and prepared
