@@ -24,6 +24,11 @@ stragglers: a row whose enqueue committed more than the slack after its run_at (
 run_at of a row enqueued inside a long transaction is that transaction's start), and a
 row another process's claim locked and then rolled back. Rows that come back by lease
 loss, retry or an operator's retry get run_at = now(), after every floor.
+
+The keyed part of the claim (sql/flow.py) reads waiting rows from a floor of its own, one
+per queue: the oldest waiting row's run_at as the probe last read it, less the slack
+(``waiting_floor``); a reset drops it, and until the next reading the keyed claims read
+every waiting row.
 """
 
 from __future__ import annotations
