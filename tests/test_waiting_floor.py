@@ -13,7 +13,7 @@ from datetime import timedelta
 import dramatiq
 import psycopg
 
-from supervisor.broker import PostgresBroker, sql
+from supervisor.broker import sql
 from supervisor.broker.floors import ClaimFloors, StragglerProbe, SweepSignal
 from supervisor.broker.gates import NO_FLOOR, first_turn
 from supervisor.broker.middleware import claim_budgets

@@ -71,6 +71,7 @@ from .upkeep import (
     JOBS_VACUUM_DUE,
     PRUNE_EVENTS,
     PRUNE_PROGRESS,
+    PRUNE_SLOTS,
     VACUUM_JOBS,
 )
 
@@ -115,6 +116,7 @@ __all__ = [
     "PRUNE_ROWS",
     "archive",
     "PRUNE_EVENTS",
+    "PRUNE_SLOTS",
     "PRUNE_PROGRESS",
     "JOBS_VACUUM_DUE",
     "JOBS_STATS_STALE",

@@ -32,7 +32,7 @@ _RUNNABLE = """j.queue = %(queue)s
        AND j.status IN ('pending', 'retryable')
        AND j.run_at <= now()
        AND (j.concurrency_key IS NULL
-            OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))"""
+            OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key AND c.job_id IS NOT NULL))"""
 
 
 
@@ -125,8 +125,9 @@ WITH RECURSIVE floors AS (
 # deadlock).
 _SLOTS = """
     INSERT INTO job_concurrency (key, job_id)
-    SELECT concurrency_key, id FROM keyed ORDER BY concurrency_key
-    ON CONFLICT DO NOTHING
+    SELECT DISTINCT ON (concurrency_key) concurrency_key, id FROM keyed ORDER BY concurrency_key
+    ON CONFLICT (key, slot) DO UPDATE SET job_id = EXCLUDED.job_id, freed_at = NULL
+       WHERE job_concurrency.job_id IS NULL  -- a kept row, free (migration 045)
     RETURNING job_id"""
 
 
@@ -243,7 +244,8 @@ SELECT EXISTS (
          WHERE j.queue = %(queue)s AND j.status IN ('pending', 'retryable') AND j.priority = f.p
            AND j.run_at < f.at AND j.run_at <= now()
            AND (j.concurrency_key IS NULL
-                OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))
+                OR NOT EXISTS (SELECT 1 FROM job_concurrency c
+                                WHERE c.key = j.concurrency_key AND c.job_id IS NOT NULL))
          LIMIT 1) s)
 """
 

@@ -55,7 +55,8 @@ def _gate(key: str, flow: str) -> str:
            CASE WHEN b.blocked_until > now() THEN 0
                 ELSE greatest(0, least(%(n)s, floor(t.tokens)::int, s.quota - t.used,
                                        s.conc - (SELECT count(*) FROM job_concurrency c
-                                                  WHERE c.key = {key} AND s.conc IS NOT NULL)::int))
+                                                  WHERE c.key = {key} AND c.job_id IS NOT NULL
+                                                    AND s.conc IS NOT NULL)::int))
            END AS allow,
            (CASE WHEN b.blocked_until > now() THEN extract(epoch FROM b.blocked_until - now())
                  WHEN t.used >= s.quota
@@ -213,7 +214,8 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
       FROM ktake t
      CROSS JOIN LATERAL (
         SELECT g.slot FROM generate_series(0, t.conc - 1) AS g(slot)
-         WHERE NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = t.key AND c.slot = g.slot)
+         WHERE NOT EXISTS (SELECT 1 FROM job_concurrency c
+                            WHERE c.key = t.key AND c.slot = g.slot AND c.job_id IS NOT NULL)
          LIMIT t.n) s
      WHERE t.conc IS NOT NULL AND t.key IN (SELECT key FROM kok)
 ), kslots AS (
@@ -224,7 +226,8 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
               FROM pick WHERE part = 1 AND conc IS NOT NULL) p
       JOIN kfree s ON s.key = p.flow_key AND s.r = p.r
      ORDER BY s.key, s.slot
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (key, slot) DO UPDATE SET job_id = EXCLUDED.job_id, freed_at = NULL
+       WHERE job_concurrency.job_id IS NULL  -- a kept row, free (migration 045)
  RETURNING job_id
 ), kcut AS (
     -- the scan stopped at max_keys short of what the claim could take: keys beyond may
