@@ -127,7 +127,7 @@ _SLOTS = """
     INSERT INTO job_concurrency (key, job_id)
     SELECT DISTINCT ON (concurrency_key) concurrency_key, id FROM keyed ORDER BY concurrency_key
     ON CONFLICT (key, slot) DO UPDATE SET job_id = EXCLUDED.job_id, freed_at = NULL
-       WHERE job_concurrency.job_id IS NULL  -- a kept row, free (migration 045)
+       WHERE job_concurrency.job_id IS NULL  -- a kept row, free (migration 046)
     RETURNING job_id"""
 
 

@@ -227,7 +227,7 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
       JOIN kfree s ON s.key = p.flow_key AND s.r = p.r
      ORDER BY s.key, s.slot
     ON CONFLICT (key, slot) DO UPDATE SET job_id = EXCLUDED.job_id, freed_at = NULL
-       WHERE job_concurrency.job_id IS NULL  -- a kept row, free (migration 045)
+       WHERE job_concurrency.job_id IS NULL  -- a kept row, free (migration 046)
  RETURNING job_id
 ), kcut AS (
     -- the scan stopped at max_keys short of what the claim could take: keys beyond may

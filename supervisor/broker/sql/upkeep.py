@@ -14,7 +14,7 @@ DELETE FROM job_progress WHERE id IN (
 """
 
 # Concurrency slots freed longer ago than this many seconds: their kept rows go (a key no
-# longer used leaves nothing; migration 045). A scan of job_concurrency, a row per slot.
+# longer used leaves nothing; migration 046). A scan of job_concurrency, a row per slot.
 PRUNE_SLOTS = """
 DELETE FROM job_concurrency WHERE job_id IS NULL AND freed_at < now() - %(older_than_s)s * interval '1 second'
 """
