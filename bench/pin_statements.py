@@ -14,11 +14,16 @@ every 2 s (a fifth). After --before s a session opens
 statement's backend CPU per row (/proc), the claim's and FINISH's p50 / p99 wall time, and
 the live table's dead tuples and size, the vacuums' wall time; at the end of each phase, the buffers one claim and
 one FINISH touch (``EXPLAIN (ANALYZE, BUFFERS)``, rolled back).
+
+``--jobs keyed``: each row a dedupe key of its own and one of 50 concurrency keys (limit 1,
+as pressure.py's keyed shape): the rows wait for their key and the claim is the keyed one
+(sql/flow.py), its turn cursor kept between claims as a worker's gates keep it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import time
@@ -44,6 +49,20 @@ from supervisor.broker.floors import (
     StragglerProbe,
     SweepSignal,
 )
+
+# --jobs keyed: concurrency keys taken in turn, one running each (pressure.py's CONCURRENCY_KEYS).
+KEYS = 50
+
+
+def build_keyed(n: int, turn: list[int]) -> list[Any]:
+    """build_rows' parameters with a dedupe key per row and a concurrency key each (limit 1)."""
+    params = build_rows(n)
+    params[10] = [f"once:{uuid.uuid4()}" for _ in range(n)]  # dedupe_key (sql.BULK_COLUMNS' 10th)
+    keys = [f"account:{(turn[0] + i) % KEYS}" for i in range(n)]
+    turn[0] += n
+    params[-2], params[-1] = keys, [json.dumps({"c": 1})] * n  # sql.FLOW_COLUMNS
+    return params
+
 
 GAUGE = "SELECT n_dead_tup, pg_total_relation_size('job_queue') FROM pg_stat_user_tables WHERE relname = 'job_queue'"
 
@@ -84,8 +103,11 @@ class Claims:
     a floor (then the next claim sweeps), as in a worker.
     ``floors=False``: every claim reads each level from its start."""
 
-    def __init__(self, url: str, owner: str, floors: bool, slack: float, held_slack: float) -> None:
+    def __init__(self, url: str, owner: str, floors: bool, slack: float, held_slack: float,
+                 keyed: bool = False) -> None:
         self.owner = owner
+        self.keyed = keyed
+        self.cursor = ""  # the keyed claim's turn cursor (broker/gates.py)
         self.floors = ClaimFloors(slack=slack, held_slack=held_slack) if floors else None
         self.pool = db.make_pool(url, min_size=1, max_size=1, name="probe")
         self.pool.open()
@@ -97,12 +119,15 @@ class Claims:
 
     def params(self, batch: int) -> tuple[dict[str, Any], bool]:
         floors, sweep = self.floors.params(QUEUE) if self.floors is not None else (SWEEP, True)
-        return claim_params(batch, self.owner, floors), sweep
+        params = claim_params(batch, self.owner)
+        return {**params, "cursor": self.cursor, **floors}, sweep
 
     def claim(self, conn: psycopg.Connection, batch: int) -> list[Any]:
         params, sweep = self.params(batch)
         began = time.monotonic()
-        rows = conn.execute(sql.claim(batch), params).fetchall()
+        rows = conn.execute(sql.claim(batch, keyed=self.keyed), params).fetchall()
+        if rows and rows[0][0] is None:  # the keyed claim's META row
+            self.cursor = rows.pop(0)[sql.CURSOR_COLUMN] or self.cursor
         if self.floors is not None:
             self.floors.claimed(QUEUE, rows, sweep, time.monotonic() - began)
         self.sweeps += sweep
@@ -124,7 +149,7 @@ def explain(conn: psycopg.Connection, claims: Claims, batch: int) -> str:
     """Buffers one claim touches, inside a transaction rolled back."""
     with conn.transaction(force_rollback=True):
         params, sweep = claims.params(batch)
-        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.claim(batch), params)
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.claim(batch, keyed=claims.keyed), params)
         top = plan.fetchone()[0][0]
         return (f"claim{' (sweep)' if sweep else ''}: {top['Execution Time']:.2f} ms, shared hit "
                 f"{top['Plan'].get('Shared Hit Blocks', 0):,} read {top['Plan'].get('Shared Read Blocks', 0):,}")
@@ -139,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=float, default=10)
     p.add_argument("--vacuum", type=float, default=10)
     p.add_argument("--no-floors", action="store_true", help="claims read every level from its start")
+    p.add_argument("--jobs", choices=("plain", "keyed"), default="plain",
+                   help="keyed: a dedupe key each and one of 50 concurrency keys (limit 1)")
     p.add_argument("--slack", type=float, default=SLACK_SECONDS, help="the floors' slack while the horizon moves (s)")
     p.add_argument("--held-slack", type=float, default=HELD_SLACK_SECONDS, help="... and while it is held (s)")
     p.add_argument("--database-url", default=None)
@@ -148,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         conns = {k: psycopg.connect(url, autocommit=True) for k in ("enqueue", "claim", "finish", "upkeep", "pin")}
         pids = {k: c.info.backend_pid for k, c in conns.items() if k in ("enqueue", "claim", "finish")}
         owner = str(uuid.uuid4())
-        claims = Claims(url, owner, floors=not args.no_floors, slack=args.slack, held_slack=args.held_slack)
+        keyed = args.jobs == "keyed"
+        claims = Claims(url, owner, floors=not args.no_floors, slack=args.slack, held_slack=args.held_slack,
+                        keyed=keyed)
+        turn = [0]
         period = args.batch / args.rate
         say(f"{args.rate:,.0f} rows/s in rounds of {args.batch}; {args.before:.0f} s, then {args.pin:.0f} s pinned")
         say(HEADER)
@@ -170,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 conns["upkeep"].execute(sql.VACUUM_JOBS)
                 window.vacuum_s += time.monotonic() - began
                 next_vacuum = now + args.vacuum
-            enqueue_rows(conns["enqueue"], build_rows(args.batch))
+            enqueue_rows(conns["enqueue"], build_keyed(args.batch, turn) if keyed else build_rows(args.batch))
             began = time.monotonic()
             if claims.due_probe():
                 window.probe_s.append(time.monotonic() - began)
