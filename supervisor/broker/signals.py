@@ -33,6 +33,10 @@ from dramatiq.results import Results
 
 from .middleware import Retries
 
+# A middleware signal of the broker's (emit_before / emit_after), as its parts are given
+# it: (signal, *args, **kwargs).
+Emit = Callable[..., None]
+
 # Hooks of Dramatiq's own middleware (these exact classes, not subclasses) that do nothing
 # for a message whose options name none of PLAN_KEYS, when its actor's options (and the
 # middleware's defaults) do not ask for them: AgeLimit without a max_age,
@@ -109,7 +113,9 @@ for _name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "r
 
 
 class Signals:
-    """Mixed into PostgresBroker ahead of Dramatiq's Broker."""
+    """A base of PostgresBroker, ahead of Dramatiq's Broker: ``middleware`` as a property
+    (only a class can hold one) and Dramatiq's emit_before / emit_after, which Dramatiq
+    calls on the broker and whose hooks are given the broker itself."""
 
     logger: logging.Logger
     actors: dict[str, Any]
