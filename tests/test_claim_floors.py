@@ -55,7 +55,7 @@ def _insert(conn: psycopg.Connection, n: int, *, ago_s: float = 0.0, priority: i
 def _claim_params(broker: PostgresBroker) -> dict:
     """sql.claim's parameters for 16 rows of QUEUE, without the floors."""
     return {"queue": QUEUE, "n": 16, "owner": broker.owner, "lease_s": 30.0, "relaxed": False, **first_turn(16),
-            **broker.claims.budgets()}
+            **broker.claims._budgets()}
 
 
 def _claim_ids(broker: PostgresBroker, n: int = 50) -> set[str]:

@@ -62,7 +62,7 @@ class Claims:
         self._budget_cache: tuple[int, dict[str, Any]] | None = None
         self._limited_cache: tuple[int, frozenset[str]] | None = None
 
-    def budgets(self) -> dict[str, Any]:
+    def _budgets(self) -> dict[str, Any]:
         """Each known actor's exception and lease-loss budgets, for rows that carry none
         (computed again only when an actor was declared since)."""
         if self._budget_cache is None or self._budget_cache[0] != len(self.actors):
@@ -116,7 +116,7 @@ class Claims:
         rows = self._claiming(lambda c: c.execute(joblog.LOG_CLAIM, params).fetchall())
         if not rows:
             return []
-        out, bad = logstore.decode(rows, self.actors, self.budgets()["default_max_attempts"])
+        out, bad = logstore.decode(rows, self.actors, self._budgets()["default_max_attempts"])
         with self._handback:
             self.batches.hold([(m.message_id, m.log_row) for m in out] + [(b[0], b[3]) for b in bad])
             self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
@@ -132,7 +132,7 @@ class Claims:
         """Up to n rows of the queue in job_queue (sql.claim)."""
         floors, sweep = self.floors.params(queue)
         params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
-                  **self.budgets(), **floors, **self.gates.params(queue, n)}
+                  **self._budgets(), **floors, **self.gates.params(queue, n)}
         sent = time.monotonic()
         keyed, probe = self.gates.statement(queue)
         rows = self._claiming(lambda c: c.execute(sql.claim(n, keyed=keyed, probe=probe), params).fetchall())

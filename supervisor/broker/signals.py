@@ -33,10 +33,6 @@ from dramatiq.results import Results
 
 from .middleware import Retries
 
-# A middleware signal of the broker's (emit_before / emit_after), as its parts are given
-# it: (signal, *args, **kwargs).
-Emit = Callable[..., None]
-
 # Hooks of Dramatiq's own middleware (these exact classes, not subclasses) that do nothing
 # for a message whose options name none of PLAN_KEYS, when its actor's options (and the
 # middleware's defaults) do not ask for them: AgeLimit without a max_age,
@@ -110,6 +106,11 @@ def _forgetting(name: str) -> Callable[..., Any]:
 for _name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "reverse",
               "__setitem__", "__delitem__", "__iadd__", "__imul__"):
     setattr(MiddlewareList, _name, _forgetting(_name))
+
+
+# A middleware signal of the broker's (emit_before / emit_after), as its parts are given
+# it: (signal, *args, **kwargs).
+Emit = Callable[..., None]
 
 
 class Signals:
