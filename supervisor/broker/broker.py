@@ -155,13 +155,14 @@ class PostgresBroker(Signals, Broker):  # type: ignore[misc]
         # go, and a let go keyed by job id must not drop the new hold (it did: a job given
         # back from the log and taken again here was then lost).
         handback = threading.RLock()
-        self.floors = floors if floors is not None else ClaimFloors()  # where this process's next claim of each queue starts
+        # Where this process's next claim of each queue starts (given: a test's own slack and clock).
+        self.floors = floors if floors is not None else ClaimFloors()
         self.gates = Gates()  # the keyed part's turn cursor and announced wake-up, per queue
         # Last, so its after_process_message runs first (see Fence).
         self.fence = Fence(self.leases)
         self.add_middleware(self.fence)
         tracing.add_to(self)  # the consumer spans, first in the list (where tracing is on)
-        self._start_lock = threading.Lock()
+        self._start_lock = threading.Lock()  # each thread and pool made once, whichever part asks first
         self.connections = connections = Connections(self.pool, self.url)  # the parts' pool, or the caller's
         self.completer = Completer(self.pool, self.owner, self.batches, holds=self.leases.holds,
                                    lock=self._start_lock)
