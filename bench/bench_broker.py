@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         storage set to match (storage "log": logstore.py)."""
         name, _, mode = name.partition("/")
         executor, _, storage = name.partition(":")
-        broker.storage = storage or "table"
+        broker.storage = broker.producer.storage = storage or "table"  # this broker only sends
         env = {"SUPERVISOR_STORAGE": broker.storage}
         if mode in ("traced", "sampled"):
             env.update(OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",

@@ -101,7 +101,8 @@ def _restore_broker_fixture() -> Any:
         # consumer holding a message would hold a slot of that queue for good), and it
         # is the global broker.
         broker.middleware = list(baseline)
-        broker.actors, broker.queues = {}, {}
+        broker.actors.clear()  # in place: the broker's parts hold these dicts
+        broker.queues.clear()
         broker.queue_capacity.clear()
         dramatiq.set_broker(broker)
 

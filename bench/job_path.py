@@ -91,8 +91,7 @@ def run(url: str, jobs: int, claim: int, ack_batch: int) -> dict[str, float]:
 
     worker = WorkerThread(broker=broker, consumers={QUEUE: _Holder(consumer)},  # type: ignore[dict-item]
                           work_queue=work, worker_timeout=1000)
-    outcomes = broker
-    acks = outcomes._acks if outcomes._acks is not None else outcomes._start()[1]  # noqa: SLF001
+    acks = broker.background.acks or broker.background.start()[1]
     with acks._cond:  # noqa: SLF001  (the batcher waits: its writes are the next stage's)
         start = cpu()
         for item in items:

@@ -52,9 +52,9 @@ def main() -> None:
     for name in ("beat", "prune", "_maintain"):
         setattr(upkeep.Upkeep, name, timed(name.strip("_"), getattr(upkeep.Upkeep, name)))
     Leases.reap_expired = timed("reap", Leases.reap_expired)  # type: ignore[method-assign]
-    from supervisor.broker import PostgresBroker as _Broker
+    from supervisor.broker.completer import Completer
 
-    write_acks = _Broker._write_acks
+    write_acks = Completer.write_acks
 
     def slow_acks(self, ids, *args, **kwargs):  # an ack batch that took 50 ms or more
         start = time.time()
@@ -63,12 +63,12 @@ def main() -> None:
         finally:
             if time.time() - start >= 0.05:
                 event(start, f"acks {len(ids)}")
-    _Broker._write_acks = slow_acks  # type: ignore[method-assign]
+    Completer.write_acks = slow_acks  # type: ignore[method-assign]
     if os.environ.get("BENCH_CLAIM_TRACE") == "1":
-        from supervisor.broker import PostgresBroker
+        from supervisor.broker.claims import Claims
         from supervisor.broker.gates import Gates
 
-        claim, statement = PostgresBroker.claim, Gates.statement
+        claim, statement = Claims.claim, Gates.statement
         kind = threading.local()
 
         def traced_statement(self, queue):
@@ -83,7 +83,7 @@ def main() -> None:
             event(start, f"claim {len(got)} {(time.perf_counter() - began) * 1e6:.0f} {getattr(kind, 'value', '?')} {n}"
                          f"{' sweep' if sweep else ''}")
             return got
-        PostgresBroker.claim = traced_claim  # type: ignore[method-assign]
+        Claims.claim = traced_claim  # type: ignore[method-assign]
         Gates.statement = traced_statement  # type: ignore[method-assign]
     give_back = PostgresConsumer.give_back
 

@@ -127,8 +127,8 @@ def run_rounds(conn: psycopg.Connection, broker: PostgresBroker, queue: str, act
             (queue, actor)).fetchall()}
         claimed = broker.claim(queue, 100)
         assert {m.message_id for m in claimed} == batch
-        broker._write_acks([m.message_id for m in claimed], [m.attempts for m in claimed],
-                           [None] * len(claimed), [None] * len(claimed))
+        broker.completer.write_acks([m.message_id for m in claimed], [m.attempts for m in claimed],
+                                    [None] * len(claimed), [None] * len(claimed))
 
 
 def plan_buffers(conn: psycopg.Connection, statement: str, params: Any) -> int:

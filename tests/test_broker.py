@@ -9,11 +9,19 @@ from datetime import timedelta
 
 import dramatiq
 import pytest
+from dramatiq.broker import Broker
 from dramatiq.message import Message
 
 from supervisor.broker import PostgresBroker
 from supervisor.broker.middleware import Retries, backoff_ms
+from supervisor.broker.signals import Signals
 from tests.conftest import in_process_worker, scalar, wait_for
+
+
+def test_the_broker_is_composed_with_signals_its_one_base_besides_dramatiqs():
+    """Its parts are attributes, each given what it needs (ARCHITECTURE.md, "The broker's
+    parts"); Signals stays a base: the middleware property and the emit_* Dramatiq calls."""
+    assert PostgresBroker.__mro__ == (PostgresBroker, Signals, Broker, object)
 
 
 @pytest.fixture(scope="session")

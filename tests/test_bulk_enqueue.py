@@ -46,7 +46,7 @@ def actors(broker: PostgresBroker) -> SimpleNamespace:
 def enqueue(broker: PostgresBroker, messages: list[Message], *, copy: bool | None, conn=None,
             delay: int = 0) -> list[Message]:
     """bulk.enqueue_many with the path chosen (None: by size, as the broker does)."""
-    with broker._conn(conn) as c:
+    with broker.connections.connection(conn) as c:
         return bulk_enqueue(c, messages, actors=broker.actors, retries=broker._retries(), delay=delay, copy=copy)
 
 

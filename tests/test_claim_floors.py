@@ -4,6 +4,7 @@ not read again; sweeps (no floors) find the rows behind a floor. Real PostgreSQL
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -21,16 +22,27 @@ from tests.conftest import plan_buffers, run_rounds, scalar, wait_for
 QUEUE = "floors"
 
 
-@pytest.fixture
-def floored(broker: PostgresBroker) -> Iterator[PostgresBroker]:
-    """The broker with an actor on QUEUE, and floors that never sweep by the clock."""
+@contextlib.contextmanager
+def _floored(database_url: str, floors: ClaimFloors) -> Iterator[PostgresBroker]:
+    """A broker with an actor on QUEUE and these floors (shared by its claims, outcomes and
+    straggler probe, so given when it is made), closed after."""
+    broker = PostgresBroker(database_url, floors=floors)
 
     @dramatiq.actor(broker=broker, queue_name=QUEUE, actor_name="floors_noop")
     def floors_noop() -> None:
         pass
 
-    broker.floors = ClaimFloors(slack=0, sweep_every=3600)  # the test's rows are all of the last second
-    yield broker
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture
+def floored(database_url: str) -> Iterator[PostgresBroker]:
+    """The broker with an actor on QUEUE, and floors that never sweep by the clock."""
+    with _floored(database_url, ClaimFloors(slack=0, sweep_every=3600)) as broker:  # rows of the last second
+        yield broker
 
 
 def _insert(conn: psycopg.Connection, n: int, *, ago_s: float = 0.0, priority: int = 0) -> list[str]:
@@ -43,7 +55,7 @@ def _insert(conn: psycopg.Connection, n: int, *, ago_s: float = 0.0, priority: i
 def _claim_params(broker: PostgresBroker) -> dict:
     """sql.claim's parameters for 16 rows of QUEUE, without the floors."""
     return {"queue": QUEUE, "n": 16, "owner": broker.owner, "lease_s": 30.0, "relaxed": False, **first_turn(16),
-            **broker._budgets()}
+            **broker.claims._budgets()}
 
 
 def _claim_ids(broker: PostgresBroker, n: int = 50) -> set[str]:
@@ -192,42 +204,43 @@ def test_the_straggler_probe_makes_a_claim_sweep_only_when_a_row_waits_behind_a_
     assert probe.check() == []
 
 
-def test_while_a_transaction_holds_the_horizon_claims_take_the_held_slack(conn, floored, database_url):
+def test_while_a_transaction_holds_the_horizon_claims_take_the_held_slack(conn, database_url):
     """The probe reads how long the oldest transaction has held the horizon back; past the
     moving slack, claims start only the held slack behind their floors: under a pin the
     entries of rows claimed in the slack cannot be marked dead, and each costs a heap visit."""
     from supervisor.broker.floors import StragglerProbe
 
-    floored.floors = floors = ClaimFloors(slack=0.5, held_slack=0.005, sweep_every=3600)
-    probe = StragglerProbe(floored.pool, floors)
-    probe.watch(QUEUE, SweepSignal(floors, QUEUE, threading.Event()))
-    assert _claim_ids(floored) == set()  # the first claim sweeps; floors come with rows
-    _insert(conn, 1)
-    assert len(_claim_ids(floored)) == 1
-    probe.check()
-    assert floors.slack == floors.moving_slack  # no transaction holds the horizon
-    with psycopg.connect(database_url) as pin:
-        pin.execute("SELECT txid_current()")  # vacuum and pruning can remove nothing from here on
-        started = time.monotonic()
-        run_rounds(conn, floored, QUEUE, "floors_noop", rounds=30)
-        _insert(conn, 10)
-        # A moving slack that spans every row above, however slow this machine wrote them
-        # (at 0.5 s a loaded machine spent 1.5 s: the slack then passed over a third of them).
-        floors.moving_slack = timedelta(seconds=time.monotonic() - started + 0.5)
-        # The pin's age passes the moving slack; the probe reads it from pg_stat_activity
-        # (the server's clock, not this test's).
-        wait_for(lambda: probe.check() == [] and floors.slack == floors.held_slack, 30)
-        params = _claim_params(floored)
-        held = _buffers(conn, {**params, **floors.params(QUEUE)[0]})
-        floors.slack = floors.moving_slack
-        moving = _buffers(conn, {**params, **floors.params(QUEUE)[0]})
-        pin.rollback()
-    # 3,000 rows claimed in the last moments: the moving slack passes over most of their
-    # entries, the held one over the last few
-    assert moving > 5 * held, (moving, held)
-    probe.check()
-    assert floors.slack == floors.moving_slack  # the horizon moves again
-    assert len(floored.claim(QUEUE, 16)) == 10  # behind no floor: the rows written last
+    floors = ClaimFloors(slack=0.5, held_slack=0.005, sweep_every=3600)
+    with _floored(database_url, floors) as floored:
+        probe = StragglerProbe(floored.pool, floors)
+        probe.watch(QUEUE, SweepSignal(floors, QUEUE, threading.Event()))
+        assert _claim_ids(floored) == set()  # the first claim sweeps; floors come with rows
+        _insert(conn, 1)
+        assert len(_claim_ids(floored)) == 1
+        probe.check()
+        assert floors.slack == floors.moving_slack  # no transaction holds the horizon
+        with psycopg.connect(database_url) as pin:
+            pin.execute("SELECT txid_current()")  # vacuum and pruning can remove nothing from here on
+            started = time.monotonic()
+            run_rounds(conn, floored, QUEUE, "floors_noop", rounds=30)
+            _insert(conn, 10)
+            # A moving slack that spans every row above, however slow this machine wrote them
+            # (at 0.5 s a loaded machine spent 1.5 s: the slack then passed over a third of them).
+            floors.moving_slack = timedelta(seconds=time.monotonic() - started + 0.5)
+            # The pin's age passes the moving slack; the probe reads it from pg_stat_activity
+            # (the server's clock, not this test's).
+            wait_for(lambda: probe.check() == [] and floors.slack == floors.held_slack, 30)
+            params = _claim_params(floored)
+            held = _buffers(conn, {**params, **floors.params(QUEUE)[0]})
+            floors.slack = floors.moving_slack
+            moving = _buffers(conn, {**params, **floors.params(QUEUE)[0]})
+            pin.rollback()
+        # 3,000 rows claimed in the last moments: the moving slack passes over most of their
+        # entries, the held one over the last few
+        assert moving > 5 * held, (moving, held)
+        probe.check()
+        assert floors.slack == floors.moving_slack  # the horizon moves again
+        assert len(floored.claim(QUEUE, 16)) == 10  # behind no floor: the rows written last
 
 
 def test_a_slow_probe_round_makes_the_next_come_later_and_its_answer_stand_as_long(conn, floored, monkeypatch):

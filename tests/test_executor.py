@@ -153,8 +153,8 @@ def test_a_paused_worker_claims_nothing_and_runs_nothing_until_resumed(conn, bro
         wait_for(lambda: worker.consumers[QUEUE].consumer is not None, 10, message="the queue's consumer")
         worker.pause()
         assert all(t.paused_event.is_set() for t in [*worker.workers, *worker.consumers.values()])
-        assert broker._listener is not None
-        wakeup = broker._listener.event_for(QUEUE)
+        assert broker.background.listener is not None
+        wakeup = broker.background.listener.event_for(QUEUE)
         wakeup.clear()
         message = actor.send(1)
         # The NOTIFY reached the queue's wake-up event, which only a claim clears: the

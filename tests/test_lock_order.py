@@ -75,7 +75,7 @@ def test_heartbeats_and_ack_batches_over_the_same_rows_never_deadlock(conn, data
             gate.wait()
             try:
                 ran: list[float | None] = [time.monotonic()] * len(acked)
-                broker._write_acks(acked, [1] * len(acked), ran, ran)
+                broker.completer.write_acks(acked, [1] * len(acked), ran, ran)
             except psycopg.errors.DeadlockDetected as exc:
                 deadlocks.append(f"ack: {exc}")
             gate.wait()

@@ -255,7 +255,7 @@ def test_a_lease_lost_is_released_elsewhere_and_the_late_ack_counts_nothing(conn
         assert [r[0] for r in broker.leases.reap_expired()] == [message.message_id]
         with in_process_worker(broker, [QUEUE], executor="own"):
             broker.join(QUEUE, timeout=10_000)
-        assert lost._finish(conn, [Finish(held.message_id, held.attempts, "succeeded")]) == 0  # the fence
+        assert lost.completer.finish(conn, [Finish(held.message_id, held.attempts, "succeeded")]) == 0  # the fence
     finally:
         lost.close()
     assert ran == [9]

@@ -16,14 +16,14 @@ import psycopg
 from dramatiq.middleware import CurrentMessage
 
 import supervisor
-from supervisor.broker.outcomes import Outcomes
+from supervisor.broker.completer import Completer
 from supervisor.broker.progress import ProgressBuffer
 from supervisor.broker.timer import DueTimer
 from supervisor.worker.upkeep import Upkeep
 
 # thread name -> (class, the method that thread calls each round)
 TARGETS = {
-    "ack-batcher": (Outcomes, "_write_acks"),
+    "ack-batcher": (Completer, "write_acks"),
     "due-timer": (DueTimer, "next_due"),
     "progress-writer": (ProgressBuffer, "write"),
     "upkeep": (Upkeep, "beat"),

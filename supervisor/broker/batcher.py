@@ -1,5 +1,5 @@
 """The group commit of successes: AckBatcher collects a process's acks and writes them in
-batches on a thread of its own (the write is Outcomes._write_acks: sql.FINISH, and
+batches on a thread of its own (the write is Completer.write_acks: sql.FINISH, and
 LOG_FINISH for the log's rows), so under load commits fall far below jobs."""
 
 from __future__ import annotations

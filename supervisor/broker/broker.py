@@ -1,19 +1,23 @@
-"""PostgresBroker: Dramatiq messages stored as job rows. Its parts are mixed in: the producer
-side (producer.py), the claim (claims.py), outcomes (outcomes.py), flush and join
-(joining.py), and signals (signals.py); here its pools, threads, consume() and close()."""
+"""PostgresBroker: Dramatiq messages stored as job rows. Composed of parts, each given what
+it needs: ``producer`` (producer.py: enqueue, enqueue_many), ``claims`` (claims.py),
+``outcomes`` (outcomes.py: ack, nack, retry, limited, requeue), ``completer`` (completer.py:
+the outcomes' writes, the progress buffer), ``background`` (background.py: its threads)
+and ``queue_helpers`` (joining.py: flush, join); the middleware signals (signals.py) are
+a base. Here the state the parts share, their wiring, Dramatiq's Broker interface as
+delegations, consume() and close()."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import dramatiq
 import psycopg
 from dramatiq.broker import Broker
-from dramatiq.errors import BrokerConnectionError, QueueNotFound
+from dramatiq.errors import QueueNotFound
+from dramatiq.message import Message
 from dramatiq.middleware import (
     AgeLimit,
     Callbacks,
@@ -24,37 +28,37 @@ from dramatiq.middleware import (
     TimeLimit,
 )
 from dramatiq.results import Results
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from .. import db, defaults
 from ..identity import owner_id
-from ..registry import Registration
 from . import bulk, logstore, tracing
-from .batcher import AckBatcher
+from .background import Background
 from .capacity import Capacity
 from .claims import Claims
+from .completer import Completer
+from .connections import Connections, within
 from .consumer import PostgresConsumer
 from .fencing import Fence
-from .floors import REQUEUED, ClaimFloors, StragglerProbe, SweepSignal
+from .floors import ClaimFloors
 from .gates import Gates
 from .joining import Failures, QueueHelpers
 from .keeper import LeaseKeeper
 from .leases import Leases
-from .listener import CANCEL_CHANNEL, Listener, PipeWakeups, Wakeups
 from .message import PgMessageProxy
 from .middleware import JobOptions, Retries
 from .outcomes import Outcomes
-from .producer import Producer, _transaction
+from .producer import Producer
 from .progress import ProgressBuffer
 from .results import PostgresBackend
 from .signals import Signals
-from .timer import DueTimer
-
-log = logging.getLogger(__name__)
 
 
-# Signals makes ``middleware`` a property (a list that notices edits); Broker types it as a list.
-class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):  # type: ignore[misc]
+# Signals stays a base, not a part: it turns ``middleware`` into a property (a list that
+# notices edits), which only a class can hold, and overrides emit_before / emit_after,
+# which Dramatiq calls on the broker and whose hooks get the broker itself; a part behind
+# a delegation would add a call to each of a job's signals. Broker types middleware as a list.
+class PostgresBroker(Signals, Broker):  # type: ignore[misc]
     """A Dramatiq broker whose queues are rows of the ``jobs`` table.
 
     Parameters:
@@ -78,6 +82,11 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
         (the config's roles' ``priority``).
       storage: "log" or "table" (default: SUPERVISOR_STORAGE, else "log"): where the
         jobs it sends go, and whether its consumers claim the job log too (logstore.py).
+      floors: where this process's next claim of each queue starts (default: ClaimFloors()).
+
+    The state its parts share is made here and handed to each: ``pool``, ``owner``,
+    ``leases`` (what this process holds), ``batches`` (the log batches it holds),
+    ``floors``, ``gates``, ``failures`` and the hand-back lock.
     """
 
     def __init__(
@@ -99,6 +108,7 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
         keep_leases: bool = False,
         queue_priorities: dict[str, int] | None = None,
         storage: str | None = None,
+        floors: ClaimFloors | None = None,
     ) -> None:
         self.storage = logstore.storage(storage)
         self.url = db.resolve_url(url)
@@ -144,30 +154,47 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
         # process's own next claim may take the job back between that commit and the let
         # go, and a let go keyed by job id must not drop the new hold (it did: a job given
         # back from the log and taken again here was then lost).
-        self._handback = threading.RLock()
-        self._log_turn = 0  # claims since this process last asked job_queue (claim)
-        self.floors = ClaimFloors()  # where this process's next claim of each queue starts
+        handback = threading.RLock()
+        # Where this process's next claim of each queue starts (given: a test's own slack and clock).
+        self.floors = floors if floors is not None else ClaimFloors()
         self.gates = Gates()  # the keyed part's turn cursor and announced wake-up, per queue
         # Last, so its after_process_message runs first (see Fence).
         self.fence = Fence(self.leases)
         self.add_middleware(self.fence)
         tracing.add_to(self)  # the consumer spans, first in the list (where tracing is on)
-        self._listener: Wakeups | None = None
-        self._acks: AckBatcher | None = None
-        self._timer: DueTimer | None = None
-        self._stragglers: StragglerProbe | None = None
-        self._keeper = LeaseKeeper(self.leases) if keep_leases else None
-        self._progress: ProgressBuffer | None = None
-        self._start_lock = threading.Lock()
-        self.jobs_done = 0
-        self._claims_failing = False
-        self._budget_cache: tuple[int, dict[str, Any]] | None = None
-        self._limited_cache: tuple[int, frozenset[str]] | None = None
+        self._start_lock = threading.Lock()  # each thread and pool made once, whichever part asks first
+        self.connections = connections = Connections(self.pool, self.url)  # the parts' pool, or the caller's
+        self.completer = Completer(self.pool, self.owner, self.batches, holds=self.leases.holds,
+                                   lock=self._start_lock)
+        self.background = Background(
+            self.pool, self.owner, floors=self.floors, gates=self.gates, completer=self.completer,
+            on_cancel=self.fence.cancel, listen_url=self.listen_url, wakeup_fd=wakeup_fd,
+            keeper=LeaseKeeper(self.leases) if keep_leases else None, lock=self._start_lock)
+        self.outcomes = Outcomes(
+            connections, completer=self.completer, background=self.background, leases=self.leases,
+            batches=self.batches, floors=self.floors, failures=self.failures, actors=self.actors,
+            handback=handback, emit_before=self.emit_before, emit_after=self.emit_after)
+        self.claims = Claims(
+            connections, self.owner, storage=self.storage, lease_seconds=lease_seconds, leases=self.leases,
+            batches=self.batches, floors=self.floors, gates=self.gates, failures=self.failures,
+            actors=self.actors, handback=handback, retries=self._retries, finish=self.completer.finish,
+            background=self.background)
+        self.producer = Producer(
+            connections, storage=self.storage, actors=self.actors, queue_priorities=self.queue_priorities,
+            retries=self._retries, retry=self.outcomes.retry, emit_before=self.emit_before,
+            emit_after=self.emit_after)
+        self.queue_helpers = QueueHelpers(self.pool, self.queues, self.failures, fail_fast_default=fail_fast_default)
 
     def _connection_failed(self, pool: ConnectionPool) -> None:
         leases = getattr(self, "leases", None)  # the pool opens (and may fail) before the leases exist
         if leases is not None:
             leases.connection_failed()
+
+    def _retries(self) -> Retries | None:
+        for m in self.middleware:
+            if isinstance(m, Retries):
+                return m
+        return None
 
     # --- producer side ------------------------------------------------------
 
@@ -184,35 +211,38 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
             self.queues[queue_name] = None
             self.emit_after("declare_queue", queue_name)
 
-    @contextlib.contextmanager
-    def transaction(self, conn: psycopg.Connection) -> Iterator[psycopg.Connection]:
+    def enqueue(self, message: Message[Any], *, delay: int | None = None,
+                conn: psycopg.Connection | None = None) -> Message[Any]:
+        return self.producer.enqueue(message, delay=delay, conn=conn)
+
+    def enqueue_many(self, messages: Iterable[Message[Any]], *, delay: int | None = None,
+                     conn: psycopg.Connection | None = None) -> list[Message[Any]]:
+        """Producer.enqueue_many: many messages in one transaction, large batches by COPY."""
+        return self.producer.enqueue_many(messages, delay=delay, conn=conn)
+
+    def transaction(self, conn: psycopg.Connection) -> AbstractContextManager[psycopg.Connection]:
         """Enqueue inside the caller's transaction: ``actor.send()`` calls in this
         block write through ``conn``, so the jobs exist if and only if the
         caller's transaction commits."""
-        token = _transaction.set(conn)
-        try:
-            yield conn
-        finally:
-            _transaction.reset(token)
+        return within(conn)
 
-    def _retries(self) -> Retries | None:
-        for m in self.middleware:
-            if isinstance(m, Retries):
-                return m
-        return None
+    # --- Dramatiq's test helpers (joining.py) ---------------------------------
 
-    @contextlib.contextmanager
-    def _conn(self, conn: psycopg.Connection | None = None, *, pool: ConnectionPool | None = None,
-              timeout: float = 10.0) -> Iterator[psycopg.Connection]:
-        conn = conn or (None if pool else _transaction.get())
-        if conn is not None:
-            yield conn
-            return
-        try:
-            with (pool or self.pool).connection(timeout=timeout) as pooled:
-                yield pooled
-        except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise BrokerConnectionError(f"database unavailable ({db.redact(self.url)}): {exc}") from exc
+    def flush(self, queue_name: str) -> None:
+        self.queue_helpers.flush(queue_name)
+
+    def flush_all(self) -> None:
+        self.queue_helpers.flush_all()
+
+    def join(self, queue_name: str, *, timeout: int | None = None, fail_fast: bool | None = None) -> None:
+        self.queue_helpers.join(queue_name, timeout=timeout, fail_fast=fail_fast)
+
+    @property
+    def dead_letters(self) -> list[PgMessageProxy]:
+        return self.queue_helpers.dead_letters
+
+    def forget_failures(self) -> None:
+        self.queue_helpers.forget_failures()
 
     # --- worker side --------------------------------------------------------
 
@@ -236,69 +266,45 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
                                                 name="actors")
             return self._actor_pool
 
-    def _wakeups(self) -> Wakeups:
-        handlers = {CANCEL_CHANNEL: self.fence.cancel}
-        if self.wakeup_fd is not None:
-            return PipeWakeups(self.wakeup_fd, on_notify=handlers)
-        if self.listen_url:
-            return Listener(self.listen_url, on_notify=handlers)
-        return Wakeups("no-wakeups", on_notify=handlers)  # consumers poll
+    def claim(self, queue: str, n: int, *, idle: bool = False) -> list[PgMessageProxy]:
+        return self.claims.claim(queue, n, idle=idle)
 
-    def _start(self) -> tuple[Wakeups, AckBatcher]:
-        with self._start_lock:
-            if self._listener is None:
-                self._listener = self._wakeups()
-                self._listener.start()
-            if self._acks is None:
-                self._acks = AckBatcher(self._write_acks)
-                self._acks.start()
-            if self._timer is None:
-                self._timer = DueTimer(self.pool)
-                self._listener.on_gate = self._gate_opens  # a peer's '~queue seconds'
-                self._listener.on_waiting = self.gates.waiting  # '+queue'
-                self._timer.on_fire = self.gates.wake
-                self._timer.start()
-            if self._stragglers is None:
-                self._stragglers = StragglerProbe(self.pool, self.floors)
-                self._stragglers.start()
-            return self._listener, self._acks
+    def ack(self, message: PgMessageProxy, on_written: Callable[[int], None] | None = None) -> None:
+        self.outcomes.ack(message, on_written)
 
-    def _serve(self, queue_name: str, prefetch: int) -> tuple[threading.Event, Capacity]:
-        """A queue consumer's wake-up event (NOTIFY or the due timer) and in-flight bound."""
-        listener, _ = self._start()
-        with self._start_lock:
-            if self._keeper is not None and self._keeper.ident is None:
-                # Each queue holds up to its own prefetch (Dramatiq's consumers are per queue).
-                self._keeper.register_as(
-                    Registration(self.pool, self.owner, role=defaults.DRAMATIQ_ROLE, queues=sorted(self.queues),
-                                 capacity=prefetch * len(self.queues), beat_seconds=self._keeper.beat_seconds),
-                    done=lambda: self.jobs_done)
-                self._keeper.start()
-        assert self._timer is not None
-        wakeup = self._timer.serve(queue_name, listener)
-        sweep = SweepSignal(self.floors, queue_name, wakeup)
-        listener.watch(REQUEUED + queue_name, sweep)
-        assert self._stragglers is not None
-        self._stragglers.watch(queue_name, sweep)
-        with self._start_lock:
-            bound = self.queue_capacity.setdefault(queue_name, Capacity(prefetch, within=self.capacity))
-        bound.set_limit(prefetch)
-        return wakeup, bound
+    def nack(self, message: PgMessageProxy) -> None:
+        self.outcomes.nack(message)
+
+    def limited(self, message: PgMessageProxy, seconds: float) -> PgMessageProxy:
+        """The actor raised ``supervisor.RateLimited`` (Retries calls it: Outcomes.limited)."""
+        return self.outcomes.limited(message, seconds)
+
+    def requeue(self, messages: Iterable[PgMessageProxy], reason: str = "requeued unstarted on drain") -> int:
+        return self.outcomes.requeue(messages, reason)
+
+    @property
+    def jobs_done(self) -> int:
+        """Attempts this process finished (acked or failed: Outcomes)."""
+        return self.outcomes.jobs_done
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 30000) -> PostgresConsumer:
         if queue_name not in self.queues:
             raise QueueNotFound(queue_name)
-        wakeup, bound = self._serve(queue_name, prefetch)
+        claims, outcomes = self.claims, self.outcomes
+        wakeup = self.background.serve(queue_name, prefetch, self.queues, done=lambda: outcomes.jobs_done)
+        with self._start_lock:
+            bound = self.queue_capacity.setdefault(queue_name, Capacity(prefetch, within=self.capacity))
+        bound.set_limit(prefetch)
         return PostgresConsumer(
             queue_name,
             prefetch=prefetch,
             timeout_ms=timeout,
-            claim=lambda queue, n, idle: self.claim(queue, n, idle=idle),
+            claim=lambda queue, n, idle: claims.claim(queue, n, idle=idle),
             wakeup=wakeup,
             capacity=bound,
             claiming=self.claiming,
             poll_interval=self.poll_interval,
-            outcomes=self,
+            outcomes=outcomes,
             priority=self._actor_priority,
         )
 
@@ -307,35 +313,16 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
         return 0 if actor is None else actor.priority
 
     def progress_buffer(self) -> ProgressBuffer:
-        """This process's progress reports, written by their own thread, started on
-        first use (``supervisor.progress`` keeps its ``record`` for the job)."""
-        progress = self._progress
-        if progress is None:
-            with self._start_lock:
-                if self._progress is None:
-                    self._progress = ProgressBuffer(self.pool, holds=self.leases.holds)
-                    self._progress.start()
-                progress = self._progress
-        return progress
+        """This process's progress reports (Completer.progress_buffer)."""
+        return self.completer.progress_buffer()
 
     def flush_acks(self, timeout: float | None = None) -> bool:
-        return self._acks.flush(timeout) if self._acks else True
+        return self.background.flush_acks(timeout)
 
     def close(self) -> None:
-        if self._acks is not None:
-            self._acks.stop(timeout=10)
-        if self._progress is not None:
-            self._progress.stop()
-            try:
-                with self.pool.connection(timeout=10) as c:
-                    self._progress.write(c)
-            except Exception as exc:
-                log.warning("could not write the last progress reports: %s", exc)
-        if self._listener is not None:
-            self._listener.stop()
-        for thread in (self._timer, self._stragglers, self._keeper):
-            if thread is not None:
-                thread.stop()
+        self.background.stop_acks()  # the last acks written, then the last progress reports
+        self.completer.close()
+        self.background.stop()
         for m in self.middleware:
             if isinstance(m, Results) and isinstance(m.backend, PostgresBackend):
                 m.backend.close()

@@ -1,6 +1,6 @@
-"""The claim side of PostgresBroker (mixed in): a claim of the log and of job_queue, in
-the order the broker's storage says, and what a claim learns (flow control's late keys
-and gates, the floors of floors.py)."""
+"""The claim side of PostgresBroker (``broker.claims``): a claim of the log and of
+job_queue, in the order the broker's storage says, and what a claim learns (flow
+control's late keys and gates, the floors of floors.py)."""
 
 from __future__ import annotations
 
@@ -8,24 +8,23 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from dramatiq.errors import ActorNotFound, BrokerConnectionError
-from psycopg_pool import ConnectionPool
 
 from .. import defaults
 from . import late_keys, logstore, sql
+from .background import Background
 from .completer import Finish
+from .connections import Connections
 from .floors import ClaimFloors
 from .gates import Gates
 from .joining import Failures
 from .leases import Leases
-from .listener import Wakeups
 from .message import PgMessageProxy, decode_claimed
 from .middleware import Retries, claim_budgets
 from .sql import joblog
-from .timer import DueTimer
 
 T = TypeVar("T")
 # How long a claim waits for a connection while claims are failing (see Claims._claiming).
@@ -33,31 +32,35 @@ CLAIM_TIMEOUT_IN_OUTAGE = 0.25
 
 
 class Claims:
-    owner: str
-    pool: ConnectionPool
-    storage: str
-    lease_seconds: float
-    leases: Leases
-    batches: logstore.Batches
-    floors: ClaimFloors
-    gates: Gates
-    failures: Failures
-    actors: dict[str, Any]  # dramatiq's Broker: the declared actors by name
-    _listener: Wakeups | None
-    _timer: DueTimer | None
-    _log_turn: int
-    _claims_failing: bool
-    _handback: threading.RLock  # see PostgresBroker.__init__
-    _budget_cache: tuple[int, dict[str, Any]] | None
-    _limited_cache: tuple[int, frozenset[str]] | None
+    """Claims rows for this process's consumers (``claim``): leases them to ``owner``
+    (``leases``; the log's batches in ``batches``), keeps each queue's floor and gate,
+    and writes back at once what a claim cannot run (late keys through ``finish``,
+    unreadable rows through the leases). Its own state: the turn between the log and
+    job_queue, whether claims are failing, and its caches of the actors' budgets."""
 
-    if TYPE_CHECKING:  # provided by PostgresBroker and Outcomes (never defined here: MRO)
-        def _conn(self, conn: psycopg.Connection | None = None, *, pool: ConnectionPool | None = None,
-                  timeout: float = 10.0) -> contextlib.AbstractContextManager[psycopg.Connection]: ...
-
-        def _retries(self) -> Retries | None: ...
-
-        def _finish(self, conn: psycopg.Connection, rows: Sequence[Finish], progress: Any = None) -> int: ...
+    def __init__(self, connections: Connections, owner: str, *, storage: str, lease_seconds: float, leases: Leases,
+                 batches: logstore.Batches, floors: ClaimFloors, gates: Gates, failures: Failures,
+                 actors: dict[str, Any], handback: threading.RLock, retries: Callable[[], Retries | None],
+                 finish: Callable[[psycopg.Connection, Sequence[Finish]], int], background: Background) -> None:
+        self.connections = connections
+        self.pool = connections.pool
+        self.owner = owner
+        self.storage = storage
+        self.lease_seconds = lease_seconds
+        self.leases = leases
+        self.batches = batches
+        self.floors = floors
+        self.gates = gates
+        self.failures = failures
+        self.actors = actors  # dramatiq's Broker's: the declared actors by name (the same dict)
+        self.background = background  # its listener and timer, once started: a claim's word on limit keys
+        self._handback = handback  # see PostgresBroker.__init__
+        self._retries = retries
+        self._finish = finish
+        self._log_turn = 0  # claims since this process last asked job_queue (claim)
+        self._claims_failing = False
+        self._budget_cache: tuple[int, dict[str, Any]] | None = None
+        self._limited_cache: tuple[int, frozenset[str]] | None = None
 
     def _budgets(self) -> dict[str, Any]:
         """Each known actor's exception and lease-loss budgets, for rows that carry none
@@ -95,7 +98,7 @@ class Claims:
         # at once, and each try makes the pool attempt a fresh connection.
         timeout = CLAIM_TIMEOUT_IN_OUTAGE if self._claims_failing else 10.0
         try:
-            with self._conn(pool=self.pool, timeout=timeout) as c:
+            with self.connections.connection(own=True, timeout=timeout) as c:
                 result = statement(c)
         except BrokerConnectionError:
             self._claims_failing = True
@@ -166,16 +169,10 @@ class Claims:
         rows = [Finish(k.message.message_id, k.message.attempts, "requeue",
                        reason="keyed by its actor's limits (its producer did not know them)") for k in late]
         with self._handback:
-            with self._conn(pool=self.pool) as c, c.transaction():
+            with self.connections.connection(own=True) as c, c.transaction():
                 c.execute(sql.KEY_LATE, late_keys.params(self.owner, late))
                 self._finish(c, rows)
             self.leases.let_go(*(k.message.message_id for k in late))
-
-    def _gate_opens(self, queue: str, seconds: float) -> None:
-        """A peer's '~queue seconds': a limit key of the queue opens then (it has waiting rows)."""
-        self.gates.gated(queue)
-        if self._timer is not None:
-            self._timer.due_in(queue, seconds)
 
     def _gated(self, queue: str, n: int, meta: tuple[Any, ...]) -> None:
         """A claim's word on the queue's limit keys: whether it has waiting rows, where its
@@ -186,7 +183,7 @@ class Claims:
         if wait is None:
             return
         if wait <= 0:
-            if self._listener is not None:
-                self._listener.event_for(queue).set()
-        elif self._timer is not None:
-            self._timer.due_in(queue, float(wait))
+            if self.background.listener is not None:
+                self.background.listener.event_for(queue).set()
+        elif self.background.timer is not None:
+            self.background.timer.due_in(queue, float(wait))

@@ -3,10 +3,15 @@ the log: the one place the outcome statements (sql.FINISH, joblog.LOG_FINISH) ge
 parameters, whoever writes them: the worker's ack batcher and nack (outcomes.py), a
 fenced job's release by its own process (leases.py), the claim's rows that cannot become
 messages (claims.py). River's JobCompleter is the model: one writer of outcomes.
+``Completer`` is the broker's part that writes them (the ack batcher's batches, and
+every other outcome of its claims), and owns the progress buffer whose latest report
+lands with each outcome.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,10 +20,14 @@ from typing import Any
 import psycopg
 from psycopg.errors import UniqueViolation
 from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool
 
 from .. import db
-from . import logstore
+from . import logstore, sql
+from .progress import Holds, ProgressBuffer
 from .sql import joblog
+
+log = logging.getLogger(__name__)
 
 
 def ago_us(now: float, at: float | None) -> int | None:
@@ -78,7 +87,7 @@ def log_columns(where: Sequence[logstore.LogRow], ended: Sequence[int]) -> dict[
     """The parameters sql.LOG_FINISH has beyond sql.FINISH's: each row's place in the log
     (its queue, actor and creation too: the done row keeps them for the reads), and the
     batches whose every outcome is then written (``ended``); no stored results (the
-    broker's writes add them: Outcomes._log_outcomes)."""
+    broker's writes add them: Completer._log_outcomes)."""
     return {"queues": db.array_text([w.queue for w in where]), "actors": db.array_text([w.actor for w in where]),
             "created": db.array_text([w.created_at for w in where]),
             "seqs": db.array_ints([w.seq for w in where]), "days": db.array_text([w.day for w in where]),
@@ -141,3 +150,101 @@ def ack_params(owner: str, ids: Sequence[str], attempts: Sequence[int], started:
 # The columns only failures, retries and requeues carry (NULL arrays: unnest pads them).
 _NO_FAILURE: dict[str, Any] = {"errors": None, "error_types": None, "error_wheres": None, "reasons": None,
                                "delays_ms": None, "options": None, "payloads": None}
+
+
+class Completer:
+    """The broker's writer of its claims' outcomes: the ack batcher's batches of successes
+    (write_acks) and any mix of outcomes (finish), each job to sql.FINISH or, claimed from
+    the log (``batches``), to LOG_FINISH; fenced by ``owner`` and attempt. It owns the
+    progress buffer (started on first use), so a job's latest report lands with its outcome."""
+
+    def __init__(self, pool: ConnectionPool, owner: str, batches: logstore.Batches, *, holds: Holds,
+                 lock: threading.Lock) -> None:
+        self.pool = pool
+        self.owner = owner
+        self.batches = batches
+        self.progress: ProgressBuffer | None = None
+        self._holds = holds  # whether this process still runs a job (the progress buffer forgets the rest)
+        self._lock = lock  # the broker's start lock: one progress buffer, whoever asks first
+
+    def progress_buffer(self) -> ProgressBuffer:
+        """This process's progress reports, written by their own thread, started on
+        first use (``supervisor.progress`` keeps its ``record`` for the job)."""
+        progress = self.progress
+        if progress is None:
+            with self._lock:
+                if self.progress is None:
+                    self.progress = ProgressBuffer(self.pool, holds=self._holds)
+                    self.progress.start()
+                progress = self.progress
+        return progress
+
+    def close(self) -> None:
+        """Stop the progress buffer, writing its last reports."""
+        if self.progress is None:
+            return
+        self.progress.stop()
+        try:
+            with self.pool.connection(timeout=10) as c:
+                self.progress.write(c)
+        except Exception as exc:
+            log.warning("could not write the last progress reports: %s", exc)
+
+    def write_acks(self, ids: list[str], attempts: list[int], started: list[float | None],
+                   ended: list[float | None]) -> None:
+        """A batch of successes (the ack batcher's write): sql.FINISH, as every outcome (and
+        sql.LOG_FINISH for the jobs claimed from the log, through finish)."""
+        with self.pool.connection(timeout=10) as c:
+            if self.batches:
+                logged, where = self.batches.split(ids)
+                if logged:
+                    self._ack_log(c, [ids[i] for i in logged], [attempts[i] for i in logged],
+                                  [started[i] for i in logged], [ended[i] for i in logged], where)
+                    kept = set(logged)
+                    rest = [i for i in range(len(ids)) if i not in kept]
+                    if not rest:
+                        return
+                    ids, attempts = [ids[i] for i in rest], [attempts[i] for i in rest]
+                    started, ended = [started[i] for i in rest], [ended[i] for i in rest]
+            if self.progress is None:
+                c.execute(sql.FINISH, ack_params(self.owner, ids, attempts, started, ended))
+                return
+            with self.progress.for_ack(c, ids) as progress:  # a job's latest report lands with its ack
+                c.execute(sql.FINISH, ack_params(self.owner, ids, attempts, started, ended, progress))
+
+    def finish(self, conn: psycopg.Connection, rows: Sequence[Finish], progress: Any = None) -> int:
+        """Write these outcomes (the one way any attempt's outcome is written); how many
+        rows were still this process's to finish. Rows claimed from the log go to
+        sql.LOG_FINISH, the others to sql.FINISH: each fenced its own way, one statement."""
+        logged: list[Finish] = []
+        rest: list[Finish] = []
+        for r in rows:
+            (logged if self.batches and self.batches.row(r.id) is not None else rest).append(r)
+        written = int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rest, progress)))) if rest else 0
+        return written + (self._finish_log(conn, logged) if logged else 0)
+
+    def _ack_log(self, conn: psycopg.Connection, ids: list[str], attempts: list[int], started: list[float | None],
+                 ended: list[float | None], where: list[logstore.LogRow]) -> None:
+        """A batch of successes of log rows: sql.LOG_FINISH with ack_params' columns (no
+        Finish per job, as for job_queue's acks)."""
+        self._log_outcomes(conn, ids, lambda progress, done: {
+            **ack_params(self.owner, ids, attempts, started, ended, progress), **log_columns(where, done)})
+
+    def _finish_log(self, conn: psycopg.Connection, rows: Sequence[Finish]) -> int:
+        """sql.LOG_FINISH for outcomes of log rows of any kind."""
+        where = [w for r in rows if (w := self.batches.row(r.id)) is not None]
+        return self._log_outcomes(conn, [r.id for r in rows], lambda progress, done: log_finish_params(
+            self.owner, rows, where, done, progress))
+
+    def _log_outcomes(self, conn: psycopg.Connection, ids: list[str],
+                      params: Callable[[Any, list[int]], dict[str, Any]]) -> int:
+        """write_log_outcomes, a job's latest progress report and its stored result landing
+        with its outcome (as with sql.FINISH's acks)."""
+        results = self.batches.results(ids)
+        if results is not None:
+            given = params
+            params = lambda progress, done: {**given(progress, done), "results": results}  # noqa: E731
+        if self.progress is None:
+            return write_log_outcomes(conn, self.batches, ids, lambda done: params(None, done))
+        with self.progress.for_ack(conn, ids) as progress:
+            return write_log_outcomes(conn, self.batches, ids, lambda done: params(progress, done))

@@ -28,7 +28,7 @@ OUTAGE_RETRY_SECONDS = 0.1
 
 
 class Outcomes(Protocol):
-    """Where a consumer writes what became of a message (the broker)."""
+    """Where a consumer writes what became of a message (the broker's ``outcomes``)."""
 
     def ack(self, message: PgMessageProxy, on_written: Callable[[int], None] | None = None) -> None: ...
     def nack(self, message: PgMessageProxy) -> None: ...

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .sql.flow import ANNOUNCE_MARGIN  # a gate announced again only when sooner by this
+
 # Prefix of the NOTIFY payload '~queue seconds' (sql/flow.py's kannounce, sql.FINISH's limited).
 GATE = "~"
 # Prefix of the NOTIFY payload '+queue': the queue has waiting rows now (the insert trigger,
@@ -29,10 +31,6 @@ PROBE_SECONDS = 2.0
 # PROBE_SECONDS; meanwhile its plain rows are claimed at a plain claim's cost. A gate of a
 # key read opens on time (the timer), a notice ('+queue') ends the pause.
 CUT_PAUSE = 0.05
-# A gate's opening is announced again only when sooner by this much than the one announced
-# (the claims of several processes see the same time give or take their clocks' jitter:
-# re-announcing it would wake every process for nothing). sql/flow.py's kannounce.
-ANNOUNCE_MARGIN = 0.01
 # Keys a claim may visit: enough for half of them gated at each claim, and a bound on
 # what one claim reads when most are (the rest is for the next claim, at once).
 EXTRA_KEYS = 16

@@ -95,13 +95,16 @@ def detached(exception: BaseException) -> BaseException:
 
 
 class QueueHelpers:
-    """Mixed into PostgresBroker: Dramatiq's flush, flush_all and join, and the
-    stub broker's ``dead_letters``."""
+    """PostgresBroker's ``queue_helpers``: Dramatiq's flush, flush_all and join, and the
+    stub broker's ``dead_letters``, over the broker's declared ``queues`` (the same dict)
+    and the ``failures`` its outcomes record."""
 
-    pool: ConnectionPool
-    queues: dict[str, None]
-    failures: Failures
-    fail_fast_default: bool
+    def __init__(self, pool: ConnectionPool, queues: dict[str, None], failures: Failures, *,
+                 fail_fast_default: bool) -> None:
+        self.pool = pool
+        self.queues = queues
+        self.failures = failures
+        self.fail_fast_default = fail_fast_default
 
     def flush(self, queue_name: str) -> None:
         """Drop the queue's pending and retryable jobs."""

@@ -117,7 +117,7 @@ class Retries(dramatiq.middleware.Retries):
             delay = backoff_ms(attempt, base, cap)
         self.logger.info("Retrying message %r in %d milliseconds.", message.message_id, delay)
         # The proxy goes back as it came, as in Dramatiq's Retries (PostgresBroker.enqueue
-        # retries it in place); dramatiq types enqueue for a Message only.
+        # hands it to Outcomes.retry, which retries it in place); dramatiq types enqueue for a Message only.
         broker.enqueue(message, delay=delay)  # type: ignore[arg-type]
 
 

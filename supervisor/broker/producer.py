@@ -1,47 +1,45 @@
-"""The producer side of PostgresBroker (mixed in): a message becomes a row of the job
-log (a plain job, at the default storage) or of job_queue (one that needs its columns:
-delayed, keyed, limited, or storage "table"), in the caller's transaction or in one of
-its own written again on a fresh connection if the server ends it (sending.py)."""
+"""The producer side of PostgresBroker (``broker.producer``): a message becomes a row of
+the job log (a plain job, at the default storage) or of job_queue (one that needs its
+columns: delayed, keyed, limited, or storage "table"), in the caller's transaction or in
+one of its own written again on a fresh connection if the server ends it (sending.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from dramatiq.message import Message
-from psycopg_pool import ConnectionPool
 
 from .. import defaults
 from . import bulk, logstore, sending, tracing
+from .connections import Connections, callers_transaction
 from .message import PgMessageProxy, body_columns
 from .middleware import Retries
+from .signals import Emit
 from .sql import joblog
 
 T = TypeVar("T")
-# The caller's connection inside PostgresBroker.transaction(): sends write through it.
-_transaction: contextvars.ContextVar[psycopg.Connection | None] = contextvars.ContextVar(
-    "actor_supervisor_transaction", default=None
-)
-
 
 class Producer:
-    url: str
-    pool: ConnectionPool
-    storage: str
-    actors: dict[str, Any]  # dramatiq's Broker: the declared actors by name
-    queue_priorities: dict[str, int]
+    """Sends for any process: given the broker's ``connections``, its ``storage``, the
+    declared ``actors`` and the queues' default priorities, its Retries middleware
+    (``retries``: looked up per send, the list may change), where a retried proxy goes
+    (``retry``: the worker's outcomes) and the middleware signals of a send."""
 
-    if TYPE_CHECKING:  # provided by PostgresBroker, Outcomes and dramatiq's Broker (never defined here: MRO)
-        def _retries(self) -> Retries | None: ...
-
-        def _retry(self, message: PgMessageProxy, delay: int | None) -> PgMessageProxy: ...
-
-        def emit_before(self, signal: str, *args: Any, **kwargs: Any) -> None: ...
-
-        def emit_after(self, signal: str, *args: Any, **kwargs: Any) -> None: ...
+    def __init__(self, connections: Connections, *, storage: str, actors: dict[str, Any],
+                 queue_priorities: dict[str, int], retries: Callable[[], Retries | None],
+                 retry: Callable[[PgMessageProxy, int | None], PgMessageProxy], emit_before: Emit,
+                 emit_after: Emit) -> None:
+        self.connections = connections
+        self.storage = storage
+        self.actors = actors  # dramatiq's Broker's: the declared actors by name (the same dict)
+        self.queue_priorities = queue_priorities
+        self._retries = retries
+        self._retry = retry
+        self._emit_before = emit_before
+        self._emit_after = emit_after
 
     def _row(self, message: Message[Any], delay: int | None) -> dict[str, Any]:
         actor = self.actors.get(message.actor_name)
@@ -90,7 +88,7 @@ class Producer:
         if isinstance(message, PgMessageProxy):
             # A retry: Retries hands the proxy back. dramatiq types enqueue Message -> Message only.
             return self._retry(message, delay)  # type: ignore[return-value]
-        self.emit_before("enqueue", message, delay)
+        self._emit_before("enqueue", message, delay)
         with tracing.active.sending([message]) if tracing.active else contextlib.nullcontext():
             (logged,) = self._log_rows([message]) if not delay else (None,)
             if logged is not None:
@@ -99,7 +97,7 @@ class Producer:
             else:
                 row = self._row(message, delay)
                 message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
-        self.emit_after("enqueue", message, delay)
+        self._emit_after("enqueue", message, delay)
         return message
 
     def _log_writer(self, rows: list[tuple[Any, ...]], rest: Callable[[psycopg.Connection], T], *,
@@ -171,7 +169,8 @@ class Producer:
         """A producer's write: on the caller's connection (its transaction, never
         written again here: see sending.py), else on the pool's, again on a fresh one
         if the server ends it (BrokerConnectionError once that has not helped)."""
-        callers = conn or _transaction.get()
+        callers = conn or callers_transaction.get()
         if callers is not None:
             return write(callers)
-        return sending.write_retrying(self.pool, self.url, write, what, give_up_after=defaults.ENQUEUE_RETRY_SECONDS)
+        return sending.write_retrying(self.connections.pool, self.connections.url, write, what,
+                                      give_up_after=defaults.ENQUEUE_RETRY_SECONDS)

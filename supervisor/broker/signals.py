@@ -108,8 +108,15 @@ for _name in ("append", "extend", "insert", "remove", "pop", "clear", "sort", "r
     setattr(MiddlewareList, _name, _forgetting(_name))
 
 
+# A middleware signal of the broker's (emit_before / emit_after), as its parts are given
+# it: (signal, *args, **kwargs).
+Emit = Callable[..., None]
+
+
 class Signals:
-    """Mixed into PostgresBroker ahead of Dramatiq's Broker."""
+    """A base of PostgresBroker, ahead of Dramatiq's Broker: ``middleware`` as a property
+    (only a class can hold one) and Dramatiq's emit_before / emit_after, which Dramatiq
+    calls on the broker and whose hooks are given the broker itself."""
 
     logger: logging.Logger
     actors: dict[str, Any]

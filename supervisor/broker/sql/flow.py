@@ -31,7 +31,11 @@ last. A wait earlier than the one this process announced last goes out as NOTIFY
 starts its job without a poll (a freed slot wakes the queue through the release trigger).
 """
 
-from ..gates import ANNOUNCE_MARGIN  # a wait is announced only when sooner than the last by this
+# A gate's opening is announced again only when sooner by this much than the one announced
+# (the claims of several processes see the same time give or take their clocks' jitter:
+# re-announcing it would wake every process for nothing): kannounce below, and gates.py.
+# Defined here, with the statement, so the store's SQL imports nothing of the broker.
+ANNOUNCE_MARGIN = 0.01
 
 # A bucket fills up to its burst, plus what it refills in CARRY_SECONDS (at most half a
 # token): the time between a token falling due and the claim that takes it (the timer's
