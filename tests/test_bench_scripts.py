@@ -70,7 +70,7 @@ SMALL: dict[str, tuple[str, str]] = {
     "connections": ("--jobs 300 --processes 1 --threads 2", "host: peak"),
     "job_path": ("--jobs 300 --repeat 1", "medians, us of CPU per job"),
     "async_jobs": ("--jobs 50 --seconds 0.2 --threads 2 --limits 50 --runs 1", "most at once"),
-    "pin_statements": ("--jobs keyed --rate 200 --batch 20 --before 1 --pin 1 --window 1 --vacuum 1", "claim:"),
+    "pin_statements": ("--jobs keyed --rate 200 --batch 20 --before 1 --pin 1 --window 1 --vacuum 1", "shared hit"),
     "claim_priorities": ("--delayed 0,100 --runs 5", "claim of 32, pooled"),
     "db_floor": ("--jobs 300 --batch 32 --connections 1 --repeat 1", "backend CPU per job"),
     "live_scale": ("--finished 2000 --running 4 --runs 1", "live rows of a queue"),
