@@ -152,3 +152,7 @@ HTTP_HOST = "127.0.0.1"
 HTTP_PORT = 9191
 # prometheus_client's multiprocess directory: set by the master for its children.
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# How long a group step of supervisor.pipeline keeps its fan-in (the members' results and
+# count, broker/fanin.py) for its slowest member: then the upkeep's prune deletes it.
+FANIN_TTL_MS = 7 * 86400 * 1000

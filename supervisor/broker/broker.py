@@ -34,12 +34,15 @@ from .batcher import AckBatcher
 from .capacity import Capacity
 from .claims import Claims
 from .consumer import PostgresConsumer
+from .fanin import GroupSteps
 from .fencing import Fence
 from .floors import REQUEUED, ClaimFloors, StragglerProbe, SweepSignal
 from .gates import Gates
+from .groups import GroupCallbacks
 from .joining import Failures, QueueHelpers
 from .keeper import LeaseKeeper
 from .leases import Leases
+from .limiter import PostgresBackend as LimiterBackend
 from .listener import CANCEL_CHANNEL, Listener, PipeWakeups, Wakeups
 from .message import PgMessageProxy
 from .middleware import JobOptions, Retries
@@ -109,13 +112,18 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
         self.wakeup_fd = wakeup_fd
         self._actor_pool_size = actor_pool_size
         self._actor_pool: ConnectionPool | None = None
+        # Dramatiq's rate-limiter backend on this database, for group completion callbacks
+        # and the fan-in of groups in supervisor.pipeline (limiter.py, groups.py, fanin.py).
+        self.limiter = LimiterBackend(url=self.url, pool=self.pool, listen_url=self.listen_url)
         if middleware is None:
             middleware = [
                 AgeLimit(),
                 TimeLimit(),
                 ShutdownNotifications(),
                 Callbacks(),
+                GroupCallbacks(self.limiter),
                 Pipelines(),
+                GroupSteps(self.limiter),  # before Retries: its after hook sees a member failed for good
                 Retries(max_retries=max_retries, min_backoff=min_backoff, max_backoff=max_backoff),
                 # Actors with store_results=True keep their results in job_results.
                 Results(backend=PostgresBackend(url=self.url, pool=self.pool, listen_url=self.listen_url)),
@@ -339,6 +347,7 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
         for m in self.middleware:
             if isinstance(m, Results) and isinstance(m.backend, PostgresBackend):
                 m.backend.close()
+        self.limiter.close()
         if self._actor_pool is not None:
             self._actor_pool.close()
         self.pool.close()
