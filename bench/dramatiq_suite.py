@@ -34,8 +34,9 @@ EXECUTOR_ENV = "SUPERVISOR_SUITE_EXECUTOR"
 # in-memory queue objects, its class, synchronous delivery), of a broker without the
 # Results middleware (this one always has it), of Dramatiq's CLI, whose subprocesses run
 # Dramatiq's own brokers, and one that fails without this plugin too.
-# The tests parametrized over result and rate-limiter backends run with Dramatiq's stub
-# backends only (see BACKEND_PARAMS).
+# The tests parametrized over result backends run with Dramatiq's stub backend only, those
+# over rate-limiter backends with supervisor.rate_limits.PostgresBackend ("postgres", on
+# the broker's database, its keys emptied before each test) and the stub (see BACKEND_PARAMS).
 EXCLUDED: dict[str, str] = {
     "tests/test_redis.py": "the RedisBroker",
     "tests/test_rabbitmq.py": "the RabbitmqBroker",
@@ -56,6 +57,8 @@ EXCLUDED: dict[str, str] = {
     "tests/test_cli.py": "the dramatiq CLI on a RedisBroker (waits for a Redis server)",
     "tests/test_watch.py": "the dramatiq CLI's --watch on a RedisBroker",
     "tests/test_pidfile.py": "the dramatiq CLI on a StubBroker of its own (its reload test fails here without this plugin too)",
+    "tests/test_composition.py::test_groups_with_completion_callbacks_fail_unless_group_callbacks_is_set_up":
+        "this broker installs GroupCallbacks (on supervisor.rate_limits.PostgresBackend) by default (issue 41)",
 }
 
 
@@ -146,15 +149,27 @@ def _stub_backends_fixtures() -> dict[str, Any]:
     from dramatiq.rate_limits import backends as rate_limit_backends
     from dramatiq.results import backends as result_backends
 
+    from supervisor.rate_limits import PostgresBackend
+
     @pytest.fixture(name="rate_limiter_backends")
-    def rate_limiter_backends() -> dict[str, Any]:
-        return {"stub": rate_limit_backends.StubBackend()}
+    def rate_limiter_backends() -> Iterator[dict[str, Any]]:
+        broker = _broker()
+        with broker.pool.connection() as c:  # the same keys recur from test to test
+            c.execute("TRUNCATE limiter_keys, group_arrivals")
+        postgres = PostgresBackend(url=broker.url)
+        yield {"stub": rate_limit_backends.StubBackend(), "postgres": postgres}
+        postgres.close()
+
+    @pytest.fixture(name="rate_limiter_backend", params=["postgres", "stub"])
+    def rate_limiter_backend(request: Any, rate_limiter_backends: dict[str, Any]) -> Any:
+        return rate_limiter_backends[request.param]
 
     @pytest.fixture(name="result_backends")
     def result_backends_() -> dict[str, Any]:
         return {"stub": result_backends.StubBackend()}
 
-    return {"rate_limiter_backends": rate_limiter_backends, "result_backends": result_backends_}
+    return {"rate_limiter_backends": rate_limiter_backends, "rate_limiter_backend": rate_limiter_backend,
+            "result_backends": result_backends_}
 
 
 def pytest_plugin_registered(plugin: Any, plugin_name: str | None) -> None:

@@ -121,7 +121,7 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
                 TimeLimit(),
                 ShutdownNotifications(),
                 Callbacks(),
-                GroupCallbacks(self.limiter),
+                GroupCallbacks(self.limiter),  # a GroupCallbacks added later replaces it (add_middleware)
                 Pipelines(),
                 GroupSteps(self.limiter),  # before Retries: its after hook sees a member failed for good
                 Retries(max_retries=max_retries, min_backoff=min_backoff, max_backoff=max_backoff),
@@ -185,6 +185,17 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
         before_declare_actor could not: Dramatiq logs what a hook raises and goes on)."""
         bulk.actor_plan(actor)
         super().declare_actor(actor)
+
+    def add_middleware(self, middleware: Middleware, *, before: type[Middleware] | None = None,
+                       after: type[Middleware] | None = None) -> None:
+        """Dramatiq's. A GroupCallbacks added (Dramatiq's docs add one with a backend of the
+        user's) takes the place of the broker's default one: with both, each would count
+        the members at its own barrier and both would send the callbacks."""
+        if isinstance(middleware, dramatiq.middleware.GroupCallbacks):
+            for default in [m for m in self.middleware if isinstance(m, GroupCallbacks) and m is not middleware
+                            and m.rate_limiter_backend is self.limiter]:
+                self.middleware.remove(default)
+        super().add_middleware(middleware, before=before, after=after)
 
     def declare_queue(self, queue_name: str) -> None:
         if queue_name not in self.queues:
