@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 EXECUTOR_ENV = "SUPERVISOR_SUITE_EXECUTOR"
+PIPELINE_ENV = "SUPERVISOR_SUITE_PIPELINE"
 
 # Deselected: node id prefix -> why. Tests of what only Dramatiq's StubBroker has (its
 # in-memory queue objects, its class, synchronous delivery), of a broker without the
@@ -172,6 +173,17 @@ def _stub_backends_fixtures() -> dict[str, Any]:
             "result_backends": result_backends_}
 
 
+def pytest_configure(config: Any) -> None:
+    """With ``--pipeline supervisor``, Dramatiq's tests build ``supervisor.pipeline`` where
+    they say ``dramatiq.pipeline`` (they import it from dramatiq when collected, after this)."""
+    if os.environ.get(PIPELINE_ENV) == "supervisor":
+        import dramatiq
+
+        import supervisor
+
+        dramatiq.pipeline = supervisor.pipeline  # type: ignore[misc]
+
+
 def pytest_plugin_registered(plugin: Any, plugin_name: str | None) -> None:
     """Swap the fixtures of Dramatiq's tests/conftest.py before pytest parses them
     (it parses a conftest's fixtures when it collects the conftest's folder)."""
@@ -184,6 +196,18 @@ def pytest_plugin_registered(plugin: Any, plugin_name: str | None) -> None:
             setattr(plugin, name, fixture)
 
 
+# Deselected with --pipeline supervisor only: node id -> why.
+SUPERVISOR_PIPELINE_EXCLUDED = {
+    "tests/test_composition.py::test_messages_can_be_piped":
+        "`message | message` is Dramatiq's Message.__or__, which builds dramatiq's own pipeline class",
+}
+
+
+def _excluded() -> dict[str, str]:
+    extra = SUPERVISOR_PIPELINE_EXCLUDED if os.environ.get(PIPELINE_ENV) == "supervisor" else {}
+    return {**EXCLUDED, **extra}
+
+
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     common = sys.modules.get("tests.common")
     if common is not None:  # the helper a few tests build their own worker with
@@ -192,7 +216,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
         params = set(getattr(getattr(item, "callspec", None), "params", {}).values())
         servers = [name for name in getattr(item, "fixturenames", ()) if name.startswith(SERVER_FIXTURES)]
-        excluded = any(item.nodeid.startswith(p) for p in EXCLUDED) or params & BACKEND_PARAMS or servers
+        excluded = any(item.nodeid.startswith(p) for p in _excluded()) or params & BACKEND_PARAMS or servers
         (dropped if excluded else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
@@ -203,8 +227,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     write = terminalreporter.write_line
     worker = _worker_class()
     write(f"executor: {worker.__module__}.{worker.__qualname__}")
+    write(f"pipeline: {'supervisor.pipeline' if os.environ.get(PIPELINE_ENV) == 'supervisor' else 'dramatiq.pipeline'}")
     write("deselected by bench/dramatiq_suite.py:")
-    for prefix, why in EXCLUDED.items():
+    for prefix, why in _excluded().items():
         write(f"  {prefix}: {why}")
     write(f"  tests with a {', '.join(SERVER_FIXTURES)} fixture or a {', '.join(sorted(BACKEND_PARAMS))} backend"
           " parameter: other brokers' and backends' servers")
@@ -216,11 +241,14 @@ def main() -> int:
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_SERVER))
     parser.add_argument("--executor", choices=("dramatiq", "own"), default="dramatiq",
                         help="the worker of the stub_worker fixture: dramatiq.Worker, or supervisor's own")
+    parser.add_argument("--pipeline", choices=("dramatiq", "supervisor"), default="dramatiq",
+                        help="the pipeline class the tests build: Dramatiq's, or supervisor.pipeline (a drop-in)")
     args, pytest_args = parser.parse_known_args()
     if not (args.dramatiq / "tests" / "conftest.py").is_file():
         print(f"error: {args.dramatiq} is not a Dramatiq checkout (no tests/conftest.py)", file=sys.stderr)
         return 2
     env = {**os.environ, "SUPERVISOR_TEST_DATABASE_URL": args.database_url, EXECUTOR_ENV: args.executor,
+           PIPELINE_ENV: args.pipeline,
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "pytest", "-p", "supervisor.testing", "-p", "dramatiq_suite",
                "-o", "addopts=", "-p", "no:cacheprovider", "-q", "-rfEs", *pytest_args]

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import dramatiq
+from dramatiq import composition
 from dramatiq.broker import Broker
 from dramatiq.message import Message
 from dramatiq.results import ResultMissing
@@ -23,10 +24,10 @@ from dramatiq.results import ResultMissing
 from .broker.fanin import Step, send_step
 from .broker.middleware import FANIN, FANOUT
 
-Child = Message[Any] | dramatiq.pipeline | dramatiq.group
+Child = Message[Any] | composition.pipeline | composition.group
 
 
-def _members(g: dramatiq.group) -> list[Message[Any]]:
+def _members(g: composition.group) -> list[Message[Any]]:
     members = list(g.children)
     if not members or not all(isinstance(m, Message) for m in members):
         raise TypeError("a group step of supervisor.pipeline holds one or more messages (no groups or pipelines)")
@@ -35,22 +36,22 @@ def _members(g: dramatiq.group) -> list[Message[Any]]:
     return members
 
 
-class pipeline(dramatiq.pipeline):  # noqa: N801  (dramatiq's name, a drop-in)
+class pipeline(composition.pipeline):  # noqa: N801  (dramatiq's name, a drop-in)
     """Dramatiq's ``pipeline`` (same arguments; a pipeline of messages only behaves as
     Dramatiq's), whose steps may also be ``dramatiq.group``\\ s of messages.
 
     ``messages`` holds the steps: a Message, or a group of messages."""
 
-    messages: list[Message[Any] | dramatiq.group]  # type: ignore[assignment]  # dramatiq's: messages only
+    messages: list[Message[Any] | composition.group]  # type: ignore[assignment]  # dramatiq's: messages only
 
     def __init__(self, children: Iterable[Child], *, broker: Broker | None = None) -> None:
         children = list(children)
         self.broker = broker or dramatiq.get_broker()
-        steps: list[Message[Any] | dramatiq.group] = []
+        steps: list[Message[Any] | composition.group] = []
         for child in children:
-            if isinstance(child, dramatiq.pipeline):
+            if isinstance(child, composition.pipeline):
                 steps.extend(s.copy() if isinstance(s, Message) else s for s in child.messages)
-            elif isinstance(child, dramatiq.group):
+            elif isinstance(child, composition.group):
                 _members(child)
                 steps.append(child)
             else:
@@ -64,7 +65,7 @@ class pipeline(dramatiq.pipeline):  # noqa: N801  (dramatiq's name, a drop-in)
 
     @property
     def has_groups(self) -> bool:
-        return any(isinstance(s, dramatiq.group) for s in self.messages)
+        return any(isinstance(s, composition.group) for s in self.messages)
 
     def __or__(self, other: Child) -> pipeline:
         return type(self)([*self.messages, other], broker=self.broker)
@@ -102,8 +103,8 @@ class pipeline(dramatiq.pipeline):  # noqa: N801  (dramatiq's name, a drop-in)
 
     # --- results (the members' own, for actors with store_results) -----------------------
 
-    def _result(self, step: Message[Any] | dramatiq.group, *, block: bool, timeout: int | None) -> Any:
-        if isinstance(step, dramatiq.group):
+    def _result(self, step: Message[Any] | composition.group, *, block: bool, timeout: int | None) -> Any:
+        if isinstance(step, composition.group):
             return list(step.get_results(block=block, timeout=timeout))
         return step.get_result(backend=self.broker.get_results_backend(), block=block, timeout=timeout)
 

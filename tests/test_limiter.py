@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from dramatiq.rate_limits import Barrier, ConcurrentRateLimiter, WindowRateLimiter
+from dramatiq.rate_limits import Barrier, WindowRateLimiter
 
 from supervisor.broker.limiter import RECHECK_SECONDS
 from supervisor.broker.sql import limiter as sql
