@@ -12,7 +12,6 @@ import pytest
 from dramatiq.rate_limits import Barrier, WindowRateLimiter
 
 from supervisor.broker.limiter import RECHECK_SECONDS
-from supervisor.broker.sql import limiter as sql
 from supervisor.rate_limits import PostgresBackend
 from tests.conftest import scalar, wait_for
 
@@ -111,13 +110,21 @@ def test_a_wait_times_out_without_an_event(conn, backend):
     assert 0.25 < time.monotonic() - started < 3
 
 
-def test_the_prune_deletes_expired_rows_only(conn, backend):
+def test_the_upkeeps_prune_deletes_expired_rows_only(conn, backend, broker):
+    from supervisor.registry import Registration
+    from supervisor.worker.upkeep import Upkeep, UpkeepSettings
+
     backend.add("old", 1, 60_000)
     backend.add("live", 1, 60_000)
     expire(conn, "old")
-    for statement in sql.PRUNES.values():
-        conn.execute(statement, {"limit": 100})
+    conn.execute("INSERT INTO group_arrivals (barrier, member, expires_at) VALUES ('g', 'm', now() - interval '1 s'),"
+                 " ('g', 'n', now() + interval '1 h')")
+    conn.execute("INSERT INTO pipeline_fanins (id, size, expires_at) VALUES (gen_random_uuid(), 2, now() - interval '1 s')")
+    registration = Registration(broker.pool, broker.owner, role="t", queues=["tests"])
+    counts = Upkeep(broker, registration, settings=UpkeepSettings(), state=lambda: "running").prune()
+    assert (counts["limiter keys"], counts["group arrivals"], counts["pipeline fan-ins"]) == (1, 1, 1)
     assert [r[0] for r in conn.execute("SELECT key FROM limiter_keys")] == ["live"]
+    assert [r[0] for r in conn.execute("SELECT member FROM group_arrivals")] == ["n"]
 
 
 def test_concurrent_limiter_holds_across_two_worker_processes(conn, workers):
