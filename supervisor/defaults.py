@@ -156,3 +156,7 @@ METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # How long a group step of supervisor.pipeline keeps its fan-in (the members' results and
 # count, broker/fanin.py) for its slowest member: then the upkeep's prune deletes it.
 FANIN_TTL_MS = 7 * 86400 * 1000
+# How long a group member's arrival (its count, its result) is tried again when the database
+# is unreachable: idempotent, so a retry after a commit whose answer was lost changes nothing;
+# given up, the member's run ends without it and its group waits (logged).
+ARRIVAL_RETRY_SECONDS = 30.0

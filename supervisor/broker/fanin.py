@@ -25,8 +25,8 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
-from .. import defaults
-from .limiter import PostgresBackend
+from .. import backoff, defaults
+from .limiter import CONNECTION_ERRORS, PostgresBackend
 from .middleware import FANIN, FANOUT, Retries
 from .order import Before, Placement
 from .sql import limiter as sql
@@ -95,6 +95,13 @@ class GroupSteps(Middleware):
             return
         params = {"id": fanin["id"], "size": fanin["size"], "member": fanin["index"], "value": value,
                   "ttl_ms": self.ttl}
+        # Idempotent (a result per index, once): tried again while the database is unreachable.
+        backoff.retry(lambda: self._store(broker, fanin, params), f"pipeline group {fanin['id']}'s member"
+                      f" {fanin['index']}", first=0.2, give_up_after=defaults.ARRIVAL_RETRY_SECONDS,
+                      retry_on=CONNECTION_ERRORS)
+
+    def _store(self, broker: Broker, fanin: dict[str, Any], params: dict[str, Any]) -> None:
+        encoder = dramatiq.get_encoder()
         with self.backend.pool.connection(timeout=10) as c, c.transaction():
             c.execute(sql.FANIN_OPEN, params)
             row = c.execute(sql.FANIN_ARRIVE, params).fetchone()
@@ -112,7 +119,12 @@ class GroupSteps(Middleware):
     def fail(self, message: MessageProxy | Message[Any], fanin: dict[str, Any], why: str) -> None:
         """Mark the member's group failed (its first reason kept): the rest never runs."""
         reason = f"member {fanin['index']} ({message.actor_name}, message {message.message_id}) failed for good: {why}"
-        with self.backend.pool.connection(timeout=10) as c:
-            c.execute(sql.FANIN_FAIL, {"id": fanin["id"], "size": fanin["size"], "reason": reason,
-                                       "ttl_ms": self.ttl})
+
+        def store() -> None:
+            with self.backend.pool.connection(timeout=10) as c:
+                c.execute(sql.FANIN_FAIL, {"id": fanin["id"], "size": fanin["size"], "reason": reason,
+                                           "ttl_ms": self.ttl})
+
+        backoff.retry(store, f"pipeline group {fanin['id']}'s failure", first=0.2,
+                      give_up_after=defaults.ARRIVAL_RETRY_SECONDS, retry_on=CONNECTION_ERRORS)
         log.warning("pipeline group %s: %s; the rest of the pipeline will not run", fanin["id"], reason)

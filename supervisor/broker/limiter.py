@@ -19,16 +19,19 @@ from typing import Any
 
 import dramatiq
 import psycopg
+from dramatiq.errors import BrokerConnectionError
 from dramatiq.rate_limits import RateLimiterBackend
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .. import db
+from .. import backoff, db, defaults
 from .sql import limiter as sql
 
 # A wait looks again at least this often, even without a NOTIFY (one lost in a reconnect).
 RECHECK_SECONDS = 5.0
 # Without LISTEN (a pooled URL and no direct one), a wait reads this often.
 POLL_SECONDS = 0.05
+# What a lost connection raises: an arrival is tried again on it (see ARRIVAL_RETRY_SECONDS).
+CONNECTION_ERRORS = (psycopg.OperationalError, PoolTimeout, BrokerConnectionError)
 # Bounds for an increment with no lower bound, a decrement with no upper one (bigint).
 _UNBOUNDED = 1 << 62
 
@@ -189,15 +192,20 @@ class PostgresBackend(RateLimiterBackend):
         """Count ``member`` at the barrier ``key`` once; the member that counts last calls
         ``on_last`` with the connection, in the same transaction (sends made there commit
         with the arrival, or neither does). True: this member was the last; False: others
-        are still to come; None: it had arrived already, or the barrier is gone."""
-        with self.pool.connection(timeout=10) as c, c.transaction():
-            row = c.execute(sql.ARRIVE, {"key": key, "member": member, "ttl_ms": int(ttl)}).fetchone()
-            if row is None:
-                return None
-            if row[0] != 0:  # others still to come (below 0: more members than parties, never sent again)
-                return False
-            on_last(c)
-            return True
+        are still to come; None: it had arrived already, or the barrier is gone. Tried again
+        while the database is unreachable (an arrival is idempotent)."""
+        def once() -> bool | None:
+            with self.pool.connection(timeout=10) as c, c.transaction():
+                row = c.execute(sql.ARRIVE, {"key": key, "member": member, "ttl_ms": int(ttl)}).fetchone()
+                if row is None:
+                    return None
+                if row[0] != 0:  # others still to come (below 0: more members than parties, never sent again)
+                    return False
+                on_last(c)
+                return True
+
+        return backoff.retry(once, f"group member {member}'s arrival", first=0.2,
+                             give_up_after=defaults.ARRIVAL_RETRY_SECONDS, retry_on=CONNECTION_ERRORS)
 
     def close(self) -> None:
         """Close the connections this backend opened (never a pool it was given or borrowed)."""
