@@ -98,7 +98,7 @@ def steps(broker: PostgresBroker) -> dict[str, Any]:
     return {**made, "seen": seen, "arrived": arrived}
 
 
-def test_a_pipeline_fans_out_to_groups_and_in_to_the_next_step(conn, broker, steps, caplog):
+def test_a_pipeline_fans_out_to_groups_and_in_to_the_next_step(conn, broker, steps):
     a = steps
     p = supervisor.pipeline([
         a["seed"].message(3),
@@ -115,7 +115,6 @@ def test_a_pipeline_fans_out_to_groups_and_in_to_the_next_step(conn, broker, ste
     # 3 -> [9, 13, 6] -> 28 -> [56, 200] (the second member ignores the piped value)
     assert a["seen"] == [[56, 200]]
     assert scalar(conn, "SELECT count(*) FROM pipeline_fanins WHERE arrived = size AND failed IS NULL") == 2
-    assert "has been discarded" not in caplog.text  # a value piped to a group or its fan-in is not discarded
 
 
 def test_a_pipeline_may_start_with_a_group_and_of_messages_only_is_dramatiqs(conn, broker, steps):

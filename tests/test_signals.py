@@ -144,13 +144,13 @@ def test_hooks_that_do_nothing_for_a_message_are_skipped_only_when_nothing_asks_
     every_before = [type(m).__name__ for m, _ in broker._hooks("before_process_message", reverse=False)]
     every_after = [type(m).__name__ for m, _ in broker._hooks("after_process_message", reverse=True)]
     assert {"AgeLimit", "ShutdownNotifications"} <= set(every_before)
-    assert {"ShutdownNotifications", "Pipelines", "Callbacks", "Retries", "StepResults"} <= set(every_after)
+    assert {"ShutdownNotifications", "Pipelines", "Callbacks", "Retries", "Results"} <= set(every_after)
 
     message = plain.message()
     assert _planned(broker, "before_process_message", message) == [
         n for n in every_before if n not in {"AgeLimit", "ShutdownNotifications"}]
     # GroupCallbacks and GroupSteps (issue 41): nothing without a group's options
-    skipped_after = {"ShutdownNotifications", "Pipelines", "Callbacks", "Retries", "StepResults", "GroupCallbacks",
+    skipped_after = {"ShutdownNotifications", "Pipelines", "Callbacks", "Retries", "Results", "GroupCallbacks",
                      "GroupSteps"}
     assert {"GroupCallbacks", "GroupSteps"} <= set(every_after)
     assert _planned(broker, "after_process_message", message) == [n for n in every_after if n not in skipped_after]

@@ -49,7 +49,7 @@ from .middleware import JobOptions, Retries
 from .outcomes import Outcomes
 from .producer import Producer, _transaction
 from .progress import ProgressBuffer
-from .results import PostgresBackend, StepResults
+from .results import PostgresBackend
 from .signals import Signals
 from .timer import DueTimer
 
@@ -126,7 +126,7 @@ class PostgresBroker(QueueHelpers, Producer, Claims, Outcomes, Signals, Broker):
                 GroupSteps(self.limiter),  # before Retries: its after hook sees a member failed for good
                 Retries(max_retries=max_retries, min_backoff=min_backoff, max_backoff=max_backoff),
                 # Actors with store_results=True keep their results in job_results.
-                StepResults(backend=PostgresBackend(url=self.url, pool=self.pool, listen_url=self.listen_url)),
+                Results(backend=PostgresBackend(url=self.url, pool=self.pool, listen_url=self.listen_url)),
                 CurrentMessage(),
                 JobOptions(),
             ]

@@ -16,9 +16,7 @@ from typing import Any
 
 import psycopg
 from dramatiq.broker import MessageProxy
-from dramatiq.logging import get_logger
 from dramatiq.message import Message
-from dramatiq.results import Results
 from dramatiq.results.backend import DEFAULT_TIMEOUT, Missing, ResultBackend
 from dramatiq.results.errors import ResultMissing, ResultTimeout
 from dramatiq.results.result import wrap_exception, wrap_result
@@ -26,7 +24,6 @@ from psycopg_pool import ConnectionPool
 
 from .. import db
 from .message import jsonb
-from .middleware import FANIN, FANOUT
 
 CHANNEL = "actor_supervisor_results"
 # A blocking get looks again at least this often, even without a NOTIFY.
@@ -202,30 +199,3 @@ class PostgresBackend(ResultBackend):
         for pool in (self._wait_pool, self._pool if self._owns_pool else None):
             if pool is not None:
                 pool.close()
-
-
-def piped(message: Message[Any] | MessageProxy) -> bool:
-    """Whether the message's result goes on to a group or its fan-in (supervisor.pipeline),
-    as a ``pipe_target``'s does: not discarded, so no warning says it is."""
-    return FANOUT in message.options or FANIN in message.options
-
-
-class StepResults(Results):
-    """Dramatiq's Results, silent (as for a ``pipe_target``) about the value of a message
-    whose result goes on to a group step or its fan-in (``piped``). Its log lines keep
-    Dramatiq's logger name (``dramatiq.results.middleware.Results``)."""
-
-    def __init__(self, *, backend: ResultBackend, store_results: bool = False, result_ttl: int | None = None) -> None:
-        super().__init__(  # type: ignore[no-untyped-call]  # dramatiq's, unannotated
-            backend=backend, store_results=store_results, result_ttl=result_ttl)
-        self.logger = get_logger("dramatiq.results.middleware", Results)
-
-    def after_process_message(self, broker: Any, message: MessageProxy, *, result: Any = None,
-                              exception: BaseException | None = None) -> None:
-        if result is not None and piped(message):
-            store, ttl = self._lookup_options(broker, message)  # type: ignore[no-untyped-call]  # dramatiq's
-            if store and exception is None:
-                self.backend.store_result(message, result, ttl)
-            return
-        super().after_process_message(  # type: ignore[no-untyped-call]  # dramatiq's, unannotated
-            broker, message, result=result, exception=exception)

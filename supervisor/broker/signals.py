@@ -32,7 +32,6 @@ from dramatiq.middleware import (
 from dramatiq.results import Results
 
 from .middleware import FANIN, FANOUT, GROUP_MEMBER_OPTIONS, Retries
-from .results import StepResults
 
 # Hooks of Dramatiq's own middleware (these exact classes, not subclasses) that do nothing
 # for a message whose options name none of PLAN_KEYS, when its actor's options (and the
@@ -66,7 +65,7 @@ def inert(middleware: Middleware, signal: str, actor_options: dict[str, Any]) ->
         return not actor_options.get("on_success")
     if kind in _RETRIES:
         return True
-    if kind is Results or kind is StepResults:
+    if kind is Results:
         return not actor_options.get("store_results", middleware.store_results)  # type: ignore[attr-defined]
     return False
 

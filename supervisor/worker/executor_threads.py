@@ -29,7 +29,6 @@ from dramatiq.results import Results
 from ..broker.consumer import PostgresConsumer
 from ..broker.fencing import LeaseLost
 from ..broker.message import PgMessageProxy
-from ..broker.results import piped
 
 
 class Coroutines(Protocol):
@@ -285,7 +284,7 @@ class WorkerThread(_Pausable):
             if exception is not None:
                 raise exception
             if result is not None and actor is not None and message.options.get("pipe_target") is None \
-                    and not piped(message) and not any(isinstance(m, Results) for m in broker.middleware):
+                    and not any(type(m) is Results for m in broker.middleware):
                 self.logger.warning(
                     "Actor '%s' returned a value that is not None, and you haven't added the Results middleware "
                     "to the broker, so the value has been discarded. Consider adding the Results middleware to "
