@@ -79,7 +79,7 @@ class PostgresBackend(RateLimiterBackend):
                 return
             self._url = db.resolve_url(self._url)
             if self._pool is None:
-                self._own_pool = self._pool = db.make_pool(self._url, min_size=0, name="limiter")
+                self._own_pool = self._pool = db.make_pool(self._url, min_size=0, max_size=16, name="limiter")
 
     @property
     def pool(self) -> ConnectionPool:
