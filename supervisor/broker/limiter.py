@@ -48,7 +48,8 @@ class PostgresBackend(RateLimiterBackend):
         (``supervisor.setup_broker()``, or the worker process's), found at first use, and
         its ``actor_pool`` (a limiter inside an actor is the actor's own work); without
         such a broker, DATABASE_URL, else the embedded server.
-      pool: connections to use (the broker passes its own for group callbacks).
+      pool: connections to use (the broker passes its own for group callbacks); give ``url``
+        with it, for ``wait``'s LISTEN.
       listen_url: where ``wait`` LISTENs (default: url; "" for nowhere: waits poll).
     """
 
