@@ -167,3 +167,18 @@ def test_a_member_run_again_counts_once(conn, broker):
     ran("3b4c1f7e-0000-4000-8000-000000000002")
     ran("3b4c1f7e-0000-4000-8000-000000000001")
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'wf_cb'") == 1
+
+
+def test_a_group_of_pipelines_calls_back_once_on_the_default_middleware(conn, broker, steps):
+    """Dramatiq's group of pipelines: the last message of each pipeline counts at the barrier."""
+    a = steps
+    g = dramatiq.group([dramatiq.pipeline([a["seed"].message(i), a["double"].message()], broker=broker)
+                        for i in range(3)], broker=broker)
+    g.add_completion_callback(a["collect"].message("all done"))
+    with in_process_worker(broker, ["wf"]):
+        g.run()
+        assert a["arrived"].wait(30)
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status <> 'succeeded'") == 0, 30,
+                 message="every job to finish")
+    assert a["seen"] == ["all done"]
+    assert scalar(conn, "SELECT count(*) FROM group_arrivals") == 3
