@@ -109,7 +109,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--database-url")
     args = parser.parse_args()
-    say(f"code: {code_state()}")
+    say(code_state())
     with bench_database(server_url(args.database_url)) as url:
         pairs, rate = limiter_figures(url, args.ops, args.threads)
         say(f"L1 acquire+release, 1 thread: p50 {percentile(pairs, 50):.0f} us, p99 {percentile(pairs, 99):.0f} us")
