@@ -1,5 +1,5 @@
 """Every statement on ``limiter_keys``, ``group_arrivals``, ``pipeline_fanins`` and
-``pipeline_fanin_results`` (migration 045): Dramatiq's rate-limiter backend
+``pipeline_fanin_results`` (migration 047): Dramatiq's rate-limiter backend
 (broker/limiter.py), the group completion barrier (broker/groups.py) and the fan-in of
 a group in a pipeline (broker/fanin.py). All take parameters; ttl_ms is milliseconds.
 """

@@ -1,4 +1,4 @@
--- 045: Dramatiq's rate limiters, Barrier and group completion callbacks on PostgreSQL
+-- 047: Dramatiq's rate limiters, Barrier and group completion callbacks on PostgreSQL
 -- (supervisor.rate_limits.PostgresBackend), and the fan-in of a group inside a pipeline
 -- (supervisor.pipeline). Every statement on these tables: supervisor/broker/sql/limiter.py.
 
