@@ -14,7 +14,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +23,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from . import servers
 from .identity import node_name
 
 if TYPE_CHECKING:  # imported where the embedded server starts, not at every import
@@ -270,7 +271,7 @@ def probe_if_idle(conn: psycopg.Connection, pool: ConnectionPool) -> None:
     _last_used[conn] = now
     if now - last > PROBE_IDLE_SECONDS:
         try:
-            ConnectionPool.check_connection(conn)
+            pool.check_connection(conn)
         except psycopg.Error:
             # What broke this idle connection (a server restart, a failover, sessions
             # terminated) broke its idle neighbours too. psycopg_pool would hand them to
@@ -318,36 +319,30 @@ class _Reconnector:
                 pool.check()
 
 
-@dataclass(frozen=True)
-class ServerSeen:
-    """The server (``host:port``) this process's newest connection to a URL reached: with a
-    multi-host URL, the one that took writes then. ``previous``/``since``: the one before
-    it, and when the change was first seen (a failover, as this process saw it)."""
+class _Pool(ConnectionPool):
+    """psycopg_pool's pool that counts each connection it loses, by cause
+    (servers.lost: ``actor_supervisor_db_reconnects_total``): one its caller's
+    statement found ended (the pool replaces it), one a check found dead."""
 
-    address: str
-    since: float  # wall-clock time of the first connection to ``address``
-    previous: str | None = None
+    @contextlib.contextmanager
+    def connection(self, timeout: float | None = None) -> Iterator[psycopg.Connection]:
+        with super().connection(timeout) as conn:
+            try:
+                yield conn
+            except psycopg.Error as exc:
+                # Closed: broken by the error, or closed by its caller (a read-only server's
+                # session, broker/sending.py); the pool makes a new one either way.
+                if conn.closed:
+                    servers.lost(exc)
+                raise
 
-
-_seen: dict[str, ServerSeen] = {}
-_seen_lock = threading.Lock()
-
-
-def note_server(url: str, conn: psycopg.Connection) -> None:
-    """Record which server a new connection to ``url`` reached (no round trip: libpq knows)."""
-    address = f"{conn.info.host}:{conn.info.port}"
-    with _seen_lock:
-        last = _seen.get(url)
-        if last is not None and last.address == address:
-            return
-        _seen[url] = ServerSeen(address, time.time(), last.address if last else None)
-    if last is not None:
-        log.warning("connected to %s, no longer to %s (a failover or a switchover)", address, last.address)
-
-
-def server_seen(url: str) -> ServerSeen | None:
-    with _seen_lock:
-        return _seen.get(url)
+    @staticmethod
+    def check_connection(conn: psycopg.Connection) -> None:  # probe_if_idle's and pool.check()'s probe
+        try:
+            ConnectionPool.check_connection(conn)
+        except psycopg.Error as exc:
+            servers.lost(exc)
+            raise
 
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "supervisor",
@@ -366,9 +361,9 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 4, name: str = "su
     def check(conn: psycopg.Connection) -> None:
         probe_if_idle(conn, pool)
 
-    pool = ConnectionPool(
+    pool = _Pool(
         url,
-        configure=lambda conn: note_server(url, conn),
+        configure=lambda conn: servers.note_server(url, conn),
         min_size=min_size,
         max_size=max_size,
         kwargs=kwargs,

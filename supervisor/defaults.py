@@ -61,6 +61,8 @@ STORAGE_ENV = "SUPERVISOR_STORAGE"
 LOG_TABLE_TURN = 8
 # Dead tuples of the log's narrow tables (leases, cursors) at which the upkeep vacuums them.
 LOG_VACUUM_DEAD_ROWS = 1000
+# A concurrency slot's kept row (migration 046) goes once it has been free this long.
+SLOT_KEEP_SECONDS = 60.0
 EXECUTORS = ("own", "dramatiq")
 EXECUTOR = "own"
 # Coroutines of async actors one process runs at once (its own executor: on its event loop,

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from . import servers
 from .identity import node_name
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,9 @@ ON CONFLICT (id) DO UPDATE SET state = 'running', heartbeat_at = now(), stopped_
 BEAT = """
 UPDATE workers
    SET heartbeat_at = now(), state = %(state)s, paused_reason = %(paused)s, rss_bytes = %(rss)s, cpu_percent = %(cpu)s,
-       jobs_in_flight = %(in_flight)s, jobs_done = %(done)s, server_started = pg_postmaster_start_time()
+       jobs_in_flight = %(in_flight)s, jobs_done = %(done)s, server_started = pg_postmaster_start_time(),
+       db_server = %(server)s, db_server_since = to_timestamp(%(server_since)s::float8),
+       db_server_previous = %(server_previous)s
  WHERE id = %(id)s
 """
 
@@ -79,7 +82,8 @@ DELETE FROM workers
 
 LIST = """
 SELECT id, host, pid, role, queues, state, started_at, heartbeat_at, stopped_at,
-       rss_bytes, cpu_percent, jobs_in_flight, jobs_done, capacity, paused_reason
+       rss_bytes, cpu_percent, jobs_in_flight, jobs_done, capacity, paused_reason,
+       db_server, db_server_since, db_server_previous
   FROM workers
  WHERE stopped_at IS NULL OR stopped_at > now() - interval '1 hour'
  ORDER BY host, role, started_at
@@ -172,9 +176,15 @@ class Registration:
 
     def sample(self, beat: Beat) -> dict[str, object]:
         """The BEAT parameters, sampled now (callable from a thread that must not wait on the database)."""
+        # The server this process's connections to the pool's URL reach (servers.note_server;
+        # db.make_pool's pools have a URL, psycopg_pool's may have a function instead).
+        url = self.pool.conninfo
+        seen = servers.server_seen(url) if isinstance(url, str) else None
         return {"id": self.id, "state": beat.state, "rss": self._usage.rss(),
                 "cpu": self._usage.cpu_percent(), "in_flight": beat.in_flight, "done": beat.done,
-                "paused": beat.paused}
+                "paused": beat.paused, "server": seen.address if seen else None,
+                "server_since": seen.since if seen else None,
+                "server_previous": seen.previous if seen else None}
 
     def beat(self, beat: Beat, params: dict[str, object] | None = None) -> None:
         """Write the beat; once more at once on a fresh connection if the server ended

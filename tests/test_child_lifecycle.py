@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import select
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from supervisor.master import beats
 from supervisor.master.beats import Activity, BadMessage, Beat, BeatReader, Draining, Ready, Recycle
 from supervisor.master.lifecycle import RECYCLE_JITTER, TRANSITIONS, Child, Event, IllegalTransition, Phase
 from supervisor.master.reload import diff
+from supervisor.servers import ServerSeen
 
 ROOT = Path(__file__).resolve().parent.parent
 BEAT = Beat(state=Activity.PAUSED, rss=100, cpu=1.5, in_flight=2, done=9, paused="host memory 90%")
@@ -106,8 +108,14 @@ def test_messages_round_trip_and_stay_under_pipe_buf() -> None:
         line = beats.encode(message)
         assert line.endswith(b"\n") and len(line) <= select.PIPE_BUF
         assert beats.decode(line[:-1]) == message
-    assert beats.decode(b'{"e":"beat","state":"running","rss":1,"cpu":0,"in_flight":0,"done":0,"paused":null}'
+    assert beats.decode(b'{"e":"beat","state":"running","rss":1,"cpu":0,"in_flight":0,"done":0,"paused":null,'
+                        b'"server":null,"server_since":null,"server_previous":null}'
                         ).cpu == 0.0  # JSON's 0 is a float field's 0.0
+    # The server a child reaches, after a failover it saw (servers.ServerSeen), rides on its beat.
+    moved = Beat(state=Activity.RUNNING, rss=1, cpu=0.0, in_flight=0, done=0, paused=None,
+                 **Beat.server_of(ServerSeen("10.0.0.2:5432", 1765000000.123, "10.0.0.1:5432")))
+    assert beats.decode(beats.encode(moved)[:-1]) == moved
+    assert beats.decode(beats.encode(moved)[:-1]).server_since == 1765000000.123
     with pytest.raises(BadMessage, match="would not be written at once"):
         beats.encode(Recycle(why="x" * select.PIPE_BUF))
 
@@ -144,6 +152,9 @@ def test_a_child_applies_what_it_says_and_drops_what_its_phase_forbids(caplog: p
     snap = c.snapshot(3.0, 1)
     assert (snap["state"], snap["rss"], snap["cpu"], snap["in_flight"], snap["done"], snap["paused"]) == (
         "paused", 100, 1.5, 2, 9, "host memory 90%")
+    assert snap["server"] is None  # a beat that names no server (none connected yet)
+    c.feed(beats.encode(replace(BEAT, server="h:5433", server_since=5.0, server_previous="h:5432")), 3.0)
+    assert c.snapshot(3.0, 1)["server"] == {"address": "h:5433", "since": 5.0, "previous": "h:5432"}
     with caplog.at_level(logging.WARNING):
         assert c.feed(beats.encode(Ready(owner="o")), 4.0) == []  # said twice: the child's fault
     assert "r[1] pid 1: no 'ready' from 'ready' (the message is dropped)" in caplog.text

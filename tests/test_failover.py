@@ -7,6 +7,7 @@ database.read_url, serves its pages from it while the primary is down."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -15,10 +16,11 @@ import httpx
 import psycopg
 import pytest
 
+from supervisor import servers
 from supervisor.testing import ThrowawayDatabase
 from tests import replication
 from tests.conftest import TEST_TABLES, cli, scalar, wait_for
-from tests.http_helpers import dashboard
+from tests.http_helpers import dashboard, free_port
 from tests.supervisor_helpers import (
     enqueue,
     log_producer,
@@ -26,6 +28,7 @@ from tests.supervisor_helpers import (
     wait_all_succeeded,
     write_config,
 )
+from tests.test_reconnects import children_servers, reconnects, with_http
 
 # The issue's target for a send that meets a failover (before the fix: 10.5 s, then an error).
 SLOWEST_SEND = 3.0
@@ -89,9 +92,10 @@ def test_failover_under_load(pair: replication.Pair, supervisor, tmp_path, mode:
     url = ThrowawayDatabase(pair.url(), "as_failover").create(owners=())
     with psycopg.connect(url, autocommit=True) as c:
         c.execute(TEST_TABLES)
-    config = write_config(tmp_path / "supervisor.yaml", url, {"work": role(processes=2, threads=4)})
+    port = free_port()
+    config = with_http(write_config(tmp_path / "supervisor.yaml", url, {"work": role(processes=2, threads=4)}), port)
     master = supervisor(config)
-    master.wait_state({"work": 2})
+    master.wait_state({"work": 2, "http": 1})
     pids = master.pids()
 
     producer = Producer(url, per_second=100)
@@ -126,6 +130,34 @@ def test_failover_under_load(pair: replication.Pair, supervisor, tmp_path, mode:
     seen = wait_for(lambda: (s := master.status()["server"]) and s["previous"] and s, 30, message="the switch seen")
     assert (seen["address"], seen["previous"]) == (f"127.0.0.1:{pair.ports[1]}", f"127.0.0.1:{pair.ports[0]}")
     assert "before: 127.0.0.1:" in cli("status", config=config).stdout
+    # So did every child: each worker's and the HTTP child's beat names the promoted standby.
+    promoted, old = f"127.0.0.1:{pair.ports[1]}", f"127.0.0.1:{pair.ports[0]}"
+
+    def all_moved() -> bool:
+        # The HTTP child connects anew when it next reads (an idle pool finds its dead
+        # connections only then): a scrape, as Prometheus's would.
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        said = children_servers(master.status())
+        return len(said) == 3 and all(s and (s["address"], s["previous"]) == (promoted, old) for s in said.values())
+
+    with contextlib.suppress(AssertionError):  # the assertion below says which did not
+        wait_for(all_moved, 30, interval=0.2)
+    assert all_moved(), f"children's servers (promoted {promoted}): {children_servers(master.status())}"
+    assert f"{old} -> {promoted} (4 of 4 processes there now)" in cli("status", config=config).stdout
+    # Their registry rows (written on the new primary) say so too, for every host's readers.
+    with psycopg.connect(url, autocommit=True) as c:
+        wait_for(lambda: scalar(c, "SELECT count(*) FROM workers WHERE pid = ANY(%s) AND db_server = %s"
+                                   " AND db_server_previous = %s", (list(master.pids("work")), promoted, old)) == 2,
+                 30, interval=0.2, message="the workers' rows naming the promoted standby")
+    # And each counted its reconnects: the change of server once per process (the master, two
+    # workers, the HTTP child), and the sessions the primary's stop ended: a fast stop says
+    # so (57P01: seen 7 of 11), an immediate one mostly leaves them broken unannounced (seen
+    # 11 connection_lost, no 57P01).
+    counted = reconnects(f"http://127.0.0.1:{port}")
+    assert counted[servers.FAILOVER] == 4, counted
+    if mode == "fast":
+        assert counted[servers.ADMIN_SHUTDOWN] > 0, counted
+    assert counted[servers.ADMIN_SHUTDOWN] + counted[servers.CONNECTION_LOST] > 0, counted
     # The master restarted nothing: the same children, no restart counted.
     assert master.pids() == pids
     assert all(r["restarts"] == 0 for r in master.roles().values()), master.roles()

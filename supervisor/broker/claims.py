@@ -129,7 +129,7 @@ class Claims:
         """Up to n rows of the queue in job_queue (sql.claim)."""
         floors, sweep = self.floors.params(queue)
         params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
-                  **self._budgets(), **floors, **self.gates.params(queue, n)}
+                  **self._budgets(), **self.gates.params(queue, n), **floors}
         sent = time.monotonic()
         keyed, probe = self.gates.statement(queue)
         rows = self._claiming(lambda c: c.execute(sql.claim(n, keyed=keyed, probe=probe), params).fetchall())

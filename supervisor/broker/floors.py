@@ -24,6 +24,11 @@ stragglers: a row whose enqueue committed more than the slack after its run_at (
 run_at of a row enqueued inside a long transaction is that transaction's start), and a
 row another process's claim locked and then rolled back. Rows that come back by lease
 loss, retry or an operator's retry get run_at = now(), after every floor.
+
+The keyed part of the claim (sql/flow.py) reads waiting rows from a floor of its own, one
+per queue: the oldest waiting row's run_at as the probe last read it, less the slack
+(``waiting_floor``); a reset drops it, and until the next reading the keyed claims read
+every waiting row.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from psycopg_pool import ConnectionPool
 
 from .. import db
 from . import sql, threads
+from .gates import NO_FLOOR
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +74,7 @@ SWEEP_SHARE = 0.005
 # from a floor, and move none.
 PRIORITY_COLUMN, RUN_AT_COLUMN, KEYED_COLUMN = 10, 11, 12
 
-SWEEP: dict[str, Any] = {"floor_levels": None, "floor_at": None}
+SWEEP: dict[str, Any] = {"floor_levels": None, "floor_at": None, "kfloor": NO_FLOOR}
 # A probe's "no straggler" stands this many of its rounds' intervals: a probe that stopped
 # answering (the database away, the thread gone) lets the claims sweep on the clock again.
 PROBE_VALID_ROUNDS = 3
@@ -101,6 +107,9 @@ class ClaimFloors:
         self._swept: dict[str, float] = {}
         self._every: dict[str, float] = {}  # per queue: seconds to the next sweep (SWEEP_SHARE)
         self._probed: dict[str, tuple[float, float]] = {}  # per queue: when a probe last found none, for how long
+        # per queue: the waiting floor the probe read (the oldest waiting row's run_at), when, for how long
+        self._waiting: dict[str, tuple[datetime, float, float]] = {}
+        self._resets: dict[str, int] = {}  # per queue: resets so far (a probe's reading older than one is void)
         self._lock = threading.Lock()
 
     def params(self, queue: str) -> tuple[dict[str, Any], bool]:
@@ -112,9 +121,31 @@ class ClaimFloors:
             now = self.clock()
             probed = self._probed.get(queue)
             on_the_clock = probed is None or now - probed[0] > probed[1]  # no probe answers
+            kfloor = self._waiting_floor(queue, now)
             if not floors or swept is None or (on_the_clock and now - swept >= self._every.get(queue, self.sweep_every)):
-                return SWEEP, True
-            return self._floor_params(floors), False
+                return {**SWEEP, "kfloor": kfloor}, True
+            return {**self._floor_params(floors), "kfloor": kfloor}, False
+
+    def _waiting_floor(self, queue: str, now: float) -> Any:
+        """Where the keyed part reads the queue's waiting rows from: the probe's reading less
+        the slack while it stands, else every row (NO_FLOOR)."""
+        waiting = self._waiting.get(queue)
+        if waiting is None or now - waiting[1] > waiting[2]:
+            return NO_FLOOR
+        return waiting[0] - self.slack
+
+    def resets(self, queue: str) -> int:
+        """How many times the queue was reset: a probe notes it before it reads."""
+        with self._lock:
+            return self._resets.get(queue, 0)
+
+    def waiting_floor(self, queue: str, oldest: datetime, resets: int, valid_s: float = PROBE_VALID_SECONDS) -> None:
+        """The probe's reading of the queue's oldest waiting row (sql.WAITING_FLOOR_AT), read
+        after ``resets`` resets: its keyed claims read waiting rows from there for
+        ``valid_s``, unless a reset came since (a row requeued during the read may be older)."""
+        with self._lock:
+            if self._resets.get(queue, 0) == resets:
+                self._waiting[queue] = (oldest, self.clock(), valid_s)
 
     def _floor_params(self, floors: dict[int, datetime]) -> dict[str, Any]:
         levels = list(floors)
@@ -158,9 +189,12 @@ class ClaimFloors:
                     floors[level] = run_at
 
     def reset(self, queue: str) -> None:
-        """Rows of ``queue`` went back in line: the next claim sweeps."""
+        """Rows of ``queue`` went back in line (a requeued waiting row keeps its run_at):
+        the next claim sweeps, and reads every waiting row until the probe reads again."""
         with self._lock:
             self._swept.pop(queue, None)
+            self._waiting.pop(queue, None)
+            self._resets[queue] = self._resets.get(queue, 0) + 1
 
 
 class SweepSignal(threading.Event):
@@ -215,13 +249,16 @@ class StragglerProbe(threading.Thread):
         next (``PROBE_SHARE``)."""
         with self._lock:
             signals = dict(self._signals)
-        if not any(self.floors.probe_params(queue) is not None for queue in signals):
+        if not signals:
             return []
         found, clean = [], []
+        oldest: dict[str, tuple[datetime, int]] = {}
         started = time.monotonic()
         with self.pool.connection(timeout=10) as c:  # one connection a round, whatever the queues
             self.floors.horizon(float(db.one(c.execute(sql.HORIZON_HELD))))
             for queue, signal in signals.items():
+                resets = self.floors.resets(queue)
+                oldest[queue] = (db.one(c.execute(sql.WAITING_FLOOR_AT, {"queue": queue})), resets)
                 if (params := self.floors.probe_params(queue)) is None:
                     continue
                 if db.one(c.execute(sql.STRAGGLERS, params)):
@@ -232,4 +269,6 @@ class StragglerProbe(threading.Thread):
         self.interval = max(self.every, (time.monotonic() - started) / PROBE_SHARE)
         for queue in clean:
             self.floors.probed(queue, PROBE_VALID_ROUNDS * self.interval)
+        for queue, (at, resets) in oldest.items():
+            self.floors.waiting_floor(queue, at, resets, PROBE_VALID_ROUNDS * self.interval)
         return found

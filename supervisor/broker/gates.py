@@ -43,6 +43,9 @@ EXTRA_KEYS = 16
 # gate to open, at most PROBE_SECONDS (2,000 gated jobs of 200 keys behind a drain of
 # plain jobs: 5 keyed claims a process a second, 2 now; bench_limits.py L2).
 MOST_KEYS = 1024
+# The waiting floor (sql/flow.py's WAITING_FLOOR) of a claim that knows none: read every
+# waiting row (broker/floors.py keeps the process's).
+NO_FLOOR = "-infinity"
 
 
 def max_keys(n: int, streak: int = 0) -> int:
@@ -54,7 +57,7 @@ def max_keys(n: int, streak: int = 0) -> int:
 def first_turn(n: int) -> dict[str, object]:
     """The keyed parameters of a claim of ``n`` rows by a process that knows nothing yet
     (its first, or a one-off claim: tests, benchmarks)."""
-    return {"cursor": "", "max_keys": max_keys(n), "announced": None}
+    return {"cursor": "", "max_keys": max_keys(n), "announced": None, "kfloor": NO_FLOOR}
 
 
 def waiting_queue(payload: str) -> str | None:

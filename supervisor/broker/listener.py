@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 
 import psycopg
 
+from .. import servers
 from ..db import redact, session_kwargs
 from . import gates, threads
 
@@ -117,6 +118,7 @@ class Listener(Wakeups):
         while not self._halt.is_set():
             try:
                 with psycopg.connect(self.url, **session_kwargs(self.url)) as conn:
+                    servers.note_server(self.url, conn)
                     for channel in CHANNELS:
                         conn.execute(f"LISTEN {channel}")
                     self.connected.set()
@@ -128,6 +130,8 @@ class Listener(Wakeups):
                         for note in conn.notifies(timeout=1.0):
                             self.deliver(note.channel, note.payload)
             except psycopg.Error as exc:
+                if self.connected.is_set() and not self._halt.is_set():
+                    servers.lost(exc)  # a LISTEN connection that served ended (not a failed try)
                 self.connected.clear()
                 if self._halt.is_set():
                     break

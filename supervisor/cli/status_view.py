@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from .. import servers
 from ..units import human_bytes
 
 
@@ -27,13 +28,25 @@ def _table(rows: list[list[str]], indent: str = "") -> list[str]:
 
 
 def _server(seen: dict[str, Any] | None) -> str:
-    """Which server the master reaches, and since when it does if it changed (a failover)."""
+    """Which server a process reaches, and since when it does if it changed (a failover)."""
     if not seen:
         return ""
     if not seen.get("previous"):
-        return f"  server {seen['address']}"
+        return str(seen["address"])
     at = datetime.fromtimestamp(seen["since"]).strftime("%Y-%m-%d %H:%M:%S")
-    return f"  server {seen['address']} (since {at}; before: {seen['previous']})"
+    return f"{seen['address']} (since {at}; before: {seen['previous']})"
+
+
+def last_failover(status: dict[str, Any]) -> str | None:
+    """The newest change of server the master or any child saw: when, from which to which,
+    and how many of the processes reach that server now."""
+    last = servers.last_change([status.get("server")] + [p.get("server") for r in status["roles"]
+                                                          for p in r["processes"]])
+    if last is None:
+        return None
+    at = datetime.fromtimestamp(last["since"]).strftime("%Y-%m-%d %H:%M:%S")
+    return (f"last failover seen {at}: {last['previous']} -> {last['address']}"
+            f" ({last['there']} of {last['known']} processes there now)")
 
 
 def render(status: dict[str, Any]) -> str:
@@ -41,9 +54,13 @@ def render(status: dict[str, Any]) -> str:
         f"node {status.get('node', '?')}  master pid {status['pid']}  {status['state']}  up {human_duration(status['uptime'])}  "
         f"rss {human_bytes(status['rss'])}  reloads {status['reloads']}",
         f"config {status['config']}  database {status['database']}"
-        + ("  (pooled)" if status.get("pooled") else "") + _server(status.get("server")),
+        + ("  (pooled)" if status.get("pooled") else "")
+        + (f"  server {_server(status.get('server'))}" if status.get("server") else ""),
         "",
     ]
+    failover = last_failover(status)
+    if failover:
+        lines.insert(-1, failover)
     paused = {p["queue"]: p for p in status.get("paused_queues") or []}
     for queue, p in paused.items():
         why = f": {p['reason']}" if p.get("reason") else ""
@@ -62,14 +79,14 @@ def render(status: dict[str, Any]) -> str:
             lines.append(f"  next start in {human_duration(role['next_restart_in'])}")
         procs = role["processes"]
         if procs:
-            rows = [["PID", "SLOT", "STATE", "UPTIME", "RSS", "CPU%", "IN FLIGHT", "DONE", "NOTE"]]
+            rows = [["PID", "SLOT", "STATE", "UPTIME", "RSS", "CPU%", "IN FLIGHT", "DONE", "SERVER", "NOTE"]]
             for p in procs:
                 note = p["stop_reason"] or p["paused"] or (f"recycle: {p['recycle']}" if p["recycle"] else "")
                 if not p["current"] and not note:
                     note = "old settings"
                 rows.append([str(p["pid"]), str(p["slot"]), p["state"], human_duration(p["uptime"]),
                              human_bytes(p["rss"]), f"{p['cpu']:.0f}", str(p["in_flight"]), str(p["done"]),
-                             note or ""])
+                             _server(p.get("server")) or "-", note or ""])
             lines += _table(rows, "  ")
         lines.append("")
     return "\n".join(lines).rstrip()

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import actor_stats, limits
+from .. import actor_stats, limits, servers
 from ..defaults import METRICS_DIR_ENV
 from . import data
 from .state import AppState, state_of
@@ -183,6 +183,7 @@ def registry_for(state: AppState) -> CollectorRegistry:
     registry = CollectorRegistry()
     path = os.environ.get(METRICS_DIR_ENV)
     if path and os.path.isdir(path):
+        servers.declare()  # the reconnect counter's causes, at 0 until one counts (this process's file)
         MultiProcessCollector(registry, path)
     registry.register(Snapshot(state))
     return registry

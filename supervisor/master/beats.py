@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
 from typing import Any, ClassVar, get_type_hints
 
+from ..servers import ServerSeen
+
 log = logging.getLogger(__name__)
 
 
@@ -51,6 +53,18 @@ class Beat:
     in_flight: int
     done: int
     paused: str | None  # why it does not claim, if it does not
+    # The database server its connections reach (servers.ServerSeen: host:port, and after a
+    # change it saw, since when and the one before): `status` and the Overview per process.
+    server: str | None = None
+    server_since: float | None = None
+    server_previous: str | None = None
+
+    @staticmethod
+    def server_of(seen: ServerSeen | None) -> dict[str, Any]:
+        """A Beat's server fields, from what the child's pools saw of its URL."""
+        if seen is None:
+            return {}
+        return {"server": seen.address, "server_since": round(seen.since, 3), "server_previous": seen.previous}
 
 
 @dataclass(frozen=True)
@@ -94,8 +108,10 @@ def _field(cls: type[Message], name: str, kind: Any, value: Any) -> Any:
         return float(value)
     if kind in (str, str | None) and isinstance(value, str):
         return str(value)
-    if kind == (str | None) and value is None:
+    if kind in (str | None, float | None) and value is None:
         return None
+    if kind == (float | None) and number:
+        return float(value)
     if kind is Activity and value in {a.value for a in Activity}:
         return Activity(value)
     raise BadMessage(f"{cls.TAG}.{name}: {value!r} is no {kind}")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .. import config as config_mod
-from .. import db
+from .. import db, servers
 from ..config import Config, ConfigError, DatabaseConfig
 from ..control import Connection, ControlServer
 from ..identity import node_name
@@ -294,7 +294,7 @@ class Handlers:
             "database": db.redact(self.master.database.url),
             "pooled": self.master.database.pooled,
             # The server the master's connections reach now, and the one before (a failover).
-            "server": asdict(seen) if (seen := db.server_seen(self.master.database.url)) else None,
+            "server": asdict(seen) if (seen := servers.server_seen(self.master.database.url)) else None,
             # One LISTEN connection for the host, relayed to the children; else they poll.
             "wakeups": "relayed" if self.master.relay is not None else "polling",
             "reloads": self.reloads,

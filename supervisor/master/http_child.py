@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from .. import apps, exit_codes
+from .. import apps, exit_codes, servers
 from ..config import Config, HttpConfig, RoleConfig
 from .beats import Activity, Beat, Ready
 from .bootstrap import Bootstrap, ChildSpec
@@ -97,4 +97,5 @@ class HttpBootstrap(Bootstrap):
                 ready = True
                 self.beacon.send(Ready(owner=self.owner_for(os.getpid())))
             self.beacon.send(Beat(state=Activity.RUNNING, rss=proc.memory_info().rss,
-                                  cpu=round(proc.cpu_percent(None), 1), in_flight=0, done=0, paused=None))
+                                  cpu=round(proc.cpu_percent(None), 1), in_flight=0, done=0, paused=None,
+                                  **Beat.server_of(servers.server_seen(self.spec.database.url))))

@@ -233,6 +233,9 @@ class Child:
             "in_flight": beat.in_flight if beat else 0,
             "done": beat.done if beat else 0,
             "paused": beat.paused if beat else None,
+            # The database server it reaches (as the master's own "server": address, since, previous).
+            "server": ({"address": beat.server, "since": beat.server_since, "previous": beat.server_previous}
+                       if beat and beat.server else None),
             "owner": self.owner,
             "current": self.generation == current_generation and not self.recycling,
             "stop_reason": self._stop.reason if self._stop else None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
+from .. import servers
 from ..config import Config, Limits, RoleConfig
 from ..worker.guard import Guard
 from ..worker.process import Hooks, WorkerProcess, run
@@ -90,7 +91,8 @@ class WorkerBootstrap(Bootstrap, Hooks):
             proc.state = "running"
         proc.paused_reason = self.guard.paused_for
         self.beacon.send(Beat(state=Activity(proc.state), rss=r.rss, cpu=round(r.process_cpu, 1),
-                              in_flight=proc.in_flight(), done=broker.jobs_done, paused=self.guard.paused_for))
+                              in_flight=proc.in_flight(), done=broker.jobs_done, paused=self.guard.paused_for,
+                              **Beat.server_of(servers.server_seen(self.spec.database.url))))
 
     def on_stop(self, proc: WorkerProcess) -> None:
         assert self.beacon is not None

@@ -104,6 +104,7 @@ class Upkeep(threading.Thread):
         sql.VACUUM_JOBS."""
         s = self.settings
         with self.broker.pool.connection(timeout=10) as c:
+            c.execute(jobs_sql.PRUNE_SLOTS, {"older_than_s": defaults.SLOT_KEEP_SECONDS})
             stale = c.execute(jobs_sql.JOBS_STATS_STALE, {"min_rows": defaults.STATS_MIN_ROWS}).fetchone()
             dead = vacuum_due(c, dead_rows=s.vacuum_dead_rows, min_seconds=s.vacuum_min_seconds)
         if stale is not None:

@@ -19,6 +19,7 @@ from .claiming import (
     STRAGGLERS,
     TOOK_COLUMN,
     WAIT_COLUMN,
+    WAITING_FLOOR_AT,
     claim,
 )
 from .enqueue import (
@@ -70,6 +71,7 @@ from .upkeep import (
     JOBS_VACUUM_DUE,
     PRUNE_EVENTS,
     PRUNE_PROGRESS,
+    PRUNE_SLOTS,
     VACUUM_JOBS,
 )
 
@@ -92,6 +94,7 @@ __all__ = [
     "TOOK_COLUMN",
     "CLAIM_KEYED",
     "WAIT_COLUMN",
+    "WAITING_FLOOR_AT",
     "CURSOR_COLUMN",
     "NEXT_DUE",
     "STRAGGLERS",
@@ -113,6 +116,7 @@ __all__ = [
     "PRUNE_ROWS",
     "archive",
     "PRUNE_EVENTS",
+    "PRUNE_SLOTS",
     "PRUNE_PROGRESS",
     "JOBS_VACUUM_DUE",
     "JOBS_STATS_STALE",

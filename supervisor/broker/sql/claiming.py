@@ -32,7 +32,7 @@ _RUNNABLE = """j.queue = %(queue)s
        AND j.status IN ('pending', 'retryable')
        AND j.run_at <= now()
        AND (j.concurrency_key IS NULL
-            OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))"""
+            OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key AND c.job_id IS NOT NULL))"""
 
 
 
@@ -125,8 +125,9 @@ WITH RECURSIVE floors AS (
 # deadlock).
 _SLOTS = """
     INSERT INTO job_concurrency (key, job_id)
-    SELECT concurrency_key, id FROM keyed ORDER BY concurrency_key
-    ON CONFLICT DO NOTHING
+    SELECT DISTINCT ON (concurrency_key) concurrency_key, id FROM keyed ORDER BY concurrency_key
+    ON CONFLICT (key, slot) DO UPDATE SET job_id = EXCLUDED.job_id, freed_at = NULL
+       WHERE job_concurrency.job_id IS NULL  -- a kept row, free (migration 046)
     RETURNING job_id"""
 
 
@@ -243,10 +244,20 @@ SELECT EXISTS (
          WHERE j.queue = %(queue)s AND j.status IN ('pending', 'retryable') AND j.priority = f.p
            AND j.run_at < f.at AND j.run_at <= now()
            AND (j.concurrency_key IS NULL
-                OR NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = j.concurrency_key))
+                OR NOT EXISTS (SELECT 1 FROM job_concurrency c
+                                WHERE c.key = j.concurrency_key AND c.job_id IS NOT NULL))
          LIMIT 1) s)
 """
 
+
+# The waiting floor of a queue (sql/flow.py's WAITING_FLOOR, broker/floors.py): the oldest
+# run_at among its waiting rows, or now when none is older; the probe's thread reads it,
+# off the claim's path (under a pinned horizon the descent passes over every row that
+# waited since the pin: jobs_waiting_due keeps their entries). A row committed later with
+# an older run_at (a long transaction's) is behind the floor until the next round.
+WAITING_FLOOR_AT = """
+SELECT least(now(), (SELECT min(j.run_at) FROM job_queue j WHERE j.queue = %(queue)s AND j.status = 'waiting'))
+"""
 
 # How long (s) the oldest transaction of this database holding a snapshot or an xid has
 # been open, 0 if none: what holds back the xmin horizon for its tables (PostgreSQL 14 on

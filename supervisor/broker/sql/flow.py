@@ -55,7 +55,8 @@ def _gate(key: str, flow: str) -> str:
            CASE WHEN b.blocked_until > now() THEN 0
                 ELSE greatest(0, least(%(n)s, floor(t.tokens)::int, s.quota - t.used,
                                        s.conc - (SELECT count(*) FROM job_concurrency c
-                                                  WHERE c.key = {key} AND s.conc IS NOT NULL)::int))
+                                                  WHERE c.key = {key} AND c.job_id IS NOT NULL
+                                                    AND s.conc IS NOT NULL)::int))
            END AS allow,
            (CASE WHEN b.blocked_until > now() THEN extract(epoch FROM b.blocked_until - now())
                  WHEN t.used >= s.quota
@@ -83,11 +84,21 @@ def _gate(key: str, flow: str) -> str:
                CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used ELSE 0 END AS used) t)"""
 
 
+# Where the keyed part's reads of waiting rows start (broker/floors.py's waiting floor: the
+# oldest run_at among the queue's waiting rows when the process's probe last looked, less the
+# slack; '-infinity' when it knows none). Under a pinned horizon jobs_waiting keeps an entry
+# for every row that waited since the pin, each a heap visit to pass over: a key's descent
+# walked all of its key's (3.5 ms a descent, 94 ms a claim of 50 keys, 45 s into a pin at
+# 800 jobs/s). run_at is a column of the index, so the bound is checked on each entry
+# before any heap visit: the rows claimed before the floor cost a comparison each.
+WAITING_FLOOR = "j.run_at >= %(kfloor)s::timestamptz"
+
+
 # The first waiting row of the next key (its head: the index order within a key is the
 # claim order), or nothing; ``cond`` bounds the key.
 def _next_key(cond: str, pass_no: str) -> str:
     return f"""(SELECT j.flow_key, j.flow, {pass_no} AS pass FROM job_queue j
-      WHERE j.queue = %(queue)s AND j.status = 'waiting' AND {cond}
+      WHERE j.queue = %(queue)s AND j.status = 'waiting' AND {cond} AND {WAITING_FLOOR}
       ORDER BY j.flow_key, j.priority DESC, j.run_at, j.id LIMIT 1)"""
 
 
@@ -149,6 +160,7 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
         SELECT j.ctid AS tid, j.id, j.flow_key, j.priority, j.run_at
           FROM job_queue j
          WHERE j.queue = %(queue)s AND j.status = 'waiting' AND j.flow_key = f.key AND j.run_at <= now()
+           AND {WAITING_FLOOR}
          ORDER BY j.priority DESC, j.run_at, j.id
          LIMIT f.lim
            FOR UPDATE SKIP LOCKED) x
@@ -202,7 +214,8 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
       FROM ktake t
      CROSS JOIN LATERAL (
         SELECT g.slot FROM generate_series(0, t.conc - 1) AS g(slot)
-         WHERE NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = t.key AND c.slot = g.slot)
+         WHERE NOT EXISTS (SELECT 1 FROM job_concurrency c
+                            WHERE c.key = t.key AND c.slot = g.slot AND c.job_id IS NOT NULL)
          LIMIT t.n) s
      WHERE t.conc IS NOT NULL AND t.key IN (SELECT key FROM kok)
 ), kslots AS (
@@ -213,7 +226,8 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
               FROM pick WHERE part = 1 AND conc IS NOT NULL) p
       JOIN kfree s ON s.key = p.flow_key AND s.r = p.r
      ORDER BY s.key, s.slot
-    ON CONFLICT DO NOTHING
+    ON CONFLICT (key, slot) DO UPDATE SET job_id = EXCLUDED.job_id, freed_at = NULL
+       WHERE job_concurrency.job_id IS NULL  -- a kept row, free (migration 046)
  RETURNING job_id
 ), kcut AS (
     -- the scan stopped at max_keys short of what the claim could take: keys beyond may

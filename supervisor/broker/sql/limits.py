@@ -78,7 +78,7 @@ WITH RECURSIVE wq(queue) AS (
       FROM keys k LEFT JOIN wa a ON a.key = k.key LEFT JOIN running r ON r.key = k.key
 )
 SELECT v.key, v.queues, v.waiting, v.waiting_more, extract(epoch FROM now() - v.waiting_since)::float8 AS wait_s,
-       v.running, (SELECT count(*) FROM job_concurrency c WHERE c.key = v.key)::int AS slots_taken,
+       v.running, (SELECT count(*) FROM job_concurrency c WHERE c.key = v.key AND c.job_id IS NOT NULL)::int AS slots_taken,
        l.rate, l.burst, l.quota, g.conc AS concurrency, g.weight,
        CASE WHEN l.rate IS NULL THEN NULL
             WHEN b.key IS NULL OR b.tokens IS NULL THEN l.burst

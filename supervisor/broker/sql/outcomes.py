@@ -119,6 +119,11 @@ WITH o AS (
                           WHEN status = 'waiting' THEN '+' || queue ELSE queue END)
       FROM (SELECT DISTINCT queue, due, status, kind, flow_key IS NOT NULL AS flow_key,
                             CASE WHEN kind = 'limited' THEN delay_ms END AS delay_ms FROM stays) AS w
+    UNION ALL
+    -- a waiting row put back kept its run_at too, which may be behind the waiting floors
+    -- (sql/flow.py's WAITING_FLOOR): '!' || queue as well
+    SELECT pg_notify('actor_supervisor_jobs', '!' || queue)
+      FROM (SELECT DISTINCT queue FROM stays WHERE status = 'waiting' AND kind IN ('requeue', 'limited')) AS r
 )
 SELECT (SELECT count(*) FROM done) + (SELECT count(*) FROM stays), (SELECT count(*) FROM wake)
 """)

@@ -13,6 +13,12 @@ DELETE FROM job_progress WHERE id IN (
     SELECT id FROM job_progress WHERE at < now() - %(older_than_s)s * interval '1 second' ORDER BY at LIMIT %(limit)s)
 """
 
+# Concurrency slots freed longer ago than this many seconds: their kept rows go (a key no
+# longer used leaves nothing; migration 046). A scan of job_concurrency, a row per slot.
+PRUNE_SLOTS = """
+DELETE FROM job_concurrency WHERE job_id IS NULL AND freed_at < now() - %(older_than_s)s * interval '1 second'
+"""
+
 # The upkeep's vacuum of jobs: due once enough dead tuples wait, no (auto)vacuum ran
 # lately and none is running now. No advisory lock: a session lock taken and released
 # by separate statements may land on two server connections behind PgBouncer and leak.

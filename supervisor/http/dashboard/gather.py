@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import psutil
 import psycopg
 
-from ... import actor_stats, admin, db, jobsearch, ratelimit, registry
+from ... import actor_stats, admin, db, jobsearch, ratelimit, registry, servers
 from ... import limits as flow_limits
 from ...broker import reads
 from ...schedules import describe
@@ -84,9 +84,29 @@ def overview(state: AppState, window: str) -> dict[str, Any]:
                     # a window with more finished jobs than the cap: its newest, from this finish on
                     "covered_since": lat[2] if capped and lat else None},
         "roles": roles(state),
+        "servers": servers_by_process(state),
         "alerts": alerts(state, q),
         "totals": {k: sum(r[k] for r in q) for k in ("ready", "scheduled", "running", "retryable")},
     }
+
+
+def servers_by_process(state: AppState) -> dict[str, Any]:
+    """The database server each process of this host reaches, as the local master's status
+    says (the master's own, each child's from its beats: no read of the database), and the
+    newest change of server one of them saw (a failover). Empty with no local master."""
+    status = data.master_status(state)
+    if status is None:
+        return {"processes": [], "last": None}
+    said = [("master", status["pid"], status.get("server"))] + [
+        (f"{r['name']}[{p['slot']}]", p["pid"], p.get("server")) for r in status["roles"] for p in r["processes"]]
+    rows = [{"process": name, "pid": pid, "address": seen["address"] if seen else None,
+             "previous": seen.get("previous") if seen else None,
+             "since": datetime.fromtimestamp(seen["since"], UTC) if seen and seen.get("previous") else None}
+            for name, pid, seen in said]
+    last = servers.last_change([seen for _, _, seen in said])
+    if last is not None:
+        last = {**last, "since": datetime.fromtimestamp(last["since"], UTC)}
+    return {"processes": rows, "last": last}
 
 
 def alerts(state: AppState, queue_rows: list[dict[str, Any]]) -> list[str]:

@@ -20,7 +20,7 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ... import admin, db
+from ... import admin, servers
 from ... import limits as flow_limits
 from .. import api_limits
 from ..auth import note
@@ -42,7 +42,7 @@ def overview(request: Request) -> Response:
         return HTMLResponse(f"unknown window (one of {', '.join(gather.WINDOWS)})", status_code=400)
     state = state_of(request)
     # The server this process's connections reach, and the one before a failover it saw.
-    seen = db.server_seen(state.url)
+    seen = servers.server_seen(state.url)
     return page(request, "overview.html", o=gather.overview(state, window), windows=list(gather.WINDOWS),
                 server=seen, server_since=datetime.fromtimestamp(seen.since, UTC) if seen else None)
 
