@@ -62,6 +62,41 @@ def test_a_group_callback_runs_once_after_every_member_though_a_worker_is_killed
     assert victim not in s.pids()  # replaced by the master
 
 
+# A pipeline through a group of 20, sent as a producer would.
+PIPELINE = """
+import dramatiq, supervisor
+supervisor.setup_broker()
+from tests.workflow_actors import collected, member, seed
+supervisor.pipeline([seed.message(7), dramatiq.group([member.message(i, 0.2) for i in range(20)]),
+                     collected.message()]).run()
+"""
+
+
+def test_a_pipelines_group_fans_in_once_though_a_worker_is_killed(tmp_path, conn, database_url, supervisor):
+    """Each member receives the seed's 7 after its own arguments (member(n, 0.2, 7) returns n);
+    the step after the group runs once, with the 20 results in member order."""
+    path = write_config(tmp_path / "s.yaml", database_url,
+                        {"alpha": role(processes=2, threads=4, actors=("tests.workflow_actors",))})
+    s = supervisor(path)
+    s.wait_state({"alpha": 2})
+    sent = subprocess.run([sys.executable, "-c", PIPELINE], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)})
+    assert sent.returncode == 0, sent.stderr
+    wait_for(lambda: scalar(conn, "SELECT count(DISTINCT lease_owner) FROM jobs WHERE status = 'running'"
+                                  " AND actor = 'member'") == 2, 30, message="members running in both processes")
+    victim = scalar(conn, "SELECT w.pid FROM jobs j JOIN workers w ON w.id = j.lease_owner"
+                          " WHERE j.status = 'running' AND j.actor = 'member' LIMIT 1")
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'succeeded'") == 22, 90, interval=0.1,
+             message="the seed, 20 members and the last step to succeed; now "
+             + str(conn.execute("SELECT actor, status, count(*) FROM jobs GROUP BY 1, 2").fetchall()))
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'member' AND lease_losses > 0") >= 1
+    assert scalar(conn, "SELECT count(DISTINCT n) FROM test_results WHERE tag = 'member<-7'") == 20
+    assert scalar(conn, "SELECT count(*) FROM test_results WHERE tag LIKE 'member%' AND tag <> 'member<-7'") == 0
+    rows = conn.execute("SELECT tag FROM test_results WHERE tag LIKE 'collected:%'").fetchall()
+    assert rows == [("collected:" + ",".join(str(i) for i in range(20)),)]
+
+
 @pytest.fixture
 def steps(broker: PostgresBroker) -> dict[str, Any]:
     """Actors on the test's broker for the pipeline tests; ``seen`` gets what ``collect`` received."""

@@ -22,10 +22,10 @@ def _record(tag: str, n: int | None = None) -> int:
 
 
 @dramatiq.actor(queue_name="tests", max_retries=3, min_backoff=100)
-def member(n: int, sleep_s: float = 0.0) -> int:
-    """A group member: runs, then records its run."""
+def member(n: int, sleep_s: float = 0.0, piped: int | None = None) -> int:
+    """A group member: runs, then records its run (and what a pipeline piped to it)."""
     time.sleep(sleep_s)
-    _record("member", n)
+    _record("member" if piped is None else f"member<-{piped}", n)
     return n
 
 
@@ -47,3 +47,15 @@ def slotted(n: int, hold_s: float = 0.03) -> None:
                     c.execute("UPDATE test_results SET finished = clock_timestamp() WHERE id = %s", (row,))
                 return
         time.sleep(0.005)  # the slots are busy: try again
+
+
+@dramatiq.actor(queue_name="tests", max_retries=0)
+def seed(n: int) -> int:
+    """A pipeline's first step: its value goes to every member of the group after it."""
+    return n
+
+
+@dramatiq.actor(queue_name="tests", max_retries=0)
+def collected(values: list[int]) -> None:
+    """The step after a group: records the members' results it received, in order."""
+    _record("collected:" + ",".join(str(v) for v in values), len(values))
