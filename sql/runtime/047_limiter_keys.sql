@@ -4,13 +4,15 @@
 
 -- One counter per key, as Dramatiq's Redis backend keeps one string per key with a TTL:
 -- a row past expires_at reads as absent (every statement checks it), and the upkeep's
--- prune deletes it in bounded batches.
+-- prune deletes it in bounded batches. No index but the key's: every acquire and release
+-- of a limiter updates value and expires_at, and with neither indexed (and room left on
+-- the page) that update is HOT, no index entry per call on a busy key; the prune reads
+-- the whole table, a few rows per live limiter key.
 CREATE TABLE limiter_keys (
     key        text        PRIMARY KEY,
     value      bigint      NOT NULL,
     expires_at timestamptz NOT NULL
-);
-CREATE INDEX limiter_keys_expires ON limiter_keys (expires_at);
+) WITH (fillfactor = 50);
 
 -- A group member that reached its completion barrier, by message id: a member run again
 -- (its process killed between its arrival and its ack) does not count twice, and the
