@@ -29,13 +29,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 EXECUTOR_ENV = "SUPERVISOR_SUITE_EXECUTOR"
+PIPELINE_ENV = "SUPERVISOR_SUITE_PIPELINE"
 
 # Deselected: node id prefix -> why. Tests of what only Dramatiq's StubBroker has (its
 # in-memory queue objects, its class, synchronous delivery), of a broker without the
 # Results middleware (this one always has it), of Dramatiq's CLI, whose subprocesses run
 # Dramatiq's own brokers, and one that fails without this plugin too.
-# The tests parametrized over result and rate-limiter backends run with Dramatiq's stub
-# backends only (see BACKEND_PARAMS).
+# The tests parametrized over result backends run with Dramatiq's stub backend only, those
+# over rate-limiter backends with supervisor.rate_limits.PostgresBackend ("postgres", on
+# the broker's database, its keys emptied before each test) and the stub (see BACKEND_PARAMS).
 EXCLUDED: dict[str, str] = {
     "tests/test_redis.py": "the RedisBroker",
     "tests/test_rabbitmq.py": "the RabbitmqBroker",
@@ -56,6 +58,8 @@ EXCLUDED: dict[str, str] = {
     "tests/test_cli.py": "the dramatiq CLI on a RedisBroker (waits for a Redis server)",
     "tests/test_watch.py": "the dramatiq CLI's --watch on a RedisBroker",
     "tests/test_pidfile.py": "the dramatiq CLI on a StubBroker of its own (its reload test fails here without this plugin too)",
+    "tests/test_composition.py::test_groups_with_completion_callbacks_fail_unless_group_callbacks_is_set_up":
+        "this broker installs GroupCallbacks (on supervisor.rate_limits.PostgresBackend) by default (issue 41)",
 }
 
 
@@ -147,15 +151,38 @@ def _stub_backends_fixtures() -> dict[str, Any]:
     from dramatiq.rate_limits import backends as rate_limit_backends
     from dramatiq.results import backends as result_backends
 
+    from supervisor.rate_limits import PostgresBackend
+
     @pytest.fixture(name="rate_limiter_backends")
-    def rate_limiter_backends() -> dict[str, Any]:
-        return {"stub": rate_limit_backends.StubBackend()}
+    def rate_limiter_backends() -> Iterator[dict[str, Any]]:
+        broker = _broker()
+        with broker.pool.connection() as c:  # the same keys recur from test to test
+            c.execute("TRUNCATE limiter_keys, group_arrivals")
+        postgres = PostgresBackend(url=broker.url)
+        yield {"stub": rate_limit_backends.StubBackend(), "postgres": postgres}
+        postgres.close()
+
+    @pytest.fixture(name="rate_limiter_backend", params=["postgres", "stub"])
+    def rate_limiter_backend(request: Any, rate_limiter_backends: dict[str, Any]) -> Any:
+        return rate_limiter_backends[request.param]
 
     @pytest.fixture(name="result_backends")
     def result_backends_() -> dict[str, Any]:
         return {"stub": result_backends.StubBackend()}
 
-    return {"rate_limiter_backends": rate_limiter_backends, "result_backends": result_backends_}
+    return {"rate_limiter_backends": rate_limiter_backends, "rate_limiter_backend": rate_limiter_backend,
+            "result_backends": result_backends_}
+
+
+def pytest_configure(config: Any) -> None:
+    """With ``--pipeline supervisor``, Dramatiq's tests build ``supervisor.pipeline`` where
+    they say ``dramatiq.pipeline`` (they import it from dramatiq when collected, after this)."""
+    if os.environ.get(PIPELINE_ENV) == "supervisor":
+        import dramatiq
+
+        import supervisor
+
+        dramatiq.pipeline = supervisor.pipeline  # type: ignore[misc]
 
 
 def pytest_plugin_registered(plugin: Any, plugin_name: str | None) -> None:
@@ -170,6 +197,18 @@ def pytest_plugin_registered(plugin: Any, plugin_name: str | None) -> None:
             setattr(plugin, name, fixture)
 
 
+# Deselected with --pipeline supervisor only: node id -> why.
+SUPERVISOR_PIPELINE_EXCLUDED = {
+    "tests/test_composition.py::test_messages_can_be_piped":
+        "`message | message` is Dramatiq's Message.__or__, which builds dramatiq's own pipeline class",
+}
+
+
+def _excluded() -> dict[str, str]:
+    extra = SUPERVISOR_PIPELINE_EXCLUDED if os.environ.get(PIPELINE_ENV) == "supervisor" else {}
+    return {**EXCLUDED, **extra}
+
+
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     common = sys.modules.get("tests.common")
     if common is not None:  # the helper a few tests build their own worker with
@@ -178,7 +217,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
         params = set(getattr(getattr(item, "callspec", None), "params", {}).values())
         servers = [name for name in getattr(item, "fixturenames", ()) if name.startswith(SERVER_FIXTURES)]
-        excluded = any(item.nodeid.startswith(p) for p in EXCLUDED) or params & BACKEND_PARAMS or servers
+        excluded = any(item.nodeid.startswith(p) for p in _excluded()) or params & BACKEND_PARAMS or servers
         (dropped if excluded else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
@@ -189,8 +228,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     write = terminalreporter.write_line
     worker = _worker_class()
     write(f"executor: {worker.__module__}.{worker.__qualname__}")
+    write(f"pipeline: {'supervisor.pipeline' if os.environ.get(PIPELINE_ENV) == 'supervisor' else 'dramatiq.pipeline'}")
     write("deselected by bench/dramatiq_suite.py:")
-    for prefix, why in EXCLUDED.items():
+    for prefix, why in _excluded().items():
         write(f"  {prefix}: {why}")
     write(f"  tests with a {', '.join(SERVER_FIXTURES)} fixture or a {', '.join(sorted(BACKEND_PARAMS))} backend"
           " parameter: other brokers' and backends' servers")
@@ -202,11 +242,14 @@ def main() -> int:
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL", DEFAULT_SERVER))
     parser.add_argument("--executor", choices=("dramatiq", "own"), default="dramatiq",
                         help="the worker of the stub_worker fixture: dramatiq.Worker, or supervisor's own")
+    parser.add_argument("--pipeline", choices=("dramatiq", "supervisor"), default="dramatiq",
+                        help="the pipeline class the tests build: Dramatiq's, or supervisor.pipeline (a drop-in)")
     args, pytest_args = parser.parse_known_args()
     if not (args.dramatiq / "tests" / "conftest.py").is_file():
         print(f"error: {args.dramatiq} is not a Dramatiq checkout (no tests/conftest.py)", file=sys.stderr)
         return 2
     env = {**os.environ, "SUPERVISOR_TEST_DATABASE_URL": args.database_url, EXECUTOR_ENV: args.executor,
+           PIPELINE_ENV: args.pipeline,
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "pytest", "-p", "supervisor.testing", "-p", "dramatiq_suite",
                "-o", "addopts=", "-p", "no:cacheprovider", "-q", "-rfEs", *pytest_args]

@@ -3,7 +3,8 @@
 from .broker import PostgresBroker, PostgresConsumer, setup_broker
 from .broker.jobfields import log_fields
 from .broker.progress import progress
+from .composition import pipeline
 from .flow import LimitOptionError, RateLimited
 
-__all__ = ["LimitOptionError", "PostgresBroker", "PostgresConsumer", "RateLimited", "log_fields", "progress",
-           "setup_broker"]
+__all__ = ["LimitOptionError", "PostgresBroker", "PostgresConsumer", "RateLimited", "log_fields", "pipeline",
+           "progress", "setup_broker"]

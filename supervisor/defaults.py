@@ -154,3 +154,11 @@ HTTP_HOST = "127.0.0.1"
 HTTP_PORT = 9191
 # prometheus_client's multiprocess directory: set by the master for its children.
 METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# How long a group step of supervisor.pipeline keeps its fan-in (the members' results and
+# count, broker/fanin.py) for its slowest member: then the upkeep's prune deletes it.
+FANIN_TTL_MS = 7 * 86400 * 1000
+# How long a group member's arrival (its count, its result) is tried again when the database
+# is unreachable: idempotent, so a retry after a commit whose answer was lost changes nothing;
+# given up, the member's run ends without it and its group waits (logged).
+ARRIVAL_RETRY_SECONDS = 30.0

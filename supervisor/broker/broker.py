@@ -39,12 +39,15 @@ from .claims import Claims
 from .completer import Completer
 from .connections import Connections, within
 from .consumer import PostgresConsumer
+from .fanin import GroupSteps
 from .fencing import Fence
 from .floors import ClaimFloors
 from .gates import Gates
+from .groups import GroupCallbacks
 from .joining import Failures, QueueHelpers
 from .keeper import LeaseKeeper
 from .leases import Leases
+from .limiter import PostgresBackend as LimiterBackend
 from .message import PgMessageProxy
 from .middleware import JobOptions, Retries
 from .outcomes import Outcomes
@@ -119,13 +122,18 @@ class PostgresBroker(Signals, Broker):  # type: ignore[misc]
         self.wakeup_fd = wakeup_fd
         self._actor_pool_size = actor_pool_size
         self._actor_pool: ConnectionPool | None = None
+        # Dramatiq's rate-limiter backend on this database, for group completion callbacks
+        # and the fan-in of groups in supervisor.pipeline (limiter.py, groups.py, fanin.py).
+        self.limiter = LimiterBackend(url=self.url, pool=self.pool, listen_url=self.listen_url)
         if middleware is None:
             middleware = [
                 AgeLimit(),
                 TimeLimit(),
                 ShutdownNotifications(),
                 Callbacks(),
+                GroupCallbacks(self.limiter),  # a GroupCallbacks added later replaces it (add_middleware)
                 Pipelines(),
+                GroupSteps(self.limiter),  # before Retries: its after hook sees a member failed for good
                 Retries(max_retries=max_retries, min_backoff=min_backoff, max_backoff=max_backoff),
                 # Actors with store_results=True keep their results in job_results.
                 Results(backend=PostgresBackend(url=self.url, pool=self.pool, listen_url=self.listen_url)),
@@ -204,6 +212,17 @@ class PostgresBroker(Signals, Broker):  # type: ignore[misc]
         before_declare_actor could not: Dramatiq logs what a hook raises and goes on)."""
         bulk.actor_plan(actor)
         super().declare_actor(actor)
+
+    def add_middleware(self, middleware: Middleware, *, before: type[Middleware] | None = None,
+                       after: type[Middleware] | None = None) -> None:
+        """Dramatiq's. A GroupCallbacks added (Dramatiq's docs add one with a backend of the
+        user's) takes the place of the broker's default one: with both, each would count
+        the members at its own barrier and both would send the callbacks."""
+        if isinstance(middleware, dramatiq.middleware.GroupCallbacks):
+            for default in [m for m in self.middleware if isinstance(m, GroupCallbacks) and m is not middleware
+                            and m.rate_limiter_backend is self.limiter]:
+                self.middleware.remove(default)
+        super().add_middleware(middleware, before=before, after=after)
 
     def declare_queue(self, queue_name: str) -> None:
         if queue_name not in self.queues:
@@ -326,6 +345,7 @@ class PostgresBroker(Signals, Broker):  # type: ignore[misc]
         for m in self.middleware:
             if isinstance(m, Results) and isinstance(m.backend, PostgresBackend):
                 m.backend.close()
+        self.limiter.close()
         if self._actor_pool is not None:
             self._actor_pool.close()
         self.pool.close()

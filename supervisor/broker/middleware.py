@@ -24,6 +24,14 @@ from dramatiq.middleware import Middleware
 
 from .. import db, defaults, flow
 
+# The message options a group member carries from Dramatiq's group.run() (read by
+# groups.GroupCallbacks), and those supervisor.pipeline gives a step that fans out to a
+# group and each member of that group (fanin.GroupSteps): the signal plan keeps those
+# middleware's hooks only for a message that has one (signals.PLAN_KEYS).
+GROUP_MEMBER_OPTIONS = frozenset({"group_completion_uuid", "group_completion_callbacks"})
+FANOUT = "pipe_fanout"
+FANIN = "pipe_fanin"
+
 
 class JobOptions(Middleware):
     """Declares the broker's own options so actors may set them as defaults (the flow

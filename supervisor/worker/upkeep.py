@@ -17,6 +17,7 @@ from ..broker import PostgresBroker, threads
 from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
 from ..broker.sql import joblog
+from ..broker.sql import limiter as limiter_sql
 from ..config import Retention
 from ..registry import Beat, Registration
 from . import liveness, scheduler_sql
@@ -223,6 +224,8 @@ class Upkeep(threading.Thread):
             counts["results"] = (self._batches(c, results_sql.PRUNE)
                                  + self._batches(c, results_sql.PRUNE_OLD, older_than_s=r.results))
             counts["audit"] = self._batches(c, audit.PRUNE, older_than_s=r.audit)
+            for kind, statement in limiter_sql.PRUNES.items():  # past their TTL: already read as absent
+                counts[kind] = self._batches(c, statement)
         self.registration.prune(max(r.succeeded, 86400))
         if any(counts.values()):
             log.info("pruned %s", ", ".join(f"{n} {kind}" for kind, n in counts.items() if n), extra={"pruned": counts})
