@@ -126,3 +126,20 @@ def test_a_waiting_row_put_back_tells_every_process_to_read_from_the_start(conn,
     # for the floors (broker/floors.py's SweepSignal resets the waiting floor too)
     assert payloads == {"+" + QUEUE, "!" + QUEUE}
     assert conn.execute("SELECT status FROM job_queue WHERE queue = %s", (QUEUE,)).fetchone()[0] == "waiting"
+
+
+def test_a_floor_newer_than_the_statistics_keeps_the_claim_on_the_key_index(conn):
+    """An ANALYZE taken while older rows waited: the floor (now) lies past the statistics'
+    last run_at. The keyed claim must still read waiting rows key by key (jobs_waiting), not
+    every row since the floor by time (jobs_waiting_due), which it then sorts by key."""
+    for key in range(20):
+        _add(conn, f"k{key}", 100, ago_s=3600)
+    conn.execute("ANALYZE job_queue")
+    conn.execute("DELETE FROM job_queue WHERE queue = %s", (QUEUE,))
+    for key in range(20):
+        _add(conn, f"k{key}", 50)
+    kfloor = conn.execute(sql.WAITING_FLOOR_AT, {"queue": QUEUE}).fetchone()[0] - timedelta(seconds=0.1)
+    with conn.transaction(force_rollback=True):
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + sql.claim(16, keyed=True), _params(16, kfloor)))
+    assert "jobs_waiting_due" not in plan, plan
+    assert "jobs_waiting" in plan
