@@ -19,9 +19,9 @@ The scan stops once the keys allowed some rows carry weights enough for the clai
 ``max_keys`` keys: the rest is for the next claim, which starts where this one ended). A
 key whose bucket another claim holds right now is passed over (never waited on); the
 buckets of the keys it takes from are locked (SKIP LOCKED) and read again before their
-tokens are taken, so two claims never spend one token. Slots are taken as a single slot
-was before: INSERT ... ON CONFLICT DO NOTHING, in key order; a row whose slot another
-claim took stays waiting (its tokens are lost, never overspent).
+tokens are taken, so two claims never spend one token. Slots are kept rows, taken in
+key order: INSERT ... ON CONFLICT DO UPDATE ... WHERE job_id IS NULL (migration 046); a row
+whose slot another claim took stays waiting (its tokens are lost, never overspent).
 
 What the claim learns goes back with its rows (a last row with no job, ``META``):
 seconds until a key it found gated by time (rate, quota, block) allows a row again, 0
