@@ -30,10 +30,10 @@ import pytest
 
 from supervisor import defaults
 from supervisor.broker import PostgresBroker, jobfields
-from supervisor.broker.capacity import Capacity
-from supervisor.broker.claims import Claims
-from supervisor.broker.fencing import Fence
-from supervisor.broker.pace import Pace
+from supervisor.broker.consuming.capacity import Capacity
+from supervisor.broker.consuming.claims import Claims
+from supervisor.broker.consuming.fencing import Fence
+from supervisor.broker.consuming.pace import Pace
 from supervisor.worker.joblog import JobLog
 from supervisor.worker.scheduler import RunResults
 from tests.conftest import ROOT, in_process_worker, scalar
