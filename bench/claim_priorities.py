@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Figure, bench_database, code_state, print_table, reset, say, server_url
 from supervisor.broker import sql
-from supervisor.broker.floors import SWEEP
-from supervisor.broker.gates import first_turn
+from supervisor.broker.consuming.floors import SWEEP
+from supervisor.broker.consuming.gates import first_turn
 from supervisor.broker.middleware import claim_budgets
 
 PARAMS = {"queue": "bench", "owner": "claim-priorities", "lease_s": 30.0, "relaxed": False, **first_turn(2048),

@@ -49,9 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import WorkerPool, bench_database, code_state, percentile, say, server_url
 from supervisor import defaults
 from supervisor.broker import PostgresBroker, sql
-from supervisor.broker.completer import Finish, finish_params
-from supervisor.broker.floors import SWEEP
-from supervisor.broker.gates import first_turn
+from supervisor.broker.consuming.completer import Finish, finish_params
+from supervisor.broker.consuming.floors import SWEEP
+from supervisor.broker.consuming.gates import first_turn
 from supervisor.registry import Registration
 from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 

@@ -36,7 +36,8 @@ from bench import dashboard_fill, dashboard_reads
 from bench.basics import with_dbname
 from bench.common import code_state, say, server_url
 from supervisor import apps, error_groups, jobsearch, registry
-from supervisor.broker import actor_reads, reads
+from supervisor.broker import reads
+from supervisor.broker.reads import actor_reads
 from supervisor.http import state
 from supervisor.http.dashboard import recorder
 from supervisor.migrate import migrate

@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import bench_database, code_state, reset
 from bench.floor import Conn, JobPath, main
 from supervisor.broker import sql
-from supervisor.broker.completer import ack_params, log_columns, write_log_outcomes
-from supervisor.broker.floors import SWEEP
-from supervisor.broker.gates import first_turn
+from supervisor.broker.consuming.completer import ack_params, log_columns, write_log_outcomes
+from supervisor.broker.consuming.floors import SWEEP
+from supervisor.broker.consuming.gates import first_turn
 from supervisor.broker.logstore import Batches, LogRow
 from supervisor.broker.middleware import claim_budgets
 from supervisor.broker.sql import joblog

@@ -34,7 +34,7 @@ import dramatiq
 
 from bench.common import bench_database, reset
 from supervisor.broker import PostgresBroker
-from supervisor.broker.fencing import Fence
+from supervisor.broker.consuming.fencing import Fence
 from supervisor.worker.executor_threads import WorkerThread, WorkQueue
 from supervisor.worker.scheduler import RunResults
 

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import Figure, bench_database, code_state, print_table, say, server_url
 from supervisor import db
 from supervisor.broker import reads, sql
-from supervisor.broker.completer import Finish, finish_params
-from supervisor.broker.leases import reap_params
+from supervisor.broker.consuming.completer import Finish, finish_params
+from supervisor.broker.consuming.leases import reap_params
 from supervisor.http.dashboard import recorder
 
 BUDGET = {"who": "lease-scale", "why": "bench", "default_max_losses": 3}

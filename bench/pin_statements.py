@@ -40,7 +40,7 @@ from bench.common import bench_database, code_state, percentile, say, server_url
 from bench.db_floor import QUEUE, build_rows, claim_params, enqueue_rows, finish_rows
 from supervisor import db
 from supervisor.broker import sql
-from supervisor.broker.floors import (
+from supervisor.broker.consuming.floors import (
     HELD_SLACK_SECONDS,
     SLACK_SECONDS,
     SWEEP,
@@ -97,7 +97,7 @@ HEADER = (f"{'phase':<8} {'rounds/s':>8} {'rows/s':>8} {'enq us':>8} {'claim us'
 
 
 class Claims:
-    """The worker's claim: sql.claim with the process's floors (broker/floors.py), and the
+    """The worker's claim: sql.claim with the process's floors (broker/consuming/floors.py), and the
     process's own StragglerProbe every SWEEP_SECONDS (here on a connection of its own, in
     line): the horizon's age, which sets the floors' slack, and whether a row waits behind
     a floor (then the next claim sweeps), as in a worker.
@@ -107,7 +107,7 @@ class Claims:
                  keyed: bool = False) -> None:
         self.owner = owner
         self.keyed = keyed
-        self.cursor = ""  # the keyed claim's turn cursor (broker/gates.py)
+        self.cursor = ""  # the keyed claim's turn cursor (broker/consuming/gates.py)
         self.floors = ClaimFloors(slack=slack, held_slack=held_slack) if floors else None
         self.pool = db.make_pool(url, min_size=1, max_size=1, name="probe")
         self.pool.open()

@@ -299,7 +299,7 @@ HEADER = (f"{'t s':>5} {'phase':<11} {'jobs/s':>7} {'e2s p50':>8} {'e2s p99':>8}
 
 def claim_ms(logs: list[Path], lo: float, hi: float, *, sweeps: bool = False) -> list[float]:
     """How long (ms) each of the worker's claims that started in [lo, hi) took, sorted;
-    ``sweeps``: only those that read every level from its start (broker/floors.py)."""
+    ``sweeps``: only those that read every level from its start (broker/consuming/floors.py)."""
     return sorted(int(what.split()[2]) / 1000 for start, _, what in traced(logs)
                   if what.startswith("claim ") and lo <= start < hi and (not sweeps or what.endswith(" sweep")))
 

@@ -21,7 +21,7 @@
    - the backlog: runnable rows not yet claimed (read through the claim index);
    - claim p99: a probe, 5 CLAIMs of 16 rows a second on the live queue, each rolled
      back (it holds rows for about a millisecond; the workers skip them), timed by the
-     client. It has no claim floors (broker/floors.py): a sweep, stepping over every
+     client. It has no claim floors (broker/consuming/floors.py): a sweep, stepping over every
      dead index entry a worker's floored claims skip. The workers' own claims are
      timed too (soak_trace's BENCH_CLAIM_TRACE): "worker claim p99" in the comparison;
    - n_dead_tup of job_queue, its size and its indexes', history's size (it grows
@@ -60,8 +60,8 @@ from bench import soak_trace
 from bench.bench_broker import w1
 from bench.common import WorkerPool, bench_database, code_state, reset, say, server_url
 from supervisor.broker import sql
-from supervisor.broker.floors import SWEEP
-from supervisor.broker.gates import first_turn
+from supervisor.broker.consuming.floors import SWEEP
+from supervisor.broker.consuming.gates import first_turn
 from supervisor.config import load
 
 TICK = 0.02

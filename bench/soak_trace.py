@@ -9,8 +9,8 @@ could stall a claim, each with its wall-clock span (bench/soak.py reads the line
 - pace changes (the process's capacity limit), rows given back for want of a thread;
 - the broker pool's waits, once a second when any request had to queue;
 - with BENCH_CLAIM_TRACE=1, every claim (`claim N US KIND ASKED [sweep]`: the rows it took, its
-  microseconds, plain, probe or keyed (broker/gates.py), the rows it asked for, and whether it
-  read every level from its start: broker/floors.py), timed around
+  microseconds, plain, probe or keyed (broker/consuming/gates.py), the rows it asked for, and whether it
+  read every level from its start: broker/consuming/floors.py), timed around
   `PostgresBroker.claim` as the worker calls it: bench/pressure.py's claim latency.
 """
 
@@ -29,9 +29,9 @@ def main() -> None:
     # Imported here: bench/soak.py imports this module for TRACE alone.
     from psycopg_pool import ConnectionPool
 
-    from supervisor.broker.capacity import Capacity
-    from supervisor.broker.consumer import PostgresConsumer
-    from supervisor.broker.leases import Leases
+    from supervisor.broker.consuming.capacity import Capacity
+    from supervisor.broker.consuming.consumer import PostgresConsumer
+    from supervisor.broker.consuming.leases import Leases
     from supervisor.cli.main import main as cli
     from supervisor.worker import upkeep
 
@@ -52,7 +52,7 @@ def main() -> None:
     for name in ("beat", "prune", "_maintain"):
         setattr(upkeep.Upkeep, name, timed(name.strip("_"), getattr(upkeep.Upkeep, name)))
     Leases.reap_expired = timed("reap", Leases.reap_expired)  # type: ignore[method-assign]
-    from supervisor.broker.completer import Completer
+    from supervisor.broker.consuming.completer import Completer
 
     write_acks = Completer.write_acks
 
@@ -65,8 +65,8 @@ def main() -> None:
                 event(start, f"acks {len(ids)}")
     Completer.write_acks = slow_acks  # type: ignore[method-assign]
     if os.environ.get("BENCH_CLAIM_TRACE") == "1":
-        from supervisor.broker.claims import Claims
-        from supervisor.broker.gates import Gates
+        from supervisor.broker.consuming.claims import Claims
+        from supervisor.broker.consuming.gates import Gates
 
         claim, statement = Claims.claim, Gates.statement
         kind = threading.local()

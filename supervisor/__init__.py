@@ -1,8 +1,8 @@
 """actor-supervisor: run Dramatiq actors on PostgreSQL under a forking supervisor."""
 
 from .broker import PostgresBroker, PostgresConsumer, setup_broker
+from .broker.consuming.progress import progress
 from .broker.jobfields import log_fields
-from .broker.progress import progress
 from .composition import pipeline
 from .flow import LimitOptionError, RateLimited
 

@@ -16,7 +16,8 @@ from typing import Any
 import psycopg
 
 from . import db
-from .broker import actor_reads, sql
+from .broker import sql
+from .broker.reads import actor_reads
 
 WINDOWS = {"15m": 900, "1h": 3600, "6h": 6 * 3600}
 DEFAULT_WINDOW = "1h"

@@ -331,7 +331,7 @@ class _Pool(ConnectionPool):
                 yield conn
             except psycopg.Error as exc:
                 # Closed: broken by the error, or closed by its caller (a read-only server's
-                # session, broker/sending.py); the pool makes a new one either way.
+                # session, broker/producing/sending.py); the pool makes a new one either way.
                 if conn.closed:
                     servers.lost(exc)
                 raise

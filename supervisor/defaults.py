@@ -8,7 +8,7 @@ read these, so a default cannot drift between the places that use it.
 LEASE_SECONDS = 30.0
 HEARTBEAT_SECONDS = 10.0
 # The `workers` role of a process that consumes a broker outside `supervisor worker` (the
-# dramatiq CLI: broker/keeper.py registers and beats it).
+# dramatiq CLI: broker/consuming/keeper.py registers and beats it).
 DRAMATIQ_ROLE = "dramatiq"
 # Self-fencing: a process stops a job it could not renew this long before the lease
 # expires (a fraction of the lease, capped); other processes reclaim it only
@@ -71,7 +71,7 @@ EXECUTOR = "own"
 # heartbeat (one UPDATE of every held id) small, and leaves a backlog to other processes
 # rather than hoarding it in one; a role of many slow awaits raises it.
 ASYNC_LIMIT = 100
-# Prefetch when a role sets none (paced, broker/pace.py): up to PREFETCH_PER_THREAD x threads
+# Prefetch when a role sets none (paced, broker/consuming/pace.py): up to PREFETCH_PER_THREAD x threads
 # rows, as many beyond the threads as the threads free within PREFETCH_WAIT_SECONDS at the
 # recent mean run time. Short jobs get the next claim overlapping the current batch; long
 # ones are never hoarded while another process idles. 16, not 8 (nor 4): a claim and an
@@ -88,13 +88,13 @@ ASYNC_LIMIT = 100
 PREFETCH_PER_THREAD = 16
 PREFETCH_WAIT_SECONDS = 0.05
 # Rows waiting for a thread while every thread has been busy this long, none ending, go
-# back to the queue for a process with a free thread (broker/pace.py GiveBack, which looks
+# back to the queue for a process with a free thread (broker/consuming/pace.py GiveBack, which looks
 # every half of it): with the claim that follows elsewhere, no row waits ~50 ms in one
 # process while another has a thread free, at a switch to long jobs or on a slow host.
 GIVE_BACK_SECONDS = 0.02
 # A claimed batch wakes as many idle worker threads as it needs: its actors' mean run time
 # over this slice (at least one), or every one it can use while any of its actors has not
-# run here yet (broker/pace.py Pace.wakes). Waking a thread costs the claim thread a
+# run here yet (broker/consuming/pace.py Pace.wakes). Waking a thread costs the claim thread a
 # futex wake and the woken thread a GIL hand-off: waking all 8 for every batch of no-op
 # jobs cost the worker ~4 us of CPU a job (26 -> 22 us, 28,500 -> 32,200 jobs/s, W1 2 x 8;
 # bench/README.md, session of 2026-11-28, third). The threads that are awake take the

@@ -19,7 +19,8 @@ from typing import Any
 import psycopg
 
 from . import admin, db, units
-from .broker import actor_reads, sql
+from .broker import sql
+from .broker.reads import actor_reads
 
 # The windows the page offers (the CLI and the API take any duration up to MAX_WINDOW_S).
 WINDOWS = {"1h": 3600, "24h": 24 * 3600, "7d": 7 * 24 * 3600}

@@ -10,7 +10,7 @@ from pathlib import Path
 import dramatiq
 from dramatiq.middleware import Middleware
 
-from supervisor.broker.fencing import Fence
+from supervisor.broker.consuming.fencing import Fence
 
 
 class Stamp(Middleware):

@@ -1,4 +1,4 @@
-"""Claim floors (broker/floors.py): a process's claims start where its last claim of each
+"""Claim floors (broker/consuming/floors.py): a process's claims start where its last claim of each
 priority level ended, so entries a pinned xmin horizon keeps in the claim index are
 not read again; sweeps (no floors) find the rows behind a floor. Real PostgreSQL."""
 
@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from supervisor.broker import PostgresBroker, sql
-from supervisor.broker.floors import SWEEP, ClaimFloors, SweepSignal
-from supervisor.broker.gates import first_turn
+from supervisor.broker.consuming.floors import SWEEP, ClaimFloors, SweepSignal
+from supervisor.broker.consuming.gates import first_turn
 from tests.conftest import plan_buffers, run_rounds, scalar, wait_for
 
 QUEUE = "floors"
@@ -145,7 +145,7 @@ def test_a_slow_sweep_makes_the_next_come_later_and_a_quick_one_brings_back_the_
     a quick sweep keeps SWEEP_SECONDS."""
     from datetime import datetime
 
-    from supervisor.broker.floors import SWEEP_SECONDS, SWEEP_SHARE
+    from supervisor.broker.consuming.floors import SWEEP_SECONDS, SWEEP_SHARE
 
     now = [100.0]
     floors = ClaimFloors(clock=lambda: now[0])
@@ -177,8 +177,8 @@ def test_the_straggler_probe_makes_a_claim_sweep_only_when_a_row_waits_behind_a_
     only then does the queue's next claim sweep (it is woken, too). While the probe finds
     none, the claims do not sweep on the clock (under a pinned horizon a sweep reads every
     entry claimed since the pin)."""
-    from supervisor.broker import floors as floors_module
-    from supervisor.broker.floors import PROBE_VALID_SECONDS, StragglerProbe
+    from supervisor.broker.consuming import floors as floors_module
+    from supervisor.broker.consuming.floors import PROBE_VALID_SECONDS, StragglerProbe
 
     now = [1000.0]
     floored.floors.clock = lambda: now[0]
@@ -208,7 +208,7 @@ def test_while_a_transaction_holds_the_horizon_claims_take_the_held_slack(conn, 
     """The probe reads how long the oldest transaction has held the horizon back; past the
     moving slack, claims start only the held slack behind their floors: under a pin the
     entries of rows claimed in the slack cannot be marked dead, and each costs a heap visit."""
-    from supervisor.broker.floors import StragglerProbe
+    from supervisor.broker.consuming.floors import StragglerProbe
 
     floors = ClaimFloors(slack=0.5, held_slack=0.005, sweep_every=3600)
     with _floored(database_url, floors) as floored:
@@ -248,8 +248,8 @@ def test_a_slow_probe_round_makes_the_next_come_later_and_its_answer_stand_as_lo
     floors, on one of the pool's two connections: its rounds take at most PROBE_SHARE of
     the time, and a clean answer stands a few of its intervals, so the claims do not sweep
     on the clock between slow rounds."""
-    from supervisor.broker import floors as floors_module
-    from supervisor.broker.floors import PROBE_VALID_ROUNDS, StragglerProbe
+    from supervisor.broker.consuming import floors as floors_module
+    from supervisor.broker.consuming.floors import PROBE_VALID_ROUNDS, StragglerProbe
 
     now = [1000.0]
     floored.floors.clock = lambda: now[0]

@@ -23,8 +23,8 @@ from dramatiq.message import Message
 from dramatiq.middleware import AsyncIO, CurrentMessage
 
 from supervisor.broker import PostgresBroker
+from supervisor.broker.consuming.timer import DueTimer
 from supervisor.broker.joining import RaisedInActor
-from supervisor.broker.timer import DueTimer
 from supervisor.worker.process import EXECUTORS
 from tests.conftest import cli, scalar, wait_for
 

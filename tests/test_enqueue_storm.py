@@ -52,7 +52,7 @@ def batch(actor: dramatiq.Actor, size: int, keyed: bool) -> list[Message]:
 
 def test_every_message_sent_under_a_terminate_storm_exists_exactly_once(conn, database_url, broker, actor,
                                                                         caplog):
-    caplog.set_level(logging.WARNING, logger="supervisor.broker.sending")
+    caplog.set_level(logging.WARNING, logger="supervisor.broker.producing.sending")
     stop = threading.Event()
     killed: list[int] = []
     sent: list[str] = []

@@ -235,8 +235,8 @@ def test_the_runtimes_own_failures_are_grouped_too(conn):
     """A lost lease (the job runs again), a poison pill and a row that cannot become a
     message have no exception of the actor's: named by the runtime, with no frame."""
     from supervisor.broker import sql
-    from supervisor.broker.completer import Finish, finish_params
-    from supervisor.broker.leases import reap_params
+    from supervisor.broker.consuming.completer import Finish, finish_params
+    from supervisor.broker.consuming.leases import reap_params
 
     def running(actor: str, losses: int = 0) -> str:
         return str(scalar(conn, "INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at, attempts,"

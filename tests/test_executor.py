@@ -14,7 +14,7 @@ import pytest
 from dramatiq.middleware import Middleware, SkipMessage
 
 from supervisor.broker import PostgresBroker
-from supervisor.broker.fencing import Fence
+from supervisor.broker.consuming.fencing import Fence
 from supervisor.worker.executor import Worker
 from tests.conftest import in_process_worker, scalar, wait_for
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from supervisor.broker import sql
-from supervisor.broker.gates import first_turn, max_keys
+from supervisor.broker.consuming.gates import first_turn, max_keys
 from supervisor.broker.middleware import claim_budgets
 from tests.conftest import scalar
 

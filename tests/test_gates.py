@@ -1,9 +1,9 @@
-"""broker/gates.py: which claim a queue gets, and when, from what its claims and notices said."""
+"""broker/consuming/gates.py: which claim a queue gets, and when, from what its claims and notices said."""
 
 from __future__ import annotations
 
-from supervisor.broker import gates
-from supervisor.broker.gates import CUT_PAUSE, MOST_KEYS, PROBE_SECONDS, Gates, max_keys
+from supervisor.broker.consuming import gates
+from supervisor.broker.consuming.gates import CUT_PAUSE, MOST_KEYS, PROBE_SECONDS, Gates, max_keys
 
 
 def claimed(g: Gates, queue: str = "q", n: int = 8, **meta) -> None:

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from supervisor import admin
-from supervisor.broker.completer import Finish, log_finish_params
+from supervisor.broker.consuming.completer import Finish, log_finish_params
 from supervisor.broker.logstore import LogRow, release_params
 from supervisor.broker.sql import joblog
 from tests.conftest import plan_buffers, scalar

@@ -16,7 +16,7 @@ from dramatiq.middleware import CurrentMessage
 
 from supervisor import admin, error_groups
 from supervisor.broker import PostgresBroker
-from supervisor.broker.completer import Finish, ack_params, finish_params, successes_only
+from supervisor.broker.consuming.completer import Finish, ack_params, finish_params, successes_only
 from tests.conftest import in_process_worker, scalar, wait_for
 
 QUEUE = "logged"

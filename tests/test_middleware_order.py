@@ -1,6 +1,6 @@
 """The middleware order is declared by each middleware that needs a place
 (``placement``: the Fence last, JobLog before Retries) and checked when a worker starts
-(broker/order.py): a misplaced one stops the worker with one error line naming it."""
+(broker/consuming/order.py): a misplaced one stops the worker with one error line naming it."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import pytest
 from dramatiq.middleware import AgeLimit, Middleware
 
 from supervisor import exit_codes
-from supervisor.broker import PostgresBroker, order
-from supervisor.broker.fencing import Fence
+from supervisor.broker import PostgresBroker
+from supervisor.broker.consuming import order
+from supervisor.broker.consuming.fencing import Fence
 from supervisor.broker.middleware import Retries
 from supervisor.worker.joblog import JobLog
 from tests.conftest import wait_for
 
-ERROR = ("middleware tests.order_actors.Stamp is after supervisor.broker.fencing.Fence, which must be last"
+ERROR = ("middleware tests.order_actors.Stamp is after supervisor.broker.consuming.fencing.Fence, which must be last"
          " (its after_process_message runs first")
 
 
@@ -48,7 +49,7 @@ def test_the_brokers_own_list_is_in_order_and_a_message_hook_after_the_fence_is_
 
     broker.add_middleware(Stamp())
     with pytest.raises(order.MiddlewareOrderError, match=r"middleware tests\.test_middleware_order\.Stamp "
-                       r"is after supervisor\.broker\.fencing\.Fence, which must be last .*before=Fence\)$"):
+                       r"is after supervisor\.broker\.consuming\.fencing\.Fence, which must be last .*before=Fence\)$"):
         order.check(broker.middleware)
 
     broker.middleware.remove(broker.middleware[-1])

@@ -95,7 +95,7 @@ def test_progress_of_a_job_of_the_log_is_visible_while_running(conn, producer, w
 
 
 def test_every_progress_event_keeps_its_kind_up_to_the_bound(conn, producer, workers, database_url):
-    from supervisor.broker.progress import MAX_REPORTS
+    from supervisor.broker.consuming.progress import MAX_REPORTS
 
     ops_worker(workers, conn)
     few, many = producer.enqueue(ops("ops_events", 6)), producer.enqueue(ops("ops_events", 500))
@@ -125,7 +125,7 @@ def _history(conn, job_id: str) -> list[tuple[float, str]]:
 
 
 def test_reports_are_kept_when_the_ack_write_fails(conn, producer):
-    from supervisor.broker.progress import ProgressBuffer
+    from supervisor.broker.consuming.progress import ProgressBuffer
 
     buffer = ProgressBuffer(producer.pool)
     job = scalar(conn, "INSERT INTO jobs (actor, status, attempts, claimed_at) VALUES ('x', 'running', 1, now())"
@@ -148,7 +148,7 @@ def test_reports_are_kept_bounded_per_job_per_write(conn, producer):
     (its first ones and its latest); an unchanged report is not written again; an
     acked job's report rides on the ack and its history row goes with the next
     write; attempts no longer held are forgotten."""
-    from supervisor.broker.progress import MAX_REPORTS, ProgressBuffer
+    from supervisor.broker.consuming.progress import MAX_REPORTS, ProgressBuffer
 
     held: set[tuple[str, int]] = set()
     buffer = ProgressBuffer(producer.pool, holds=held.__contains__)

@@ -1,4 +1,4 @@
-"""Paced prefetch (broker/pace.py): rows beyond the threads only while jobs are short.
+"""Paced prefetch (broker/consuming/pace.py): rows beyond the threads only while jobs are short.
 The pure rule with a real Capacity, then two worker processes and long jobs."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import dramatiq
 import pytest
 
 from supervisor import defaults
-from supervisor.broker.capacity import Capacity
-from supervisor.broker.pace import Pace
+from supervisor.broker.consuming.capacity import Capacity
+from supervisor.broker.consuming.pace import Pace
 from tests.conftest import in_process_worker, scalar, wait_for
 from tests.supervisor_helpers import enqueue, wait_all_succeeded
 

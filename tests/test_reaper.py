@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from supervisor.broker import PostgresBroker, sql
-from supervisor.broker.leases import reap_params
+from supervisor.broker.consuming.leases import reap_params
 from supervisor.registry import Registration
 from tests.conftest import plan_buffers, run_rounds, scalar, wait_for
 

@@ -222,7 +222,7 @@ def test_a_skipped_hook_changes_nothing_end_to_end(broker, conn, executor):
 def test_a_middleware_of_ours_says_which_hooks_a_plan_may_skip(broker):
     """RunResults (a scheduled run's rows_affected) reports nothing for a run that returned
     None: skipped then; a subclass that does not say so itself is called."""
-    from supervisor.broker.fencing import Fence
+    from supervisor.broker.consuming.fencing import Fence
     from supervisor.worker.scheduler import RunResults
 
     class Counting(RunResults):

@@ -14,11 +14,12 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from supervisor import db, error_groups
-from supervisor.broker import PostgresBroker, actor_reads, reads
+from supervisor.broker import PostgresBroker, reads
 from supervisor.broker import sql as jobs_sql
-from supervisor.broker.completer import Finish, finish_params
-from supervisor.broker.gates import first_turn
-from supervisor.broker.leases import reap_params
+from supervisor.broker.consuming.completer import Finish, finish_params
+from supervisor.broker.consuming.gates import first_turn
+from supervisor.broker.consuming.leases import reap_params
+from supervisor.broker.reads import actor_reads
 from supervisor.config import Retention
 from supervisor.http.dashboard import recorder
 from supervisor.registry import Registration

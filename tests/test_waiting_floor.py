@@ -1,4 +1,4 @@
-"""The waiting floor (broker/floors.py, sql/flow.py's WAITING_FLOOR): a keyed claim reads a
+"""The waiting floor (broker/consuming/floors.py, sql/flow.py's WAITING_FLOOR): a keyed claim reads a
 queue's waiting rows from the oldest one the process's probe saw, so under a pinned horizon
 it no longer passes over every row that waited since the pin; a row behind the floor (a
 long transaction's, one put back in its place) is found by the probe's next round or at
@@ -14,8 +14,8 @@ import dramatiq
 import psycopg
 
 from supervisor.broker import sql
-from supervisor.broker.floors import ClaimFloors, StragglerProbe, SweepSignal
-from supervisor.broker.gates import NO_FLOOR, first_turn
+from supervisor.broker.consuming.floors import ClaimFloors, StragglerProbe, SweepSignal
+from supervisor.broker.consuming.gates import NO_FLOOR, first_turn
 from supervisor.broker.middleware import claim_budgets
 from tests.conftest import plan_buffers
 
@@ -123,7 +123,7 @@ def test_a_waiting_row_put_back_tells_every_process_to_read_from_the_start(conn,
         assert broker.requeue(taken) == 1
         payloads = {n.payload for n in listener.notifies(timeout=5, stop_after=2)}
     # waiting again, in its place (run_at kept, a minute old): '+' for the keyed claim, '!'
-    # for the floors (broker/floors.py's SweepSignal resets the waiting floor too)
+    # for the floors (broker/consuming/floors.py's SweepSignal resets the waiting floor too)
     assert payloads == {"+" + QUEUE, "!" + QUEUE}
     assert conn.execute("SELECT status FROM job_queue WHERE queue = %s", (QUEUE,)).fetchone()[0] == "waiting"
 

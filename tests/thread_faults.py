@@ -16,9 +16,9 @@ import psycopg
 from dramatiq.middleware import CurrentMessage
 
 import supervisor
-from supervisor.broker.completer import Completer
-from supervisor.broker.progress import ProgressBuffer
-from supervisor.broker.timer import DueTimer
+from supervisor.broker.consuming.completer import Completer
+from supervisor.broker.consuming.progress import ProgressBuffer
+from supervisor.broker.consuming.timer import DueTimer
 from supervisor.worker.upkeep import Upkeep
 
 # thread name -> (class, the method that thread calls each round)

@@ -1,9 +1,9 @@
 """What producers and workers import: the broker, its consumer, leases and middleware."""
 
 from .broker import PostgresBroker, setup_broker
-from .consumer import PostgresConsumer
+from .consuming.consumer import PostgresConsumer
+from .consuming.leases import Leases
 from .joining import JobFailed
-from .leases import Leases
 from .message import PgMessageProxy
 from .middleware import JobOptions, Retries
 

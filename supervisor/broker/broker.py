@@ -33,26 +33,26 @@ from psycopg_pool import ConnectionPool
 from .. import db, defaults
 from ..identity import owner_id
 from . import bulk, logstore, tracing
-from .background import Background
-from .capacity import Capacity
-from .claims import Claims
-from .completer import Completer
 from .connections import Connections, within
-from .consumer import PostgresConsumer
+from .consuming.background import Background
+from .consuming.capacity import Capacity
+from .consuming.claims import Claims
+from .consuming.completer import Completer
+from .consuming.consumer import PostgresConsumer
+from .consuming.fencing import Fence
+from .consuming.floors import ClaimFloors
+from .consuming.gates import Gates
+from .consuming.keeper import LeaseKeeper
+from .consuming.leases import Leases
+from .consuming.outcomes import Outcomes
+from .consuming.progress import ProgressBuffer
 from .fanin import GroupSteps
-from .fencing import Fence
-from .floors import ClaimFloors
-from .gates import Gates
 from .groups import GroupCallbacks
 from .joining import Failures, QueueHelpers
-from .keeper import LeaseKeeper
-from .leases import Leases
 from .limiter import PostgresBackend as LimiterBackend
 from .message import PgMessageProxy
 from .middleware import JobOptions, Retries
-from .outcomes import Outcomes
-from .producer import Producer
-from .progress import ProgressBuffer
+from .producing.producer import Producer
 from .results import PostgresBackend
 from .signals import Signals
 

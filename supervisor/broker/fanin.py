@@ -26,9 +26,9 @@ from dramatiq.message import Message
 from dramatiq.middleware import Middleware
 
 from .. import backoff, defaults
+from .consuming.order import Before, Placement
 from .limiter import CONNECTION_ERRORS, PostgresBackend
 from .middleware import FANIN, FANOUT, Retries
-from .order import Before, Placement
 from .sql import limiter as sql
 
 log = logging.getLogger(__name__)

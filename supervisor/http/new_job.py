@@ -25,7 +25,7 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "concurrency_key": (str, "a non-empty string; at most one job per key runs at a time"),
     "max_retries": (int, "an integer >= 0"),
     # flow control (supervisor/flow.py), checked as at send; an actor's own limits apply too,
-    # added by the worker that claims the job (broker/late_keys.py)
+    # added by the worker that claims the job (broker/consuming/late_keys.py)
     "rate_limit": (str, "a rate: '30/m', '20/s burst 5' (N/s, N/m, N/h or N/d)"),
     "rate_limit_key": (str, "a key template over the message, e.g. 'shop:{kwargs[shop]}'"),
     "daily_quota": (int, "an integer >= 1: starts per UTC day"),

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 
-from ..broker.listener import GAP, Listener, encode
+from ..broker.consuming.listener import GAP, Listener, encode
 
 log = logging.getLogger(__name__)
 

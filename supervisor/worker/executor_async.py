@@ -47,8 +47,8 @@ from dramatiq.middleware import ShutdownNotifications, TimeLimit
 from dramatiq.middleware.shutdown import Shutdown
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
-from ..broker.capacity import Capacity
-from ..broker.consumer import PostgresConsumer
+from ..broker.consuming.capacity import Capacity
+from ..broker.consuming.consumer import PostgresConsumer
 from ..broker.message import PgMessageProxy
 from .executor_threads import ClaimThread, WorkerThread, WorkQueue
 

@@ -26,8 +26,8 @@ from dramatiq.errors import BrokerConnectionError, RateLimitExceeded, Retry
 from dramatiq.middleware import SkipMessage
 from dramatiq.results import Results
 
-from ..broker.consumer import PostgresConsumer
-from ..broker.fencing import LeaseLost
+from ..broker.consuming.consumer import PostgresConsumer
+from ..broker.consuming.fencing import LeaseLost
 from ..broker.message import PgMessageProxy
 
 

@@ -26,7 +26,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import Middleware, Retries
 
 from ..broker import jobfields
-from ..broker.order import Before, Placement
+from ..broker.consuming.order import Before, Placement
 from .lines import LineWriter
 
 log = logging.getLogger("supervisor.jobs")

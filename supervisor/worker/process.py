@@ -18,9 +18,10 @@ import dramatiq
 from psycopg_pool import ConnectionPool
 
 from .. import apps, backoff, defaults, exit_codes, runtime
-from ..broker import PostgresBroker, order
-from ..broker.fencing import Fence, LeaseLost
-from ..broker.pace import GiveBack, Pace
+from ..broker import PostgresBroker
+from ..broker.consuming import order
+from ..broker.consuming.fencing import Fence, LeaseLost
+from ..broker.consuming.pace import GiveBack, Pace
 from ..db import Database
 from ..registry import Registration
 from . import executor, liveness, metrics
@@ -110,7 +111,7 @@ class WorkerProcess:
             for m in broker.middleware:
                 if isinstance(m, dramatiq.middleware.TimeLimit):
                     m.time_limit = int(r.time_limit * 1000)
-        # Ahead of the Fence, which stays last (broker/order.py, checked below).
+        # Ahead of the Fence, which stays last (broker/consuming/order.py, checked below).
         broker.add_middleware(RunResults(), before=Fence)
         if s.job_log:  # first, so it times the whole run (its placement: before Retries)
             broker.add_middleware(JobLog(r.name), before=type(broker.middleware[0]))
@@ -164,7 +165,7 @@ class WorkerProcess:
         worker.queue_prefetch = s.capacity * 4
         worker.start()
         self.worker = worker
-        if s.capacity > r.threads:  # rows may wait for a thread: never long (see broker/pace.py)
+        if s.capacity > r.threads:  # rows may wait for a thread: never long (see broker/consuming/pace.py)
             self.give_back = GiveBack(worker.work_queue, worker.consumers, broker.fence, r.threads,
                                       on_give_back=pace.gave_back, patience=pace.patience)
             self.give_back.start()

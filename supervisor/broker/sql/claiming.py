@@ -12,7 +12,7 @@ from .flow import CLAIMABLE, KEYED, META
 _CLAIMED = """j.id::text, j.queue, j.actor, jsonb_build_array(j.args, j.kwargs, j.options)::text,
     j.attempts, j.max_attempts, j.concurrency_key, j.lease_losses,
     coalesce(j.message_timestamp, (extract(epoch FROM j.created_at) * 1000)::bigint), j.payload,
-    j.priority, j.run_at"""  # the last two: where this process's next claims may start (broker/floors.py)
+    j.priority, j.run_at"""  # the last two: where this process's next claims may start (broker/consuming/floors.py)
 # After them in a claim's rows: whether the row waited for its limit key (no floor moves
 # for it), and the keyed part's wait, cursor, keys seen and rows taken from keys (NULL but
 # in its META row, the first, whose id is NULL: sql/flow.py; a claimed row's last column
@@ -48,7 +48,7 @@ _RUNNABLE = """j.queue = %(queue)s
 # is locked but not visible to the UPDATE: it stays pending for the next claim.
 _HEAD = f"""
 WITH RECURSIVE floors AS (
-    -- Where this process's claims of each priority level start reading (broker/floors.py):
+    -- Where this process's claims of each priority level start reading (broker/consuming/floors.py):
     -- every runnable row before it was claimed already (or is a straggler, which the
     -- process's next sweep, a claim with no floors, finds). Under a pinned xmin horizon
     -- the claim index keeps an entry for every row claimed since the pin; read from the
@@ -172,7 +172,7 @@ _KEYED_OUT = "j.flow_key IS NOT NULL, NULL::float8, NULL::text, NULL::int, p.seq
 
 # A queue with no waiting rows known: the plain rows only. A queue's first waiting rows
 # are announced ('+' || queue: the insert trigger, sql.FINISH, the releases), which sends
-# the process to CLAIM_KEYED; CLAIM_PROBE, now and then (broker/gates.py), also answers with
+# the process to CLAIM_KEYED; CLAIM_PROBE, now and then (broker/consuming/gates.py), also answers with
 # a META row when the queue has waiting rows that no notice reached this process about.
 # So a queue whose jobs carry no limit pays nothing for flow control but an index descent
 # every PROBE_SECONDS.
@@ -232,7 +232,7 @@ def claim(n: int, keyed: bool = False, probe: bool = False) -> str:
 
 
 # Whether a runnable row of the queue waits behind one of a process's claim floors (a
-# straggler: broker/floors.py), per floor level one range scan of jobs_claim up to the
+# straggler: broker/consuming/floors.py), per floor level one range scan of jobs_claim up to the
 # floor (the floors as sql.CLAIM takes them, slack already taken off). Run by its own thread,
 # off the claim's path: under a pinned horizon it reads every entry claimed since the pin,
 # as a sweep does, but no claim waits for it; only when it finds one does a claim sweep.
@@ -250,7 +250,7 @@ SELECT EXISTS (
 """
 
 
-# The waiting floor of a queue (sql/flow.py's WAITING_FLOOR, broker/floors.py): the oldest
+# The waiting floor of a queue (sql/flow.py's WAITING_FLOOR, broker/consuming/floors.py): the oldest
 # run_at among its waiting rows, or now when none is older; the probe's thread reads it,
 # off the claim's path (under a pinned horizon the descent passes over every row that
 # waited since the pin: jobs_waiting_due keeps their entries). A row committed later with
@@ -262,7 +262,7 @@ SELECT least(now(), (SELECT min(j.run_at) FROM job_queue j WHERE j.queue = %(que
 # How long (s) the oldest transaction of this database holding a snapshot or an xid has
 # been open, 0 if none: what holds back the xmin horizon for its tables (PostgreSQL 14 on
 # counts only the database's own sessions, plus replication slots and prepared
-# transactions, which this leaves out). The claim floors' slack follows it (broker/floors.py).
+# transactions, which this leaves out). The claim floors' slack follows it (broker/consuming/floors.py).
 HORIZON_HELD = """
 SELECT coalesce(extract(epoch FROM now() - min(xact_start)), 0)::float8 FROM pg_stat_activity
  WHERE datname = current_database() AND pid <> pg_backend_pid()

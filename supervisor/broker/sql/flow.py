@@ -88,7 +88,7 @@ def _gate(key: str, flow: str) -> str:
                CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used ELSE 0 END AS used) t)"""
 
 
-# Where the keyed part's reads of waiting rows start (broker/floors.py's waiting floor: the
+# Where the keyed part's reads of waiting rows start (broker/consuming/floors.py's waiting floor: the
 # oldest run_at among the queue's waiting rows when the process's probe last looked, less the
 # slack; '-infinity' when it knows none). Under a pinned horizon jobs_waiting keeps an entry
 # for every row that waited since the pin, each a heap visit to pass over: a key's descent
@@ -303,7 +303,7 @@ RETURNING key
 
 
 # A plain row claimed for an actor with flow control whose producer did not key it
-# (broker/late_keys.py): its key and limits written in, fenced by owner and attempt, still
+# (broker/consuming/late_keys.py): its key and limits written in, fenced by owner and attempt, still
 # running; the requeue that follows in the same transaction (sql.FINISH) sends it to
 # 'waiting' (a row with a key waits for it) with the claim not counted.
 KEY_LATE = """

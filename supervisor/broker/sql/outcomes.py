@@ -41,7 +41,7 @@ from .history import JOB_COLUMNS, archive
 #       back for delay_ms instead ('@' || queue).
 # A row with a limit key goes back to 'waiting' (retry, requeue, limited), not 'pending'
 # or 'retryable': it waits for its key again (sql/flow.py); its wake-up is '+' || queue
-# (the keyed part has no floors; broker/gates.py) or '@' || queue for a later retry.
+# (the keyed part has no floors; broker/consuming/gates.py) or '@' || queue for a later retry.
 # A job's latest unwritten progress report rides along with a success (progress NULL:
 # none); started_us / ended_us say how long ago the attempt started and ended running in
 # its thread, and the server sets started_at / finished_at from its own now() (no host's
@@ -110,7 +110,7 @@ WITH o AS (
     SELECT id, %(owner)s, 'running', status, reason, actor, error_type, error_where FROM stays
 ), wake AS (
     -- a requeued row kept its run_at, its place in line, which may be behind the floors of
-    -- every process's claims: '!' || queue makes them sweep (broker/floors.py)
+    -- every process's claims: '!' || queue makes them sweep (broker/consuming/floors.py)
     SELECT pg_notify('actor_supervisor_jobs',
                      CASE WHEN kind = 'limited' AND flow_key IS NOT NULL
                           THEN '~' || queue || ' ' || round(delay_ms / 1000.0, 3)::text
@@ -264,7 +264,7 @@ WITH fresh AS MATERIALIZED (
 # back once all of these hold:
 #   - its workers row and each row's own renewal are older than stale_beats of its beat
 #     intervals (it registered one: it stops its own jobs once its renewals have failed
-#     for that long, see broker/leases.py, so a live process cut off from the server
+#     for that long, see broker/consuming/leases.py, so a live process cut off from the server
 #     has stopped them by then);
 #   - the server holds no session of it: a process that died has none (its kernel closed
 #     its sockets), a frozen one (SIGSTOP, a stalled VM) keeps them and is left to its

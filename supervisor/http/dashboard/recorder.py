@@ -18,7 +18,7 @@ import time
 import psycopg
 
 from ... import backoff, db
-from ...broker.listener import CHANNEL
+from ...broker.consuming.listener import CHANNEL
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,10 @@ from collections.abc import Callable, Mapping
 
 import psycopg
 
-from .. import servers
-from ..db import redact, session_kwargs
-from . import gates, threads
+from ... import servers
+from ...db import redact, session_kwargs
+from .. import threads
+from . import gates
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from typing import Protocol
 from dramatiq.broker import Consumer
 from dramatiq.errors import BrokerConnectionError
 
-from .. import testsignals
+from ... import testsignals
+from ..message import PgMessageProxy
 from .capacity import Capacity
-from .message import PgMessageProxy
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,14 @@ from typing import Any, TypeVar
 import psycopg
 from dramatiq.message import Message
 
-from .. import defaults
-from . import bulk, logstore, sending, tracing
-from .connections import Connections, callers_transaction
-from .message import PgMessageProxy, body_columns
-from .middleware import Retries
-from .signals import Emit
-from .sql import joblog
+from ... import defaults
+from .. import bulk, logstore, tracing
+from ..connections import Connections, callers_transaction
+from ..message import PgMessageProxy, body_columns
+from ..middleware import Retries
+from ..signals import Emit
+from ..sql import joblog
+from . import sending
 
 T = TypeVar("T")
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .. import defaults
-from . import logstore, sql
+from ... import defaults
+from .. import logstore, sql
+from ..sql import joblog
 from .completer import Finish, finish_params, log_finish_params, write_log_outcomes
-from .sql import joblog
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from typing import Any
 
 from dramatiq import Actor, Message
 
-from .. import flow
-from . import bulk
-from .message import PgMessageProxy
-from .sql import KEYED_COLUMN
+from ... import flow
+from .. import bulk
+from ..message import PgMessageProxy
+from ..sql import KEYED_COLUMN
 
 # A claimed row's concurrency_key column: a row written by hand with one took its slot in
 # the claim, which a requeue would give up; it runs as claimed.

@@ -9,7 +9,7 @@ the cap, and the caller says its figures cover only those (tests/test_table_heal
 and tests/test_dashboard_reads_bounded.py check the plans).
 """
 
-from .reads import CAP_START, ERROR_LINE, WAIT_S
+from . import CAP_START, ERROR_LINE, WAIT_S
 
 # One group: an equality on the three columns both error indexes lead with.
 _GROUP = """e.error_type IS NOT NULL AND e.actor = {g}.actor AND e.error_type = {g}.error_type

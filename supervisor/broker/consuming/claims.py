@@ -13,18 +13,19 @@ from typing import Any, TypeVar
 import psycopg
 from dramatiq.errors import ActorNotFound, BrokerConnectionError
 
-from .. import defaults
-from . import late_keys, logstore, sql
+from ... import defaults
+from .. import logstore, sql
+from ..connections import Connections
+from ..joining import Failures
+from ..message import PgMessageProxy, decode_claimed
+from ..middleware import Retries, claim_budgets
+from ..sql import joblog
+from . import late_keys
 from .background import Background
 from .completer import Finish
-from .connections import Connections
 from .floors import ClaimFloors
 from .gates import Gates
-from .joining import Failures
 from .leases import Leases
-from .message import PgMessageProxy, decode_claimed
-from .middleware import Retries, claim_budgets
-from .sql import joblog
 
 T = TypeVar("T")
 # How long a claim waits for a connection while claims are failing (see Claims._claiming).

@@ -9,9 +9,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import defaults
-from ..registry import Beat, Registration
-from . import threads
+from ... import defaults
+from ...registry import Beat, Registration
+from .. import threads
 from .leases import Leases
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .sql.flow import ANNOUNCE_MARGIN  # a gate announced again only when sooner by this
+from ..sql.flow import ANNOUNCE_MARGIN  # a gate announced again only when sooner by this
 
 # Prefix of the NOTIFY payload '~queue seconds' (sql/flow.py's kannounce, sql.FINISH's limited).
 GATE = "~"
@@ -42,7 +42,7 @@ EXTRA_KEYS = 16
 # plain jobs: 5 keyed claims a process a second, 2 now; bench_limits.py L2).
 MOST_KEYS = 1024
 # The waiting floor (sql/flow.py's WAITING_FLOOR) of a claim that knows none: read every
-# waiting row (broker/floors.py keeps the process's).
+# waiting row (broker/consuming/floors.py keeps the process's).
 NO_FLOOR = "-infinity"
 
 

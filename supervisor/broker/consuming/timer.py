@@ -1,6 +1,6 @@
 """Wake a queue's consumers when its earliest future job becomes due (retries, delays), or
 when a limit key a claim found gated opens again (a token, the next day's quota, the end
-of a block: broker/gates.py)."""
+of a block: broker/consuming/gates.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from psycopg_pool import ConnectionPool
 
-from . import sql, threads
+from .. import sql, threads
 from .listener import Wakeups
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from dramatiq.errors import BrokerConnectionError
 from dramatiq.message import Message
 from psycopg_pool import ConnectionPool
 
-from .. import backoff, db
-from . import sql
+from ... import backoff, db
+from .. import sql
 
 log = logging.getLogger(__name__)
 

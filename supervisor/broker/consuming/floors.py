@@ -42,8 +42,8 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from .. import db
-from . import sql, threads
+from ... import db
+from .. import sql, threads
 from .gates import NO_FLOOR
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from dramatiq.middleware import Middleware
 
-from .signals import handles
+from ..signals import handles
 
 # The hooks of one message's run, in the worker thread: what the placements are about.
 MESSAGE_HOOKS = ("before_process_message", "after_process_message", "after_skip_message")

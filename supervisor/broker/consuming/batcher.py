@@ -8,8 +8,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from .. import backoff
-from . import threads
+from ... import backoff
+from .. import threads
 
 log = logging.getLogger(__name__)
 

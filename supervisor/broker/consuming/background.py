@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from psycopg_pool import ConnectionPool
 
-from .. import defaults
-from ..registry import Registration
+from ... import defaults
+from ...registry import Registration
 from .batcher import AckBatcher
 from .completer import Completer
 from .floors import REQUEUED, ClaimFloors, StragglerProbe, SweepSignal

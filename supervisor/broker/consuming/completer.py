@@ -22,10 +22,10 @@ from psycopg.errors import UniqueViolation
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
-from .. import db
-from . import logstore, sql
+from ... import db
+from .. import logstore, sql
+from ..sql import joblog
 from .progress import Holds, ProgressBuffer
-from .sql import joblog
 
 log = logging.getLogger(__name__)
 

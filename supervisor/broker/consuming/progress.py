@@ -32,7 +32,7 @@ from psycopg.pq import Format
 from psycopg.types.array import ListBinaryDumper
 from psycopg_pool import ConnectionPool
 
-from . import sql, threads
+from .. import sql, threads
 
 log = logging.getLogger(__name__)
 

@@ -14,16 +14,16 @@ from typing import Any
 
 from dramatiq.errors import BrokerConnectionError
 
-from .. import backoff
-from . import error_key, logstore, sql
+from ... import backoff
+from .. import error_key, logstore, sql
+from ..connections import Connections
+from ..joining import Failures
+from ..message import PgMessageProxy, body_columns, error_text
+from ..signals import Emit
 from .background import Background
 from .completer import Completer, Finish
-from .connections import Connections
 from .floors import ClaimFloors
-from .joining import Failures
 from .leases import Leases
-from .message import PgMessageProxy, body_columns, error_text
-from .signals import Emit
 
 log = logging.getLogger(__name__)
 

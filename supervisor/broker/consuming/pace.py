@@ -38,12 +38,12 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import defaults
-from . import threads
+from ... import defaults
+from .. import threads
+from ..message import PgMessageProxy
 from .capacity import Capacity
 from .consumer import PostgresConsumer
 from .fencing import Fence
-from .message import PgMessageProxy
 
 log = logging.getLogger(__name__)
 
