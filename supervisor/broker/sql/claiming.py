@@ -4,7 +4,7 @@ wake-up timer's next due time."""
 import functools
 
 from .compact import compact as _compact
-from .flow import CLAIMABLE, KEYED, META
+from .flow import CLAIMABLE, KEYED, META, take_slots
 
 # Columns a consumer needs to rebuild a Dramatiq message and fence its lease.
 # args, kwargs and options travel as one JSON text: one json.loads per row on
@@ -121,14 +121,9 @@ WITH RECURSIVE floors AS (
 )"""
 
 # A row with a concurrency key (written by hand: a producer's waits for its key) takes its
-# key's one slot: sorted so two claimers never take the same keys in opposite orders (no
-# deadlock).
-_SLOTS = """
-    INSERT INTO job_concurrency (key, job_id)
-    SELECT DISTINCT ON (concurrency_key) concurrency_key, id FROM keyed ORDER BY concurrency_key
-    ON CONFLICT (key, slot) DO UPDATE SET job_id = EXCLUDED.job_id, freed_at = NULL
-       WHERE job_concurrency.job_id IS NULL  -- a kept row, free (migration 046)
-    RETURNING job_id"""
+# key's one slot (slot 0), as sql/flow.py's take_slots takes them: in key order, never
+# waiting on a slot another transaction holds. The CTE ``slots``: the ids that got theirs.
+_SLOTS = take_slots("slots", "SELECT concurrency_key AS key, 0 AS slot, id FROM keyed")
 
 
 def _update(tids: str, out: str) -> str:
@@ -180,7 +175,7 @@ _PLAIN = f"""{_HEAD}, keyed AS (
     SELECT DISTINCT ON (concurrency_key) id, concurrency_key
       FROM cand WHERE concurrency_key IS NOT NULL
      ORDER BY concurrency_key, priority DESC, run_at, id
-), slots AS ({_SLOTS}{_update("SELECT tid FROM cand WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)",
+), {_SLOTS}{_update("SELECT tid FROM cand WHERE concurrency_key IS NULL OR id IN (SELECT job_id FROM slots)",
                                 "{out}")}"""
 
 CLAIM = _compact(_PLAIN.replace("{out}", _PLAIN_OUT) + "\nORDER BY 11 DESC, 12, 1\n")
@@ -201,7 +196,7 @@ CLAIM_KEYED = _compact(f"""{_HEAD},{KEYED}, keyed AS (
     SELECT DISTINCT ON (concurrency_key) id, concurrency_key
       FROM pick WHERE part = 0 AND concurrency_key IS NOT NULL
      ORDER BY concurrency_key, priority DESC, run_at, id
-), slots AS ({_SLOTS}{_update("SELECT p.tid FROM pick p WHERE " + CLAIMABLE, _KEYED_OUT)}
+), {_SLOTS}{_update("SELECT p.tid FROM pick p WHERE " + CLAIMABLE, _KEYED_OUT)}
 UNION ALL{META}
 ORDER BY 11 DESC, 17, 1
 """)

@@ -111,6 +111,47 @@ def _next_key(cond: str, pass_no: str) -> str:
       ORDER BY j.flow_key, j.priority DESC, j.run_at, j.id LIMIT 1)"""
 
 
+def take_slots(name: str, wanted: str) -> str:
+    """CTEs that take concurrency slots (migration 046: kept rows): ``wanted`` selects
+    (key, slot, id) pairs, each slot for the job ``id``; ``name`` is the CTE of the ids
+    that got theirs. A free kept row is locked FOR UPDATE SKIP LOCKED and taken; a slot with
+    no row yet is inserted (ON CONFLICT DO NOTHING). Neither waits on a row another
+    transaction holds: a claim that waited on a slot row a finishing job was freeing (an
+    ON CONFLICT DO UPDATE locks the row it meets even when its WHERE then refuses it) while
+    that job's FINISH waited on a slot row the claim had locked so deadlocked (seen 1 in 8
+    runs of test_concurrency_key_claims_never_overlap). A slot being freed right now is
+    passed over: the freeing commit NOTIFYs '+queue', and the next claim takes it. Both in
+    key order, as the single slot was taken."""
+    return f"""{name}_want AS (
+    {wanted}
+), {name}_kept AS (
+    SELECT c.key, c.slot FROM job_concurrency c
+     WHERE (c.key, c.slot) IN (SELECT key, slot FROM {name}_want) AND c.job_id IS NULL
+     ORDER BY c.key, c.slot
+       FOR UPDATE SKIP LOCKED
+), {name}_took AS (
+    UPDATE job_concurrency c SET job_id = w.id, freed_at = NULL
+      FROM {name}_want w
+     WHERE c.key = w.key AND c.slot = w.slot AND (c.key, c.slot) IN (SELECT key, slot FROM {name}_kept)
+ RETURNING c.job_id
+), {name}_new AS (
+    INSERT INTO job_concurrency (key, slot, job_id)
+    SELECT w.key, w.slot, w.id FROM {name}_want w
+     WHERE NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = w.key AND c.slot = w.slot)
+     ORDER BY w.key, w.slot
+    ON CONFLICT DO NOTHING
+ RETURNING job_id
+), {name} AS (
+    SELECT job_id FROM {name}_took UNION ALL SELECT job_id FROM {name}_new"""
+
+
+# The keyed rows picked, each given one of its key's free slots (kfree), in turn.
+_KSLOTS_WANT = """SELECT s.key, s.slot, p.id
+      FROM (SELECT id, flow_key, row_number() OVER (PARTITION BY flow_key ORDER BY priority DESC, run_at, id) AS r
+              FROM pick WHERE part = 1 AND conc IS NOT NULL) p
+      JOIN kfree s ON s.key = p.flow_key AND s.r = p.r"""
+
+
 # CTEs of the claim (after the plain part's ``cand``); the claim's UPDATE takes the rows of
 # ``pick`` that ``claimable`` lets through and returns ``kmeta`` last.
 KEYED = f"""
@@ -227,17 +268,7 @@ kscan(i, key, flow, pass, weight, needs_bucket, has_bucket, allow, wake, rate, b
                             WHERE c.key = t.key AND c.slot = g.slot AND c.job_id IS NOT NULL)
          LIMIT t.n) s
      WHERE t.conc IS NOT NULL AND t.key IN (SELECT key FROM kok)
-), kslots AS (
-    -- sorted so two claimers never take the same slots in opposite orders (no deadlock)
-    INSERT INTO job_concurrency (key, slot, job_id)
-    SELECT s.key, s.slot, p.id
-      FROM (SELECT id, flow_key, row_number() OVER (PARTITION BY flow_key ORDER BY priority DESC, run_at, id) AS r
-              FROM pick WHERE part = 1 AND conc IS NOT NULL) p
-      JOIN kfree s ON s.key = p.flow_key AND s.r = p.r
-     ORDER BY s.key, s.slot
-    ON CONFLICT (key, slot) DO UPDATE SET job_id = EXCLUDED.job_id, freed_at = NULL
-       WHERE job_concurrency.job_id IS NULL  -- a kept row, free (migration 046)
- RETURNING job_id
+), {take_slots("kslots", _KSLOTS_WANT)}
 ), kcut AS (
     -- the scan stopped at max_keys short of what the claim could take: keys beyond may
     -- allow rows; keyed rows taken: whether this claim made progress
