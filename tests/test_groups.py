@@ -1,6 +1,8 @@
 """Group completion callbacks and supervisor.pipeline's group steps on PostgreSQL (issue 41):
 the issue's snippet under `supervisor run` with a worker SIGKILLed while members run, a
-member counted once however often it runs, and fan-out / fan-in with a failing member."""
+member counted once however often it runs, and fan-out / fan-in with a failing member,
+also one that ends with no middleware run (its lease-loss budget spent under SIGKILL, an
+operator's cancel, an unreadable row, a flush), in both stores."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from dramatiq.message import Message
 from dramatiq.rate_limits import Barrier
 
 import supervisor
+from supervisor import defaults
+from supervisor.admin import cancel_job
 from supervisor.broker import PostgresBroker
 from supervisor.broker.groups import GroupCallbacks
 from tests.conftest import ROOT, in_process_worker, scalar, wait_for
@@ -217,3 +221,122 @@ def test_a_group_of_pipelines_calls_back_once_on_the_default_middleware(conn, br
                  message="every job to finish")
     assert a["seen"] == ["all done"]
     assert scalar(conn, "SELECT count(*) FROM group_arrivals") == 3
+
+
+# Issue 41: a member that ends without its middleware (SQL alone wrote its end) fails its
+# fan-in all the same (migration 048). Member 1 sleeps until it is killed; its budget of one
+# lease loss makes the release fail it.
+KILLED_PIPELINE = """
+import dramatiq, supervisor
+supervisor.setup_broker()
+from tests.workflow_actors import collected, member, seed
+supervisor.pipeline([seed.message(7), dramatiq.group([member.message(0, 0), member.message_with_options(
+    args=(1, 120), max_lease_losses=1)]), collected.message()]).run()
+"""
+
+
+@pytest.mark.parametrize("storage", ["log", "table"])
+def test_a_member_failed_by_its_lease_loss_budget_fails_the_pipeline(tmp_path, conn, database_url, supervisor,
+                                                                      storage):
+    path = write_config(tmp_path / "s.yaml", database_url,
+                        {"alpha": role(processes=2, threads=2, actors=("tests.workflow_actors",))},
+                        database={"storage": storage})
+    s = supervisor(path)
+    s.wait_state({"alpha": 2})
+    sent = subprocess.run([sys.executable, "-c", KILLED_PIPELINE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT),
+                                           "SUPERVISOR_STORAGE": storage})
+    assert sent.returncode == 0, sent.stderr
+    running = "FROM jobs j JOIN workers w ON w.id = j.lease_owner WHERE j.actor = 'member' AND j.args->>0 = '1'" \
+              " AND j.status = 'running'"
+    wait_for(lambda: scalar(conn, "SELECT count(*) " + running) == 1, 30, message="member 1 to run")
+    victim, job = conn.execute("SELECT w.pid, j.id " + running).fetchone()
+    # where the members live: the worker that ran the seed sent them with its broker's storage
+    in_queue = scalar(conn, "SELECT count(*) FROM job_queue WHERE id = %s", (job,)) + scalar(
+        conn, "SELECT count(*) FROM job_history WHERE id = %s", (job,))
+    assert in_queue == (1 if storage == "table" else 0)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM pipeline_fanins WHERE failed IS NOT NULL") == 1, 60,
+             interval=0.05, message="the fan-in to be marked failed; jobs now "
+             + str(conn.execute("SELECT actor, status, count(*) FROM jobs GROUP BY 1, 2").fetchall()))
+    failed = scalar(conn, "SELECT failed FROM pipeline_fanins")
+    assert failed.startswith(f"member 1 (member, message {job}) failed for good: failed by its lease-loss budget"
+                             " (poison pill: lease lost 1 times"), failed
+    assert "max_lease_losses=1" in failed
+    wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'member' AND status = 'succeeded'") == 1,
+             30, message="member 0 to succeed")
+    assert conn.execute("SELECT status, lease_losses FROM jobs WHERE id = %s", (job,)).fetchone() == ("failed", 1)
+    assert scalar(conn, "SELECT arrived FROM pipeline_fanins") == 1
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'collected'") == 0
+    assert scalar(conn, "SELECT count(*) FROM test_results WHERE tag LIKE 'collected%'") == 0
+
+
+def _group_first(broker: PostgresBroker, a: dict[str, Any], *members: Message[Any]) -> None:
+    supervisor.pipeline([dramatiq.group(list(members), broker=broker), a["collect"].message()], broker=broker).run()
+
+
+def _member_id(conn, actor: str, first_arg: int) -> str:
+    return str(scalar(conn, "SELECT id FROM jobs WHERE actor = %s AND args->>0 = %s", (actor, str(first_arg))))
+
+
+def _finish(conn, broker: PostgresBroker, statuses: list[str]) -> None:
+    """Run the queue until its members ended as ``statuses`` say (sorted)."""
+    with in_process_worker(broker, ["wf"]):
+        wait_for(lambda: sorted(r[0] for r in conn.execute(
+            "SELECT status FROM jobs WHERE actor <> 'wf_collect'").fetchall()) == statuses, 30,
+            message=f"the members to end {statuses}")
+
+
+STORAGES = [pytest.param("log", marks=pytest.mark.broker(storage="log")),
+            pytest.param("table", marks=pytest.mark.broker(storage="table"))]
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_a_member_cancelled_by_an_operator_fails_the_pipeline(conn, broker, steps, storage):
+    a = steps
+    _group_first(broker, a, a["seed"].message(1), a["seed"].message(2))
+    cancelled = _member_id(conn, "wf_seed", 2)
+    store = "job_log" if storage == "log" else "job_queue"
+    assert scalar(conn, f"SELECT count(*) FROM {store} WHERE id = %s", (cancelled,)) == 1
+    assert cancel_job(conn, cancelled)
+    _finish(conn, broker, ["cancelled", "succeeded"])
+    size, arrived, failed = conn.execute("SELECT size, arrived, failed FROM pipeline_fanins").fetchone()
+    assert (size, arrived) == (2, 1)
+    assert failed == f"member 1 (wf_seed, message {cancelled}) failed for good: cancelled by an operator"
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'wf_collect'") == 0
+    assert a["seen"] == []
+    # the fan-in's row made by the cancel expires as GroupSteps' own do
+    ttl = scalar(conn, "SELECT extract(epoch FROM expires_at - created_at) * 1000 FROM pipeline_fanins")
+    assert abs(float(ttl) - defaults.FANIN_TTL_MS) < 60_000
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_a_member_flushed_or_unreadable_fails_the_pipeline(conn, broker, steps, storage):
+    a = steps
+    # a member no worker knows: its claim fails it at once (Leases.fail_unreadable), no middleware
+    nobody = Message(queue_name="wf", actor_name="wf_nobody", args=(5,), kwargs={}, options={})
+    _group_first(broker, a, a["seed"].message(4), nobody)
+    _finish(conn, broker, ["failed", "succeeded"])
+    failed = scalar(conn, "SELECT failed FROM pipeline_fanins")
+    assert failed.startswith(f"member 1 (wf_nobody, message {nobody.message_id}) failed for good: failed: cannot"
+                             " become a message: actor: no actor named wf_nobody"), failed
+    conn.execute("DELETE FROM pipeline_fanins")
+    # Broker.flush drops a queue's waiting jobs (job_queue's with no history at all)
+    _group_first(broker, a, a["seed"].message(6), a["seed"].message(7))
+    broker.flush("wf")
+    reasons = [r[0] for r in conn.execute("SELECT failed FROM pipeline_fanins").fetchall()]
+    assert len(reasons) == 1 and reasons[0].endswith("failed for good: cancelled: its queue was flushed"), reasons
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'wf_collect'") == 0
+
+
+def test_only_the_failed_and_cancelled_ends_carry_the_fanin_trigger(conn):
+    """A job that succeeds pays nothing for the fan-in's rule: no trigger where it is archived,
+    and job_done's fires (its WHEN) only for a failed or cancelled row."""
+    rows = dict(conn.execute("""
+        SELECT c.relname, pg_get_triggerdef(t.oid) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+         WHERE t.tgname LIKE 'pipeline_member_%' AND NOT t.tgisinternal AND t.tgparentid = 0""").fetchall())
+    assert set(rows) == {"job_history_failed", "job_history_cancelled", "job_done"}
+    assert "WHEN ((new.status = ANY (ARRAY['failed'::text, 'cancelled'::text])))" in rows["job_done"]
+    assert scalar(conn, """
+        SELECT count(*) FROM pg_trigger t JOIN pg_inherits i ON i.inhrelid = t.tgrelid
+         WHERE t.tgname LIKE 'pipeline_member_%' AND i.inhparent = 'job_history_succeeded'::regclass""") == 0

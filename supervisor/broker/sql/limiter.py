@@ -2,6 +2,8 @@
 ``pipeline_fanin_results`` (migration 047): Dramatiq's rate-limiter backend
 (broker/limiter.py), the group completion barrier (broker/groups.py) and the fan-in of
 a group in a pipeline (broker/fanin.py). All take parameters; ttl_ms is milliseconds.
+A member ended by SQL alone (a poison pill's release, a cancel, a flush) fails its fan-in
+through migration 048's function pipeline_member_ended, FANIN_FAIL's counterpart there.
 """
 
 from __future__ import annotations

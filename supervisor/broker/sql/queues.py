@@ -45,12 +45,22 @@ SELECT queue FROM gone CROSS JOIN LATERAL (SELECT pg_notify('actor_supervisor_jo
 
 PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses ORDER BY queue"
 
-# Broker.flush / Broker.join (Dramatiq's test and admin helpers).
+# Broker.flush / Broker.join (Dramatiq's test and admin helpers). The rows go with no
+# history, so no trigger sees them end: a pipeline group's member (pipe_fanin in its
+# options) fails its fan-in here, as every other end does through migration 048's triggers;
+# other rows pay only that test of their own options.
 FLUSH_QUEUE = """
-DELETE FROM job_queue j
- USING (SELECT id FROM job_queue WHERE queue = %(queue)s AND status IN ('pending', 'retryable', 'waiting')
-         ORDER BY id FOR UPDATE) AS f  -- in id order (see sql/outcomes.py)
- WHERE j.id = f.id
+WITH gone AS (
+    DELETE FROM job_queue j
+     USING (SELECT id FROM job_queue WHERE queue = %(queue)s AND status IN ('pending', 'retryable', 'waiting')
+             ORDER BY id FOR UPDATE) AS f  -- in id order (see sql/outcomes.py)
+     WHERE j.id = f.id
+    RETURNING j.id, j.actor, j.options
+)
+SELECT count(*) FROM gone
+ CROSS JOIN LATERAL (SELECT pipeline_member_ended(gone.options->'pipe_fanin', gone.id, gone.actor,
+                                                  'cancelled: its queue was flushed')
+                      WHERE gone.options ? 'pipe_fanin') AS ended
 """
 
 LIVE_IN_QUEUE = """
