@@ -97,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
                             higher_is_better=False, config=config))
     say("")
     print_table(table)
-    ratio = statistics.median(r[1] for r in runs["week"]) / statistics.median(r[1] for r in runs["today"])
-    say(f"\nbackend CPU with {args.days} past days over without (medians): {ratio:.2f}x")
+    week, today = (statistics.median(r[1] for r in runs[side]) for side in ("week", "today"))
+    # a run too short for the kernel's CPU accounting reads 0 (a small smoke run): no ratio then
+    ratio = f"{week / today:.2f}x" if today > 0 else "n/a (no CPU measured without past days: run longer)"
+    say(f"\nbackend CPU with {args.days} past days over without (medians): {ratio}")
     return 0
 
 
