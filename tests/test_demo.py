@@ -13,7 +13,7 @@ from tests.conftest import cli
 
 def test_the_demo_shows_deals_realerts_reextraction_notifications_and_forecasts_then_stops_everything(
         fresh_database):
-    result = cli("demo", "--for", "30s", "--json", url=fresh_database, timeout=180)
+    result = cli("demo", "--for", "45s", "--json", url=fresh_database, timeout=180)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     events = [json.loads(line) for line in result.stdout.splitlines()]
     of = {kind: [e for e in events if e["event"] == kind] for kind in {e["event"] for e in events}}
