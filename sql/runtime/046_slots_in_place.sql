@@ -4,8 +4,8 @@
 -- index entry under (key, slot), and each claim's reads of its keys' slots (the count per
 -- key, the free-slot search, the INSERT's uniqueness check) visited all of them (80 a key
 -- after 4,000 jobs of 50 keys: a third of a keyed claim's buffers). Now a slot's row stays:
--- a claim sets job_id where it is NULL (INSERT ... ON CONFLICT DO UPDATE ... WHERE
--- job_id IS NULL), a job's end sets it back to NULL. Neither changes an indexed column, and
+-- a claim sets job_id where it is NULL (sql/flow.py's take_slots: a free row locked FOR
+-- UPDATE SKIP LOCKED, a missing one inserted), a job's end sets it back to NULL. Neither changes an indexed column, and
 -- the pages keep room (fillfactor), so both are HOT updates: the versions a pin keeps
 -- stay on the row's own page, one index entry for many of them. Rows freed a while ago
 -- go with the upkeep (sql.PRUNE_SLOTS): a key that stops being used leaves nothing.

@@ -20,7 +20,7 @@ The scan stops once the keys allowed some rows carry weights enough for the clai
 key whose bucket another claim holds right now is passed over (never waited on); the
 buckets of the keys it takes from are locked (SKIP LOCKED) and read again before their
 tokens are taken, so two claims never spend one token. Slots are kept rows, taken in
-key order: INSERT ... ON CONFLICT DO UPDATE ... WHERE job_id IS NULL (migration 046); a row
+key order, never waited on (take_slots below, migration 046); a row
 whose slot another claim took stays waiting (its tokens are lost, never overspent).
 
 What the claim learns goes back with its rows (a last row with no job, ``META``):
