@@ -51,7 +51,7 @@ HELP_ONLY = {
 # Each script that runs small: its arguments, and a line of its figures that must be printed;
 # the longest first, so the last to start are short.
 SMALL: dict[str, tuple[str, str]] = {
-    "bench_limits": ("--keys 200 --l4-claims 25 --jobs 40 --backlog 200 --l2-jobs 200 --l2-repeat 1", "L1 rate used"),
+    "bench_limits": ("--keys 200 --l4-claims 25 --jobs 21 --backlog 100 --l2-jobs 100 --l2-repeat 1", "L1 rate used"),
     "bench_broker": ("--only W1,W2,W3 --jobs 300 --w2-jobs 30 --w3-jobs 64 --repeat 1 --w1-threads 4 --w2-threads 2",
                      "W3 % of ideal"),
     "claim_scale": ("--queued 1000 --finished 300 --empty-queued 50 --churn 200 --slices 1 --slice 100 --rounds 1"
