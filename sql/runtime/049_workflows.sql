@@ -89,8 +89,7 @@ BEGIN
                sum(sign * (state = 'cancelled')::int) AS c
           FROM (SELECT workflow, state, 1 AS sign FROM new_rows UNION ALL SELECT workflow, state, -1 FROM old_rows) AS x
          GROUP BY workflow
-    )
-    WITH changed AS (
+    ), changed AS (
     UPDATE workflows w
        SET succeeded = w.succeeded + d.s, failed = w.failed + d.f, cancelled = w.cancelled + d.c,
            state = CASE WHEN w.succeeded + d.s + w.failed + d.f + w.cancelled + d.c < w.steps THEN 'running'
