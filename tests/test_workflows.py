@@ -118,3 +118,106 @@ def test_sent_in_a_transaction_that_rolls_back_nothing_runs(conn, acts, database
     with in_process_worker(broker, ["wf"]):
         assert wf2.wait(30) == "succeeded"
     assert acts["seen"] == [[10, 11]]
+
+
+def _states(conn: psycopg.Connection, wf: supervisor.Workflow) -> dict[str, str]:
+    return {s["id"]: s["state"] for s in workflow_ops.show(conn, wf.id)["steps"]}
+
+
+def test_cancel_rest_cancels_every_step_not_started_and_says_why(conn, acts):
+    broker = acts["broker"]
+    wf = supervisor.workflow("policy", broker=broker)  # cancel_rest, the default
+    root = wf.add(acts["seed"].message(1))
+    bad = wf.add(acts["boom"].message(), after=[root])
+    after_bad = wf.add(acts["leaf"].message(), after=[bad])
+    other = wf.add(acts["leaf"].message(), after=[bad, root])
+    independent = wf.add(acts["held"].message(), after=[root])
+    after_independent = wf.add(acts["leaf"].message(), after=[independent])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        wait_for(lambda: _states(conn, wf)[bad] == "failed", 30, message="the failing step")
+        acts["gate"].set()  # the running independent step ends; its child was cancelled
+        assert wf.wait(30) == "failed"
+    states = _states(conn, wf)
+    assert states == {root: "succeeded", bad: "failed", after_bad: "cancelled", other: "cancelled",
+                      independent: "succeeded", after_independent: "cancelled"}
+    shown = workflow_ops.show(conn, wf.id)
+    assert f"step {bad} (wft_boom) failed: RuntimeError: boom" in shown["reason"]
+    reasons = {s["id"]: s["reason"] for s in shown["steps"]}
+    assert reasons[after_independent].startswith(f"cancelled: step {bad}")
+    assert "leaf" not in acts["runs"]
+
+
+def test_continue_cancels_only_the_descendants(conn, acts):
+    broker = acts["broker"]
+    wf = supervisor.workflow("policy", broker=broker, on_failure="continue")
+    root = wf.add(acts["seed"].message(1))
+    bad = wf.add(acts["boom"].message(), after=[root])
+    after_bad = wf.add(acts["leaf"].message(), after=[bad])
+    side = wf.add(acts["leaf"].message(), after=[root])
+    after_side = wf.add(acts["leaf"].message(), after=[side])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        assert wf.wait(30) == "failed"
+    assert _states(conn, wf) == {root: "succeeded", bad: "failed", after_bad: "cancelled", side: "succeeded",
+                                 after_side: "succeeded"}
+    assert acts["runs"]["leaf"] == 2
+
+
+def test_cancel_and_retry_of_a_step_and_of_a_workflow(conn, acts):
+    broker = acts["broker"]
+    wf = supervisor.workflow("steer", broker=broker, on_failure="continue")
+    root = wf.add(acts["seed"].message(2))
+    slow = wf.add(acts["held"].message(), after=[root])
+    below = wf.add(acts["leaf"].message(), after=[slow])
+    side = wf.add(acts["square"].message(1), after=[root])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        wait_for(lambda: acts["runs"].get("held") == 1 and _states(conn, wf)[side] == "succeeded", 30,
+                 message="the held step running, the side one done")
+        # the running step and its descendant: interrupted, cancelled
+        assert workflow_ops.cancel(conn, wf.id, step=slow) == {"cancelled": 2, "interrupted": 1}
+        assert wf.wait(30) == "cancelled"
+        assert _states(conn, wf) == {root: "succeeded", slow: "cancelled", below: "cancelled", side: "succeeded"}
+        # retry: the cancelled ones run again; the root and the side step keep their results
+        acts["gate"].set()
+        assert workflow_ops.retry(conn, wf.id) == {"retried": 2, "released": 1}
+        assert wf.wait(30) == "succeeded"
+        assert acts["runs"]["seed"] == 1 and acts["runs"]["square"] == 1 and acts["runs"]["leaf"] == 1
+        # retry of one step and its descendants, though all succeeded
+        assert workflow_ops.retry(conn, wf.id, step=slow)["retried"] == 2
+        assert wf.wait(30) == "succeeded"
+        assert acts["runs"]["leaf"] == 2 and acts["runs"]["seed"] == 1
+        assert wf.results()[below] == "leaf"
+        # a whole workflow's cancel: every step not ended
+        wf2 = supervisor.workflow("whole", broker=broker)
+        acts["gate"].clear()
+        r = wf2.add(acts["held"].message())
+        k = wf2.add(acts["leaf"].message(), after=[r])
+        wf2.send()
+        wait_for(lambda: acts["runs"].get("held") == 4, 30, message="the second workflow's root running")
+        assert workflow_ops.cancel(conn, wf2.id) == {"cancelled": 2, "interrupted": 1}
+        assert wf2.wait(30) == "cancelled"
+        assert _states(conn, wf2) == {r: "cancelled", k: "cancelled"}
+        acts["gate"].set()
+    with pytest.raises(workflow_ops.WorkflowError, match="no workflow"):
+        workflow_ops.cancel(conn, "00000000-0000-0000-0000-000000000000")
+    with pytest.raises(workflow_ops.WorkflowError, match="not a workflow or step id"):
+        workflow_ops.retry(conn, "nope")
+
+
+def test_a_step_with_a_key_goes_to_job_queue_and_a_step_whose_job_is_cancelled_fails_the_rest(conn, acts):
+    broker = acts["broker"]
+    wf = supervisor.workflow("keyed", broker=broker)
+    root = wf.add(acts["seed"].message_with_options(args=(4,), dedupe_key="wf-keyed"))
+    held = wf.add(acts["held"].message(), after=[root])
+    below = wf.add(acts["leaf"].message(), after=[held])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        wait_for(lambda: acts["runs"].get("held") == 1, 30, message="the held step running")
+        from supervisor.admin import cancel_job
+        assert cancel_job(conn, held)  # an operator's cancel of the job itself
+        assert wf.wait(30) == "cancelled"
+        acts["gate"].set()
+    assert _states(conn, wf) == {root: "succeeded", held: "cancelled", below: "cancelled"}
+    assert "cancelled by an operator" in workflow_ops.show(conn, wf.id)["reason"]
