@@ -3,6 +3,7 @@ whole workflow or of one step and its descendants. Shared by the CLI and the HTT
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -32,27 +33,31 @@ def list_workflows(conn: psycopg.Connection, *, state: str | None = None, limit:
 
 def show(conn: psycopg.Connection, workflow: str) -> dict[str, Any] | None:
     """A workflow with its steps (state, parents, children, job id, timings, result)."""
-    _check_id(workflow)
+    check_id(workflow)
     found = db.dicts(conn, sql.GET, {"id": workflow})
     if not found:
         return None
     return {**found[0], "steps": db.dicts(conn, sql.STEPS, {"id": workflow})}
 
 
-def _check_id(text: str) -> None:
-    import uuid
+def _one(conn: psycopg.Connection, query: str, params: dict[str, Any]) -> Any:
+    row = conn.execute(query, params).fetchone()
+    return None if row is None else row[0]
+
+
+def check_id(text: str) -> uuid.UUID:
     try:
-        uuid.UUID(text)
+        return uuid.UUID(text)
     except ValueError:
         raise WorkflowError(f"not a workflow or step id: {text!r}") from None
 
 
 def _locked(c: psycopg.Connection, workflow: str, step: str | None) -> None:
-    _check_id(workflow)
+    check_id(workflow)
     if c.execute(sql.LOCK, {"id": workflow}).fetchone() is None:
         raise WorkflowError(f"no workflow {workflow}")
     if step is not None:
-        _check_id(step)
+        check_id(step)
         row = c.execute(sql.STEP_OF, {"step": step}).fetchone()
         if row is None or str(row[0]) != workflow:
             raise WorkflowError(f"no step {step} in workflow {workflow}")
@@ -65,8 +70,8 @@ def cancel(conn: psycopg.Connection, workflow: str, *, step: str | None = None) 
     why = "cancelled by an operator" + (f" (step {step} and its descendants)" if step else "")
     with conn.transaction():
         _locked(conn, workflow, step)
-        targets = conn.execute(sql.CANCEL_TARGETS, {"id": workflow, "step": step}).fetchone()[0]
-        running = conn.execute(sql.CANCEL_STEPS, {"ids": targets, "why": why, "who": who}).fetchone()[0] or []
+        targets = _one(conn, sql.CANCEL_TARGETS, {"id": workflow, "step": step})
+        running = _one(conn, sql.CANCEL_STEPS, {"ids": targets, "why": why, "who": who}) or []
         conn.execute(sql.MARK_CANCELLED, {"ids": running, "why": why})
         conn.execute(sql.SET_REASON, {"id": workflow, "why": why})
     # After the commit, each in its own transaction: a job's cancel waits for its ack in
@@ -81,20 +86,20 @@ def retry(conn: psycopg.Connection, workflow: str, *, step: str | None = None) -
     descendants); succeeded steps outside keep their results."""
     with conn.transaction():
         _locked(conn, workflow, step)
-        targets = conn.execute(sql.RETRY_TARGETS, {"id": workflow, "step": step}).fetchone()[0]
+        targets = _one(conn, sql.RETRY_TARGETS, {"id": workflow, "step": step})
         if not targets:
             raise WorkflowError(f"workflow {workflow} has no ended step to retry"
                                 + (f" at step {step}" if step else ""))
         conn.execute(sql.RESET, {"ids": targets})
         conn.execute(sql.RECOUNT, {"ids": targets})
         conn.execute(sql.CLEAR_REASON, {"id": workflow})
-        released = conn.execute(sql.RELEASE, {"ids": targets}).fetchone()[0]
+        released = _one(conn, sql.RELEASE, {"ids": targets})
     return {"retried": len(targets), "released": released}
 
 
 def counts_by_state(conn: psycopg.Connection) -> dict[str, int]:
     """Workflows per state (every state, 0 when none): the metrics' gauge."""
-    found = dict(conn.execute(sql.BY_STATE).fetchall())
+    found: dict[str, int] = dict(conn.execute(sql.BY_STATE).fetchall())
     return {s: int(found.get(s, 0)) for s in STATES}
 
 
