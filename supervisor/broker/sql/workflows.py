@@ -117,3 +117,17 @@ RESULTS = "SELECT id::text, state, result FROM workflow_steps WHERE workflow = %
 STATE = "SELECT state FROM workflows WHERE id = %(id)s"
 
 CHANNEL = "actor_supervisor_workflows"
+
+# --- the dashboard's reads (http/dashboard/workflows_page.py) ------------------------------
+
+# A workflow's graph: each step's edges to its parents and its state, no arguments or result
+# (a step's result may be large; its job's page shows it). At most %(limit)s steps, in the
+# order added, by the (workflow, position) index: the page draws a bounded part of them.
+GRAPH = """
+SELECT s.id::text, s.position, s.actor, s.state, s.parents::text[] AS parents, s.reason, s.enqueued_at
+  FROM workflow_steps s WHERE s.workflow = %(id)s ORDER BY s.position LIMIT %(limit)s
+"""
+
+# Which of the given steps' jobs run now (an enqueued step is waiting or running): a probe
+# of each job by id, for the steps the page draws only.
+RUNNING = "SELECT id::text FROM jobs WHERE id = ANY(%(ids)s::uuid[]) AND status = 'running'"
