@@ -120,11 +120,13 @@ CHANNEL = "actor_supervisor_workflows"
 
 # --- the dashboard's reads (http/dashboard/workflows_page.py) ------------------------------
 
-# A workflow's graph: each step's edges to its parents and its state, no arguments or result
-# (a step's result may be large; its job's page shows it). At most %(limit)s steps, in the
+# A workflow's graph: each step's edges to its parents and its state, the start of its
+# arguments (to tell steps of one actor apart), no result (it may be large; its job's page
+# shows it). At most %(limit)s steps, in the
 # order added, by the (workflow, position) index: the page draws a bounded part of them.
 GRAPH = """
-SELECT s.id::text, s.position, s.actor, s.state, s.parents::text[] AS parents, s.reason, s.enqueued_at
+SELECT s.id::text, s.position, s.actor, left(s.args::text, 60) AS args, s.state, s.parents::text[] AS parents,
+       s.reason, s.enqueued_at
   FROM workflow_steps s WHERE s.workflow = %(id)s ORDER BY s.position LIMIT %(limit)s
 """
 

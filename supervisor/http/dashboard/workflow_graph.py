@@ -37,6 +37,7 @@ class Node:
     h: float
     state: str = ""
     actor: str = ""
+    args: str = ""  # the start of its arguments as JSON ("[]": none)
     linked: bool = False  # the step has a job (blocked ones never had one)
     counts: dict[str, int] = field(default_factory=dict)  # a summary box's steps per state
     label: str = ""
@@ -87,7 +88,7 @@ def layout(steps: Sequence[dict[str, Any]]) -> Graph:
         columns.append(([], deep, f"{len(deep)} steps in layers {MAX_LAYERS + 1}–{len(layers)}"))
 
     def column_height(shown: list[Any], rest: list[Any]) -> float:
-        h = len(shown) * (NODE_H + GAP_Y)
+        h: float = len(shown) * (NODE_H + GAP_Y)
         if rest:
             h += _summary_height(rest) + GAP_Y
         return h - GAP_Y if h else 0
@@ -99,7 +100,8 @@ def layout(steps: Sequence[dict[str, Any]]) -> Graph:
         x = PAD + c * (NODE_W + GAP_X)
         y = PAD + (tallest - column_height(shown, rest)) / 2  # centred: a diamond looks like one
         for s in shown:
-            nodes.append(Node(s["id"], x, y, NODE_H, state=s["state"], actor=s["actor"], linked=s["linked"]))
+            nodes.append(Node(s["id"], x, y, NODE_H, state=s["state"], actor=s["actor"], args=s.get("args") or "",
+                              linked=s["linked"]))
             node_of[s["id"]] = s["id"]
             y += NODE_H + GAP_Y
         if rest:
@@ -160,15 +162,17 @@ def svg(graph: Graph, title: str) -> Markup:
 
 
 def _step(n: Node) -> str:
-    name = f"{n.actor}: {n.state}"
+    called = n.actor + (f" {n.args}" if n.args not in ("", "[]") else "")
+    name = f"{called}: {n.state}"
     box = (f'<rect x="{n.x:.0f}" y="{n.y:.0f}" width="{NODE_W}" height="{NODE_H}" rx="4" class="wf-box"/>'
            f'<rect x="{n.x:.0f}" y="{n.y:.0f}" width="6" height="{NODE_H}" rx="2" class="wf-band"/>'
-           f'<text x="{n.x + 12:.0f}" y="{n.y + 14:.0f}" class="wf-actor">{escape(_short(n.actor))}</text>'
+           f'<text x="{n.x + 12:.0f}" y="{n.y + 14:.0f}" class="wf-actor">{escape(_short(called, 24))}</text>'
            f'<text x="{n.x + 12:.0f}" y="{n.y + 28:.0f}" class="wf-state">{n.state}</text>'
            f"<title>{escape(name)} (step {escape(n.key)})</title>")
     attrs = f'class="wf-step {n.state}" data-step="{escape(n.key)}" data-state="{n.state}"'
     if n.linked:
-        return f'<a href="/jobs/{escape(n.key)}" {attrs} aria-label="{escape(name)}">{box}</a>'
+        # named by its visible text (actor, arguments, state): a label of its own would differ
+        return f'<a href="/jobs/{escape(n.key)}" {attrs}>{box}</a>'
     return f'<g {attrs}>{box}</g>'
 
 

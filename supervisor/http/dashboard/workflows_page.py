@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -116,22 +117,36 @@ def _change(state: AppState, wid: str, verb: str, step: str | None) -> dict[str,
     return {"ok": True, "message": f"workflow {wid}{f' step {step}' if step else ''}: {what}"}
 
 
+async def _body(request: Request) -> dict[str, Any]:
+    """The action's JSON object; only ``application/json``, as every dashboard action takes
+    (views._body says why: no form on another site can send it)."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise views.NotJson("actions take a JSON body (Content-Type: application/json)")
+    try:
+        body = await request.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
 async def change(request: Request) -> Response:
     """Cancel or retry a workflow, or (``{"step": id}``) one step and its descendants."""
     wid, verb = request.path_params["workflow_id"], request.path_params["verb"]
     if verb not in ("cancel", "retry"):
         return error(404, f"no workflow action {verb!r} (cancel, retry)")
     try:
-        body = await views._body(request)
+        body = await _body(request)
         step = body.get("step") or None
-        result = await views._run(_change, state_of(request), wid, verb, None if step is None else str(step))
+        result = await run_in_threadpool(_change, state_of(request), wid, verb, None if step is None else str(step))
     except views.NotJson as exc:
         return error(415, str(exc))
     except workflow_ops.WorkflowError as exc:
         note(request, target=f"workflow {wid}", outcome=str(exc))
         return Json({"ok": False, "message": str(exc)}, status_code=409)
     note(request, target=f"workflow {wid}", detail={"step": step} if step else None, outcome=result["message"])
-    views._changed(request)
+    recorder = getattr(request.app.state, "dashboard_recorder", None)
+    if recorder is not None:  # open pages refresh now, not at the next sample
+        recorder.bump()
     return Json(result)
 
 
