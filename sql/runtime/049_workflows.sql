@@ -217,6 +217,8 @@ CREATE FUNCTION workflow_steps_ended() RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     e_ids uuid[]; e_status text[]; e_result jsonb[]; e_why text[];
     ok uuid[];
+    kids uuid[];
+    counts integer[];
     bad record;
     released uuid[];
 BEGIN
@@ -238,7 +240,7 @@ BEGIN
            SET state = e.status, result = CASE WHEN e.status = 'succeeded' THEN e.result END, reason = e.why,
                finished_at = now()
           FROM e
-         WHERE s.id = e.id AND s.state = 'enqueued'
+         WHERE s.id = ANY(e_ids) AND s.id = e.id AND s.state = 'enqueued'  -- ANY: an index scan, never a walk
         RETURNING s.id, s.state
     )
     SELECT coalesce(array_agg(id) FILTER (WHERE state = 'succeeded'), '{}'),
@@ -246,12 +248,13 @@ BEGIN
       INTO ok, e_ids FROM ended;
     -- successes: each child's count lowered once, by how many of its parents ended here
     IF cardinality(ok) > 0 THEN
-        WITH d AS (
-            SELECT c AS id, count(*) AS n FROM workflow_steps e, unnest(e.children) AS c
-             WHERE e.id = ANY(ok) GROUP BY c
-        ), lowered AS (
+        SELECT array_agg(d.id), array_agg(d.n) INTO kids, counts FROM (
+            SELECT c AS id, count(*)::int AS n FROM workflow_steps e, unnest(e.children) AS c
+             WHERE e.id = ANY(ok) GROUP BY c) AS d;
+        WITH lowered AS (
             UPDATE workflow_steps s SET remaining = s.remaining - d.n
-              FROM d WHERE s.id = d.id AND s.state = 'blocked'
+              FROM unnest(kids, counts) AS d(id, n)
+             WHERE s.id = ANY(kids) AND s.id = d.id AND s.state = 'blocked'
             RETURNING s.id, s.remaining
         )
         SELECT coalesce(array_agg(id), '{}') INTO released FROM lowered WHERE remaining <= 0;
