@@ -113,6 +113,23 @@ def test_a_large_workflows_page_is_bounded_and_fast(conn, broker, database_url) 
     assert f'href="/workflows/{wf.id}"' not in failed and "No workflows failed." in failed
 
 
+def test_the_list_pages_by_its_older_link(conn, database_url) -> None:
+    conn.execute("INSERT INTO workflows (id, name, policy, steps, created_at) SELECT gen_random_uuid(), 'w' || g,"
+                 " 'continue', 1, now() - g * interval '1 minute' FROM generate_series(1, 60) g")
+    app = create_app(url=database_url, http=HttpConfig(), listen_url="")
+    client = TestClient(app)
+    try:
+        first = client.get("/workflows").text
+        older = re.search(r'<a id="next" href="([^"]+)"', first)
+        assert older and len(re.findall(r"<tr data-workflow=", first)) == 50
+        rest = client.get(older[1].replace("&amp;", "&")).text
+        assert client.get("/workflows?cursor=nonsense").status_code == 400
+    finally:
+        app.state.supervisor.close()
+    names = re.findall(r'<a href="/workflows/[^"]+">(w\d+)</a>', first + rest)
+    assert names == [f"w{g}" for g in range(1, 61)] and 'id="next"' not in rest
+
+
 # --- in a real browser, with real workers ------------------------------------------------
 
 
@@ -182,6 +199,10 @@ def test_a_diamonds_graph_changes_live_as_its_steps_run(dash: Dash, sender: Any,
     assert browser.driver.execute_script("return window.notReloaded === true")  # live, not reloaded
     # the live refreshes logged no error (a favicon the first load asks for is no page's)
     assert [e for e in browser.console_errors() if "favicon.ico" not in e] == []
+
+    # a step's job page links back to its workflow
+    browser.open(f"{dash.base}/jobs/{d}")
+    assert browser.css("#workflow")[0].get_attribute("href").endswith(f"/workflows/{wf.id}")
 
     browser.open(f"{dash.base}/workflows")
     row = f'tr[data-workflow="{wf.id}"]'
