@@ -80,6 +80,7 @@ SMALL: dict[str, tuple[str, str]] = {
                          "jobs in calls of 100"),
     "cron_next": ("--rounds 1 --n 50", "us per next fire time"),
     "bench_groups": ("--ops 50 --members 20 --repeat 1", "G1 last member -> callback"),
+    "bench_workflows": ("--steps 50 --repeat 1", "J1 p50"),
 }
 ENTRY = sorted(set(SMALL) | set(HELP_ONLY))
 # The small runs mostly wait (a worker's start, a phase's seconds, the server's checkpoint
