@@ -15,7 +15,7 @@ from dramatiq.message import Message
 from ... import defaults
 from .. import bulk, logstore, tracing
 from ..connections import Connections, callers_transaction
-from ..message import PgMessageProxy, body_columns
+from ..message import PgMessageProxy, body_columns, body_text, readable_body
 from ..middleware import Retries
 from ..signals import Emit
 from ..sql import joblog
@@ -68,12 +68,49 @@ class Producer:
     def _log_rows(self, messages: list[Message[Any]]) -> list[tuple[Any, ...] | None]:
         """Each message's log row (logstore.log_row), None for one the log does not take (a
         dedupe, concurrency or limit key, an actor this process does not know, storage
-        "table"): built as bulk.rows builds job_queue's, each actor's fields looked up once."""
+        "table"). A message with no options of its own has its actor's and queue's fields:
+        those are worked out once per actor and queue (``_plain_fields``), the rest of its
+        row is its id, body and stamp; any other message's row is built as bulk.rows builds
+        job_queue's."""
         if self.storage != "log":
             return [None] * len(messages)
+        retries = self._retries()
+        readable = readable_body()
+        plain: dict[tuple[str, str], tuple[Any, ...] | None] = {}
+        out: list[tuple[Any, ...] | None] = []
+        rest: list[int] = []  # messages with options of their own
+        for i, m in enumerate(messages):
+            fields = None
+            if not m.options:
+                where = (m.actor_name, m.queue_name)
+                fields = plain[where] if where in plain else plain.setdefault(where, self._plain_fields(m, retries))
+            if fields is None:
+                rest.append(i)
+                out.append(None)
+            else:
+                out.append((m.message_id, m.queue_name, m.actor_name, *body_text(m, readable), *fields,
+                            m.message_timestamp))
+        if rest:
+            for i, row in zip(rest, self._general_log_rows([messages[i] for i in rest], retries), strict=True):
+                out[i] = row
+        return out
+
+    def _plain_fields(self, message: Message[Any], retries: Retries | None) -> tuple[Any, ...] | None:
+        """priority, max_attempts and max_lease_losses of the log rows of messages with no
+        options of their own to this message's actor and queue, taken from its general row;
+        None when such a message does not go to the log, or its row depends on the message
+        (the actor's flow control: its key is read from the message)."""
+        actor = self.actors.get(message.actor_name)
+        if actor is None or bulk.actor_plan(actor) is not None:
+            return None
+        (row,) = self._general_log_rows([message], retries)
+        return None if row is None else row[7:10]
+
+    def _general_log_rows(self, messages: list[Message[Any]], retries: Retries | None
+                          ) -> list[tuple[Any, ...] | None]:
         actors = self.actors
         out: list[tuple[Any, ...] | None] = []
-        for m, row in zip(messages, bulk.rows(messages, actors, self._retries(), self.queue_priorities), strict=True):
+        for m, row in zip(messages, bulk.rows(messages, actors, retries, self.queue_priorities), strict=True):
             if not logstore.loggable(row, actors):
                 out.append(None)
                 continue
