@@ -63,9 +63,9 @@ _LOG_NAMES = [name.strip() for name in joblog.LOG_COLUMNS.split(",")]
 
 def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]], *, again: bool) -> None:
     """``log_row`` rows appended with the check and COPY (sql.LOG_COPY), in the caller's
-    transaction: those whose id a live job has are left out (``again``: any row of the log
-    with the id too, as LOG_INSERT_AGAIN), and an id repeated in ``rows`` is written once
-    (its first row).
+    transaction if ``conn`` is in one (else the COPY is a transaction of its own): those
+    whose id a live job has are left out (``again``: any row of the log with the id too, as
+    LOG_INSERT_AGAIN), and an id repeated in ``rows`` is written once (its first row).
 
     The check is sent in a pipeline and the COPY's text built while the server runs it (a
     round trip and the check's server time the client no longer waits through; the text

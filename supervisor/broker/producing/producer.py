@@ -141,10 +141,13 @@ class Producer:
     def _log_writer(self, rows: list[tuple[Any, ...]], rest: Callable[[psycopg.Connection], T], *,
                     atomic: bool = True) -> Callable[[psycopg.Connection], T]:
         """A producer's write that appends ``rows`` (logstore.log_row) to the log, then does
-        ``rest`` (the job_queue part, if any), in one transaction (``atomic``: else no BEGIN
-        and COMMIT for a write that is one statement); written again on a fresh connection,
-        it appends only the rows the first write did not (sending.py). A large batch goes in
-        with COPY (logstore.append), as job_queue's does (bulk.COPY_MIN_ROWS)."""
+        ``rest`` (the job_queue part, if any), in one transaction (``atomic``; else, with
+        nothing in ``rest`` to write, no BEGIN and COMMIT of its own: the rows go in with one
+        statement, a COPY's live-id check being a read before it, which READ COMMITTED would
+        answer the same inside a transaction: two round trips of five); written again on a
+        fresh connection, it appends only the rows the first write did not (sending.py). A
+        large batch goes in with COPY (logstore.append), as job_queue's does
+        (bulk.COPY_MIN_ROWS)."""
         copy = len(rows) >= bulk.COPY_MIN_ROWS
         params = None if copy else logstore.insert_params(rows)
         tries = [0]
@@ -159,7 +162,7 @@ class Producer:
             c.execute(statement, params)
 
         def write(c: psycopg.Connection) -> T:
-            if not c.autocommit or (not atomic and not copy):  # the caller's transaction, or one statement
+            if not c.autocommit or not atomic:  # the caller's transaction, or one writing statement
                 append(c)
                 return rest(c)
             with c.transaction():  # both parts, or neither
@@ -197,7 +200,7 @@ class Producer:
         if not logged:
             return self._send(write_table, conn, what)
         if not table:
-            self._send(self._log_writer(logged, lambda c: None), conn, what)
+            self._send(self._log_writer(logged, lambda c: None, atomic=False), conn, what)
             return messages
         written = iter(self._send(self._log_writer(logged, write_table), conn, what))
         # in the caller's order: a logged message as it came, a table one as bulk returns it
