@@ -11,12 +11,16 @@ of such a broker claims both.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg import postgres
+from psycopg.adapt import Dumper, PyFormat
+from psycopg.pq import Format
 
 from .. import db, defaults
 from . import bulk
@@ -77,7 +81,7 @@ def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]], *, again: 
     ordered = sorted(rows, key=_row_id)
     check = joblog.LOG_SENT_IDS if again else joblog.LOG_LIVE_IDS
     with conn.pipeline():
-        found = conn.execute(check, {"ids": db.array_text([r[0] for r in ordered])})
+        found = conn.execute(check, {"ids": id_array(conn, [r[0] for r in ordered])})
         text = copy_text(ordered)
         live = {r[0] for r in found}
     if live:
@@ -88,6 +92,48 @@ def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]], *, again: 
 
 def _row_id(row: tuple[Any, ...]) -> Any:
     return row[0]
+
+
+class UuidArray(bytes):
+    """A uuid[] parameter in PostgreSQL's binary array form (``id_array``)."""
+
+
+class _UuidArrayDumper(Dumper):
+    format = Format.BINARY
+    oid = postgres.types["uuid"].array_oid
+
+    def dump(self, obj: Any) -> bytes:
+        return bytes(obj)
+
+
+# dimensions, whether any element is NULL, the element type, the length, the lower bound
+_ARRAY_HEAD = struct.Struct("!iiIii")
+_UUID_OID = postgres.types["uuid"].oid
+postgres.adapters.register_dumper(UuidArray, _UuidArrayDumper)
+
+
+def id_array(conn: psycopg.Connection, ids: list[str]) -> UuidArray | str:
+    """A batch's ids as one uuid[] parameter, in binary when every id is a uuid in its
+    canonical text form (what Dramatiq makes): the server's array_in took 1 ms for 1,000
+    ids written as text, array_recv a tenth of it, and the hex decoded here in one call
+    and 20 strided copies costs ~0.1 ms. Any other id: ``db.array_text`` (the server
+    parses each as it can)."""
+    n = len(ids)
+    joined = "".join(ids)
+    if n and len(joined) == 36 * n and all(joined[k::36].count("-") == n for k in (8, 13, 18, 23)):
+        try:  # each id's 32 other characters hex (whitespace, which fromhex skips, shortens it)
+            raw = bytes.fromhex(joined.replace("-", ""))
+        except ValueError:
+            raw = b""
+        if len(raw) == 16 * n:
+            body = bytearray(20 * n)  # each element: its length (16), then its 16 bytes
+            body[3::20] = b"\x10" * n
+            for k in range(16):
+                body[4 + k::20] = raw[k::16]
+            if conn.adapters.get_dumper(UuidArray, PyFormat.BINARY) is not _UuidArrayDumper:
+                conn.adapters.register_dumper(UuidArray, _UuidArrayDumper)  # a connection of its own map
+            return UuidArray(_ARRAY_HEAD.pack(1, 0, _UUID_OID, n, 1) + body)
+    return db.array_text(ids)
 
 
 # COPY's text format: these characters of a value are written as escapes
