@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import uuid
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,8 @@ def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]], *, again: 
     (a batch's random ids cost 1 us a row more, bench/README.md, sixteenth session); the
     claim takes a transaction's rows in seq order, so a batch is claimed in id order, as
     job_queue claims one (the same run_at: by id)."""
+    if not _canonical([r[0] for r in rows]):  # the check answers, and a repeat is found, in this form
+        rows = [(_uuid_text(r[0]), *r[1:]) for r in rows]
     ordered = sorted(rows, key=_row_id)
     check = joblog.LOG_SENT_IDS if again else joblog.LOG_LIVE_IDS
     with conn.pipeline():
@@ -112,6 +115,29 @@ _UUID_OID = postgres.types["uuid"].oid
 postgres.adapters.register_dumper(UuidArray, _UuidArrayDumper)
 
 
+def _shaped(joined: str, n: int) -> bool:
+    """Whether ``joined`` is n ids of 36 characters, each with its hyphens where a uuid's
+    text has them (8-4-4-4-12)."""
+    return len(joined) == 36 * n and all(joined[k::36].count("-") == n for k in (8, 13, 18, 23))
+
+
+def _canonical(ids: list[str]) -> bool:
+    """Whether every id is a uuid as PostgreSQL writes one (lower case, 8-4-4-4-12): the
+    form the check returns, so a live id is known by its text. Dramatiq's ids are; for
+    others the rows are given that form first (``_uuid_text``)."""
+    joined = "".join(ids)  # (a character no uuid has fails the check's cast, and the COPY's, as before)
+    return _shaped(joined, len(ids)) and joined.islower()
+
+
+def _uuid_text(job_id: str) -> str:
+    """A message id as PostgreSQL writes the uuid (as it was when it is none: the COPY
+    then fails on it, as it did)."""
+    try:
+        return str(uuid.UUID(job_id))
+    except (ValueError, TypeError, AttributeError):
+        return job_id
+
+
 def id_array(conn: psycopg.Connection, ids: list[str]) -> UuidArray | str:
     """A batch's ids as one uuid[] parameter, in binary when every id is a uuid in its
     canonical text form (what Dramatiq makes): the server's array_in took 1 ms for 1,000
@@ -120,7 +146,7 @@ def id_array(conn: psycopg.Connection, ids: list[str]) -> UuidArray | str:
     parses each as it can)."""
     n = len(ids)
     joined = "".join(ids)
-    if n and len(joined) == 36 * n and all(joined[k::36].count("-") == n for k in (8, 13, 18, 23)):
+    if n and _shaped(joined, n):
         try:  # each id's 32 other characters hex (whitespace, which fromhex skips, shortens it)
             raw = bytes.fromhex(joined.replace("-", ""))
         except ValueError:
