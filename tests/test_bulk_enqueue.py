@@ -288,10 +288,10 @@ def test_a_log_batch_written_again_skips_every_id_the_first_write_appended(conn,
 @pytest.mark.skipif(defaults.STORAGE != "log", reason="the log is the default storage's")
 @pytest.mark.parametrize("form", ["canonical", "upper", "braced"])
 def test_a_log_batch_writes_a_live_id_and_an_id_repeated_in_it_once(conn, actors, database_url, form):
-    """A COPY batch's check finds a live id whatever text form a message id has (the binary
-    uuid[] of canonical ids, or the text array of any other), an id repeated within the batch
-    is written once (its first message), in its own transaction or the caller's, and the
-    rows of a batch are claimed in id order."""
+    """A log batch's check finds a live id whatever text form a message id has (a COPY's:
+    the binary uuid[] of canonical ids, or the text array of any other), an id repeated
+    within the batch is written once (its first message), in its own transaction or the
+    caller's, by COPY or LOG_INSERT, and a COPY batch's rows are claimed in id order."""
     def shaped(job_id: str) -> str:
         return {"canonical": job_id, "upper": job_id.upper(), "braced": "{" + job_id + "}"}[form]
 
@@ -315,5 +315,10 @@ def test_a_log_batch_writes_a_live_id_and_an_id_repeated_in_it_once(conn, actors
         ordered = [r[0] for r in conn.execute("SELECT id::text FROM job_log WHERE id <> %s ORDER BY seq",
                                               (live.message_id,))]
         assert ordered == sorted(ordered) and len(ordered) == N
+        small = [plain.message_with_options(args=(i,)) for i in range(3)]  # LOG_INSERT's batch: the same
+        small = [small[0], dataclasses.replace(small[0], message_id=shaped(small[0].message_id)), small[1],
+                 again[0], small[2]]
+        assert broker.enqueue_many(small) == small
+        assert scalar(conn, "SELECT count(*) FROM job_log") == 1 + N + 3
     finally:
         broker.close()

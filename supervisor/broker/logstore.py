@@ -79,9 +79,7 @@ def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]], *, again: 
     (a batch's random ids cost 1 us a row more, bench/README.md, sixteenth session); the
     claim takes a transaction's rows in seq order, so a batch is claimed in id order, as
     job_queue claims one (the same run_at: by id)."""
-    if not _canonical([r[0] for r in rows]):  # the check answers, and a repeat is found, in this form
-        rows = [(_uuid_text(r[0]), *r[1:]) for r in rows]
-    ordered = sorted(rows, key=_row_id)
+    ordered = sorted(unique_rows(rows), key=_row_id)
     check = joblog.LOG_SENT_IDS if again else joblog.LOG_LIVE_IDS
     with conn.pipeline():
         found = conn.execute(check, {"ids": id_array(conn, [r[0] for r in ordered])})
@@ -95,6 +93,18 @@ def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]], *, again: 
 
 def _row_id(row: tuple[Any, ...]) -> Any:
     return row[0]
+
+
+def unique_rows(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``log_row`` rows with each id once (its first row), every id in PostgreSQL's text
+    form: the form the live-id checks answer in, so a live id is known by its text, and
+    one id written two ways is one id."""
+    if not _canonical([r[0] for r in rows]):
+        rows = [(_uuid_text(r[0]), *r[1:]) for r in rows]
+    first: dict[Any, tuple[Any, ...]] = {}
+    for row in rows:
+        first.setdefault(row[0], row)
+    return list(first.values())
 
 
 class UuidArray(bytes):
@@ -178,16 +188,11 @@ def _copy_field(value: Any) -> str:
 
 
 def copy_text(rows: Iterable[tuple[Any, ...]]) -> bytes:
-    """``log_row`` rows (in id order) as sql.LOG_COPY's input, an id repeated after itself
-    written once. A row whose text needs no escape (ids, queue and actor names, compact
+    """``log_row`` rows as sql.LOG_COPY's input. A row whose text needs no escape (ids, queue and actor names, compact
     JSON: nearly every one) is one f-string; any other goes field by field."""
     lines = []
-    last = None
     for row in rows:
         job_id, queue, actor, args, kwargs, options, payload, priority, max_attempts, losses, stamp = row
-        if job_id == last:
-            continue
-        last = job_id
         text = f"{job_id}\t{queue}\t{actor}\t{args}\t{kwargs}\t{options}"
         if text.count("\t") == 5 and "\\" not in text and "\n" not in text and "\r" not in text:
             lines.append(f"{text}\t{_NULL if payload is None else _copy_field(payload)}\t{priority}\t"

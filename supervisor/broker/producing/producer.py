@@ -149,7 +149,7 @@ class Producer:
         large batch goes in with COPY (logstore.append), as job_queue's does
         (bulk.COPY_MIN_ROWS)."""
         copy = len(rows) >= bulk.COPY_MIN_ROWS
-        params = None if copy else logstore.insert_params(rows)
+        params = None if copy else logstore.insert_params(logstore.unique_rows(rows))
         tries = [0]
 
         def append(c: psycopg.Connection) -> None:
