@@ -14,7 +14,7 @@ import os
 import struct
 import threading
 import uuid
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,23 +66,33 @@ def insert_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
 _LOG_NAMES = [name.strip() for name in joblog.LOG_COLUMNS.split(",")]
 
 
-def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]], *, again: bool) -> None:
+def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]] | Callable[[], Sequence[tuple[Any, ...]]], *,
+           again: bool, ids: list[str] | None = None) -> None:
     """``log_row`` rows appended with the check and COPY (sql.LOG_COPY), in the caller's
     transaction if ``conn`` is in one (else the COPY is a transaction of its own): those
     whose id a live job has are left out (``again``: any row of the log with the id too, as
     LOG_INSERT_AGAIN), and an id repeated in ``rows`` is written once (its first row).
 
     The check is sent in a pipeline and the COPY's text built while the server runs it (a
-    round trip and the check's server time the client no longer waits through; the text
-    is written as one block, not row by row through psycopg's formatter). The rows go in
-    in id order: each one's entry in job_log's id index lands beside the previous one's
-    (a batch's random ids cost 1 us a row more, bench/README.md, sixteenth session); the
-    claim takes a transaction's rows in seq order, so a batch is claimed in id order, as
-    job_queue claims one (the same run_at: by id)."""
-    ordered = sorted(unique_rows(rows), key=_row_id)
+    round trip and the check's server time the client no longer waits through: the check
+    probes an index per id and per day, 1-2 ms for 1,000 ids; the text is written as one
+    block, not row by row through psycopg's formatter). ``rows`` may be a function that
+    builds them, given the rows' ``ids`` (in PostgreSQL's text form, ``_canonical``): then
+    they are built in that time too. The rows go in in id order: each one's entry in
+    job_log's id index lands beside the previous one's (6 % of the COPY's server time,
+    bench/README.md, sixteenth session); the claim takes a transaction's rows in seq
+    order, so a batch is claimed in id order, as job_queue claims one (the same run_at:
+    by id)."""
+    early = callable(rows) and ids is not None and _canonical(ids)
+    ordered: list[tuple[Any, ...]] = []
+    if not early:
+        ordered = sorted(unique_rows(rows() if callable(rows) else rows), key=_row_id)
+        ids = [r[0] for r in ordered]
     check = joblog.LOG_SENT_IDS if again else joblog.LOG_LIVE_IDS
     with conn.pipeline():
-        found = conn.execute(check, {"ids": id_array(conn, [r[0] for r in ordered])})
+        found = conn.execute(check, {"ids": id_array(conn, ids or [])})
+        if early:
+            ordered = sorted(unique_rows(rows()), key=_row_id)  # type: ignore[operator]
         text = copy_text(ordered)
         live = {r[0] for r in found}
     if live:

@@ -95,6 +95,21 @@ class Producer:
                 out[i] = row
         return out
 
+    def _all_plain(self, messages: list[Message[Any]]) -> bool:
+        """Whether every message's log row is a plain one of ``_log_rows`` (no options of its
+        own, an actor and queue whose rows the log takes)."""
+        if self.storage != "log":
+            return False
+        retries = self._retries()
+        plain: dict[tuple[str, str], tuple[Any, ...] | None] = {}
+        for m in messages:
+            if m.options:
+                return False
+            where = (m.actor_name, m.queue_name)
+            if (plain[where] if where in plain else plain.setdefault(where, self._plain_fields(m, retries))) is None:
+                return False
+        return True
+
     def _plain_fields(self, message: Message[Any], retries: Retries | None) -> tuple[Any, ...] | None:
         """priority, max_attempts and max_lease_losses of the log rows of messages with no
         options of their own to this message's actor and queue, taken from its general row;
@@ -170,6 +185,19 @@ class Producer:
                 return rest(c)
         return write
 
+    @staticmethod
+    def _copy_writer(build: Callable[[], list[tuple[Any, ...] | None]], ids: list[str]
+                     ) -> Callable[[psycopg.Connection], None]:
+        """_log_writer's write for a batch of COPY's size whose every message is plain
+        (``_all_plain``): the rows built (``build``) while the server checks the messages'
+        ``ids`` (logstore.append), no job_queue part, so no transaction of its own."""
+        tries = [0]
+
+        def write(c: psycopg.Connection) -> None:
+            tries[0] += 1
+            logstore.append(c, lambda: [r for r in build() if r is not None], again=tries[0] > 1, ids=ids)
+        return write
+
     def enqueue_many(
         self, messages: Iterable[Message[Any]], *, delay: int | None = None,
         conn: psycopg.Connection | None = None,
@@ -187,6 +215,11 @@ class Producer:
 
     def _enqueue_many(self, messages: list[Message[Any]], delay: int | None,
                       conn: psycopg.Connection | None) -> list[Message[Any]]:
+        what = f"enqueue {len(messages)} messages"
+        if not delay and len(messages) >= bulk.COPY_MIN_ROWS and self._all_plain(messages):
+            ids = [m.message_id for m in messages]
+            self._send(self._copy_writer(lambda: self._log_rows(messages), ids), conn, what)
+            return messages
         retries = self._retries()
         rows = self._log_rows(messages) if not delay else [None] * len(messages)
         logged = [r for r in rows if r is not None]
@@ -196,7 +229,6 @@ class Producer:
             return bulk.enqueue_many(c, table, actors=self.actors, retries=retries, delay=int(delay or 0),
                                      priorities=self.queue_priorities) if table else []
 
-        what = f"enqueue {len(messages)} messages"
         if not logged:
             return self._send(write_table, conn, what)
         if not table:
