@@ -10,6 +10,7 @@ of such a broker claims both.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import threading
@@ -89,7 +90,8 @@ def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]] | Callable[
         ordered = sorted(unique_rows(rows() if callable(rows) else rows), key=_row_id)
         ids = [r[0] for r in ordered]
     check = joblog.LOG_SENT_IDS if again else joblog.LOG_LIVE_IDS
-    with conn.pipeline():
+    # (a libpq older than 14 has no pipeline: the check then waits for its answer, as before)
+    with conn.pipeline() if psycopg.Pipeline.is_supported() else contextlib.nullcontext():
         found = conn.execute(check, {"ids": id_array(conn, ids or [])})
         if early:
             ordered = sorted(unique_rows(rows()), key=_row_id)  # type: ignore[operator]
