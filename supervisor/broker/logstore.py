@@ -79,32 +79,28 @@ def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]] | Callable[
     probes an index per id and per day, 1-2 ms for 1,000 ids; the text is written as one
     block, not row by row through psycopg's formatter). ``rows`` may be a function that
     builds them, given the rows' ``ids`` (in PostgreSQL's text form, ``_canonical``): then
-    they are built in that time too. The rows go in in id order: each one's entry in
-    job_log's id index lands beside the previous one's (6 % of the COPY's server time,
-    bench/README.md, sixteenth session); the claim takes a transaction's rows in seq
-    order, so a batch is claimed in id order, as job_queue claims one (the same run_at:
-    by id)."""
+    they are built in that time too. The rows go in in the order sent: the claim takes a
+    transaction's rows in seq order, so a batch runs first in, first out, as the messages
+    of Dramatiq's other brokers do. (In id order, each row's entry in job_log's id index
+    lands beside the previous one's: 6 % of the COPY's server time, bench/README.md,
+    sixteenth session; but a batch of random ids then runs in a random order.)"""
     early = callable(rows) and ids is not None and _canonical(ids)
     ordered: list[tuple[Any, ...]] = []
     if not early:
-        ordered = sorted(unique_rows(rows() if callable(rows) else rows), key=_row_id)
+        ordered = unique_rows(rows() if callable(rows) else rows)
         ids = [r[0] for r in ordered]
     check = joblog.LOG_SENT_IDS if again else joblog.LOG_LIVE_IDS
     # (a libpq older than 14 has no pipeline: the check then waits for its answer, as before)
     with conn.pipeline() if psycopg.Pipeline.is_supported() else contextlib.nullcontext():
         found = conn.execute(check, {"ids": id_array(conn, ids or [])})
         if early:
-            ordered = sorted(unique_rows(rows()), key=_row_id)  # type: ignore[operator]
+            ordered = unique_rows(rows())  # type: ignore[operator]
         text = copy_text(ordered)
         live = {r[0] for r in found}
     if live:
         text = copy_text([r for r in ordered if r[0] not in live])
     with conn.cursor() as cur, cur.copy(joblog.LOG_COPY) as copy:
         copy.write(text)
-
-
-def _row_id(row: tuple[Any, ...]) -> Any:
-    return row[0]
 
 
 def unique_rows(rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
