@@ -221,3 +221,20 @@ def test_a_step_with_a_key_goes_to_job_queue_and_a_step_whose_job_is_cancelled_f
         acts["gate"].set()
     assert _states(conn, wf) == {root: "succeeded", held: "cancelled", below: "cancelled"}
     assert "cancelled by an operator" in workflow_ops.show(conn, wf.id)["reason"]
+
+
+def test_a_step_whose_queue_is_flushed_ends_cancelled_and_the_policy_applies(conn, acts):
+    # Broker.flush deletes job_queue's rows (no history row for a trigger) and cancels the
+    # log's: either way the step ends cancelled, says why, and its workflow ends.
+    broker = acts["broker"]
+    wf = supervisor.workflow("flushed", broker=broker)
+    root = wf.add(acts["seed"].message(1))
+    below = wf.add(acts["leaf"].message(), after=[root])
+    wf.send()  # no worker: the root waits in its queue
+    broker.flush("wf")
+    assert wf.wait(10) == "cancelled"
+    assert _states(conn, wf) == {root: "cancelled", below: "cancelled"}
+    shown = workflow_ops.show(conn, wf.id)
+    assert shown["reason"] == f"step {root} (wft_seed) cancelled: its queue was flushed"
+    assert shown["steps"][1]["reason"].startswith(f"cancelled: step {root}")
+

@@ -282,6 +282,18 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Steps whose jobs went with no row left (sql.FLUSH_QUEUE deletes them, as Broker.flush
+-- drops a queue): ended as cancelled with ``why``, as their rows' triggers would have, so
+-- their workflow's policy applies and it does not stay running for ever.
+CREATE FUNCTION workflow_steps_gone(ids uuid[], why text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(ids) > 0 THEN
+        INSERT INTO workflow_ends (step, status, why) SELECT s.id, 'cancelled', why FROM workflow_steps s
+         WHERE s.id = ANY(ids);
+        PERFORM workflow_steps_ended();
+    END IF;
+END $$;
+
 -- A job's end, from the row it leaves: noted when the job is a step.
 CREATE FUNCTION workflow_step_end() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
