@@ -64,19 +64,21 @@ def _locked(c: psycopg.Connection, workflow: str, step: str | None) -> None:
 
 
 def cancel(conn: psycopg.Connection, workflow: str, *, step: str | None = None) -> dict[str, int]:
-    """Cancel every step not ended, or ``step`` and its descendants: the waiting ones at
-    once, the running ones marked cancelled and their jobs cancelled (interrupted) after."""
+    """Cancel every step not ended, or ``step`` and its descendants, with their jobs: a
+    running one is interrupted (migration 049's workflow_cancel_steps, as the failure policy
+    cancels). A job whose outcome another transaction was writing is marked cancelled, and
+    cancelled after the commit (admin.cancel_job), in case it goes on."""
     who = operator()
     why = "cancelled by an operator" + (f" (step {step} and its descendants)" if step else "")
     with conn.transaction():
         _locked(conn, workflow, step)
         targets = _one(conn, sql.CANCEL_TARGETS, {"id": workflow, "step": step})
         running = _one(conn, sql.CANCEL_STEPS, {"ids": targets, "why": why, "who": who}) or []
-        conn.execute(sql.MARK_CANCELLED, {"ids": running, "why": why})
+        left = [r[0] for r in conn.execute(sql.MARK_CANCELLED, {"ids": running, "why": why})]
         conn.execute(sql.SET_REASON, {"id": workflow, "why": why})
     # After the commit, each in its own transaction: a job's cancel waits for its ack in
     # flight, whose trigger would wait for this workflow's row (migration 049's lock order).
-    for job in running:
+    for job in left:
         cancel_job(conn, str(job))
     return {"cancelled": len(targets), "interrupted": len(running)}
 

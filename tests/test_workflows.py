@@ -69,7 +69,24 @@ def acts(store_broker: PostgresBroker) -> dict[str, Any]:
         count("leaf")
         return "leaf"
 
-    made = {fn.__name__: actor(fn) for fn in (seed, square, join, boom, held, leaf)}
+    def stuck(parents: list[Any] | None = None) -> str:
+        # runs until its job is cancelled: the interrupt lands between two short waits
+        count("stuck")
+        try:
+            while not gate.wait(0.05):
+                pass
+        except BaseException as exc:
+            seen.append(type(exc).__name__)
+            raise
+        return "stuck"
+
+    def boom_when_stuck(parents: list[Any] | None = None) -> None:
+        while not runs.get("stuck"):
+            gate.wait(0.05)
+        count("boom")
+        raise RuntimeError("boom")
+
+    made = {fn.__name__: actor(fn) for fn in (seed, square, join, boom, held, leaf, stuck, boom_when_stuck)}
     return {**made, "seen": seen, "runs": runs, "gate": gate, "broker": broker}
 
 
@@ -124,7 +141,7 @@ def _states(conn: psycopg.Connection, wf: supervisor.Workflow) -> dict[str, str]
     return {s["id"]: s["state"] for s in workflow_ops.show(conn, wf.id)["steps"]}
 
 
-def test_cancel_rest_cancels_every_step_not_started_and_says_why(conn, acts):
+def test_cancel_rest_cancels_every_step_not_ended_and_says_why(conn, acts):
     broker = acts["broker"]
     wf = supervisor.workflow("policy", broker=broker)  # cancel_rest, the default
     root = wf.add(acts["seed"].message(1))
@@ -136,11 +153,11 @@ def test_cancel_rest_cancels_every_step_not_started_and_says_why(conn, acts):
     with in_process_worker(broker, ["wf"]):
         wf.send()
         wait_for(lambda: _states(conn, wf)[bad] == "failed", 30, message="the failing step")
-        acts["gate"].set()  # the running independent step ends; its child was cancelled
-        assert wf.wait(30) == "failed"
+        assert wf.wait(30) == "failed"  # the running independent step cancelled too
+        acts["gate"].set()
     states = _states(conn, wf)
     assert states == {root: "succeeded", bad: "failed", after_bad: "cancelled", other: "cancelled",
-                      independent: "succeeded", after_independent: "cancelled"}
+                      independent: "cancelled", after_independent: "cancelled"}
     shown = workflow_ops.show(conn, wf.id)
     assert f"step {bad} (wft_boom) failed: RuntimeError: boom" in shown["reason"]
     reasons = {s["id"]: s["reason"] for s in shown["steps"]}
@@ -238,3 +255,38 @@ def test_a_step_whose_queue_is_flushed_ends_cancelled_and_the_policy_applies(con
     assert shown["reason"] == f"step {root} (wft_seed) cancelled: its queue was flushed"
     assert shown["steps"][1]["reason"].startswith(f"cancelled: step {root}")
 
+
+def test_cancel_rest_interrupts_the_running_steps(conn, acts):
+    # A step fails for good while another runs: "cancel the rest" cancels that one's job too
+    # (its process interrupts it), so the workflow ends without waiting for it.
+    broker = acts["broker"]
+    wf = supervisor.workflow("interrupt", broker=broker)
+    root = wf.add(acts["seed"].message(1))
+    running = wf.add(acts["stuck"].message(), after=[root])
+    bad = wf.add(acts["boom_when_stuck"].message(), after=[root])
+    below = wf.add(acts["leaf"].message(), after=[running])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        assert wf.wait(30) == "failed"
+        wait_for(lambda: acts["seen"] == ["JobCancelled"], 10, message="the running step interrupted")
+    assert not acts["gate"].is_set()
+    assert _states(conn, wf) == {root: "succeeded", running: "cancelled", bad: "failed", below: "cancelled"}
+    reasons = {s["id"]: s["reason"] for s in workflow_ops.show(conn, wf.id)["steps"]}
+    assert reasons[running].startswith(f"cancelled: step {bad} (wft_boom_when_stuck) failed")
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (running,)) == "cancelled"
+    assert acts["runs"]["stuck"] == 1 and "leaf" not in acts["runs"]
+
+
+def test_an_operators_cancel_interrupts_a_running_step(conn, acts):
+    broker = acts["broker"]
+    wf = supervisor.workflow("operator", broker=broker)
+    running = wf.add(acts["stuck"].message())
+    below = wf.add(acts["leaf"].message(), after=[running])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        wait_for(lambda: acts["runs"].get("stuck") == 1, 30, message="the step running")
+        assert workflow_ops.cancel(conn, wf.id) == {"cancelled": 2, "interrupted": 1}
+        assert wf.wait(10) == "cancelled"
+        wait_for(lambda: acts["seen"] == ["JobCancelled"], 10, message="the running step interrupted")
+    assert _states(conn, wf) == {running: "cancelled", below: "cancelled"}
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (running,)) == "cancelled"

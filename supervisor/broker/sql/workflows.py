@@ -40,8 +40,9 @@ LOCK = "SELECT id, policy, state FROM workflows WHERE id = %(id)s FOR NO KEY UPD
 
 STEP_OF = "SELECT workflow FROM workflow_steps WHERE id = %(step)s"
 
-# Cancel: every step not ended (all), or a step and its descendants; the running ones come
-# back, marked cancelled here, their jobs cancelled after the commit (admin.cancel_job).
+# Cancel: every step not ended (all), or a step and its descendants, with their jobs (running
+# ones interrupted); the steps whose job another transaction was ending are marked cancelled
+# here, their jobs cancelled after the commit (admin.cancel_job).
 CANCEL_TARGETS = """
 SELECT coalesce(array_agg(id), '{}') FROM workflow_steps
  WHERE workflow = %(id)s AND state IN ('blocked', 'enqueued')
@@ -51,6 +52,7 @@ CANCEL_STEPS = "SELECT workflow_cancel_steps(%(ids)s::uuid[], %(why)s, %(who)s)"
 MARK_CANCELLED = """
 UPDATE workflow_steps SET state = 'cancelled', reason = %(why)s, finished_at = now(), result = NULL
  WHERE id = ANY(%(ids)s::uuid[]) AND state = 'enqueued'
+RETURNING id
 """
 SET_REASON = "UPDATE workflows SET reason = coalesce(reason, %(why)s) WHERE id = %(id)s"
 
