@@ -21,6 +21,10 @@ class WorkflowError(ValueError):
     """A workflow or step that does not exist, or a change it cannot take (one line)."""
 
 
+class NotFound(WorkflowError):
+    """No such workflow, or no such step in it (the API's 404)."""
+
+
 def list_workflows(conn: psycopg.Connection, *, state: str | None = None, limit: int = 50,
                    before: tuple[datetime, str] | None = None) -> list[dict[str, Any]]:
     """A page of workflows, newest first; ``before``: the (created_at, id) of the last row of
@@ -45,22 +49,26 @@ def _one(conn: psycopg.Connection, query: str, params: dict[str, Any]) -> Any:
     return None if row is None else row[0]
 
 
+class BadId(WorkflowError):
+    """Not a uuid (the API's 400)."""
+
+
 def check_id(text: str) -> uuid.UUID:
     try:
         return uuid.UUID(text)
     except ValueError:
-        raise WorkflowError(f"not a workflow or step id: {text!r}") from None
+        raise BadId(f"not a workflow or step id: {text!r}") from None
 
 
 def _locked(c: psycopg.Connection, workflow: str, step: str | None) -> None:
     check_id(workflow)
     if c.execute(sql.LOCK, {"id": workflow}).fetchone() is None:
-        raise WorkflowError(f"no workflow {workflow}")
+        raise NotFound(f"no workflow {workflow}")
     if step is not None:
         check_id(step)
         row = c.execute(sql.STEP_OF, {"step": step}).fetchone()
         if row is None or str(row[0]) != workflow:
-            raise WorkflowError(f"no step {step} in workflow {workflow}")
+            raise NotFound(f"no step {step} in workflow {workflow}")
 
 
 def cancel(conn: psycopg.Connection, workflow: str, *, step: str | None = None) -> dict[str, int]:

@@ -71,3 +71,41 @@ def test_the_cli_lists_shows_cancels_and_retries(conn, broker, database_url):
         assert len(bad.stderr.strip().splitlines()) == 1
     helped = cli("workflows", "--help")
     assert helped.returncode == 0 and "cancel" in helped.stdout and "retry" in helped.stdout
+
+
+def test_the_api_cancels_and_retries_a_workflow_and_a_step_behind_the_token(conn, broker, http_server):
+    wf, fresh = _sent(broker)
+    s = http_server(env={"SUPERVISOR_HTTP_TOKEN": "s3cret"})
+    auth = {"Authorization": "Bearer s3cret"}
+    base = f"/api/v1/workflows/{wf.id}"
+    r = s.client.post(f"{base}/cancel")
+    assert r.status_code == 401 and r.json()["action"] == "workflows.cancel" and r.json()["needs"] == "operator"
+    assert scalar(conn, "SELECT state FROM workflows WHERE id = %s", (wf.id,)) == "running"
+    r = s.client.post(f"{base}/cancel", headers=auth)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"workflow": wf.id, "step": None, "cancelled": 2, "interrupted": 0}
+    assert scalar(conn, "SELECT state FROM workflows WHERE id = %s", (wf.id,)) == "cancelled"
+    r = s.client.post(f"{base}/retry", headers=auth)
+    assert r.json() == {"workflow": wf.id, "step": None, "retried": 2, "released": 1}
+    root, child = (st["id"] for st in s.client.get(base).json()["steps"])
+    # a step and its descendants: the child alone (blocked), then retried (its parent still enqueued)
+    r = s.client.post(f"{base}/steps/{child}/cancel", headers=auth)
+    assert r.json() == {"workflow": wf.id, "step": child, "cancelled": 1, "interrupted": 0}
+    assert scalar(conn, "SELECT state FROM workflow_steps WHERE id = %s", (child,)) == "cancelled"
+    r = s.client.post(f"{base}/steps/{child}/retry", headers=auth)
+    assert r.json() == {"workflow": wf.id, "step": child, "retried": 1, "released": 0}
+    assert scalar(conn, "SELECT state FROM workflow_steps WHERE id = %s", (child,)) == "blocked"
+    # what is not there, what is no id, what cannot be retried
+    nobody = "00000000-0000-0000-0000-000000000000"
+    for path, status, text in [(f"/api/v1/workflows/{nobody}/cancel", 404, "no workflow"),
+                               (f"{base}/steps/{nobody}/retry", 404, "no step"),
+                               (f"{base}/steps/{fresh.id}/cancel", 404, "no step"),
+                               ("/api/v1/workflows/nope/retry", 400, "not a workflow or step id"),
+                               (f"/api/v1/workflows/{fresh.id}/retry", 409, f"workflow {fresh.id} has no ended step")]:
+        r = s.client.post(path, headers=auth)
+        assert r.status_code == status and r.json()["error"].startswith(text), (path, r.text)
+    entries = s.client.get("/api/v1/audit").json()["entries"]
+    done = [(e["action"], e["target"], e["status"]) for e in entries if e["status"] == 200]
+    assert done[-1] == ("workflows.cancel", f"workflow {wf.id}", 200) and len(done) == 4
+    schema = s.client.get("/api/v1/openapi.json").json()["paths"]
+    assert {"/api/v1/workflows/{workflow_id}/cancel", "/api/v1/workflows/{workflow_id}/steps/{step_id}/retry"} <= set(schema)
