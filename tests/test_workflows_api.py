@@ -109,3 +109,40 @@ def test_the_api_cancels_and_retries_a_workflow_and_a_step_behind_the_token(conn
     assert done[-1] == ("workflows.cancel", f"workflow {wf.id}", 200) and len(done) == 4
     schema = s.client.get("/api/v1/openapi.json").json()["paths"]
     assert {"/api/v1/workflows/{workflow_id}/cancel", "/api/v1/workflows/{workflow_id}/steps/{step_id}/retry"} <= set(schema)
+
+
+def test_the_upkeep_prunes_finished_workflows_by_the_retention_of_their_state(conn, broker):
+    from supervisor.config import parse
+    from supervisor.registry import Registration
+    from supervisor.worker.upkeep import Upkeep, UpkeepSettings
+
+    ok, bad, live = _sent(broker, 3)
+    conn.execute("UPDATE workflows SET state = 'succeeded', finished_at = now() - interval '8 days' WHERE id = %s",
+                 (ok.id,))
+    conn.execute("UPDATE workflows SET state = 'failed', finished_at = now() - interval '8 days' WHERE id = %s",
+                 (bad.id,))
+    registration = Registration(broker.pool, broker.owner, role="t", queues=["wfapi"])
+    # the defaults: succeeded kept 7 days, failed 30
+    counts = Upkeep(broker, registration, settings=UpkeepSettings(), state=lambda: "running").prune()
+    assert counts["workflow steps"] == 2
+    assert sorted(r[0] for r in conn.execute("SELECT id::text FROM workflows")) == sorted([bad.id, live.id])
+    assert scalar(conn, "SELECT count(*) FROM workflow_steps WHERE workflow = %s", (ok.id,)) == 0
+    # a shorter retention of failed jobs prunes the failed workflow; a running one stays, whatever its age
+    conn.execute("UPDATE workflows SET created_at = now() - interval '90 days' WHERE id = %s", (live.id,))
+    short = parse("roles: {w: {queues: [q], actors: [m]}}\nretention: {failed: 1d}\n").retention
+    counts = Upkeep(broker, registration, settings=UpkeepSettings(retention=short), state=lambda: "running").prune()
+    assert counts["workflow steps"] == 2
+    assert [r[0] for r in conn.execute("SELECT id::text FROM workflows")] == [live.id]
+
+
+def test_a_prune_batch_is_a_budget_of_steps(conn, broker):
+    from supervisor.broker.sql import workflows as sql
+
+    for wf in _sent(broker, 4):  # 2 steps each
+        conn.execute("UPDATE workflows SET state = 'cancelled', finished_at = now() - interval '1 day' WHERE id = %s",
+                     (wf.id,))
+    # a budget of 3 steps: the first workflow (2), and the one that crosses it (2 more)
+    assert conn.execute(sql.PRUNE, {"state": "cancelled", "older_than_s": 60, "limit": 3}).rowcount == 4
+    assert scalar(conn, "SELECT count(*) FROM workflows") == 2
+    assert conn.execute(sql.PRUNE, {"state": "cancelled", "older_than_s": 60, "limit": 100}).rowcount == 4
+    assert conn.execute(sql.PRUNE, {"state": "cancelled", "older_than_s": 60, "limit": 100}).rowcount == 0

@@ -35,6 +35,8 @@ CREATE TABLE workflows (
 );
 CREATE INDEX workflows_created ON workflows (created_at DESC, id);
 CREATE INDEX workflows_state ON workflows (state, created_at DESC, id);
+-- The upkeep's prune: the oldest finished of a state first (sql/workflows.py PRUNE).
+CREATE INDEX workflows_finished ON workflows (state, finished_at) WHERE finished_at IS NOT NULL;
 
 -- One row per step: its message as the producer would have written it (the columns of
 -- job_queue's row; to_log: the producer would have put it in the log), its edges both ways

@@ -82,6 +82,25 @@ UPDATE workflow_steps s
 RELEASE = "SELECT workflow_release(%(ids)s::uuid[])"
 CLEAR_REASON = "UPDATE workflows SET reason = NULL WHERE id = %(id)s"
 
+# The upkeep's prune: workflows of a final state that ended longer ago than that state's
+# retention (the jobs' own: retention.succeeded, .failed, .cancelled), their steps with them
+# (ON DELETE CASCADE). A batch is a budget of steps, not of workflows (one may hold 10,000):
+# the oldest ones up to %(limit)s steps, and the one that crosses it. One row per step
+# deleted, so the upkeep's loop (a batch that comes back short is the last) goes on while
+# more remain.
+PRUNE = """
+WITH old AS (
+    SELECT id, steps, sum(steps) OVER (ORDER BY finished_at, id) AS upto
+      FROM (SELECT id, steps, finished_at FROM workflows
+             WHERE state = %(state)s AND finished_at < now() - %(older_than_s)s * interval '1 second'
+             ORDER BY finished_at, id LIMIT %(limit)s) AS w
+), gone AS (
+    DELETE FROM workflows w USING old WHERE w.id = old.id AND old.upto - old.steps < %(limit)s
+    RETURNING w.steps
+)
+SELECT 1 FROM gone, generate_series(1, greatest(gone.steps, 1))
+"""
+
 # --- reads (the API, the CLI, the metrics) -----------------------------------------------
 
 _WORKFLOW_FIELDS = """w.id::text, w.name, w.policy, w.state, w.steps, w.succeeded, w.failed, w.cancelled,
