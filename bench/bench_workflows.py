@@ -143,7 +143,8 @@ def main() -> int:
         say(f"{n} steps (1 root, {n - 2} parallel, 1 join) vs {n} plain jobs; {args.threads} threads, "
             f"{args.repeat} runs")
         for name, values in runs.items():
-            say(f"{name}: median {statistics.median(values):.1f} ms, best {min(values):.1f} ms")
+            say(f"{name}: median {statistics.median(values):.1f} ms, best {min(values):.1f} ms"
+                f" (runs: {', '.join(f'{v:.0f}' for v in values)})")
         say(f"W1 throughput / W0: median {statistics.median(ratios):.2f}x, best {max(ratios):.2f}x")
         say(f"J1 p50 {percentile(runs['J1 last parent end -> join start'], 50):.1f} ms over {args.repeat} runs")
         if stages:

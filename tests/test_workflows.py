@@ -290,3 +290,43 @@ def test_an_operators_cancel_interrupts_a_running_step(conn, acts):
         wait_for(lambda: acts["seen"] == ["JobCancelled"], 10, message="the running step interrupted")
     assert _states(conn, wf) == {running: "cancelled", below: "cancelled"}
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (running,)) == "cancelled"
+
+
+def test_a_big_fan_in_gets_every_result_in_order_gathered_near_its_end(conn, acts):
+    # 700 parents: the join's count falls past 512 in some ack, which gathers the results so
+    # far (migration 049's workflow_gather); its release reads only the rest.
+    broker = acts["broker"]
+    wf = supervisor.workflow("fan-in", broker=broker)
+    root = wf.add(acts["seed"].message(0))
+    mids = [wf.add(acts["square"].message(i), after=[root]) for i in range(700)]
+    wf.add(acts["join"].message(), after=mids)
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        assert wf.wait(60) == "succeeded"
+    assert acts["seen"] == [list(range(700))]
+    assert scalar(conn, "SELECT count(*) FROM workflow_steps WHERE gathered IS NOT NULL") == 0
+
+
+def test_a_release_after_a_gather_reads_the_parents_missing_then(conn, store_broker):
+    # The gather and the release alone, in SQL: parents 1..3 of 5 succeeded at the gather
+    # (one with JSON null), 4 and 5 after it; the join's argument has all five in order.
+    act = dramatiq.actor(broker=store_broker, queue_name="wfg", actor_name="wfg_step")(lambda *a: None)
+    wf = supervisor.workflow("gather", broker=store_broker)
+    parents = [wf.add(act.message(i)) for i in range(5)]
+    join = wf.add(act.message("j"), after=parents)
+    wf.send()
+
+    def succeed(ids: list[str], results: list[str]) -> None:
+        conn.execute("UPDATE workflow_steps s SET state = 'succeeded', result = r.v::jsonb FROM unnest(%s::uuid[],"
+                     " %s::text[]) AS r(id, v) WHERE s.id = r.id", (ids, results))
+        conn.execute("UPDATE workflow_steps SET remaining = remaining - %s WHERE id = %s", (len(ids), join))
+
+    succeed(parents[:3], ['"a"', "null", '{"b": 1}'])
+    conn.execute("SELECT workflow_gather(ARRAY[%s]::uuid[])", (join,))
+    assert conn.execute("SELECT gathered_missing FROM workflow_steps WHERE id = %s", (join,)).fetchone()[0] == [4, 5]
+    succeed(parents[3:], ["4", '"e"'])
+    assert scalar(conn, "SELECT workflow_release(ARRAY[%s]::uuid[])", (join,)) == 1
+    args = scalar(conn, "SELECT args FROM jobs WHERE id = %s", (join,))
+    assert args == ["j", ["a", None, {"b": 1}, 4, "e"]]
+    assert conn.execute("SELECT gathered, gathered_missing FROM workflow_steps WHERE id = %s",
+                        (join,)).fetchone() == (None, None)

@@ -70,7 +70,8 @@ SELECT coalesce(array_agg(s.id), '{}') FROM workflow_steps s
    AND (s.id IN (SELECT id FROM t) OR s.id = ANY(workflow_descendants(ARRAY(SELECT id FROM t))))
 """
 RESET = """
-UPDATE workflow_steps SET state = 'blocked', result = NULL, reason = NULL, finished_at = NULL, enqueued_at = NULL
+UPDATE workflow_steps SET state = 'blocked', result = NULL, reason = NULL, finished_at = NULL, enqueued_at = NULL,
+                          gathered = NULL, gathered_missing = NULL
  WHERE id = ANY(%(ids)s::uuid[])
 """
 RECOUNT = """
