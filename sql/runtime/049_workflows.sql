@@ -292,6 +292,8 @@ DECLARE
     bad record;
     released uuid[];
     near uuid[];
+    lower_by integer;
+    group_ids uuid[];
 BEGIN
     PERFORM set_config('supervisor.workflow_ends', '', true);
     WITH e AS (DELETE FROM workflow_ends RETURNING *)
@@ -322,15 +324,24 @@ BEGIN
         SELECT array_agg(d.id), array_agg(d.n) INTO kids, counts FROM (
             SELECT c AS id, count(*)::int AS n FROM workflow_steps e, unnest(e.children) AS c
              WHERE e.id = ANY(ok) GROUP BY c) AS d;
-        WITH lowered AS (
-            UPDATE workflow_steps s SET remaining = s.remaining - d.n
-              FROM unnest(kids, counts) AS d(id, n)
-             WHERE s.id = ANY(kids) AND s.id = d.id AND s.state = 'blocked'
-            RETURNING s.id, s.remaining, s.remaining + d.n AS was
-        )
-        SELECT coalesce(array_agg(id) FILTER (WHERE remaining <= 0), '{}'),
-               coalesce(array_agg(id) FILTER (WHERE remaining > 0 AND remaining <= 512 AND was > 512), '{}')
-          INTO released, near FROM lowered;
+        -- one UPDATE per distinct count (one or two, nearly always), each by = ANY alone: a join
+        -- with unnest(kids, counts) got a cached generic plan (made on small batches) that
+        -- filtered every pair of a root's 9,998 children, 20 s where it had taken 165 ms
+        released := '{}';
+        near := '{}';
+        FOR lower_by, group_ids IN
+            SELECT d.n, array_agg(d.id) FROM unnest(kids, counts) AS d(id, n) GROUP BY d.n
+        LOOP
+            WITH lowered AS (
+                UPDATE workflow_steps s SET remaining = s.remaining - lower_by
+                 WHERE s.id = ANY(group_ids) AND s.state = 'blocked'
+                RETURNING s.id, s.remaining
+            )
+            SELECT released || coalesce(array_agg(id) FILTER (WHERE remaining <= 0), '{}'),
+                   near || coalesce(array_agg(id) FILTER (WHERE remaining > 0 AND remaining <= 512
+                                                            AND remaining + lower_by > 512), '{}')
+              INTO released, near FROM lowered;
+        END LOOP;
         IF cardinality(near) > 0 THEN  -- a big fan-in near its end: its results so far gathered now
             PERFORM workflow_gather(near);
         END IF;
