@@ -1,12 +1,14 @@
 """Durable workflows (issue 41, item 3): a workflow of --steps steps (one root, --steps - 2
 parallel steps, one join) against as many plain jobs, on the same worker, in one run.
 
-    python bench/bench_workflows.py [--steps 200] [--repeat 3] [--threads 8] [--database-url URL]
+    python bench/bench_workflows.py [--steps 200] [--repeat 3] [--threads 8] [--split] [--database-url URL]
 
 W0  --steps plain no-op jobs sent in one enqueue_many: from the send to the last one's end.
 W1  the workflow, sent (every step and edge in one transaction): from the send to the join's
     end; the ratio is W0's time over W1's (the workflow's throughput relative to plain jobs).
-J1  the join's start after its last parent's end (each parent stamps its end, the join its start).
+J1  the join's start after its last parent's end (each parent stamps its end, the join its start);
+    with --split, by stage (bench/workflow_split.py: the ack's wait, its commit, the wake-up,
+    the claim, the start).
 
 Times are time.time() in the actors (one process, one clock); each figure is the median of
 --repeat runs, with the best; J1 also as p50 over the runs.
@@ -26,9 +28,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import dramatiq
+from dramatiq.middleware import CurrentMessage
 
 import supervisor
 from bench.common import bench_database, code_state, percentile, say, server_url
+from bench.workflow_split import STAGES, Split
 from supervisor.broker import PostgresBroker
 
 
@@ -38,6 +42,7 @@ class Clock:
     def __init__(self, expect: int) -> None:
         self.expect = expect
         self.ends: list[float] = []
+        self.last_id = ""
         self.join_start = 0.0
         self.last = 0.0
         self.done = threading.Event()
@@ -45,8 +50,11 @@ class Clock:
 
     def step(self) -> None:
         now = time.time()
+        message = CurrentMessage.get_current_message()
         with self.lock:
             self.ends.append(now)
+            if message is not None and now >= max(self.ends):
+                self.last_id = message.message_id
             if len(self.ends) == self.expect:
                 self.last = now
                 self.done.set()
@@ -79,6 +87,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--split", action="store_true", help="J1 by stage (marks the broker's ack, wake-up, claim)")
     parser.add_argument("--database-url")
     args = parser.parse_args()
     # Dramatiq's Results warns at every step that returns a value without store_results: a
@@ -91,6 +100,10 @@ def main() -> int:
         dramatiq.set_broker(broker)
         clock = [Clock(n)]
         a = declare(broker, clock)
+        split = Split()
+        if args.split:
+            split.install(broker, "bench_wf")
+        stages: list[dict[str, float]] = []
         worker = dramatiq.Worker(broker, worker_threads=args.threads, worker_timeout=100)
         worker.start()
         runs: dict[str, list[float]] = {"W0 plain jobs, send -> last end": [], "W1 workflow, send -> join end": [],
@@ -110,7 +123,8 @@ def main() -> int:
                 wf = supervisor.workflow("bench", broker=broker)
                 root = wf.add(a["wf_step"].message())
                 mids = [wf.add(a["wf_step"].message(), after=[root]) for _ in range(n - 2)]
-                wf.add(a["wf_join"].message(), after=mids)
+                join = wf.add(a["wf_join"].message(), after=mids)
+                split.reset()
                 sent = time.time()
                 wf.send()
                 runs["W1 send itself"].append((time.time() - sent) * 1000)
@@ -120,15 +134,23 @@ def main() -> int:
                 runs["W1 workflow, send -> join end"].append(took)
                 runs["J1 last parent end -> join start"].append((clock[0].join_start - max(clock[0].ends)) * 1000)
                 ratios.append(plain / took)
+                parts = split.stages(max(clock[0].ends), clock[0].last_id, join, clock[0].join_start)
+                if parts is not None:
+                    stages.append(parts)
         finally:
             worker.stop()
             broker.close()
         say(f"{n} steps (1 root, {n - 2} parallel, 1 join) vs {n} plain jobs; {args.threads} threads, "
             f"{args.repeat} runs")
         for name, values in runs.items():
-            say(f"{name}: median {statistics.median(values):.1f} ms, best {min(values):.1f} ms")
+            say(f"{name}: median {statistics.median(values):.1f} ms, best {min(values):.1f} ms"
+                f" (runs: {', '.join(f'{v:.0f}' for v in values)})")
         say(f"W1 throughput / W0: median {statistics.median(ratios):.2f}x, best {max(ratios):.2f}x")
         say(f"J1 p50 {percentile(runs['J1 last parent end -> join start'], 50):.1f} ms over {args.repeat} runs")
+        if stages:
+            say("J1 by stage, median ms: " + ", ".join(
+                f"{name} {statistics.median(s[name] for s in stages):.1f}" for name in STAGES))
+            say(split.writes_summary())
     return 0
 
 

@@ -21,6 +21,10 @@ class WorkflowError(ValueError):
     """A workflow or step that does not exist, or a change it cannot take (one line)."""
 
 
+class NotFound(WorkflowError):
+    """No such workflow, or no such step in it (the API's 404)."""
+
+
 def list_workflows(conn: psycopg.Connection, *, state: str | None = None, limit: int = 50,
                    before: tuple[datetime, str] | None = None) -> list[dict[str, Any]]:
     """A page of workflows, newest first; ``before``: the (created_at, id) of the last row of
@@ -45,38 +49,44 @@ def _one(conn: psycopg.Connection, query: str, params: dict[str, Any]) -> Any:
     return None if row is None else row[0]
 
 
+class BadId(WorkflowError):
+    """Not a uuid (the API's 400)."""
+
+
 def check_id(text: str) -> uuid.UUID:
     try:
         return uuid.UUID(text)
     except ValueError:
-        raise WorkflowError(f"not a workflow or step id: {text!r}") from None
+        raise BadId(f"not a workflow or step id: {text!r}") from None
 
 
 def _locked(c: psycopg.Connection, workflow: str, step: str | None) -> None:
     check_id(workflow)
     if c.execute(sql.LOCK, {"id": workflow}).fetchone() is None:
-        raise WorkflowError(f"no workflow {workflow}")
+        raise NotFound(f"no workflow {workflow}")
     if step is not None:
         check_id(step)
         row = c.execute(sql.STEP_OF, {"step": step}).fetchone()
         if row is None or str(row[0]) != workflow:
-            raise WorkflowError(f"no step {step} in workflow {workflow}")
+            raise NotFound(f"no step {step} in workflow {workflow}")
 
 
 def cancel(conn: psycopg.Connection, workflow: str, *, step: str | None = None) -> dict[str, int]:
-    """Cancel every step not ended, or ``step`` and its descendants: the waiting ones at
-    once, the running ones marked cancelled and their jobs cancelled (interrupted) after."""
+    """Cancel every step not ended, or ``step`` and its descendants, with their jobs: a
+    running one is interrupted (migration 049's workflow_cancel_steps, as the failure policy
+    cancels). A job whose outcome another transaction was writing is marked cancelled, and
+    cancelled after the commit (admin.cancel_job), in case it goes on."""
     who = operator()
     why = "cancelled by an operator" + (f" (step {step} and its descendants)" if step else "")
     with conn.transaction():
         _locked(conn, workflow, step)
         targets = _one(conn, sql.CANCEL_TARGETS, {"id": workflow, "step": step})
         running = _one(conn, sql.CANCEL_STEPS, {"ids": targets, "why": why, "who": who}) or []
-        conn.execute(sql.MARK_CANCELLED, {"ids": running, "why": why})
+        left = [r[0] for r in conn.execute(sql.MARK_CANCELLED, {"ids": running, "why": why})]
         conn.execute(sql.SET_REASON, {"id": workflow, "why": why})
     # After the commit, each in its own transaction: a job's cancel waits for its ack in
     # flight, whose trigger would wait for this workflow's row (migration 049's lock order).
-    for job in running:
+    for job in left:
         cancel_job(conn, str(job))
     return {"cancelled": len(targets), "interrupted": len(running)}
 

@@ -12,8 +12,9 @@ Every step and edge is written in one transaction at send (the caller's, when it
 nothing runs unless it commits). A step runs once all its parents succeeded, released by
 its last parent's outcome write in SQL (migration 049); it receives its parents' results as
 one last argument, a list in the order of ``after``. A step that fails for good (retries
-spent, cancelled, its lease-loss budget spent) cancels every step not yet started
-(``cancel_rest``) or only its descendants (``continue``). docs/workflows.md has the rest.
+spent, cancelled, its lease-loss budget spent, its queue flushed) cancels every step not
+ended, running ones interrupted (``cancel_rest``), or only its descendants (``continue``).
+docs/workflows.md has the rest.
 """
 
 from __future__ import annotations

@@ -69,7 +69,24 @@ def acts(store_broker: PostgresBroker) -> dict[str, Any]:
         count("leaf")
         return "leaf"
 
-    made = {fn.__name__: actor(fn) for fn in (seed, square, join, boom, held, leaf)}
+    def stuck(parents: list[Any] | None = None) -> str:
+        # runs until its job is cancelled: the interrupt lands between two short waits
+        count("stuck")
+        try:
+            while not gate.wait(0.05):
+                pass
+        except BaseException as exc:
+            seen.append(type(exc).__name__)
+            raise
+        return "stuck"
+
+    def boom_when_stuck(parents: list[Any] | None = None) -> None:
+        while not runs.get("stuck"):
+            gate.wait(0.05)
+        count("boom")
+        raise RuntimeError("boom")
+
+    made = {fn.__name__: actor(fn) for fn in (seed, square, join, boom, held, leaf, stuck, boom_when_stuck)}
     return {**made, "seen": seen, "runs": runs, "gate": gate, "broker": broker}
 
 
@@ -124,7 +141,7 @@ def _states(conn: psycopg.Connection, wf: supervisor.Workflow) -> dict[str, str]
     return {s["id"]: s["state"] for s in workflow_ops.show(conn, wf.id)["steps"]}
 
 
-def test_cancel_rest_cancels_every_step_not_started_and_says_why(conn, acts):
+def test_cancel_rest_cancels_every_step_not_ended_and_says_why(conn, acts):
     broker = acts["broker"]
     wf = supervisor.workflow("policy", broker=broker)  # cancel_rest, the default
     root = wf.add(acts["seed"].message(1))
@@ -136,11 +153,11 @@ def test_cancel_rest_cancels_every_step_not_started_and_says_why(conn, acts):
     with in_process_worker(broker, ["wf"]):
         wf.send()
         wait_for(lambda: _states(conn, wf)[bad] == "failed", 30, message="the failing step")
-        acts["gate"].set()  # the running independent step ends; its child was cancelled
-        assert wf.wait(30) == "failed"
+        assert wf.wait(30) == "failed"  # the running independent step cancelled too
+        acts["gate"].set()
     states = _states(conn, wf)
     assert states == {root: "succeeded", bad: "failed", after_bad: "cancelled", other: "cancelled",
-                      independent: "succeeded", after_independent: "cancelled"}
+                      independent: "cancelled", after_independent: "cancelled"}
     shown = workflow_ops.show(conn, wf.id)
     assert f"step {bad} (wft_boom) failed: RuntimeError: boom" in shown["reason"]
     reasons = {s["id"]: s["reason"] for s in shown["steps"]}
@@ -221,3 +238,95 @@ def test_a_step_with_a_key_goes_to_job_queue_and_a_step_whose_job_is_cancelled_f
         acts["gate"].set()
     assert _states(conn, wf) == {root: "succeeded", held: "cancelled", below: "cancelled"}
     assert "cancelled by an operator" in workflow_ops.show(conn, wf.id)["reason"]
+
+
+def test_a_step_whose_queue_is_flushed_ends_cancelled_and_the_policy_applies(conn, acts):
+    # Broker.flush deletes job_queue's rows (no history row for a trigger) and cancels the
+    # log's: either way the step ends cancelled, says why, and its workflow ends.
+    broker = acts["broker"]
+    wf = supervisor.workflow("flushed", broker=broker)
+    root = wf.add(acts["seed"].message(1))
+    below = wf.add(acts["leaf"].message(), after=[root])
+    wf.send()  # no worker: the root waits in its queue
+    broker.flush("wf")
+    assert wf.wait(10) == "cancelled"
+    assert _states(conn, wf) == {root: "cancelled", below: "cancelled"}
+    shown = workflow_ops.show(conn, wf.id)
+    assert shown["reason"] == f"step {root} (wft_seed) cancelled: its queue was flushed"
+    assert shown["steps"][1]["reason"].startswith(f"cancelled: step {root}")
+
+
+def test_cancel_rest_interrupts_the_running_steps(conn, acts):
+    # A step fails for good while another runs: "cancel the rest" cancels that one's job too
+    # (its process interrupts it), so the workflow ends without waiting for it.
+    broker = acts["broker"]
+    wf = supervisor.workflow("interrupt", broker=broker)
+    root = wf.add(acts["seed"].message(1))
+    running = wf.add(acts["stuck"].message(), after=[root])
+    bad = wf.add(acts["boom_when_stuck"].message(), after=[root])
+    below = wf.add(acts["leaf"].message(), after=[running])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        assert wf.wait(30) == "failed"
+        wait_for(lambda: acts["seen"] == ["JobCancelled"], 10, message="the running step interrupted")
+    assert not acts["gate"].is_set()
+    assert _states(conn, wf) == {root: "succeeded", running: "cancelled", bad: "failed", below: "cancelled"}
+    reasons = {s["id"]: s["reason"] for s in workflow_ops.show(conn, wf.id)["steps"]}
+    assert reasons[running].startswith(f"cancelled: step {bad} (wft_boom_when_stuck) failed")
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (running,)) == "cancelled"
+    assert acts["runs"]["stuck"] == 1 and "leaf" not in acts["runs"]
+
+
+def test_an_operators_cancel_interrupts_a_running_step(conn, acts):
+    broker = acts["broker"]
+    wf = supervisor.workflow("operator", broker=broker)
+    running = wf.add(acts["stuck"].message())
+    below = wf.add(acts["leaf"].message(), after=[running])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        wait_for(lambda: acts["runs"].get("stuck") == 1, 30, message="the step running")
+        assert workflow_ops.cancel(conn, wf.id) == {"cancelled": 2, "interrupted": 1}
+        assert wf.wait(10) == "cancelled"
+        wait_for(lambda: acts["seen"] == ["JobCancelled"], 10, message="the running step interrupted")
+    assert _states(conn, wf) == {running: "cancelled", below: "cancelled"}
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (running,)) == "cancelled"
+
+
+def test_a_big_fan_in_gets_every_result_in_order_gathered_near_its_end(conn, acts):
+    # 700 parents: the join's count falls past 512 in some ack, which gathers the results so
+    # far (migration 049's workflow_gather); its release reads only the rest.
+    broker = acts["broker"]
+    wf = supervisor.workflow("fan-in", broker=broker)
+    root = wf.add(acts["seed"].message(0))
+    mids = [wf.add(acts["square"].message(i), after=[root]) for i in range(700)]
+    wf.add(acts["join"].message(), after=mids)
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        assert wf.wait(60) == "succeeded"
+    assert acts["seen"] == [list(range(700))]
+    assert scalar(conn, "SELECT count(*) FROM workflow_steps WHERE gathered IS NOT NULL") == 0
+
+
+def test_a_release_after_a_gather_reads_the_parents_missing_then(conn, store_broker):
+    # The gather and the release alone, in SQL: parents 1..3 of 5 succeeded at the gather
+    # (one with JSON null), 4 and 5 after it; the join's argument has all five in order.
+    act = dramatiq.actor(broker=store_broker, queue_name="wfg", actor_name="wfg_step")(lambda *a: None)
+    wf = supervisor.workflow("gather", broker=store_broker)
+    parents = [wf.add(act.message(i)) for i in range(5)]
+    join = wf.add(act.message("j"), after=parents)
+    wf.send()
+
+    def succeed(ids: list[str], results: list[str]) -> None:
+        conn.execute("UPDATE workflow_steps s SET state = 'succeeded', result = r.v::jsonb FROM unnest(%s::uuid[],"
+                     " %s::text[]) AS r(id, v) WHERE s.id = r.id", (ids, results))
+        conn.execute("UPDATE workflow_steps SET remaining = remaining - %s WHERE id = %s", (len(ids), join))
+
+    succeed(parents[:3], ['"a"', "null", '{"b": 1}'])
+    conn.execute("SELECT workflow_gather(ARRAY[%s]::uuid[])", (join,))
+    assert conn.execute("SELECT gathered_missing FROM workflow_steps WHERE id = %s", (join,)).fetchone()[0] == [4, 5]
+    succeed(parents[3:], ["4", '"e"'])
+    assert scalar(conn, "SELECT workflow_release(ARRAY[%s]::uuid[])", (join,)) == 1
+    args = scalar(conn, "SELECT args FROM jobs WHERE id = %s", (join,))
+    assert args == ["j", ["a", None, {"b": 1}, 4, "e"]]
+    assert conn.execute("SELECT gathered, gathered_missing FROM workflow_steps WHERE id = %s",
+                        (join,)).fetchone() == (None, None)

@@ -71,3 +71,78 @@ def test_the_cli_lists_shows_cancels_and_retries(conn, broker, database_url):
         assert len(bad.stderr.strip().splitlines()) == 1
     helped = cli("workflows", "--help")
     assert helped.returncode == 0 and "cancel" in helped.stdout and "retry" in helped.stdout
+
+
+def test_the_api_cancels_and_retries_a_workflow_and_a_step_behind_the_token(conn, broker, http_server):
+    wf, fresh = _sent(broker)
+    s = http_server(env={"SUPERVISOR_HTTP_TOKEN": "s3cret"})
+    auth = {"Authorization": "Bearer s3cret"}
+    base = f"/api/v1/workflows/{wf.id}"
+    r = s.client.post(f"{base}/cancel")
+    assert r.status_code == 401 and r.json()["action"] == "workflows.cancel" and r.json()["needs"] == "operator"
+    assert scalar(conn, "SELECT state FROM workflows WHERE id = %s", (wf.id,)) == "running"
+    r = s.client.post(f"{base}/cancel", headers=auth)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"workflow": wf.id, "step": None, "cancelled": 2, "interrupted": 0}
+    assert scalar(conn, "SELECT state FROM workflows WHERE id = %s", (wf.id,)) == "cancelled"
+    r = s.client.post(f"{base}/retry", headers=auth)
+    assert r.json() == {"workflow": wf.id, "step": None, "retried": 2, "released": 1}
+    root, child = (st["id"] for st in s.client.get(base).json()["steps"])
+    # a step and its descendants: the child alone (blocked), then retried (its parent still enqueued)
+    r = s.client.post(f"{base}/steps/{child}/cancel", headers=auth)
+    assert r.json() == {"workflow": wf.id, "step": child, "cancelled": 1, "interrupted": 0}
+    assert scalar(conn, "SELECT state FROM workflow_steps WHERE id = %s", (child,)) == "cancelled"
+    r = s.client.post(f"{base}/steps/{child}/retry", headers=auth)
+    assert r.json() == {"workflow": wf.id, "step": child, "retried": 1, "released": 0}
+    assert scalar(conn, "SELECT state FROM workflow_steps WHERE id = %s", (child,)) == "blocked"
+    # what is not there, what is no id, what cannot be retried
+    nobody = "00000000-0000-0000-0000-000000000000"
+    for path, status, text in [(f"/api/v1/workflows/{nobody}/cancel", 404, "no workflow"),
+                               (f"{base}/steps/{nobody}/retry", 404, "no step"),
+                               (f"{base}/steps/{fresh.id}/cancel", 404, "no step"),
+                               ("/api/v1/workflows/nope/retry", 400, "not a workflow or step id"),
+                               (f"/api/v1/workflows/{fresh.id}/retry", 409, f"workflow {fresh.id} has no ended step")]:
+        r = s.client.post(path, headers=auth)
+        assert r.status_code == status and r.json()["error"].startswith(text), (path, r.text)
+    entries = s.client.get("/api/v1/audit").json()["entries"]
+    done = [(e["action"], e["target"], e["status"]) for e in entries if e["status"] == 200]
+    assert done[-1] == ("workflows.cancel", f"workflow {wf.id}", 200) and len(done) == 4
+    schema = s.client.get("/api/v1/openapi.json").json()["paths"]
+    assert {"/api/v1/workflows/{workflow_id}/cancel", "/api/v1/workflows/{workflow_id}/steps/{step_id}/retry"} <= set(schema)
+
+
+def test_the_upkeep_prunes_finished_workflows_by_the_retention_of_their_state(conn, broker):
+    from supervisor.config import parse
+    from supervisor.registry import Registration
+    from supervisor.worker.upkeep import Upkeep, UpkeepSettings
+
+    ok, bad, live = _sent(broker, 3)
+    conn.execute("UPDATE workflows SET state = 'succeeded', finished_at = now() - interval '8 days' WHERE id = %s",
+                 (ok.id,))
+    conn.execute("UPDATE workflows SET state = 'failed', finished_at = now() - interval '8 days' WHERE id = %s",
+                 (bad.id,))
+    registration = Registration(broker.pool, broker.owner, role="t", queues=["wfapi"])
+    # the defaults: succeeded kept 7 days, failed 30
+    counts = Upkeep(broker, registration, settings=UpkeepSettings(), state=lambda: "running").prune()
+    assert counts["workflow steps"] == 2
+    assert sorted(r[0] for r in conn.execute("SELECT id::text FROM workflows")) == sorted([bad.id, live.id])
+    assert scalar(conn, "SELECT count(*) FROM workflow_steps WHERE workflow = %s", (ok.id,)) == 0
+    # a shorter retention of failed jobs prunes the failed workflow; a running one stays, whatever its age
+    conn.execute("UPDATE workflows SET created_at = now() - interval '90 days' WHERE id = %s", (live.id,))
+    short = parse("roles: {w: {queues: [q], actors: [m]}}\nretention: {failed: 1d}\n").retention
+    counts = Upkeep(broker, registration, settings=UpkeepSettings(retention=short), state=lambda: "running").prune()
+    assert counts["workflow steps"] == 2
+    assert [r[0] for r in conn.execute("SELECT id::text FROM workflows")] == [live.id]
+
+
+def test_a_prune_batch_is_a_budget_of_steps(conn, broker):
+    from supervisor.broker.sql import workflows as sql
+
+    for wf in _sent(broker, 4):  # 2 steps each
+        conn.execute("UPDATE workflows SET state = 'cancelled', finished_at = now() - interval '1 day' WHERE id = %s",
+                     (wf.id,))
+    # a budget of 3 steps: the first workflow (2), and the one that crosses it (2 more)
+    assert conn.execute(sql.PRUNE, {"state": "cancelled", "older_than_s": 60, "limit": 3}).rowcount == 4
+    assert scalar(conn, "SELECT count(*) FROM workflows") == 2
+    assert conn.execute(sql.PRUNE, {"state": "cancelled", "older_than_s": 60, "limit": 100}).rowcount == 4
+    assert conn.execute(sql.PRUNE, {"state": "cancelled", "older_than_s": 60, "limit": 100}).rowcount == 0

@@ -57,8 +57,12 @@ _ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "roles.scale": ("admin", ("/ui/roles/{role}/scale",)),
     "limits.set": ("operator", ("PUT /api/v1/limits/{key:path}", "/ui/limits/set")),
     "limits.clear": ("operator", ("DELETE /api/v1/limits/{key:path}", "/ui/limits/clear")),
-    "workflows.cancel": ("operator", ("/ui/workflows/{workflow_id}/cancel",)),
-    "workflows.retry": ("operator", ("/ui/workflows/{workflow_id}/retry",)),
+    "workflows.cancel": ("operator", ("/api/v1/workflows/{workflow_id}/cancel",
+                                      "/api/v1/workflows/{workflow_id}/steps/{step_id}/cancel",
+                                      "/ui/workflows/{workflow_id}/cancel")),
+    "workflows.retry": ("operator", ("/api/v1/workflows/{workflow_id}/retry",
+                                     "/api/v1/workflows/{workflow_id}/steps/{step_id}/retry",
+                                     "/ui/workflows/{workflow_id}/retry")),
 }
 
 

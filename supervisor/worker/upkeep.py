@@ -18,6 +18,7 @@ from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
 from ..broker.sql import joblog
 from ..broker.sql import limiter as limiter_sql
+from ..broker.sql import workflows as workflows_sql
 from ..config import Retention
 from ..registry import Beat, Registration
 from . import liveness, scheduler_sql
@@ -224,6 +225,10 @@ class Upkeep(threading.Thread):
             counts["results"] = (self._batches(c, results_sql.PRUNE)
                                  + self._batches(c, results_sql.PRUNE_OLD, older_than_s=r.results))
             counts["audit"] = self._batches(c, audit.PRUNE, older_than_s=r.audit)
+            # finished workflows by their state's retention, as their steps' jobs (steps counted)
+            counts["workflow steps"] = sum(self._batches(c, workflows_sql.PRUNE, state=state,
+                                                         older_than_s=getattr(r, state))
+                                           for state in ("succeeded", "failed", "cancelled"))
             for kind, statement in limiter_sql.PRUNES.items():  # past their TTL: already read as absent
                 counts[kind] = self._batches(c, statement)
         self.registration.prune(max(r.succeeded, 86400))

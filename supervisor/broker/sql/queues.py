@@ -47,8 +47,9 @@ PAUSED_QUEUES = "SELECT queue, paused_at, paused_by, reason FROM queue_pauses OR
 
 # Broker.flush / Broker.join (Dramatiq's test and admin helpers). The rows go with no
 # history, so no trigger sees them end: a pipeline group's member (pipe_fanin in its
-# options) fails its fan-in here, as every other end does through migration 048's triggers;
-# other rows pay only that test of their own options.
+# options) fails its fan-in here, and a workflow's step ends cancelled (its policy applies),
+# as every other end does through migrations 048's and 049's triggers; other rows pay only
+# those tests of their own options. Each call reads ``gone`` whole first: every row deleted.
 FLUSH_QUEUE = """
 WITH gone AS (
     DELETE FROM job_queue j
@@ -57,10 +58,12 @@ WITH gone AS (
      WHERE j.id = f.id
     RETURNING j.id, j.actor, j.options
 )
-SELECT count(*) FROM gone
- CROSS JOIN LATERAL (SELECT pipeline_member_ended(gone.options->'pipe_fanin', gone.id, gone.actor,
-                                                  'cancelled: its queue was flushed')
-                      WHERE gone.options ? 'pipe_fanin') AS ended
+SELECT (SELECT count(*) FROM gone
+         CROSS JOIN LATERAL (SELECT pipeline_member_ended(gone.options->'pipe_fanin', gone.id, gone.actor,
+                                                          'cancelled: its queue was flushed')
+                              WHERE gone.options ? 'pipe_fanin') AS ended),
+       (SELECT workflow_steps_gone(array_agg(gone.id), 'cancelled: its queue was flushed')::text
+          FROM gone WHERE gone.options ? 'workflow')
 """
 
 LIVE_IN_QUEUE = """

@@ -40,8 +40,9 @@ LOCK = "SELECT id, policy, state FROM workflows WHERE id = %(id)s FOR NO KEY UPD
 
 STEP_OF = "SELECT workflow FROM workflow_steps WHERE id = %(step)s"
 
-# Cancel: every step not ended (all), or a step and its descendants; the running ones come
-# back, marked cancelled here, their jobs cancelled after the commit (admin.cancel_job).
+# Cancel: every step not ended (all), or a step and its descendants, with their jobs (running
+# ones interrupted); the steps whose job another transaction was ending are marked cancelled
+# here, their jobs cancelled after the commit (admin.cancel_job).
 CANCEL_TARGETS = """
 SELECT coalesce(array_agg(id), '{}') FROM workflow_steps
  WHERE workflow = %(id)s AND state IN ('blocked', 'enqueued')
@@ -51,6 +52,7 @@ CANCEL_STEPS = "SELECT workflow_cancel_steps(%(ids)s::uuid[], %(why)s, %(who)s)"
 MARK_CANCELLED = """
 UPDATE workflow_steps SET state = 'cancelled', reason = %(why)s, finished_at = now(), result = NULL
  WHERE id = ANY(%(ids)s::uuid[]) AND state = 'enqueued'
+RETURNING id
 """
 SET_REASON = "UPDATE workflows SET reason = coalesce(reason, %(why)s) WHERE id = %(id)s"
 
@@ -68,7 +70,8 @@ SELECT coalesce(array_agg(s.id), '{}') FROM workflow_steps s
    AND (s.id IN (SELECT id FROM t) OR s.id = ANY(workflow_descendants(ARRAY(SELECT id FROM t))))
 """
 RESET = """
-UPDATE workflow_steps SET state = 'blocked', result = NULL, reason = NULL, finished_at = NULL, enqueued_at = NULL
+UPDATE workflow_steps SET state = 'blocked', result = NULL, reason = NULL, finished_at = NULL, enqueued_at = NULL,
+                          gathered = NULL, gathered_missing = NULL
  WHERE id = ANY(%(ids)s::uuid[])
 """
 RECOUNT = """
@@ -79,6 +82,25 @@ UPDATE workflow_steps s
 """
 RELEASE = "SELECT workflow_release(%(ids)s::uuid[])"
 CLEAR_REASON = "UPDATE workflows SET reason = NULL WHERE id = %(id)s"
+
+# The upkeep's prune: workflows of a final state that ended longer ago than that state's
+# retention (the jobs' own: retention.succeeded, .failed, .cancelled), their steps with them
+# (ON DELETE CASCADE). A batch is a budget of steps, not of workflows (one may hold 10,000):
+# the oldest ones up to %(limit)s steps, and the one that crosses it. One row per step
+# deleted, so the upkeep's loop (a batch that comes back short is the last) goes on while
+# more remain.
+PRUNE = """
+WITH old AS (
+    SELECT id, steps, sum(steps) OVER (ORDER BY finished_at, id) AS upto
+      FROM (SELECT id, steps, finished_at FROM workflows
+             WHERE state = %(state)s AND finished_at < now() - %(older_than_s)s * interval '1 second'
+             ORDER BY finished_at, id LIMIT %(limit)s) AS w
+), gone AS (
+    DELETE FROM workflows w USING old WHERE w.id = old.id AND old.upto - old.steps < %(limit)s
+    RETURNING w.steps
+)
+SELECT 1 FROM gone, generate_series(1, greatest(gone.steps, 1))
+"""
 
 # --- reads (the API, the CLI, the metrics) -----------------------------------------------
 
