@@ -15,6 +15,9 @@ delivery); nothing of the broker changes.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # imported by bench_workflows.py as bench.workflow_split; nothing to run
+    raise SystemExit(f"{__file__}: a module the scripts in bench/ import, not a script (bench/README.md lists them)")
+
 import threading
 import time
 from typing import Any

@@ -22,7 +22,7 @@ BENCH = ROOT / "bench"
 
 # Modules the scripts import (bench.<name>): run as a script, each says so in one line.
 HELPERS = ("async_actors", "basics", "bench_actors", "common", "dashboard_fill", "dashboard_reads", "floor",
-           "limit_actors", "server_log")
+           "limit_actors", "server_log", "workflow_split")
 # Scripts that need a peer's packages, not ours: skipped where one is missing, else --help
 # and a small run (its arguments and a line of its figures), as SMALL below.
 PEERS: dict[str, tuple[tuple[str, ...], str, str]] = {
@@ -82,6 +82,7 @@ SMALL: dict[str, tuple[str, str]] = {
     "cron_next": ("--rounds 1 --n 50", "us per next fire time"),
     "bench_groups": ("--ops 50 --members 20 --repeat 1", "G1 last member -> callback"),
     "bench_workflows": ("--steps 50 --repeat 1", "J1 p50"),
+    "trigger_cost": ("--rows 2000 --batch 100 --rounds 1 --statements 200", "one-row statements of a plain success"),
 }
 ENTRY = sorted(set(SMALL) | set(HELP_ONLY))
 # The small runs mostly wait (a worker's start, a phase's seconds, the server's checkpoint
