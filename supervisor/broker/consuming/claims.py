@@ -19,13 +19,14 @@ from ..connections import Connections
 from ..joining import Failures
 from ..message import PgMessageProxy, decode_claimed
 from ..middleware import Retries, claim_budgets
-from ..sql import joblog
+from ..sql import timers
 from . import late_keys
 from .background import Background
 from .completer import Finish
 from .floors import ClaimFloors
 from .gates import Gates
 from .leases import Leases
+from .timing import TimerFloors
 
 T = TypeVar("T")
 # How long a claim waits for a connection while claims are failing (see Claims._claiming).
@@ -58,6 +59,7 @@ class Claims:
         self._handback = handback  # see PostgresBroker.__init__
         self._retries = retries
         self._finish = finish
+        self.timer_floors = TimerFloors()  # where each queue's promotion reads job_timers from
         self._log_turn = 0  # claims since this process last asked job_queue (claim)
         self._claims_failing = False
         self._budget_cache: tuple[int, dict[str, Any]] | None = None
@@ -111,11 +113,20 @@ class Claims:
         return result
 
     def _claim_log(self, queue: str, n: int, idle: bool) -> list[PgMessageProxy]:
-        """Up to n rows of the queue's log, as one leased batch (``idle``: see claim)."""
-        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle}
+        """Up to n rows of the queue's log, as one leased batch (``idle``: see claim), its
+        due timers promoted into the log first in the same statement (timers.LOG_CLAIM_DUE,
+        read from the queue's floor: timing.py). A claim that promoted rows wakes the
+        queue's consumer, whose next claim takes what this one did not."""
+        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
+                  **self.timer_floors.params(queue)}
         sent = time.monotonic()
-        rows = self._claiming(lambda c: c.execute(joblog.LOG_CLAIM, params).fetchall())
+        rows = self._claiming(lambda c: c.execute(timers.LOG_CLAIM_DUE, params).fetchall())
         if not rows:
+            return []
+        self.timer_floors.read(queue, rows[0][timers.UPTO_COLUMN], full=params["tfloor"] is None)
+        if rows[0][timers.PROMOTED_COLUMN] and self.background.listener is not None:
+            self.background.listener.event_for(queue).set()
+        if rows[0][0] is None:  # the claim took nothing (the row says what it promoted)
             return []
         out, bad = logstore.decode(rows, self.actors, self._budgets()["default_max_attempts"])
         with self._handback:
