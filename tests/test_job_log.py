@@ -209,6 +209,8 @@ def test_a_retry_goes_to_job_timers_and_a_requeue_back_to_the_log_uncounted(conn
     row = conn.execute("SELECT id::text, status, attempts, last_error, run_at > now() FROM job_timers").fetchone()
     assert row == (a, "retryable", 1, "boom", True)
     assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    assert conn.execute("SELECT status, attempts, last_error FROM jobs WHERE id = %s", (a,)).fetchall() == [
+        ("retryable", 1, "boom")]
     (again,) = claim(conn, 10)
     assert (str(again[3]), again[7]) == (b, 1)  # the same attempt number: it never ran
 

@@ -67,6 +67,9 @@ def test_a_timer_waits_until_due_then_one_claim_promotes_it_and_the_next_takes_i
     (due,) = add(conn, 1, delay_ms=-10)
     assert conn.execute("SELECT status, attempts, run_at > now() FROM jobs WHERE id = %s",
                         (later,)).fetchone() == ("pending", 0, True)
+    # the dashboard's counts read jobs_live: a timer not yet due is scheduled
+    assert conn.execute("SELECT status, run_at > now() FROM jobs_live WHERE id = %s", (later,)).fetchone() == (
+        "pending", True)
     taken, promoted, upto = claim(conn, 10)
     assert promoted == 1 and upto is not None
     # the promoting claim's own rows are mostly in the next window (its transaction's xid is
