@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dramatiq
@@ -23,6 +23,7 @@ import pytest
 
 from supervisor import admin
 from supervisor.broker import PostgresBroker
+from supervisor.broker.consuming import timing
 from supervisor.broker.sql import joblog, timers
 from tests.conftest import in_process_worker, plan_buffers, scalar, wait_for
 from tests.supervisor_helpers import assert_exactly_once, log_producer
@@ -217,3 +218,31 @@ def test_a_worker_killed_right_after_promoting_loses_nothing_and_runs_nothing_tw
     w1.proc.wait()
     workers(threads=8, lease=1, heartbeat=0.3)
     assert_exactly_once(conn, len(sent))
+
+
+def test_storage_table_keeps_its_delayed_jobs_in_job_queue(conn, database_url) -> None:
+    b = PostgresBroker(database_url, storage="table")
+    try:
+        actor = dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="timed_table")(lambda: None)
+        one = actor.send_with_options(delay=60_000)
+        many = b.enqueue_many([actor.message() for _ in range(3)], delay=60_000)
+    finally:
+        b.close()
+    assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = ANY(%s::uuid[])",
+                  ([one.message_id, *(m.message_id for m in many)],)) == 4
+    assert scalar(conn, "SELECT count(*) FROM job_timers") == 0
+
+
+def test_the_floor_follows_the_reads_and_the_full_read_is_paced_by_its_cost(monkeypatch) -> None:
+    floors, now, clock = timing.TimerFloors(), datetime.now(UTC), [100.0]
+    monkeypatch.setattr(timing.time, "monotonic", lambda: clock[0])
+    assert floors.params("q")["tfloor"] is None  # nothing read yet: from the start
+    floors.read("q", now, full=True, took_s=0.05)  # a slow full read (a pin's dead entries)
+    assert floors.params("q")["tfloor"] == now - timedelta(seconds=timing.SLACK_SECONDS)
+    floors.read("q", now + timedelta(seconds=1), full=False)
+    floors.read("q", None, full=False)  # paused: read nothing
+    assert floors.params("q")["tfloor"] == now + timedelta(seconds=1 - timing.SLACK_SECONDS)
+    clock[0] += timing.SWEEP_SECONDS + 1
+    assert floors.params("q")["tfloor"] is not None  # 0.05 s a read: not before 10 s (SWEEP_SHARE)
+    clock[0] += 0.05 / timing.SWEEP_SHARE
+    assert floors.params("q")["tfloor"] is None

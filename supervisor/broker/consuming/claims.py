@@ -128,7 +128,8 @@ class Claims:
             rows = self._claiming(functools.partial(_claim_due, params=params))
             if not rows:
                 return []
-            self.timer_floors.read(queue, rows[0][timers.UPTO_COLUMN], full=params["tfloor"] is None)
+            self.timer_floors.read(queue, rows[0][timers.UPTO_COLUMN], full=params["tfloor"] is None,
+                                   took_s=time.monotonic() - sent)
             promoted = rows[0][timers.PROMOTED_COLUMN]
             if rows[0][0] is not None or not promoted:
                 break
