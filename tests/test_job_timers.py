@@ -1,6 +1,6 @@
 """Delayed plain jobs and delayed retries of log jobs wait in job_timers (migration 051,
 sql/timers.py) and the workers' claim promotes them into the log at their run_at
-(job_log_claim_due, consuming/timing.py): they run once, at their time, through the log's
+(job_log_claim_due, consuming/timer_floors.py): they run once, at their time, through the log's
 leases and fence; the views, cancel, flush, an edit through the jobs view and the live-id
 check know them; a pause holds them; under a pinned horizon the floored promotion reads a
 few pages however many timers were promoted since the pin."""
@@ -23,7 +23,7 @@ import pytest
 
 from supervisor import admin
 from supervisor.broker import PostgresBroker
-from supervisor.broker.consuming import timing
+from supervisor.broker.consuming import timer_floors
 from supervisor.broker.sql import joblog, timers
 from tests.conftest import in_process_worker, plan_buffers, scalar, wait_for
 from tests.supervisor_helpers import assert_exactly_once, log_producer
@@ -234,15 +234,15 @@ def test_storage_table_keeps_its_delayed_jobs_in_job_queue(conn, database_url) -
 
 
 def test_the_floor_follows_the_reads_and_the_full_read_is_paced_by_its_cost(monkeypatch) -> None:
-    floors, now, clock = timing.TimerFloors(), datetime.now(UTC), [100.0]
-    monkeypatch.setattr(timing.time, "monotonic", lambda: clock[0])
+    floors, now, clock = timer_floors.TimerFloors(), datetime.now(UTC), [100.0]
+    monkeypatch.setattr(timer_floors.time, "monotonic", lambda: clock[0])
     assert floors.params("q")["tfloor"] is None  # nothing read yet: from the start
     floors.read("q", now, full=True, took_s=0.05)  # a slow full read (a pin's dead entries)
-    assert floors.params("q")["tfloor"] == now - timedelta(seconds=timing.SLACK_SECONDS)
+    assert floors.params("q")["tfloor"] == now - timedelta(seconds=timer_floors.SLACK_SECONDS)
     floors.read("q", now + timedelta(seconds=1), full=False)
     floors.read("q", None, full=False)  # paused: read nothing
-    assert floors.params("q")["tfloor"] == now + timedelta(seconds=1 - timing.SLACK_SECONDS)
-    clock[0] += timing.SWEEP_SECONDS + 1
+    assert floors.params("q")["tfloor"] == now + timedelta(seconds=1 - timer_floors.SLACK_SECONDS)
+    clock[0] += timer_floors.SWEEP_SECONDS + 1
     assert floors.params("q")["tfloor"] is not None  # 0.05 s a read: not before 10 s (SWEEP_SHARE)
-    clock[0] += 0.05 / timing.SWEEP_SHARE
+    clock[0] += 0.05 / timer_floors.SWEEP_SHARE
     assert floors.params("q")["tfloor"] is None

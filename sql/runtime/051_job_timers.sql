@@ -4,7 +4,7 @@
 -- job. Before, both lived in job_queue, whose claim under a pinned horizon steps over the
 -- dead versions of every row claimed since. Here a row is inserted once and deleted once
 -- (by its promotion, a cancel, a flush or an edit), and the promoter reads the due index
--- from a floor (the run_at it promoted up to, less a slack: broker/consuming/timing.py),
+-- from a floor (the run_at it promoted up to, less a slack: broker/consuming/timer_floors.py),
 -- so the dead entries of the rows it already moved are passed over by a comparison in the
 -- index, with no heap visit. Storage "table" writes none: its delayed jobs stay in job_queue.
 --

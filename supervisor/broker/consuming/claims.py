@@ -27,7 +27,7 @@ from .completer import Finish
 from .floors import ClaimFloors
 from .gates import Gates
 from .leases import Leases
-from .timing import TimerFloors
+from .timer_floors import TimerFloors
 
 T = TypeVar("T")
 # How long a claim waits for a connection while claims are failing (see Claims._claiming).
@@ -116,7 +116,7 @@ class Claims:
     def _claim_log(self, queue: str, n: int, idle: bool) -> list[PgMessageProxy]:
         """Up to n rows of the queue's log, as one leased batch (``idle``: see claim), its
         due timers promoted into the log first in the same statement (timers.LOG_CLAIM_DUE,
-        read from the queue's floor: timing.py). The rows a claim promotes are mostly past
+        read from the queue's floor: timer_floors.py). The rows a claim promotes are mostly past
         its own windows' snapshot (its transaction's): one that promoted and took nothing is
         followed by another at once, which takes them (a delayed job starts one round trip
         later than a plain one); one that promoted and took rows wakes the queue's consumer,
