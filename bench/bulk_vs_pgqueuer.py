@@ -13,6 +13,10 @@ pgqueuer runs in a venv of its own (this project need not be installed in it):
     python3 -m venv /work/benchvenv && /work/benchvenv/bin/pip install pgqueuer asyncpg 'psycopg[binary]'
 
 Without that interpreter only our side runs (and says so).
+
+A before/after in one run: ``BENCH_BASE_TREE=/tmp/base`` (e.g. ``git archive`` of an older
+commit, as bench_broker.py takes it) adds a side "base", our code from that tree (its own
+copy of this script, run with this interpreter), alternated with the other two.
 """
 
 from __future__ import annotations
@@ -116,8 +120,12 @@ def pgqueuer(url: str, jobs: int, batch: int) -> tuple[float, float]:
 
 
 def side(python: str, which: str, args: argparse.Namespace) -> tuple[float, float]:
-    out = subprocess.run([python, __file__, "--side", which, "--jobs", str(args.jobs), "--batch", str(args.batch),
-                          "--database-url", args.database_url], cwd=ROOT, capture_output=True, text=True, check=False)
+    script, root = __file__, ROOT
+    if which == "base":  # our side, from the base tree (its script puts that tree first on sys.path)
+        root = Path(os.environ["BENCH_BASE_TREE"])
+        script, which = str(root / "bench" / Path(__file__).name), "ours"
+    out = subprocess.run([python, script, "--side", which, "--jobs", str(args.jobs), "--batch", str(args.batch),
+                          "--database-url", args.database_url], cwd=root, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         sys.exit(f"bulk_vs_pgqueuer: the {which} side failed: {out.stderr.strip().splitlines()[-1:]}")
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -141,14 +149,15 @@ def main() -> None:
     has_peer = Path(args.pgqueuer_python).exists()
     if not has_peer:
         print(f"no pgqueuer interpreter at {args.pgqueuer_python}: our side only (see --help)", flush=True)
-    rates: dict[str, list[float]] = {"ours": [], "pgqueuer": []}
-    cpus: dict[str, list[float]] = {"ours": [], "pgqueuer": []}
+    order = ["ours", "pgqueuer"] + (["base"] if os.environ.get("BENCH_BASE_TREE") else [])
+    rates: dict[str, list[float]] = {which: [] for which in order}
+    cpus: dict[str, list[float]] = {which: [] for which in order}
     sent = args.jobs // args.batch * args.batch
     for run in range(args.repeat):
-        for which in ("ours", "pgqueuer") if run % 2 == 0 else ("pgqueuer", "ours"):
+        for which in order if run % 2 == 0 else order[::-1]:
             if which == "pgqueuer" and not has_peer:
                 continue
-            took, cpu = side(sys.executable if which == "ours" else args.pgqueuer_python, which, args)
+            took, cpu = side(args.pgqueuer_python if which == "pgqueuer" else sys.executable, which, args)
             rates[which].append(sent / took)
             cpus[which].append(cpu / sent * 1e6)
             print(f"run {run + 1}/{args.repeat} {which:9s} {sent / took:10,.0f} jobs/s"
@@ -158,7 +167,12 @@ def main() -> None:
         if got:
             print(f"  {which:9s} {statistics.median(got):10,.0f}  {statistics.median(cpus[which]):5.1f} us")
     if rates["pgqueuer"]:
-        print(f"  ours / pgqueuer: {statistics.median(rates['ours']) / statistics.median(rates['pgqueuer']):.2f}x")
+        for which in ("ours", "base") if rates.get("base") else ("ours",):
+            # and the median of each run's own ratio: a run's sides ran back to back, so a
+            # load that comes and goes on this shared machine weighs on both alike
+            paired = statistics.median(a / b for a, b in zip(rates[which], rates["pgqueuer"], strict=True))
+            print(f"  {which} / pgqueuer: {statistics.median(rates[which]) / statistics.median(rates['pgqueuer']):.2f}x"
+                  f" (median of the runs' own: {paired:.2f}x)")
 
 
 if __name__ == "__main__":

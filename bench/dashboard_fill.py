@@ -20,6 +20,9 @@ What is made (g: the row number, newest last):
   workers   8 live worker processes serving every queue
   log       with log_share: that share of the finished jobs in job_log and job_done (the
             default storage's tables) instead of job_history
+  workflow  one of WORKFLOW_STEPS steps (a root, the rest in parallel, a join) written
+            straight into workflows and workflow_steps, the first 60 parallel ones the
+            live jobs' (enqueued), for the Workflows page
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ if __name__ == "__main__":  # imported by the scripts as bench.<name>; nothing t
     raise SystemExit(f"{__file__}: a module the scripts in bench/ import, not a script (bench/README.md lists them)")
 
 import time
+import uuid
 
 import psycopg
 
@@ -187,6 +191,7 @@ def fill(conn: psycopg.Connection, *, rows: int, live: int, days: int, log_share
         conn.execute(LOG_SHARE, {"share": log_share, "below": below[0] if below else 3})
         conn.execute(LOG_CURSORS)
     conn.execute(LIVE, {"live": live, "queues": list(QUEUES)})
+    fill_workflow(conn)
     sampled = [*QUEUES, "rare"]
     per_step = rows / (days * 86400) * recorder.SAMPLE_SECONDS / len(sampled)
     conn.execute(ROLLUP, {"step_s": recorder.SAMPLE_SECONDS, "keep_s": recorder.KEEP_HOURS * 3600, "live": live,
@@ -196,3 +201,31 @@ def fill(conn: psycopg.Connection, *, rows: int, live: int, days: int, log_share
                   "job_cursor"):
         conn.execute(f"VACUUM ANALYZE {table}")
     say(f"{rows:,} finished and {live:,} live jobs in {time.perf_counter() - t0:.0f}s")
+
+
+WORKFLOW_STEPS = 2_000
+WORKFLOW = "INSERT INTO workflows (id, name, policy, steps) VALUES (%(id)s, 'fill-fan', 'continue', %(steps)s)"
+WORKFLOW_STEP_ROWS = """
+INSERT INTO workflow_steps (id, workflow, position, parents, children, remaining, state, to_log, queue, actor, args,
+                            kwargs, options, enqueued_at)
+SELECT m.id, %(id)s, m.pos, m.parents::uuid[], m.children::uuid[], 0, m.state, false, 'default', 'actor_1', '[]',
+       '{}', '{}', CASE WHEN m.state <> 'blocked' THEN now() END
+  FROM unnest(%(ids)s::uuid[], %(pos)s::int[], %(parents)s::text[], %(children)s::text[], %(states)s::text[])
+       AS m(id, pos, parents, children, state)
+"""
+
+
+def fill_workflow(conn: psycopg.Connection) -> None:
+    """One wide workflow (a root, WORKFLOW_STEPS - 2 in parallel, a join); steps written as
+    rows, not run (the workflows' triggers fire on updates only)."""
+    live = [r[0] for r in conn.execute("SELECT id FROM job_queue ORDER BY id LIMIT 60")]
+    root, join = uuid.uuid4(), uuid.uuid4()
+    mids = [*live, *(uuid.uuid4() for _ in range(WORKFLOW_STEPS - 2 - len(live)))]
+    ids = [root, *mids, join]
+    wid = uuid.uuid4()
+    conn.execute(WORKFLOW, {"id": wid, "steps": len(ids)})
+    conn.execute(WORKFLOW_STEP_ROWS, {
+        "id": wid, "ids": ids, "pos": list(range(len(ids))),
+        "parents": ["{}", *([f"{{{root}}}"] * len(mids)), "{" + ",".join(map(str, mids)) + "}"],
+        "children": ["{" + ",".join(map(str, mids)) + "}", *([f"{{{join}}}"] * len(mids)), "{}"],
+        "states": ["succeeded", *("enqueued" if i < len(live) else "succeeded" for i in range(len(mids))), "blocked"]})

@@ -30,7 +30,7 @@ from supervisor.config import HttpConfig
 from supervisor.http import data, state
 from supervisor.http.app import create_app
 
-# Path templates; {job} (a failed job with events), {prefix} (its first 6 hex digits),
+# Path templates; {job} (a failed job with events), {workflow} (the fill's workflow), {prefix} (its first 6 hex digits),
 # {cursor} (the Jobs page's 100th page), {match} (a value inside one job's args), {since}
 # and {since_z} (10 minutes ago, as the page's form and the API take it) are filled by
 # ``values``. Names are what the bench prints.
@@ -63,6 +63,9 @@ READS: tuple[tuple[str, str], ...] = (
     ("page /actors 6h", "/actors?window=6h"),
     ("page /audit", "/audit"),
     ("page /apps/tracker", "/apps/tracker"),
+    ("page /workflows", "/workflows"),
+    ("page /workflows state=running", "/workflows?state=running"),
+    ("page /workflows/{id}", "/workflows/{workflow}"),
     ("api queues", "/api/v1/queues"),
     ("api jobs", "/api/v1/jobs"),
     ("api jobs next page", "/api/v1/jobs?cursor={cursor}"),
@@ -82,6 +85,8 @@ READS: tuple[tuple[str, str], ...] = (
     ("api actors 6h", "/api/v1/actors?since=6h"),
     ("api audit", "/api/v1/audit"),
     ("api limits", "/api/v1/limits"),
+    ("api workflows", "/api/v1/workflows"),
+    ("api workflows/{id}", "/api/v1/workflows/{workflow}"),
     ("api whoami", "/api/v1/whoami"),
     ("api openapi", "/api/v1/openapi.json"),
     ("/metrics", "/metrics"),
@@ -141,7 +146,9 @@ def values(conn: psycopg.Connection, rows: int) -> dict[str, str]:
     at, last = conn.execute("SELECT created_at, id::text FROM jobs ORDER BY created_at DESC, id DESC"
                             " OFFSET 99 * 50 - 1 LIMIT 1").fetchone() or (None, None)
     since = datetime.now(UTC) - timedelta(minutes=10)
-    return {"job": job[0] if job else "00000000-0000-0000-0000-000000000000",
+    workflow = conn.execute("SELECT id::text FROM workflows ORDER BY created_at LIMIT 1").fetchone()
+    return {"workflow": workflow[0] if workflow else "00000000-0000-0000-0000-000000000000",
+            "job": job[0] if job else "00000000-0000-0000-0000-000000000000",
             "prefix": job[0][:6] if job else "000000",
             "cursor": data.encode_cursor(at, last) if at else "",
             "match": f"args[0] = {max(rows - 7, 1)}",

@@ -5,6 +5,7 @@ from .broker.consuming.progress import progress
 from .broker.jobfields import log_fields
 from .composition import pipeline
 from .flow import LimitOptionError, RateLimited
+from .workflows import Workflow, workflow
 
 __all__ = ["LimitOptionError", "PostgresBroker", "PostgresConsumer", "RateLimited", "log_fields", "pipeline",
-           "progress", "setup_broker"]
+           "progress", "setup_broker", "Workflow", "workflow"]

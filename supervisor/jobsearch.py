@@ -1,13 +1,14 @@
-"""Finding a job: by id or the start of one, by dedupe or concurrency key, or by a value
-inside its arguments (``kwargs.user_id = 7``, ``args[0] = 42``).
+"""Finding a job: by id or the start of one, by dedupe or concurrency key, by the workflow
+it is a step of, or by a value inside its arguments (``kwargs.user_id = 7``, ``args[0] = 42``).
 
 The same filter names everywhere (the dashboard's Jobs page and its URL, ``GET
 /api/v1/jobs``, ``supervisor jobs list``): ``id``, ``dedupe_key``, ``concurrency_key``,
-``match``. This module only parses; the SQL is ``broker.reads`` (every value a bind
+``workflow``, ``match``. This module only parses; the SQL is ``broker.reads`` (every value a bind
 parameter: a path becomes a ``text[]`` for ``#>``, a value a ``jsonb``).
 
 An id prefix is a range on the primary key (``id BETWEEN prefix000… AND prefixfff…``), so
-it is index-served. A key or a value inside the arguments has no index on jobs (every
+it is index-served; so is a workflow (its steps by workflow_steps' index, each job by its
+id). A key or a value inside the arguments has no index on jobs (every
 index there costs each claim and ack, the product's core path): such a search reads at
 most ``SCAN_ROWS`` jobs per page, newest first, and says so (see ``admin.jobs_page``).
 """
@@ -28,7 +29,7 @@ from psycopg.types.json import Jsonb
 SCAN_ROWS = 100_000
 MATCH_EXAMPLE = "kwargs.user_id = 7, args[0] = 42, kwargs.order.lines[0].sku = \"A-1\""
 ID_EXAMPLE = "0b6c3f9e (the start of an id) or a whole id"
-NAMES = ("id", "dedupe_key", "concurrency_key", "match")
+NAMES = ("id", "dedupe_key", "concurrency_key", "workflow", "match")
 
 
 class SearchError(ValueError):
@@ -47,6 +48,15 @@ def id_range(text: str) -> tuple[str, str]:
         raise SearchError(f"id: {text!r} is not a job id or the start of one (hex digits, dashes allowed); "
                           f"example: {ID_EXAMPLE}")
     return str(uuid.UUID(digits.ljust(32, "0"))), str(uuid.UUID(digits.ljust(32, "f")))
+
+
+def workflow_id(text: str) -> str:
+    """A whole workflow id (``supervisor workflows list`` shows them), normalised."""
+    try:
+        return str(uuid.UUID(text.strip()))
+    except ValueError:
+        raise SearchError(f"workflow: {text!r} is not a workflow id (a whole uuid, as `supervisor workflows list`"
+                          " shows)") from None
 
 
 # --- a value inside the arguments -------------------------------------------------------------
@@ -129,6 +139,7 @@ class Search:
     id: str | None = None
     dedupe_key: str | None = None
     concurrency_key: str | None = None
+    workflow: str | None = None
     match: Match | None = None
 
     @classmethod
@@ -145,8 +156,9 @@ class Search:
         job_id = get("id")
         if job_id is not None:
             id_range(job_id)  # checked now: a bad id is the caller's error, not the query's
-        match = get("match")
+        match, workflow = get("match"), get("workflow")
         return cls(id=job_id, dedupe_key=get("dedupe_key"), concurrency_key=get("concurrency_key"),
+                   workflow=workflow_id(workflow) if workflow is not None else None,
                    match=Match.parse(match) if match is not None else None)
 
     @property
@@ -159,6 +171,7 @@ class Search:
         lo, hi = id_range(self.id) if self.id is not None else (None, None)
         m = self.match
         return {"id_lo": lo, "id_hi": hi, "dedupe_key": self.dedupe_key, "concurrency_key": self.concurrency_key,
+                "workflow": self.workflow,
                 "match_args": list(m.path) if m is not None and m.column == "args" else None,
                 "match_kwargs": list(m.path) if m is not None and m.column == "kwargs" else None,
                 "match_value": Jsonb(m.value) if m is not None else None}
@@ -166,5 +179,6 @@ class Search:
     def query(self) -> dict[str, str]:
         """As URL fields (what a link keeps)."""
         fields = {"id": self.id, "dedupe_key": self.dedupe_key, "concurrency_key": self.concurrency_key,
+                  "workflow": self.workflow,
                   "match": self.match.text if self.match is not None else None}
         return {k: v for k, v in fields.items() if v is not None}

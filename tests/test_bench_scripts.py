@@ -78,8 +78,10 @@ SMALL: dict[str, tuple[str, str]] = {
     # our side only here (pgqueuer runs in a venv of its own, given by --pgqueuer-python)
     "bulk_vs_pgqueuer": ("--jobs 300 --batch 100 --repeat 1 --pgqueuer-python /nonexistent/python",
                          "jobs in calls of 100"),
+    "bulk_interleaved": ("--rounds 1 --calls 1 --pgqueuer-python /nonexistent/python", "rounds of 1 calls"),
     "cron_next": ("--rounds 1 --n 50", "us per next fire time"),
     "bench_groups": ("--ops 50 --members 20 --repeat 1", "G1 last member -> callback"),
+    "bench_workflows": ("--steps 50 --repeat 1", "J1 p50"),
 }
 ENTRY = sorted(set(SMALL) | set(HELP_ONLY))
 # The small runs mostly wait (a worker's start, a phase's seconds, the server's checkpoint

@@ -283,3 +283,42 @@ def test_a_log_batch_written_again_skips_every_id_the_first_write_appended(conn,
         logstore.append(tx, first[:1], again=False)
         tx.commit()
     assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (first[0][0],)) == 2
+
+
+@pytest.mark.skipif(defaults.STORAGE != "log", reason="the log is the default storage's")
+@pytest.mark.parametrize("form", ["canonical", "upper", "braced"])
+def test_a_log_batch_writes_a_live_id_and_an_id_repeated_in_it_once(conn, actors, database_url, form):
+    """A log batch's check finds a live id whatever text form a message id has (a COPY's:
+    the binary uuid[] of canonical ids, or the text array of any other), an id repeated
+    within the batch is written once (its first message), in its own transaction or the
+    caller's, by COPY or LOG_INSERT, and a COPY batch's rows are claimed in the order sent."""
+    def shaped(job_id: str) -> str:
+        return {"canonical": job_id, "upper": job_id.upper(), "braced": "{" + job_id + "}"}[form]
+
+    broker = PostgresBroker(database_url, storage="log")
+    try:
+        plain = dramatiq.actor(actors.plain.fn, broker=broker, queue_name=QUEUE, actor_name="plain_log")
+        live = broker.enqueue(plain.message())
+        batch = [dataclasses.replace(plain.message_with_options(args=(i,)), message_id=shaped(str(uuid.uuid4())))
+                 for i in range(N)]
+        again = [dataclasses.replace(live, message_id=shaped(live.message_id)), batch[3],
+                 dataclasses.replace(batch[5], args=(-1,))]
+        assert broker.enqueue_many(batch + again) == batch + again
+        assert scalar(conn, "SELECT count(*) FROM job_log") == 1 + N
+        assert scalar(conn, "SELECT count(DISTINCT id) FROM job_log") == 1 + N
+        assert scalar(conn, "SELECT args FROM job_log WHERE id = %s", (batch[5].message_id,)) == [5]
+        with psycopg.connect(database_url) as tx:  # in the caller's transaction: the same
+            with broker.transaction(tx):
+                assert broker.enqueue_many(again + batch[:N // 2]) == again + batch[:N // 2]
+            tx.commit()
+        assert scalar(conn, "SELECT count(*) FROM job_log") == 1 + N
+        ordered = [r[0] for r in conn.execute("SELECT args->>0 FROM job_log WHERE id <> %s ORDER BY seq",
+                                              (live.message_id,))]
+        assert ordered == [str(i) for i in range(N)]  # first in, first out
+        small = [plain.message_with_options(args=(i,)) for i in range(3)]  # LOG_INSERT's batch: the same
+        small = [small[0], dataclasses.replace(small[0], message_id=shaped(small[0].message_id)), small[1],
+                 again[0], small[2]]
+        assert broker.enqueue_many(small) == small
+        assert scalar(conn, "SELECT count(*) FROM job_log") == 1 + N + 3
+    finally:
+        broker.close()

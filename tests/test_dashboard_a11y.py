@@ -11,9 +11,13 @@ to docs/screenshots/ (the README's Dashboard section shows them)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import dramatiq
 import pytest
 
+import supervisor
+from supervisor.broker import PostgresBroker
 from tests.browser_helpers import Browser
 from tests.conftest import ROOT, scalar, wait_for
 from tests.http_helpers import Dash, dashboard
@@ -56,10 +60,31 @@ def dash(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                          "('flaky-shop', 'http://127.0.0.1:9/s', 7, now() + interval '5 minutes') RETURNING id")
         db.execute("INSERT INTO watches (name, query, source_id, last_polled_at) VALUES ('gpu', 'rtx', %s, now())",
                    (src,))
-        wait_for(lambda: scalar(db, "SELECT count(*) FROM jobs WHERE status = 'succeeded' AND queue = 'tests'") == 12
+        _workflow(found.url)
+        wait_for(lambda: scalar(db, "SELECT count(*) FROM jobs WHERE status = 'succeeded' AND queue = 'tests'") == 14
+                 and scalar(db, "SELECT count(*) FROM workflow_steps WHERE state = 'failed'") == 1
                  and scalar(db, "SELECT count(*) FROM jobs WHERE queue = 'errors' AND status = 'failed'") == 4,
                  60, message="the workload settled")
         yield found
+
+
+def _workflow(url: str) -> None:
+    """A workflow in every state of a step, for the Workflows pages: two that succeed, one
+    that fails (the tests' flaky takes no parents' results), its child cancelled, one whose
+    queue no worker serves (enqueued) and its child (blocked)."""
+    broker = PostgresBroker(url)
+    try:
+        def act(name: str, queue: str = "tests") -> Any:
+            return dramatiq.actor(broker=broker, queue_name=queue, actor_name=name, max_retries=0)(lambda *a: None)
+        nap, flaky, idle = act("nap"), act("flaky"), act("idle", "nobody")
+        wf = supervisor.workflow("nightly-report", broker=broker, on_failure="continue")
+        root = wf.add(nap.message(1))
+        wf.add(nap.message(), after=[root])
+        wf.add(nap.message(), after=[wf.add(flaky.message(), after=[root])])
+        wf.add(nap.message(), after=[wf.add(idle.message(), after=[root])])
+        wf.send()
+    finally:
+        broker.close()
 
 
 def _pages(b: Browser, dash: Dash) -> dict[str, str]:
@@ -71,6 +96,7 @@ def _pages(b: Browser, dash: Dash) -> dict[str, str]:
     # a failed job with a traceback, for the Job page
     job = scalar(dash.db, "SELECT id FROM jobs WHERE status = 'failed' AND actor = 'parse_feed' LIMIT 1")
     pages["job"] = f"/jobs/{job}"
+    pages["workflow"] = f"/workflows/{scalar(dash.db, 'SELECT id FROM workflows LIMIT 1')}"
     return pages
 
 
@@ -106,7 +132,7 @@ def test_every_page_light_and_dark_wide_and_narrow(dash: Dash, browser: Browser)
     browser.driver.set_script_timeout(60)
     pages = _pages(browser, dash)
     assert {"overview", "queues", "jobs", "errors", "actors", "workers", "schedules", "limits",
-            "tracker", "job"} <= set(pages), pages
+            "tracker", "job", "workflows", "workflow"} <= set(pages), pages
     browser.console_errors()  # drained: only what the pages below log counts
     problems: list[str] = []
     for size in SIZES:

@@ -35,16 +35,19 @@ SLOWEST_SEND = 3.0
 
 
 def assert_ran_once(conn: psycopg.Connection, expected: int) -> None:
-    """Every job succeeded, and the runtime ran none twice: no lease was lost, and no job
-    has more runs (test_results rows) than attempts. A second attempt is the actor's own
-    retry when its first one saw an error: its INSERT may have committed as the server
-    went away (the client never learns which), as for any actor's own writes."""
+    """Every job succeeded, and the runtime ran none twice: no job has more runs
+    (test_results rows) than attempts that were not lost. A second attempt is the actor's
+    own retry when its first one saw an error: its INSERT may have committed as the server
+    went away (the client never learns which), as for any actor's own writes. A lost
+    lease is a claim whose answer the failover cut off (committed on the old primary, the
+    rows never reached the worker: it expires and is released, attempts 2, lease losses
+    1, one run; seen on a loaded machine): a lost lease that ran would count a run more."""
     wait_all_succeeded(conn, expected, timeout=60)
     assert scalar(conn, "SELECT count(DISTINCT job_id) FROM test_results") == expected
     twice = conn.execute(
         "SELECT j.id, r.runs, j.attempts, j.lease_losses FROM jobs j"
         "  JOIN (SELECT job_id, count(*) AS runs FROM test_results GROUP BY 1) r ON r.job_id = j.id"
-        " WHERE j.lease_losses > 0 OR r.runs > j.attempts LIMIT 5").fetchall()
+        " WHERE r.runs > j.attempts - j.lease_losses LIMIT 5").fetchall()
     assert twice == [], f"jobs the runtime ran twice (id, runs, attempts, lease losses): {twice}"
 
 

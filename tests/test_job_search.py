@@ -185,3 +185,45 @@ def test_a_search_past_its_window_says_at_least_and_links_to_older_jobs(conn, ht
     assert [j["id"] for j in api["jobs"]] == [ids[n - 2]] and api["scan"]["scanned_to"] and api["next_cursor"]
     rest = s.client.get("/api/v1/jobs", params={"match": "kwargs.user_id = 7", "cursor": api["next_cursor"]}).json()
     assert [j["id"] for j in rest["jobs"]] == [ids[0]] and rest["next_cursor"] is None
+
+
+def test_a_workflows_steps_are_found_by_its_id_in_either_store(conn, database_url, http_server):
+    """``workflow``: the jobs of a workflow's enqueued steps, wherever each lives (a plain
+    step in the log, a keyed one in job_queue), by the CLI, the API and the Jobs page; not
+    its blocked steps (no job yet), nor another workflow's or a plain job."""
+    import dramatiq
+
+    import supervisor
+    from supervisor.broker import PostgresBroker
+
+    broker = PostgresBroker(database_url)
+    try:
+        step = dramatiq.actor(broker=broker, queue_name="wfsearch", actor_name="wfsearch_step")(lambda *a: None)
+        wf = supervisor.workflow("searched", broker=broker)
+        plain = wf.add(step.message(1))
+        keyed = wf.add(step.message_with_options(args=(2,), concurrency_key="k"))
+        wf.add(step.message(3), after=[plain, keyed])  # blocked: no job to find
+        wf.send()
+        other = supervisor.workflow("other", broker=broker)
+        other.add(step.message(4))
+        other.send()
+        step.send(5)
+    finally:
+        broker.close()
+    assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (plain,)) == 1
+    assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = %s", (keyed,)) == 1
+
+    done = cli("jobs", "list", "--json", "--workflow", wf.id, url=database_url)
+    assert done.returncode == 0, done.stderr
+    assert sorted(j["id"] for j in json.loads(done.stdout)) == sorted([plain, keyed])
+    bad = cli("jobs", "list", "--workflow", "nightly", url=database_url)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --workflow: 'nightly' is not a workflow id"), bad.stderr
+
+    s = http_server()
+    body = s.client.get("/api/v1/jobs", params={"workflow": wf.id}).json()
+    assert sorted(j["id"] for j in body["jobs"]) == sorted([plain, keyed]), body
+    page = s.client.get("/jobs", params={"workflow": wf.id})
+    assert page.status_code == 200, page.text
+    assert sorted(re.findall(r'<tr data-job="([^"]+)"', page.text)) == sorted([plain, keyed])
+    assert re.search(rf'<input name="workflow"[^>]* value="{wf.id}"', page.text)
+    assert s.client.get("/api/v1/jobs", params={"workflow": "x"}).status_code == 400

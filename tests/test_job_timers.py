@@ -176,6 +176,11 @@ def broker(database_url: str, conn: psycopg.Connection) -> Iterator[PostgresBrok
         runs.append(("broken", time.time()))
         raise ValueError("always")
 
+    @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="timed_later", max_retries=1, min_backoff=600_000,
+                    max_backoff=600_000)
+    def timed_later() -> None:
+        raise ValueError("again in ten minutes")
+
     runs.clear()
     ran_once.clear()
     yield b
@@ -253,3 +258,21 @@ def test_the_floor_follows_the_reads_and_the_full_read_is_paced_by_its_cost(monk
     assert floors.params("q")["tfloor"] is not None  # 0.05 s a read: not before 10 s (SWEEP_SHARE)
     clock[0] += 0.05 / timer_floors.SWEEP_SHARE
     assert floors.params("q")["tfloor"] is None
+
+
+def test_a_workflow_s_cancel_cancels_a_step_whose_retry_waits_in_job_timers(conn, broker) -> None:
+    import supervisor
+    from supervisor import workflow_ops
+
+    wf = supervisor.workflow("timed", broker=broker)
+    step = wf.add(broker.actors["timed_later"].message())
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        wf.send()
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM job_timers WHERE id = %s AND status = 'retryable'",
+                                (step,)) == 1, 20,
+                 message="the step's retry to wait in job_timers")
+        # not taken for a running step (it would run at its run_at, the workflow cancelled)
+        assert workflow_ops.cancel(conn, wf.id) == {"cancelled": 1, "interrupted": 0}
+        assert wf.wait(30) == "cancelled"
+    assert scalar(conn, "SELECT count(*) FROM job_timers") == 0
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (step,)) == "cancelled"

@@ -169,6 +169,24 @@ def test_producers_send_and_bulk_copy_through_pgbouncer(bouncer, conn):
         broker.close()
 
 
+def test_a_log_batch_by_copy_through_pgbouncer(bouncer, conn):
+    """The log's COPY batch through transaction pooling: its pipelined live-id check (a
+    binary uuid[]) and the COPY, each a transaction of its own or both in the caller's,
+    write each id once, a live one not again."""
+    db.mark_pooled(bouncer.url)
+    with log_producer(bouncer.url, "tests", {"nap": {}}, pool_size=2) as producer:
+        nap = producer.actors["nap"]
+        batch = [nap.message(i) for i in range(200)]
+        assert producer.enqueue_many(batch + batch[:3]) == batch + batch[:3]
+        more = [nap.message(i) for i in range(40)]
+        with psycopg.connect(bouncer.url, prepare_threshold=None) as tx:
+            with producer.transaction(tx):
+                producer.enqueue_many(more + batch[-5:])
+            tx.commit()
+        assert scalar(conn, "SELECT count(*) FROM job_log") == 240
+        assert scalar(conn, "SELECT count(DISTINCT id) FROM job_log") == 240
+
+
 def test_llm_fleet_slots_through_pgbouncer_are_never_stranded(bouncer, conn):
     """Many short slot holds from several threads over a small PgBouncer pool: a slot
     is held exactly while its block runs, and none outlives it on a server connection."""

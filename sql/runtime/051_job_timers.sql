@@ -242,3 +242,73 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
+
+-- A workflow's cancel (049's workflow_cancel_steps) cancels a step whose job waits in
+-- job_timers (sent with a delay, or a retry waiting for its backoff) as it does one waiting in
+-- job_queue: into job_history 'cancelled', with its event. Else it was left as if running and
+-- its job, promoted at its run_at, ran after the workflow was cancelled.
+CREATE OR REPLACE FUNCTION workflow_cancel_steps(ids uuid[], why text, who text) RETURNS uuid[] LANGUAGE plpgsql AS $$
+DECLARE
+    queued uuid[];
+    logged uuid[];
+    timed uuid[];
+    running uuid[];
+BEGIN
+    SELECT coalesce(array_agg(q.id), '{}') INTO queued FROM (
+        SELECT q.id FROM job_queue q JOIN workflow_steps s ON s.id = q.id
+         WHERE s.id = ANY(ids) AND s.state = 'enqueued' AND q.status <> 'running'
+         ORDER BY q.id FOR UPDATE OF q SKIP LOCKED) AS q;
+    SELECT coalesce(array_agg(l.id), '{}') INTO logged
+      FROM workflow_steps s JOIN job_log l ON l.id = s.id
+     WHERE s.id = ANY(ids) AND s.state = 'enqueued'
+       AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
+       AND NOT EXISTS (SELECT 1 FROM job_lease x WHERE l.seq = ANY(x.seqs));
+    SELECT coalesce(array_agg(t.id), '{}') INTO timed FROM (
+        SELECT t.id FROM job_timers t JOIN workflow_steps s ON s.id = t.id
+         WHERE s.id = ANY(ids) AND s.state = 'enqueued'
+         ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) AS t;
+    SELECT coalesce(array_agg(s.id), '{}') INTO running FROM workflow_steps s
+     WHERE s.id = ANY(ids) AND s.state = 'enqueued' AND NOT s.id = ANY(queued) AND NOT s.id = ANY(logged)
+       AND NOT s.id = ANY(timed);
+    UPDATE workflow_steps s SET state = 'cancelled', reason = why, finished_at = now(), result = NULL
+     WHERE s.id = ANY(ids) AND (s.state = 'blocked' OR s.id = ANY(queued) OR s.id = ANY(logged) OR s.id = ANY(timed));
+    WITH gone AS (
+        DELETE FROM job_timers t WHERE t.id = ANY(timed) RETURNING t.*
+    ), kept AS (
+        INSERT INTO job_history (id, queue, actor, args, kwargs, options, status, priority, run_at, attempts,
+                                 max_attempts, created_at, finished_at, last_error, lease_losses, max_lease_losses,
+                                 message_timestamp, payload)
+        SELECT id, queue, actor, args, kwargs, options, 'cancelled', priority, run_at, attempts, max_attempts,
+               created_at, now(), why, lease_losses, max_lease_losses, message_timestamp, payload
+          FROM gone
+    )
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    SELECT id, who, status, 'cancelled', why FROM gone;
+    WITH gone AS (
+        DELETE FROM job_queue q WHERE q.id = ANY(queued) RETURNING q.*
+    ), kept AS (
+        INSERT INTO job_history (id, queue, actor, args, kwargs, options, status, priority, run_at, attempts,
+                                 max_attempts, lease_owner, claimed_at, heartbeat_at, lease_expires_at, dedupe_key,
+                                 concurrency_key, last_error, result, progress, created_at, started_at, finished_at,
+                                 lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow)
+        SELECT id, queue, actor, args, kwargs, options, 'cancelled', priority, run_at, attempts, max_attempts,
+               lease_owner, claimed_at, heartbeat_at, NULL, dedupe_key, concurrency_key, why, result, progress,
+               created_at, started_at, now(), lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow
+          FROM gone
+    )
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    SELECT id, who, status, 'cancelled', why FROM gone;
+    WITH done AS (
+        INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, last_error)
+        SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'cancelled', l.attempts + 1, NULL, why
+          FROM job_log l
+         WHERE l.id = ANY(logged) AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
+        ON CONFLICT (seq, day) DO NOTHING
+        RETURNING seq, day, id
+    ), passed AS (
+        INSERT INTO job_log_cancel (seq, day) SELECT seq, day FROM done
+    )
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    SELECT id, who, 'pending', 'cancelled', why FROM done;
+    RETURN running;
+END $$;

@@ -46,6 +46,7 @@ from .consuming.keeper import LeaseKeeper
 from .consuming.leases import Leases
 from .consuming.outcomes import Outcomes
 from .consuming.progress import ProgressBuffer
+from .consuming.workflow_results import WorkflowSteps
 from .fanin import GroupSteps
 from .groups import GroupCallbacks
 from .joining import Failures, QueueHelpers
@@ -134,6 +135,7 @@ class PostgresBroker(Signals, Broker):  # type: ignore[misc]
                 GroupCallbacks(self.limiter),  # a GroupCallbacks added later replaces it (add_middleware)
                 Pipelines(),
                 GroupSteps(self.limiter),  # before Retries: its after hook sees a member failed for good
+                WorkflowSteps(),  # before Results: its result for a step's done row is the one kept
                 Retries(max_retries=max_retries, min_backoff=min_backoff, max_backoff=max_backoff),
                 # Actors with store_results=True keep their results in job_results.
                 Results(backend=PostgresBackend(url=self.url, pool=self.pool, listen_url=self.listen_url)),

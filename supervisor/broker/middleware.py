@@ -31,6 +31,10 @@ from .. import db, defaults, flow
 GROUP_MEMBER_OPTIONS = frozenset({"group_completion_uuid", "group_completion_callbacks"})
 FANOUT = "pipe_fanout"
 FANIN = "pipe_fanin"
+# A workflow step's message carries its workflow's id (supervisor/workflows.py): the signal
+# plan keeps WorkflowSteps' hook for it (consuming/workflow_results.py), and job_history's end
+# triggers of migration 049 fire only for a row with it.
+WORKFLOW = "workflow"
 
 
 class JobOptions(Middleware):

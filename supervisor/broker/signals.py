@@ -31,7 +31,7 @@ from dramatiq.middleware import (
 )
 from dramatiq.results import Results
 
-from .middleware import FANIN, FANOUT, GROUP_MEMBER_OPTIONS, Retries
+from .middleware import FANIN, FANOUT, GROUP_MEMBER_OPTIONS, WORKFLOW, Retries
 
 # Hooks of Dramatiq's own middleware (these exact classes, not subclasses) that do nothing
 # for a message whose options name none of PLAN_KEYS, when its actor's options (and the
@@ -44,7 +44,7 @@ from .middleware import FANIN, FANOUT, GROUP_MEMBER_OPTIONS, Retries
 # the signals it is inert for in the plan's case in ``inert_when_planned`` (RunResults:
 # a run that returned None reports no rows; GroupCallbacks and GroupSteps: no group).
 PLAN_KEYS = frozenset({"max_age", "notify_shutdown", "pipe_target", "on_success", "store_results",
-                       *GROUP_MEMBER_OPTIONS, FANOUT, FANIN})
+                       *GROUP_MEMBER_OPTIONS, FANOUT, FANIN, WORKFLOW})
 _RETRIES = (Retries, dramatiq.middleware.Retries)
 
 

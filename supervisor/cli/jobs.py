@@ -102,6 +102,7 @@ def jobs() -> None:
 @click.option("--id", "job_id", default=None, metavar="ID", help="A job id or the start of one (hex digits).")
 @click.option("--dedupe-key", default=None)
 @click.option("--concurrency-key", default=None)
+@click.option("--workflow", default=None, metavar="ID", help="The steps of a workflow (supervisor workflows list).")
 @click.option("--match", default=None, metavar="EXPR",
               help="A value inside the arguments: 'kwargs.user_id = 7', 'args[0] = 42'.")
 @click.option("--text", default=None, help="A substring of the arguments' JSON.")
@@ -111,12 +112,12 @@ def jobs() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def jobs_list(ctx: click.Context, status: str | None, queue: str | None, actor: str | None, job_id: str | None,
-              dedupe_key: str | None, concurrency_key: str | None, match: str | None, text: str | None,
-              scan_rows: int, limit: int, as_json: bool) -> None:
+              dedupe_key: str | None, concurrency_key: str | None, workflow: str | None, match: str | None,
+              text: str | None, scan_rows: int, limit: int, as_json: bool) -> None:
     """Most recent jobs first; find one by id prefix, key, or a value inside its arguments."""
     try:
         search = jobsearch.Search.parse({"id": job_id, "dedupe_key": dedupe_key, "concurrency_key": concurrency_key,
-                                         "match": match})
+                                         "workflow": workflow, "match": match})
     except jobsearch.SearchError as exc:
         die(f"--{exc}", exit_codes.USAGE)
     where = admin.JobFilter(status=status, queue=queue, actor=actor, text=text, search=search)

@@ -36,6 +36,7 @@ RUNTIME_COMMANDS = {
     "history": ("jobs", "history"), "queues": ("queues", "queues"), "nodes": ("nodes", "nodes"),
     "errors": ("errors_cmd", "errors"), "config": ("config_cmd", "config"),
     "limits": ("limits_cmd", "limits_group"), "schedules": ("schedules_cmd", "schedules"),
+    "workflows": ("workflows_cmd", "workflows"),
 }
 
 

@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from .. import apps
 from ..config import Config, HttpConfig
-from . import access, api, api_actors, api_limits, dashboard, health, metrics
+from . import access, api, api_actors, api_limits, api_workflows, dashboard, health, metrics
 from .auth import ActionGuard
 from .render import error
 from .state import AppState, state_of
@@ -82,7 +82,7 @@ def create_app(*, url: str, http: HttpConfig, config: Config | None = None,
 
     app = Starlette(
         routes=[*health.routes, *metrics.routes,
-                Mount("/api/v1", routes=[*api.routes, *api_actors.routes, *api_limits.routes, *access.routes, *app_routes()]),
+                Mount("/api/v1", routes=[*api.routes, *api_actors.routes, *api_limits.routes, *api_workflows.routes, *access.routes, *app_routes()]),
                 *extra_routes, *dashboard.routes],
         middleware=[Middleware(ActionGuard, http=http)],
         lifespan=lifespan,

@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from .. import actor_stats, admin, apps, control, defaults, limits, ratelimit
+from .. import actor_stats, admin, apps, control, defaults, limits, ratelimit, workflow_ops
 from ..identity import node_name
 from ..schedules import describe
 from .state import AppState, read_from
@@ -127,6 +127,8 @@ def jobs_page(state: AppState, where: admin.JobFilter, *, limit: int, cursor: st
 def job_detail(state: AppState, job_id: str) -> dict[str, Any] | None:
     with state.reading() as conn:
         job = admin.show_job(conn, job_id)
+        if job is not None:
+            job["workflow"] = workflow_ops.workflow_of_job(conn, job_id)  # a step's workflow, else None
     if job is None:
         return None
     job["timeline"] = job.pop("events")
@@ -226,6 +228,7 @@ def metrics_snapshot(state: AppState) -> dict[str, Any]:
             "limiters": ratelimit.states(conn),
             "limit_keys": limits.seen(conn).keys,
             "start_waits": actor_stats.start_waits(conn),
+            "workflows": workflow_ops.counts_by_state(conn),
             "app_gauges": _app_gauges(conn, in_use),
         }
     snapshot["master"] = master_status(state)

@@ -61,6 +61,7 @@ class Snapshot:
         yield from self._limiters(snap["limiters"])
         yield from self._limit_keys(snap["limit_keys"])
         yield self._start_waits(snap["start_waits"])
+        yield self._workflows(snap["workflows"])
         for g in snap["app_gauges"]:
             family = GaugeMetricFamily(g.name, g.doc, labels=list(g.labels))
             for labels, value in g.samples:
@@ -165,6 +166,12 @@ class Snapshot:
             blocked.add_metric([k["key"]], max(0.0, (until - datetime.now(UTC)).total_seconds()) if until else 0.0)
             override.add_metric([k["key"]], 1 if k["override"] is not None else 0)
         yield from (*families.values(), blocked, override)
+
+    def _workflows(self, by_state: dict[str, int]) -> Metric:
+        family = _gauge("workflows", "Workflows per state (running, succeeded, failed, cancelled)", ["state"])
+        for state, n in by_state.items():
+            family.add_metric([state], n)
+        return family
 
     def _start_waits(self, waits: dict[str, dict[str, float]]) -> Metric:
         """The one figure of the Actors page that Dramatiq's metrics lack (they count

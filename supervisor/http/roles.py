@@ -57,6 +57,8 @@ _ACTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "roles.scale": ("admin", ("/ui/roles/{role}/scale",)),
     "limits.set": ("operator", ("PUT /api/v1/limits/{key:path}", "/ui/limits/set")),
     "limits.clear": ("operator", ("DELETE /api/v1/limits/{key:path}", "/ui/limits/clear")),
+    "workflows.cancel": ("operator", ("/ui/workflows/{workflow_id}/cancel",)),
+    "workflows.retry": ("operator", ("/ui/workflows/{workflow_id}/retry",)),
 }
 
 

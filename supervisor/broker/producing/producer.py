@@ -16,7 +16,7 @@ from dramatiq.message import Message
 from ... import defaults
 from .. import bulk, logstore, tracing
 from ..connections import Connections, callers_transaction
-from ..message import PgMessageProxy, body_columns
+from ..message import PgMessageProxy, body_columns, body_text, readable_body
 from ..middleware import Retries
 from ..signals import Emit
 from ..sql import joblog, timers
@@ -69,12 +69,64 @@ class Producer:
     def _log_rows(self, messages: list[Message[Any]]) -> list[tuple[Any, ...] | None]:
         """Each message's log row (logstore.log_row), None for one the log does not take (a
         dedupe, concurrency or limit key, an actor this process does not know, storage
-        "table"): built as bulk.rows builds job_queue's, each actor's fields looked up once."""
+        "table"). A message with no options of its own has its actor's and queue's fields:
+        those are worked out once per actor and queue (``_plain_fields``), the rest of its
+        row is its id, body and stamp; any other message's row is built as bulk.rows builds
+        job_queue's."""
         if self.storage != "log":
             return [None] * len(messages)
+        retries = self._retries()
+        readable = readable_body()
+        plain: dict[tuple[str, str], tuple[Any, ...] | None] = {}
+        out: list[tuple[Any, ...] | None] = []
+        rest: list[int] = []  # messages with options of their own
+        for i, m in enumerate(messages):
+            fields = None
+            if not m.options:
+                where = (m.actor_name, m.queue_name)
+                fields = plain[where] if where in plain else plain.setdefault(where, self._plain_fields(m, retries))
+            if fields is None:
+                rest.append(i)
+                out.append(None)
+            else:
+                out.append((m.message_id, m.queue_name, m.actor_name, *body_text(m, readable), *fields,
+                            m.message_timestamp))
+        if rest:
+            for i, row in zip(rest, self._general_log_rows([messages[i] for i in rest], retries), strict=True):
+                out[i] = row
+        return out
+
+    def _all_plain(self, messages: list[Message[Any]]) -> bool:
+        """Whether every message's log row is a plain one of ``_log_rows`` (no options of its
+        own, an actor and queue whose rows the log takes)."""
+        if self.storage != "log":
+            return False
+        retries = self._retries()
+        plain: dict[tuple[str, str], tuple[Any, ...] | None] = {}
+        for m in messages:
+            if m.options:
+                return False
+            where = (m.actor_name, m.queue_name)
+            if (plain[where] if where in plain else plain.setdefault(where, self._plain_fields(m, retries))) is None:
+                return False
+        return True
+
+    def _plain_fields(self, message: Message[Any], retries: Retries | None) -> tuple[Any, ...] | None:
+        """priority, max_attempts and max_lease_losses of the log rows of messages with no
+        options of their own to this message's actor and queue, taken from its general row;
+        None when such a message does not go to the log, or its row depends on the message
+        (the actor's flow control: its key is read from the message)."""
+        actor = self.actors.get(message.actor_name)
+        if actor is None or bulk.actor_plan(actor) is not None:
+            return None
+        (row,) = self._general_log_rows([message], retries)
+        return None if row is None else row[7:10]
+
+    def _general_log_rows(self, messages: list[Message[Any]], retries: Retries | None
+                          ) -> list[tuple[Any, ...] | None]:
         actors = self.actors
         out: list[tuple[Any, ...] | None] = []
-        for m, row in zip(messages, bulk.rows(messages, actors, self._retries(), self.queue_priorities), strict=True):
+        for m, row in zip(messages, bulk.rows(messages, actors, retries, self.queue_priorities), strict=True):
             if not logstore.loggable(row, actors):
                 out.append(None)
                 continue
@@ -105,14 +157,17 @@ class Producer:
     def _log_writer(self, rows: list[tuple[Any, ...]], rest: Callable[[psycopg.Connection], T], *,
                     atomic: bool = True, delay_ms: int = 0) -> Callable[[psycopg.Connection], T]:
         """A producer's write that appends ``rows`` (logstore.log_row) to the log, then does
-        ``rest`` (the job_queue part, if any), in one transaction (``atomic``: else no BEGIN
-        and COMMIT for a write that is one statement); written again on a fresh connection,
-        it appends only the rows the first write did not (sending.py). A large batch goes in
-        with COPY (logstore.append), as job_queue's does (bulk.COPY_MIN_ROWS). Delayed
-        (``delay_ms``), the rows wait in job_timers instead (timers.TIMER_INSERT, one
-        statement of arrays) until a claim promotes them into the log at their run_at."""
+        ``rest`` (the job_queue part, if any), in one transaction (``atomic``; else, with
+        nothing in ``rest`` to write, no BEGIN and COMMIT of its own: the rows go in with one
+        statement, a COPY's live-id check being a read before it, which READ COMMITTED would
+        answer the same inside a transaction: two round trips of five); written again on a
+        fresh connection, it appends only the rows the first write did not (sending.py). A
+        large batch goes in with COPY (logstore.append), as job_queue's does
+        (bulk.COPY_MIN_ROWS). Delayed (``delay_ms``), the rows wait in job_timers instead
+        (timers.TIMER_INSERT, one statement of arrays) until a claim promotes them into the
+        log at their run_at."""
         copy = len(rows) >= bulk.COPY_MIN_ROWS and not delay_ms
-        params = None if copy else {**logstore.insert_params(rows), "delay_ms": delay_ms}
+        params = None if copy else {**logstore.insert_params(logstore.unique_rows(rows)), "delay_ms": delay_ms}
         tries = [0]
 
         def append(c: psycopg.Connection) -> None:
@@ -128,12 +183,25 @@ class Producer:
             c.execute(statement, params)
 
         def write(c: psycopg.Connection) -> T:
-            if not c.autocommit or (not atomic and not copy):  # the caller's transaction, or one statement
+            if not c.autocommit or not atomic:  # the caller's transaction, or one writing statement
                 append(c)
                 return rest(c)
             with c.transaction():  # both parts, or neither
                 append(c)
                 return rest(c)
+        return write
+
+    @staticmethod
+    def _copy_writer(build: Callable[[], list[tuple[Any, ...] | None]], ids: list[str]
+                     ) -> Callable[[psycopg.Connection], None]:
+        """_log_writer's write for a batch of COPY's size whose every message is plain
+        (``_all_plain``): the rows built (``build``) while the server checks the messages'
+        ``ids`` (logstore.append), no job_queue part, so no transaction of its own."""
+        tries = [0]
+
+        def write(c: psycopg.Connection) -> None:
+            tries[0] += 1
+            logstore.append(c, lambda: [r for r in build() if r is not None], again=tries[0] > 1, ids=ids)
         return write
 
     def enqueue_many(
@@ -153,6 +221,11 @@ class Producer:
 
     def _enqueue_many(self, messages: list[Message[Any]], delay: int | None,
                       conn: psycopg.Connection | None) -> list[Message[Any]]:
+        what = f"enqueue {len(messages)} messages"
+        if not delay and len(messages) >= bulk.COPY_MIN_ROWS and self._all_plain(messages):
+            ids = [m.message_id for m in messages]
+            self._send(self._copy_writer(lambda: self._log_rows(messages), ids), conn, what)
+            return messages
         retries = self._retries()
         rows = self._log_rows(messages)
         logged = [r for r in rows if r is not None]
@@ -162,12 +235,11 @@ class Producer:
             return bulk.enqueue_many(c, table, actors=self.actors, retries=retries, delay=int(delay or 0),
                                      priorities=self.queue_priorities) if table else []
 
-        what = f"enqueue {len(messages)} messages"
         if not logged:
             return self._send(write_table, conn, what)
         delay_ms = int(delay or 0)
         if not table:
-            self._send(self._log_writer(logged, lambda c: None, delay_ms=delay_ms), conn, what)
+            self._send(self._log_writer(logged, lambda c: None, atomic=False, delay_ms=delay_ms), conn, what)
             return messages
         written = iter(self._send(self._log_writer(logged, write_table, delay_ms=delay_ms), conn, what))
         # in the caller's order: a logged message as it came, a table one as bulk returns it

@@ -44,18 +44,22 @@ FILTERS = {
     "id_lo": "id BETWEEN %(id_lo)s::uuid AND %(id_hi)s::uuid",
     "dedupe_key": "dedupe_key = %(dedupe_key)s",
     "concurrency_key": "concurrency_key = %(concurrency_key)s",
+    # the steps of a workflow (migration 049): its steps' ids by workflow_steps' index, each
+    # part's rows then by their id index
+    "workflow": "id IN (SELECT s.id FROM workflow_steps s WHERE s.workflow = %(workflow)s::uuid)",
     # a value at a path inside the arguments (jobsearch.Match): a text[] path for #>
     "match_args": "args #> %(match_args)s::text[] = %(match_value)s::jsonb",
     "match_kwargs": "kwargs #> %(match_kwargs)s::text[] = %(match_value)s::jsonb",
 }
 # Filters an index or a partition bound serves: a status prunes to its days of
 # job_history (or to job_queue), a time range to its days or to a range of
-# job_history_created, an id range to the primary keys. Rows read through them all
+# job_history_created, an id range to the primary keys, a workflow to its steps' ids. Rows read through them all
 # match, so a listing stops after its page and a count after COUNT_EXACT_UPTO rows.
 # Every other filter (a queue, an actor, text, a key, a value inside the arguments) has
 # no index on job_history (each would cost every finished job an entry: ARCHITECTURE.md,
 # "Storage"): it is checked on a window of the newest %(scan_rows)s jobs only.
-INDEXED = frozenset({"status", "created_after", "created_before", "finished_after", "finished_before", "id_lo"})
+INDEXED = frozenset({"status", "created_after", "created_before", "finished_after", "finished_before", "id_lo",
+                     "workflow"})
 AFTER = "(created_at, id) < (%(after_at)s, %(after_id)s::uuid)"
 
 LIST_COLUMNS = f"""id, queue, actor, status, priority, attempts, max_attempts, run_at, created_at, started_at,

@@ -6,10 +6,10 @@ the history and change signal behind them (``recorder``), and what apps add
 
 from __future__ import annotations
 
-from . import audit_page, views
+from . import audit_page, views, workflows_page
 from .recorder import Recorder
 
-routes = [*audit_page.routes, *views.routes]
+routes = [*audit_page.routes, *workflows_page.routes, *views.routes]
 
 
 def start(url: str, *, listen: bool = True) -> Recorder:

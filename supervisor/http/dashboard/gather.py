@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import psutil
 import psycopg
 
-from ... import actor_stats, admin, db, jobsearch, ratelimit, registry, servers
+from ... import actor_stats, admin, db, jobsearch, ratelimit, registry, servers, workflow_ops
 from ... import limits as flow_limits
 from ...broker import reads
 from ...schedules import describe
@@ -303,6 +303,8 @@ def job(state: AppState, job_id: str) -> dict[str, Any] | None:
     with state.reading() as conn:
         found = admin.show_job(conn, job_id)
         owner = None
+        if found is not None:  # a workflow's step links back to its workflow's page
+            found["workflow"] = workflow_ops.workflow_of_job(conn, job_id)
         if found is not None and found["lease_owner"]:
             owner = next((w for w in db.dicts(conn, registry.LIST) if w["id"] == found["lease_owner"]), None)
     if found is None:

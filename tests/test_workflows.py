@@ -1,0 +1,223 @@
+"""Durable workflows (issue 41, item 3; migration 049): a diamond's join gets its parents'
+results in order and runs once, after both; a workflow sent in a transaction that rolls
+back runs nothing; the failure policies; cancel and retry of a workflow and of a step with
+its descendants; in both stores (plain steps in the log, keyed or table ones in job_queue)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import dramatiq
+import psycopg
+import pytest
+
+import supervisor
+from supervisor import workflow_ops
+from supervisor.broker import PostgresBroker
+from tests.conftest import in_process_worker, scalar, wait_for
+
+STORES = [pytest.param("log", id="log"), pytest.param("table", id="table")]
+
+
+@pytest.fixture(params=["log", "table"])
+def store_broker(request: pytest.FixtureRequest, database_url: str):
+    b = PostgresBroker(database_url, storage=request.param)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def acts(store_broker: PostgresBroker) -> dict[str, Any]:
+    broker = store_broker
+    seen: list[Any] = []
+    runs: dict[str, int] = {}
+    lock = threading.Lock()
+    gate = threading.Event()
+
+    def actor(fn: Any, **options: Any) -> Any:
+        options.setdefault("max_retries", 0)
+        return dramatiq.actor(broker=broker, queue_name="wf", actor_name=f"wft_{fn.__name__}", **options)(fn)
+
+    def count(name: str) -> None:
+        with lock:
+            runs[name] = runs.get(name, 0) + 1
+
+    def seed(x: int) -> int:
+        count("seed")
+        return x
+
+    def square(x: int, parents: list[int]) -> int:
+        count("square")
+        return parents[0] * parents[0] + x
+
+    def join(parents: list[int]) -> list[int]:
+        count("join")
+        seen.append(parents)
+        return parents
+
+    def boom(parents: list[Any] | None = None) -> None:
+        count("boom")
+        raise RuntimeError("boom")
+
+    def held(parents: list[Any] | None = None) -> str:
+        count("held")
+        gate.wait(30)
+        return "held"
+
+    def leaf(parents: list[Any] | None = None) -> str:
+        count("leaf")
+        return "leaf"
+
+    made = {fn.__name__: actor(fn) for fn in (seed, square, join, boom, held, leaf)}
+    return {**made, "seen": seen, "runs": runs, "gate": gate, "broker": broker}
+
+
+def _diamond(a: dict[str, Any], broker: PostgresBroker, **options: Any) -> tuple[supervisor.Workflow, list[str]]:
+    wf = supervisor.workflow("diamond", broker=broker, **options)
+    s = wf.add(a["seed"].message(3))
+    b = wf.add(a["square"].message(1), after=[s])
+    c = wf.add(a["square"].message(2), after=[s])
+    d = wf.add(a["join"].message(), after=[b, c])
+    return wf, [s, b, c, d]
+
+
+def test_a_diamonds_join_gets_both_results_in_order_and_runs_once(conn, acts):
+    broker = acts["broker"]
+    wf, (s, b, c, d) = _diamond(acts, broker)
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        assert wf.wait(30) == "succeeded"
+    assert acts["seen"] == [[10, 11]]
+    assert acts["runs"] == {"seed": 1, "square": 2, "join": 1}
+    assert wf.results() == {s: 3, b: 10, c: 11, d: [10, 11]}
+    # d started after both b and c ended
+    ends = dict(conn.execute("SELECT id::text, finished_at FROM jobs WHERE id = ANY(%s::uuid[])", ([b, c],)).fetchall())
+    started = scalar(conn, "SELECT started_at FROM jobs WHERE id = %s", (d,))
+    assert started >= max(ends.values())
+    shown = workflow_ops.show(conn, wf.id)
+    assert shown["state"] == "succeeded" and [st["state"] for st in shown["steps"]] == ["succeeded"] * 4
+    assert shown["steps"][3]["parents"] == [b, c]
+
+
+def test_sent_in_a_transaction_that_rolls_back_nothing_runs(conn, acts, database_url):
+    broker = acts["broker"]
+    wf, _ = _diamond(acts, broker)
+    with psycopg.connect(database_url) as c:
+        with broker.transaction(c):
+            wf.send()
+        c.rollback()
+    assert scalar(conn, "SELECT count(*) FROM workflows") == 0
+    assert scalar(conn, "SELECT count(*) FROM jobs") == 0
+    wf2, _ = _diamond(acts, broker)
+    with psycopg.connect(database_url) as c:
+        with broker.transaction(c):
+            wf2.send()
+        assert scalar(conn, "SELECT count(*) FROM jobs") == 0  # not before the commit
+        c.commit()
+    with in_process_worker(broker, ["wf"]):
+        assert wf2.wait(30) == "succeeded"
+    assert acts["seen"] == [[10, 11]]
+
+
+def _states(conn: psycopg.Connection, wf: supervisor.Workflow) -> dict[str, str]:
+    return {s["id"]: s["state"] for s in workflow_ops.show(conn, wf.id)["steps"]}
+
+
+def test_cancel_rest_cancels_every_step_not_started_and_says_why(conn, acts):
+    broker = acts["broker"]
+    wf = supervisor.workflow("policy", broker=broker)  # cancel_rest, the default
+    root = wf.add(acts["seed"].message(1))
+    bad = wf.add(acts["boom"].message(), after=[root])
+    after_bad = wf.add(acts["leaf"].message(), after=[bad])
+    other = wf.add(acts["leaf"].message(), after=[bad, root])
+    independent = wf.add(acts["held"].message(), after=[root])
+    after_independent = wf.add(acts["leaf"].message(), after=[independent])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        wait_for(lambda: _states(conn, wf)[bad] == "failed", 30, message="the failing step")
+        acts["gate"].set()  # the running independent step ends; its child was cancelled
+        assert wf.wait(30) == "failed"
+    states = _states(conn, wf)
+    assert states == {root: "succeeded", bad: "failed", after_bad: "cancelled", other: "cancelled",
+                      independent: "succeeded", after_independent: "cancelled"}
+    shown = workflow_ops.show(conn, wf.id)
+    assert f"step {bad} (wft_boom) failed: RuntimeError: boom" in shown["reason"]
+    reasons = {s["id"]: s["reason"] for s in shown["steps"]}
+    assert reasons[after_independent].startswith(f"cancelled: step {bad}")
+    assert "leaf" not in acts["runs"]
+
+
+def test_continue_cancels_only_the_descendants(conn, acts):
+    broker = acts["broker"]
+    wf = supervisor.workflow("policy", broker=broker, on_failure="continue")
+    root = wf.add(acts["seed"].message(1))
+    bad = wf.add(acts["boom"].message(), after=[root])
+    after_bad = wf.add(acts["leaf"].message(), after=[bad])
+    side = wf.add(acts["leaf"].message(), after=[root])
+    after_side = wf.add(acts["leaf"].message(), after=[side])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        assert wf.wait(30) == "failed"
+    assert _states(conn, wf) == {root: "succeeded", bad: "failed", after_bad: "cancelled", side: "succeeded",
+                                 after_side: "succeeded"}
+    assert acts["runs"]["leaf"] == 2
+
+
+def test_cancel_and_retry_of_a_step_and_of_a_workflow(conn, acts):
+    broker = acts["broker"]
+    wf = supervisor.workflow("steer", broker=broker, on_failure="continue")
+    root = wf.add(acts["seed"].message(2))
+    slow = wf.add(acts["held"].message(), after=[root])
+    below = wf.add(acts["leaf"].message(), after=[slow])
+    side = wf.add(acts["square"].message(1), after=[root])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        wait_for(lambda: acts["runs"].get("held") == 1 and _states(conn, wf)[side] == "succeeded", 30,
+                 message="the held step running, the side one done")
+        # the running step and its descendant: interrupted, cancelled
+        assert workflow_ops.cancel(conn, wf.id, step=slow) == {"cancelled": 2, "interrupted": 1}
+        assert wf.wait(30) == "cancelled"
+        assert _states(conn, wf) == {root: "succeeded", slow: "cancelled", below: "cancelled", side: "succeeded"}
+        # retry: the cancelled ones run again; the root and the side step keep their results
+        acts["gate"].set()
+        assert workflow_ops.retry(conn, wf.id) == {"retried": 2, "released": 1}
+        assert wf.wait(30) == "succeeded"
+        assert acts["runs"]["seed"] == 1 and acts["runs"]["square"] == 1 and acts["runs"]["leaf"] == 1
+        # retry of one step and its descendants, though all succeeded
+        assert workflow_ops.retry(conn, wf.id, step=slow)["retried"] == 2
+        assert wf.wait(30) == "succeeded"
+        assert acts["runs"]["leaf"] == 2 and acts["runs"]["seed"] == 1
+        assert wf.results()[below] == "leaf"
+        # a whole workflow's cancel: every step not ended
+        wf2 = supervisor.workflow("whole", broker=broker)
+        acts["gate"].clear()
+        r = wf2.add(acts["held"].message())
+        k = wf2.add(acts["leaf"].message(), after=[r])
+        wf2.send()
+        wait_for(lambda: acts["runs"].get("held") == 4, 30, message="the second workflow's root running")
+        assert workflow_ops.cancel(conn, wf2.id) == {"cancelled": 2, "interrupted": 1}
+        assert wf2.wait(30) == "cancelled"
+        assert _states(conn, wf2) == {r: "cancelled", k: "cancelled"}
+        acts["gate"].set()
+    with pytest.raises(workflow_ops.WorkflowError, match="no workflow"):
+        workflow_ops.cancel(conn, "00000000-0000-0000-0000-000000000000")
+    with pytest.raises(workflow_ops.WorkflowError, match="not a workflow or step id"):
+        workflow_ops.retry(conn, "nope")
+
+
+def test_a_step_with_a_key_goes_to_job_queue_and_a_step_whose_job_is_cancelled_fails_the_rest(conn, acts):
+    broker = acts["broker"]
+    wf = supervisor.workflow("keyed", broker=broker)
+    root = wf.add(acts["seed"].message_with_options(args=(4,), dedupe_key="wf-keyed"))
+    held = wf.add(acts["held"].message(), after=[root])
+    below = wf.add(acts["leaf"].message(), after=[held])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        wait_for(lambda: acts["runs"].get("held") == 1, 30, message="the held step running")
+        from supervisor.admin import cancel_job
+        assert cancel_job(conn, held)  # an operator's cancel of the job itself
+        assert wf.wait(30) == "cancelled"
+        acts["gate"].set()
+    assert _states(conn, wf) == {root: "succeeded", held: "cancelled", below: "cancelled"}
+    assert "cancelled by an operator" in workflow_ops.show(conn, wf.id)["reason"]
