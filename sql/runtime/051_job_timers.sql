@@ -1,10 +1,11 @@
 -- Delayed plain jobs and delayed retries of log jobs wait in the log's world (issue 38, a
 -- step toward one job store): a narrow table holds such a job until its run_at, and the
 -- claim of its queue moves the due ones into job_log, where they are claimed as any plain
--- job. Before, both lived in job_queue, whose claim under a pinned horizon steps over the
--- dead versions of every row claimed since. Here a row is inserted once and deleted once
--- (by its promotion, a cancel, a flush or an edit), and the promoter reads the due index
--- from a floor (the run_at it promoted up to, less a slack: broker/consuming/timer_floors.py),
+-- job. Before, both lived in job_queue, whose rows are updated on their path (claimed,
+-- renewed, retried), each update a dead version under a pinned horizon. Here a row is
+-- inserted once and deleted once (by its promotion, a cancel, a flush or an edit), and the
+-- promoter reads the due index from a floor (how far the last promotion read, less a
+-- slack: broker/consuming/timer_floors.py),
 -- so the dead entries of the rows it already moved are passed over by a comparison in the
 -- index, with no heap visit. Storage "table" writes none: its delayed jobs stay in job_queue.
 --
