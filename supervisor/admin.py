@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 
 from . import db, defaults, jobsearch, registry
 from .broker import reads, sql
-from .broker.sql import joblog
+from .broker.sql import joblog, timers
 from .identity import operator
 from .jobstates import JobState
 from .worker import scheduler_sql
@@ -54,7 +54,9 @@ def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:
     """Cancel a pending, retryable or running job (its process interrupts it).
     Cancelling a cancelled job again is harmless: True, nothing written."""
     params = {"id": job_id, "who": operator(), "reason": "cancelled by operator"}
-    row = conn.execute(sql.CANCEL, params).fetchone() or conn.execute(joblog.LOG_CANCEL, params).fetchone()
+    # a timer before the log: one promoted meanwhile is the log's (a statement later, a new snapshot)
+    row = (conn.execute(sql.CANCEL, params).fetchone() or conn.execute(timers.TIMER_CANCEL, params).fetchone()
+           or conn.execute(joblog.LOG_CANCEL, params).fetchone())
     if row is not None:
         return True
     status = conn.execute(reads.STATUS, {"id": job_id}).fetchone()

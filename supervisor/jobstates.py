@@ -5,7 +5,8 @@ A job's state is what the jobs view says of it: a row of ``job_queue`` carries i
 ``status`` (pending, waiting, running, retryable), a row of ``job_history`` its end
 (succeeded, failed, cancelled); a job of the log is pending until claimed, running while a
 lease holds it, and its newest attempt's ``job_done`` row says how that attempt ended
-(``Outcome``). Every move that matters is written to ``job_events`` (from, to): a test
+(``Outcome``); a row of ``job_timers`` (a delayed plain job, a log job's retry) is pending
+or retryable until its run_at, when a claim moves it into the log, pending. Every move that matters is written to ``job_events`` (from, to): a test
 checks each one written by the suite against ``TRANSITIONS``.
 """
 
@@ -32,7 +33,7 @@ class Outcome(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
-    RETRIED = "retried"  # the job goes on in job_queue, retryable at its backoff
+    RETRIED = "retried"  # the job goes on in job_timers (051), retryable at its backoff (or job_queue: an edit)
     REQUEUED = "requeued"  # claimed, never started: appended to the log again (or put back by a limit)
     RELEASED = "released"  # its owner died or its lease ran out: appended to the log again
 
@@ -55,6 +56,7 @@ TRANSITIONS: dict[JobState, dict[JobState, str]] = {
     },
     JobState.RETRYABLE: {
         JobState.RUNNING: "claim",
+        JobState.PENDING: "due: a claim promotes it from job_timers into the log",
         JobState.CANCELLED: "cancel",
     },
     JobState.RUNNING: {

@@ -201,13 +201,16 @@ def test_a_dead_owner_s_rows_are_released_and_lease_losses_fail_a_job_at_its_bud
                         (job,)).fetchone() == ("pending", 2, 2, 3)
 
 
-def test_a_retry_goes_to_job_queue_and_a_requeue_back_to_the_log_uncounted(conn: psycopg.Connection) -> None:
+def test_a_retry_goes_to_job_timers_and_a_requeue_back_to_the_log_uncounted(conn: psycopg.Connection) -> None:
     a, b = enqueue(conn, 2)
     ra, rb = claim(conn, 2)
     finish(conn, [ra], "retry", delay_ms=3_600_000, error="boom")
     finish(conn, [rb], "requeue", ended=[rb[0]])
-    row = conn.execute("SELECT id::text, status, attempts, last_error, run_at > now() FROM job_queue").fetchone()
+    row = conn.execute("SELECT id::text, status, attempts, last_error, run_at > now() FROM job_timers").fetchone()
     assert row == (a, "retryable", 1, "boom", True)
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    assert conn.execute("SELECT status, attempts, last_error FROM jobs WHERE id = %s", (a,)).fetchall() == [
+        ("retryable", 1, "boom")]
     (again,) = claim(conn, 10)
     assert (str(again[3]), again[7]) == (b, 1)  # the same attempt number: it never ran
 

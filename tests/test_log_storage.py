@@ -93,8 +93,9 @@ def test_jobs_that_need_the_table_go_there_and_the_order_of_a_batch_is_kept(conn
     assert sent[3].message_id == sent[1].message_id  # the live job of its dedupe key
     assert scalar(conn, "SELECT count(*) FROM job_log") == 2
     assert scalar(conn, "SELECT count(*) FROM job_queue") == 1
-    delayed = actor.send_with_options(args=(5,), delay=60_000)
-    assert scalar(conn, "SELECT status FROM job_queue WHERE id = %s", (delayed.message_id,)) == "pending"
+    delayed = actor.send_with_options(args=(5,), delay=60_000)  # waits in job_timers (051), not job_queue
+    assert scalar(conn, "SELECT status FROM job_timers WHERE id = %s", (delayed.message_id,)) == "pending"
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 1
 
 
 def test_a_producer_s_transaction_decides(conn, broker, database_url) -> None:
@@ -110,14 +111,16 @@ def test_a_producer_s_transaction_decides(conn, broker, database_url) -> None:
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s", (kept.message_id,)) == 1
 
 
-def test_a_retry_goes_on_in_job_queue_and_runs_again(conn, broker) -> None:
+def test_a_retry_waits_in_job_timers_and_runs_again_from_the_log(conn, broker) -> None:
     message = broker.actors["log_flaky"].send(3)
     with in_process_worker(broker, [QUEUE], executor="own"):
         wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (message.message_id,)) == "succeeded",
                  10, message="the retry to succeed")
     assert ran == [3, 3]
     assert scalar(conn, "SELECT attempts FROM jobs WHERE id = %s", (message.message_id,)) == 2
-    assert conn.execute("SELECT status FROM job_done").fetchall() == [("retried",)]
+    # both attempts in the log: the retry waited in job_timers, never in job_queue
+    assert conn.execute("SELECT status FROM job_done ORDER BY finished_at").fetchall() == [("retried",), ("succeeded",)]
+    assert scalar(conn, "SELECT count(*) FROM job_history") == 0
     events = conn.execute("SELECT to_status FROM job_events WHERE job_id = %s ORDER BY at",
                           (message.message_id,)).fetchall()
     assert events[0] == ("retryable",)

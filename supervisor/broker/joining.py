@@ -15,7 +15,7 @@ from psycopg_pool import ConnectionPool
 from .. import db
 from . import sql
 from .message import PgMessageProxy, decode_claimed
-from .sql import joblog
+from .sql import joblog, timers
 
 # How often join looks at the queue.
 JOIN_POLL_SECONDS = 0.02
@@ -110,6 +110,7 @@ class QueueHelpers:
         """Drop the queue's pending and retryable jobs."""
         with self.pool.connection(timeout=10) as c:
             c.execute(sql.FLUSH_QUEUE, {"queue": queue_name})
+            c.execute(timers.TIMER_FLUSH, {"queue": queue_name})
             c.execute(joblog.LOG_FLUSH, {"queue": queue_name})
 
     def flush_all(self) -> None:

@@ -3,9 +3,9 @@ producer appends to the log, log rows claimed as messages, the batches a process
 and the parameters of their outcomes and releases.
 
 A broker with ``storage="log"`` appends to the log every message that needs nothing the
-log does not keep: due now, no dedupe, concurrency or limit key, an actor it knows.
-Everything else (and every retry with a delay) lives in ``job_queue`` as before; a worker
-of such a broker claims both.
+log does not keep: no dedupe, concurrency or limit key, an actor it knows (one with a delay,
+and a retry, waits in ``job_timers`` until due: sql/timers.py). Everything else lives in
+``job_queue`` as before; a worker of such a broker claims both.
 """
 
 from __future__ import annotations

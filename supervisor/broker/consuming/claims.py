@@ -5,6 +5,7 @@ control's late keys and gates, the floors of floors.py)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,13 +20,14 @@ from ..connections import Connections
 from ..joining import Failures
 from ..message import PgMessageProxy, decode_claimed
 from ..middleware import Retries, claim_budgets
-from ..sql import joblog
+from ..sql import timers
 from . import late_keys
 from .background import Background
 from .completer import Finish
 from .floors import ClaimFloors
 from .gates import Gates
 from .leases import Leases
+from .timer_floors import TimerFloors
 
 T = TypeVar("T")
 # How long a claim waits for a connection while claims are failing (see Claims._claiming).
@@ -58,6 +60,7 @@ class Claims:
         self._handback = handback  # see PostgresBroker.__init__
         self._retries = retries
         self._finish = finish
+        self.timer_floors = TimerFloors()  # where each queue's promotion reads job_timers from
         self._log_turn = 0  # claims since this process last asked job_queue (claim)
         self._claims_failing = False
         self._budget_cache: tuple[int, dict[str, Any]] | None = None
@@ -111,12 +114,29 @@ class Claims:
         return result
 
     def _claim_log(self, queue: str, n: int, idle: bool) -> list[PgMessageProxy]:
-        """Up to n rows of the queue's log, as one leased batch (``idle``: see claim)."""
-        params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle}
-        sent = time.monotonic()
-        rows = self._claiming(lambda c: c.execute(joblog.LOG_CLAIM, params).fetchall())
-        if not rows:
+        """Up to n rows of the queue's log, as one leased batch (``idle``: see claim), its
+        due timers promoted into the log first in the same statement (timers.LOG_CLAIM_DUE,
+        read from the queue's floor: timer_floors.py). The rows a claim promotes are mostly past
+        its own windows' snapshot (its transaction's): one that promoted and took nothing is
+        followed by another at once, which takes them (a delayed job starts one round trip
+        later than a plain one); one that promoted and took rows wakes the queue's consumer,
+        whose next claim takes the rest."""
+        for _ in range(2):
+            params = {"queue": queue, "n": n, "owner": self.owner, "lease_s": self.lease_seconds, "relaxed": idle,
+                      **self.timer_floors.params(queue)}
+            sent = time.monotonic()
+            rows = self._claiming(functools.partial(_claim_due, params=params))
+            if not rows:
+                return []
+            self.timer_floors.read(queue, rows[0][timers.UPTO_COLUMN], full=params["tfloor"] is None,
+                                   took_s=time.monotonic() - sent)
+            promoted = rows[0][timers.PROMOTED_COLUMN]
+            if rows[0][0] is not None or not promoted:
+                break
+        if rows[0][0] is None:  # took nothing (the row only says what it promoted)
             return []
+        if promoted and self.background.listener is not None:
+            self.background.listener.event_for(queue).set()
         out, bad = logstore.decode(rows, self.actors, self._budgets()["default_max_attempts"])
         with self._handback:
             self.batches.hold([(m.message_id, m.log_row) for m in out] + [(b[0], b[3]) for b in bad])
@@ -188,3 +208,8 @@ class Claims:
                 self.background.listener.event_for(queue).set()
         elif self.background.timer is not None:
             self.background.timer.due_in(queue, float(wait))
+
+
+def _claim_due(c: psycopg.Connection, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """timers.LOG_CLAIM_DUE's rows (a claim of the log, its due timers promoted first)."""
+    return c.execute(timers.LOG_CLAIM_DUE, params).fetchall()

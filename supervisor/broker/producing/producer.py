@@ -1,6 +1,7 @@
 """The producer side of PostgresBroker (``broker.producer``): a message becomes a row of
-the job log (a plain job, at the default storage) or of job_queue (one that needs its
-columns: delayed, keyed, limited, or storage "table"), in the caller's transaction or in
+the job log (a plain job, at the default storage), of job_timers (a plain job with a delay,
+promoted into the log at its run_at) or of job_queue (one that needs its columns: keyed,
+limited, or storage "table"), in the caller's transaction or in
 one of its own written again on a fresh connection if the server ends it (sending.py)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..connections import Connections, callers_transaction
 from ..message import PgMessageProxy, body_columns, body_text, readable_body
 from ..middleware import Retries
 from ..signals import Emit
-from ..sql import joblog
+from ..sql import joblog, timers
 from . import sending
 
 T = TypeVar("T")
@@ -143,10 +144,10 @@ class Producer:
             return self._retry(message, delay)  # type: ignore[return-value]
         self._emit_before("enqueue", message, delay)
         with tracing.active.sending([message]) if tracing.active else contextlib.nullcontext():
-            (logged,) = self._log_rows([message]) if not delay else (None,)
+            (logged,) = self._log_rows([message])
             if logged is not None:
-                message = self._send(self._log_writer([logged], lambda c: message, atomic=False), conn,
-                                     "enqueue 1 message")
+                write = self._log_writer([logged], lambda c: message, atomic=False, delay_ms=int(delay or 0))
+                message = self._send(write, conn, "enqueue 1 message")
             else:
                 row = self._row(message, delay)
                 message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
@@ -154,7 +155,7 @@ class Producer:
         return message
 
     def _log_writer(self, rows: list[tuple[Any, ...]], rest: Callable[[psycopg.Connection], T], *,
-                    atomic: bool = True) -> Callable[[psycopg.Connection], T]:
+                    atomic: bool = True, delay_ms: int = 0) -> Callable[[psycopg.Connection], T]:
         """A producer's write that appends ``rows`` (logstore.log_row) to the log, then does
         ``rest`` (the job_queue part, if any), in one transaction (``atomic``; else, with
         nothing in ``rest`` to write, no BEGIN and COMMIT of its own: the rows go in with one
@@ -162,15 +163,20 @@ class Producer:
         answer the same inside a transaction: two round trips of five); written again on a
         fresh connection, it appends only the rows the first write did not (sending.py). A
         large batch goes in with COPY (logstore.append), as job_queue's does
-        (bulk.COPY_MIN_ROWS)."""
-        copy = len(rows) >= bulk.COPY_MIN_ROWS
-        params = None if copy else logstore.insert_params(logstore.unique_rows(rows))
+        (bulk.COPY_MIN_ROWS). Delayed (``delay_ms``), the rows wait in job_timers instead
+        (timers.TIMER_INSERT, one statement of arrays) until a claim promotes them into the
+        log at their run_at."""
+        copy = len(rows) >= bulk.COPY_MIN_ROWS and not delay_ms
+        params = None if copy else {**logstore.insert_params(logstore.unique_rows(rows)), "delay_ms": delay_ms}
         tries = [0]
 
         def append(c: psycopg.Connection) -> None:
             tries[0] += 1
             if copy:
                 logstore.append(c, rows, again=tries[0] > 1)
+                return
+            if delay_ms:
+                c.execute(timers.TIMER_INSERT if tries[0] == 1 else timers.TIMER_INSERT_AGAIN, params)
                 return
             statement = ((joblog.LOG_INSERT_ONE if len(rows) == 1 else joblog.LOG_INSERT) if tries[0] == 1
                          else joblog.LOG_INSERT_AGAIN)
@@ -221,7 +227,7 @@ class Producer:
             self._send(self._copy_writer(lambda: self._log_rows(messages), ids), conn, what)
             return messages
         retries = self._retries()
-        rows = self._log_rows(messages) if not delay else [None] * len(messages)
+        rows = self._log_rows(messages)
         logged = [r for r in rows if r is not None]
         table = [m for m, r in zip(messages, rows, strict=True) if r is None] if logged else messages
 
@@ -231,10 +237,11 @@ class Producer:
 
         if not logged:
             return self._send(write_table, conn, what)
+        delay_ms = int(delay or 0)
         if not table:
-            self._send(self._log_writer(logged, lambda c: None, atomic=False), conn, what)
+            self._send(self._log_writer(logged, lambda c: None, atomic=False, delay_ms=delay_ms), conn, what)
             return messages
-        written = iter(self._send(self._log_writer(logged, write_table), conn, what))
+        written = iter(self._send(self._log_writer(logged, write_table, delay_ms=delay_ms), conn, what))
         # in the caller's order: a logged message as it came, a table one as bulk returns it
         return [m if r is not None else next(written) for m, r in zip(messages, rows, strict=True)]
 

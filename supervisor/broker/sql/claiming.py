@@ -5,6 +5,7 @@ import functools
 
 from .compact import compact as _compact
 from .flow import CLAIMABLE, KEYED, META, take_slots
+from .timers import NEXT_DUE_TIMERS
 
 # Columns a consumer needs to rebuild a Dramatiq message and fence its lease.
 # args, kwargs and options travel as one JSON text: one json.loads per row on
@@ -270,7 +271,7 @@ SELECT coalesce(extract(epoch FROM now() - min(xact_start)), 0)::float8 FROM pg_
 # wake-up timer). One index descent per priority level present in the queue
 # (a loose index scan over jobs_claim), so a deep backlog costs nothing extra; and one
 # into jobs_waiting_due for the rows that wait for a limit key (a key's own gate, a
-# token or a block, comes from the claims: sql/flow.py).
+# token or a block, comes from the claims: sql/flow.py); and one into job_timers (051).
 NEXT_DUE = """
 WITH RECURSIVE levels AS (
     SELECT q.queue, (SELECT max(j.priority) FROM job_queue j
@@ -298,6 +299,6 @@ SELECT due.queue, extract(epoch FROM min(due.run_at) - now())::float8
             SELECT j.run_at FROM job_queue j
              WHERE j.queue = q.queue AND j.status = 'waiting' AND j.run_at > now()
              ORDER BY j.run_at
-             LIMIT 1) w) due
+             LIMIT 1) w""" + NEXT_DUE_TIMERS + """) due
  GROUP BY due.queue
 """

@@ -6,8 +6,9 @@ An attempt's outcome is one ``job_done`` row whose primary key (seq, day) is the
 whichever of an ack, a release by the reaper or a cancel comes first writes the outcome
 and the others write nothing (they learn so from RETURNING). An outcome that goes on as
 another attempt writes that attempt in the same statement, and only for the rows whose
-done row went in: a retry with a delay becomes a ``job_queue`` row (retryable, at its
-run_at), a requeue or a release is appended to the log again.
+done row went in: a retry with a delay becomes a ``job_timers`` row (retryable, at its
+run_at: 051, promoted into the log when due), a requeue or a release is appended to the
+log again.
 """
 
 from .outcomes import GONE
@@ -15,7 +16,7 @@ from .outcomes import GONE
 # Enqueue: one row per message, inside the caller's transaction when it has one (the
 # claim's windows follow transactions, so a producer's long transaction costs no claim
 # anything and its rows are claimed once it commits). Parameters: one array per column.
-# A message whose id a live job has (in job_queue, or in the log of yesterday to tomorrow,
+# A message whose id a live job has (in job_queue or job_timers, or in the log of yesterday to tomorrow,
 # UTC days, with no outcome: job_id_live, 041) is not written again, as job_queue's key absorbs
 # it: a producer that sends one message twice runs it once.
 # A log row's columns as a producer writes them (the rest are defaults: seq, day, tx, ...).
@@ -33,6 +34,7 @@ SELECT * FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(arg
 # statement's planning over both tables' partitions cost 0.3-0.5 ms a send).
 LOG_INSERT = _LOG_INSERT + """
  WHERE NOT (SELECT EXISTS (SELECT 1 FROM job_queue q WHERE q.id = m.id))
+   AND NOT (SELECT EXISTS (SELECT 1 FROM job_timers t WHERE t.id = m.id))
    AND NOT (SELECT EXISTS (SELECT 1 FROM job_log l
                             WHERE l.id = m.id AND l.day BETWEEN job_log_today() - 1 AND job_log_today() + 1
                               AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)))
@@ -77,8 +79,9 @@ SELECT batch, seq, day::text, id::text, queue, actor, body, attempt, max_attempt
 # plus each row's seq and day: completer.finish_params): a batch of outcomes, any mix.
 #   succeeded, failed: the done row is all (a failure's traceback and its event, grouped on
 #       the Errors page as sql.FINISH's are);
-#   retry: done 'retried', and the job goes on in job_queue, 'retryable' at now() + delay_ms
-#       with the message's new options (its retry count), and an event;
+#   retry: done 'retried', and the job goes on in job_timers (051), 'retryable' at now() +
+#       delay_ms with the message's new options (its retry count), and an event; the
+#       claims promote it into the log once due (timers.LOG_CLAIM_DUE);
 #   requeue (claimed, never started): done 'requeued', appended to the log again, the
 #       attempt not counted; limited (RateLimited, no limit key on a log row): the same,
 #       but into job_queue, pending at now() + delay_ms.
@@ -145,12 +148,18 @@ _LOG_GOES_ON = """), went AS (
                            max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error,
                            started_at)
     SELECT id, queue, actor, args, kwargs, coalesce(options, old_options),
-           CASE kind WHEN 'retry' THEN payload ELSE old_payload END,
-           CASE kind WHEN 'retry' THEN 'retryable' ELSE 'pending' END, priority,
-           now() + coalesce(delay_ms, 0) * interval '1 millisecond',
-           CASE kind WHEN 'retry' THEN attempt ELSE attempt - 1 END, max_attempts, lease_losses, max_lease_losses,
-           message_timestamp, created_at, error, now() - started_us * interval '1 microsecond'
-      FROM went WHERE kind IN ('retry', 'limited')
+           old_payload, 'pending', priority, now() + coalesce(delay_ms, 0) * interval '1 millisecond', attempt - 1,
+           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, error,
+           now() - started_us * interval '1 microsecond'
+      FROM went WHERE kind = 'limited'
+), timed AS (
+    -- a retry waits for its backoff in job_timers (051), which the claims promote into the log
+    INSERT INTO job_timers (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
+                            max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error)
+    SELECT id, queue, actor, args, kwargs, coalesce(options, old_options), payload, 'retryable', priority,
+           now() + coalesce(delay_ms, 0) * interval '1 millisecond', attempt, max_attempts, lease_losses,
+           max_lease_losses, message_timestamp, created_at, error
+      FROM went WHERE kind = 'retry'
 ), again AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
                          lease_losses, max_lease_losses, message_timestamp, created_at)
@@ -331,16 +340,16 @@ DELETE FROM job_cursor c
 """
 
 # The narrow tables the log's path updates and deletes (a lease row a batch, a cursor row a
-# claim, pruned): vacuumed by the upkeep (worker/upkeep.py) once enough dead tuples wait and
+# claim, pruned, a timer row a delayed job): vacuumed by the upkeep (worker/upkeep.py) once enough dead tuples wait and
 # none ran lately, as job_queue is (a server may run no autovacuum). They stay a few pages.
 # Analyzed with it: the jobs view's pending part is priced by its cursors' levels.
 LOG_VACUUM_DUE = """
 SELECT coalesce(sum(s.n_dead_tup), 0)::bigint FROM pg_stat_user_tables s
- WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel')
+ WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel', 'job_timers')
 HAVING sum(s.n_dead_tup) >= %(dead_rows)s
    AND max(coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity')) < now() - %(min_s)s * interval '1 second'
 """
-VACUUM_LOG = "VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel"
+VACUUM_LOG = "VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel, job_timers"
 
 # Broker.flush: the queue's log rows that no claim holds and have no outcome are
 # cancelled (the claims pass them over, as a pending job an operator cancels).
