@@ -149,19 +149,20 @@ def test_hooks_that_do_nothing_for_a_message_are_skipped_only_when_nothing_asks_
     message = plain.message()
     assert _planned(broker, "before_process_message", message) == [
         n for n in every_before if n not in {"AgeLimit", "ShutdownNotifications"}]
-    # GroupCallbacks and GroupSteps (issue 41): nothing without a group's options
+    # GroupCallbacks and GroupSteps (issue 41): nothing without a group's options; WorkflowSteps
+    # nothing without a workflow's
     skipped_after = {"ShutdownNotifications", "Pipelines", "Callbacks", "Retries", "Results", "GroupCallbacks",
-                     "GroupSteps"}
-    assert {"GroupCallbacks", "GroupSteps"} <= set(every_after)
+                     "GroupSteps", "WorkflowSteps"}
+    assert {"GroupCallbacks", "GroupSteps", "WorkflowSteps"} <= set(every_after)
     assert _planned(broker, "after_process_message", message) == [n for n in every_after if n not in skipped_after]
     # The actor's options bring back the hooks that read them (Retries: exceptions only).
     assert _planned(broker, "before_process_message", asks.message()) == every_before
     assert _planned(broker, "after_process_message", asks.message()) == [n for n in every_after if n not in
                                                                        {"Pipelines", "Retries", "GroupCallbacks",
-                                                                        "GroupSteps"}]
+                                                                        "GroupSteps", "WorkflowSteps"}]
     # So do the message's own options, whatever its actor says.
     for option in ("max_age", "notify_shutdown", "pipe_target", "on_success", "store_results",
-                   "group_completion_uuid", "pipe_fanout", "pipe_fanin"):
+                   "group_completion_uuid", "pipe_fanout", "pipe_fanin", "workflow"):
         own = plain.message_with_options(**{option: "plan_plain" if option == "on_success" else 1})
         assert _planned(broker, "before_process_message", own) == every_before, option
         assert _planned(broker, "after_process_message", own) == every_after, option

@@ -244,35 +244,43 @@ BEGIN
     RETURN NEW;
 END $$;
 
--- A workflow's cancel (049's workflow_cancel_steps) cancels a step whose job waits in
--- job_timers (sent with a delay, or a retry waiting for its backoff) as it does one waiting in
--- job_queue: into job_history 'cancelled', with its event. Else it was left as if running and
--- its job, promoted at its run_at, ran after the workflow was cancelled.
+-- A workflow's cancel (049's workflow_cancel_steps, all of it kept) cancels a step whose job
+-- waits in job_timers (sent with a delay, or a retry waiting for its backoff) as it does one
+-- waiting in job_queue: into job_history 'cancelled', with its event. Else it was left as if
+-- running and its job, promoted at its run_at, ran after the workflow was cancelled.
 CREATE OR REPLACE FUNCTION workflow_cancel_steps(ids uuid[], why text, who text) RETURNS uuid[] LANGUAGE plpgsql AS $$
 DECLARE
     queued uuid[];
     logged uuid[];
+    busy uuid[];
     timed uuid[];
     running uuid[];
+    j record;
+    was text;
+    waits text := current_setting('lock_timeout');
 BEGIN
     SELECT coalesce(array_agg(q.id), '{}') INTO queued FROM (
         SELECT q.id FROM job_queue q JOIN workflow_steps s ON s.id = q.id
-         WHERE s.id = ANY(ids) AND s.state = 'enqueued' AND q.status <> 'running'
+         WHERE s.id = ANY(ids) AND s.state = 'enqueued'
          ORDER BY q.id FOR UPDATE OF q SKIP LOCKED) AS q;
-    SELECT coalesce(array_agg(l.id), '{}') INTO logged
-      FROM workflow_steps s JOIN job_log l ON l.id = s.id
-     WHERE s.id = ANY(ids) AND s.state = 'enqueued'
-       AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
-       AND NOT EXISTS (SELECT 1 FROM job_lease x WHERE l.seq = ANY(x.seqs));
+    SELECT coalesce(array_agg(l.id), '{}'), coalesce(array_agg(l.id) FILTER (WHERE l.leased), '{}')
+      INTO logged, busy FROM (
+        SELECT l.id, EXISTS (SELECT 1 FROM job_lease x WHERE l.seq = ANY(x.seqs)) AS leased
+          FROM workflow_steps s JOIN job_log l ON l.id = s.id
+         WHERE s.id = ANY(ids) AND s.state = 'enqueued'
+           AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)) AS l;
     SELECT coalesce(array_agg(t.id), '{}') INTO timed FROM (
         SELECT t.id FROM job_timers t JOIN workflow_steps s ON s.id = t.id
          WHERE s.id = ANY(ids) AND s.state = 'enqueued'
          ORDER BY t.id FOR UPDATE OF t SKIP LOCKED) AS t;
     SELECT coalesce(array_agg(s.id), '{}') INTO running FROM workflow_steps s
-     WHERE s.id = ANY(ids) AND s.state = 'enqueued' AND NOT s.id = ANY(queued) AND NOT s.id = ANY(logged)
-       AND NOT s.id = ANY(timed);
-    UPDATE workflow_steps s SET state = 'cancelled', reason = why, finished_at = now(), result = NULL
-     WHERE s.id = ANY(ids) AND (s.state = 'blocked' OR s.id = ANY(queued) OR s.id = ANY(logged) OR s.id = ANY(timed));
+     WHERE s.id = ANY(ids) AND s.state = 'enqueued'
+       AND (s.id = ANY(busy) OR EXISTS (SELECT 1 FROM job_queue q WHERE q.id = s.id AND q.status = 'running')
+            OR NOT (s.id = ANY(queued) OR s.id = ANY(logged) OR s.id = ANY(timed)));
+    UPDATE workflow_steps s SET state = 'cancelled', reason = why, finished_at = now(), result = NULL,
+                                gathered = NULL, gathered_missing = NULL
+     WHERE s.id = ANY(ids) AND (s.state = 'blocked' OR s.id = ANY(queued) OR s.id = ANY(logged)
+                                OR s.id = ANY(timed));
     WITH gone AS (
         DELETE FROM job_timers t WHERE t.id = ANY(timed) RETURNING t.*
     ), kept AS (
@@ -296,20 +304,33 @@ BEGIN
                lease_owner, claimed_at, heartbeat_at, NULL, dedupe_key, concurrency_key, why, result, progress,
                created_at, started_at, now(), lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow
           FROM gone
+    ), told AS (
+        SELECT pg_notify('actor_supervisor_cancel', id::text) FROM gone WHERE status = 'running'
     )
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, who, status, 'cancelled', why FROM gone;
-    WITH done AS (
-        INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, last_error)
-        SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'cancelled', l.attempts + 1, NULL, why
-          FROM job_log l
-         WHERE l.id = ANY(logged) AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
-        ON CONFLICT (seq, day) DO NOTHING
-        RETURNING seq, day, id
-    ), passed AS (
-        INSERT INTO job_log_cancel (seq, day) SELECT seq, day FROM done
-    )
-    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT id, who, 'pending', 'cancelled', why FROM done;
+    SELECT id, who, status, 'cancelled', why FROM gone, (SELECT count(*) FROM told) AS t;
+    FOR j IN SELECT g.seq, g.day, g.id, g.queue, g.actor, g.created_at, g.attempts FROM job_log g
+              WHERE g.id = ANY(logged) ORDER BY g.seq LOOP
+        was := CASE WHEN j.id = ANY(busy) THEN 'running' ELSE 'pending' END;
+        BEGIN
+            PERFORM set_config('lock_timeout', '50ms', true);
+            INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, last_error)
+            VALUES (j.seq, j.day, j.id, j.queue, j.actor, j.created_at, 'cancelled', j.attempts + 1, NULL, why)
+            ON CONFLICT (seq, day) DO NOTHING;
+            IF FOUND THEN
+                INSERT INTO job_log_cancel (seq, day) VALUES (j.seq, j.day);
+                INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+                VALUES (j.id, who, was, 'cancelled', why);
+                IF was = 'running' THEN
+                    PERFORM pg_notify('actor_supervisor_cancel', j.id::text);
+                END IF;
+            END IF;
+            PERFORM set_config('lock_timeout', waits, true);
+        EXCEPTION WHEN lock_not_available THEN
+            -- its outcome is being written by another transaction: it ends by itself (the
+            -- subtransaction's rollback restored lock_timeout)
+            UPDATE workflow_steps SET state = 'enqueued', reason = NULL, finished_at = NULL WHERE id = j.id;
+        END;
+    END LOOP;
     RETURN running;
 END $$;
