@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Fixtures of the helper modules, available to every test without importing them.
 pytest_plugins = [
     "tests.supervisor_helpers", "tests.pipeline_helpers", "tests.http_helpers", "tests.browser_helpers", "tests.leaks",
+    "tests.private_server",
 ]
 
 TEST_TABLES = """
