@@ -14,7 +14,9 @@ import psycopg
 from tests.conftest import ROOT, cli, scalar, wait_for
 from tests.supervisor_helpers import role, write_config
 
-STEPS = 300
+# Steps of 0.1 s: 5-7 s of work on the 6-8 threads, so the workflow is still running after
+# the reload (which may wait for the old workers' jobs) and at the restart (asserted).
+STEPS = 500
 
 SEND = f"""
 import supervisor
@@ -22,7 +24,7 @@ supervisor.setup_broker()
 from tests.workflow_storm_actors import storm_join, storm_step
 wf = supervisor.workflow("restarts")
 root = wf.add(storm_step.message(-1, 0.0))
-mids = [wf.add(storm_step.message(i, 0.03), after=[root]) for i in range({STEPS})]
+mids = [wf.add(storm_step.message(i, 0.1), after=[root]) for i in range({STEPS})]
 wf.add(storm_join.message(), after=mids)
 print(wf.send().id)
 """
@@ -53,6 +55,7 @@ def test_a_workflow_through_a_reload_and_a_postgres_restart(tmp_path, private_se
     # Then PostgreSQL restarts while the rest run.
     before = steps_run()
     wait_for(lambda: steps_run() >= before + 20, 60, interval=0.05, message="steps to run after the reload")
+    assert steps_run() < STEPS, "the workflow ended before the restart: make its steps longer"
     private_server.stop()
     private_server.start()
     with psycopg.connect(url, autocommit=True) as c:
