@@ -109,6 +109,16 @@ def job_fields(message: Message[Any], actor: Actor[..., Any] | None, retries: Re
     return int(priority), None if max_attempts is None else int(max_attempts), option("dedupe_key")
 
 
+def lease_budget(message: Message[Any], actor: Actor[..., Any] | None) -> int | None:
+    """max_lease_losses of a new row: the message's option, else its actor's; None for the
+    default's (the log's rows carry it, since a release by any process spends it; job_queue's
+    claim reads it from the options or the claimer's actor)."""
+    budget = message.options.get("max_lease_losses")
+    if budget is None and actor is not None:
+        budget = actor.options.get("max_lease_losses")
+    return budget
+
+
 def rows(messages: Iterable[Message[Any]], actors: dict[str, Actor[..., Any]], retries: Retries | None,
          priorities: dict[str, int] | None = None) -> list[tuple[Any, ...]]:
     """One tuple per message, in sql.BULK_COLUMNS then sql.FLOW_COLUMNS order (``actors``:

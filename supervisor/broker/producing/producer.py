@@ -38,14 +38,14 @@ class Producer:
         self.storage = storage
         self.actors = actors  # dramatiq's Broker's: the declared actors by name (the same dict)
         self.queue_priorities = queue_priorities
-        self._retries = retries
+        self.retries = retries
         self._retry = retry
         self._emit_before = emit_before
         self._emit_after = emit_after
 
     def _row(self, message: Message[Any], delay: int | None) -> dict[str, Any]:
         actor = self.actors.get(message.actor_name)
-        priority, max_attempts, dedupe_key = bulk.job_fields(message, actor, self._retries(), self.queue_priorities)
+        priority, max_attempts, dedupe_key = bulk.job_fields(message, actor, self.retries(), self.queue_priorities)
         message, concurrency_key, flow_key, limits = bulk.flow_fields(message, actor)
         return {
             "id": message.message_id,
@@ -56,10 +56,7 @@ class Producer:
             "priority": priority,
             "delay_ms": int(delay or 0),
             "max_attempts": max_attempts,
-            # the log's rows carry it (a release by any process spends it); job_queue's
-            # claim reads it from the options or the claimer's actor
-            "max_lease_losses": message.options.get("max_lease_losses",
-                                                    None if actor is None else actor.options.get("max_lease_losses")),
+            "max_lease_losses": bulk.lease_budget(message, actor),
             "dedupe_key": dedupe_key,
             "concurrency_key": concurrency_key,
             "flow_key": flow_key,
@@ -75,7 +72,7 @@ class Producer:
         job_queue's."""
         if self.storage != "log":
             return [None] * len(messages)
-        retries = self._retries()
+        retries = self.retries()
         readable = readable_body()
         plain: dict[tuple[str, str], tuple[Any, ...] | None] = {}
         out: list[tuple[Any, ...] | None] = []
@@ -101,7 +98,7 @@ class Producer:
         own, an actor and queue whose rows the log takes)."""
         if self.storage != "log":
             return False
-        retries = self._retries()
+        retries = self.retries()
         plain: dict[tuple[str, str], tuple[Any, ...] | None] = {}
         for m in messages:
             if m.options:
@@ -130,10 +127,7 @@ class Producer:
             if not logstore.loggable(row, actors):
                 out.append(None)
                 continue
-            budget = m.options.get("max_lease_losses")
-            if budget is None:
-                budget = actors[m.actor_name].options.get("max_lease_losses")
-            out.append(logstore.log_row(row, budget))
+            out.append(logstore.log_row(row, bulk.lease_budget(m, actors[m.actor_name])))
         return out
 
     def enqueue(
@@ -226,7 +220,7 @@ class Producer:
             ids = [m.message_id for m in messages]
             self._send(self._copy_writer(lambda: self._log_rows(messages), ids), conn, what)
             return messages
-        retries = self._retries()
+        retries = self.retries()
         rows = self._log_rows(messages)
         logged = [r for r in rows if r is not None]
         table = [m for m, r in zip(messages, rows, strict=True) if r is None] if logged else messages

@@ -10,19 +10,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from dramatiq.broker import Broker
 from dramatiq.message import Message
 
 from ... import defaults
 from .. import bulk, logstore
 from ..connections import callers_transaction
 from ..message import readable_body
-from ..middleware import Retries
 from ..sql import workflows as sql
-
-
-def _retries(broker: Broker) -> Retries | None:
-    return next((m for m in broker.middleware if isinstance(m, Retries)), None)
 
 
 def step_params(broker: Any, workflow: str, messages: Sequence[Message[Any]],
@@ -30,7 +24,7 @@ def step_params(broker: Any, workflow: str, messages: Sequence[Message[Any]],
     """INSERT_STEPS's arrays for ``messages`` (in the order added) whose parents' ids are
     ``parents`` (each in its add(after=...) order)."""
     producer = broker.producer
-    rows = bulk.rows(messages, producer.actors, _retries(broker), producer.queue_priorities)
+    rows = bulk.rows(messages, producer.actors, producer.retries(), producer.queue_priorities)
     children: dict[str, list[str]] = {m.message_id: [] for m in messages}
     for m, ps in zip(messages, parents, strict=True):
         for p in ps:
@@ -42,9 +36,7 @@ def step_params(broker: Any, workflow: str, messages: Sequence[Message[Any]],
     for i, (m, row, ps) in enumerate(zip(messages, rows, parents, strict=True)):
         (_id, queue, actor, args, kwargs, options, _payload, priority, max_attempts, dedupe_key, concurrency_key,
          message_timestamp, flow_key, flow) = row
-        known = producer.actors.get(actor)
-        budget = m.options.get("max_lease_losses",
-                               None if known is None else known.options.get("max_lease_losses"))
+        budget = bulk.lease_budget(m, producer.actors.get(actor))
         values = {
             "id": m.message_id, "workflow": workflow, "position": i, "parents": "{" + ",".join(ps) + "}",
             "children": "{" + ",".join(children[m.message_id]) + "}", "remaining": len(ps),
