@@ -36,6 +36,7 @@ import uuid
 import psycopg
 
 from bench.common import say
+from supervisor.broker.sql import joblog
 from supervisor.http.dashboard import recorder
 
 CHUNK = 500_000
@@ -200,6 +201,7 @@ def fill(conn: psycopg.Connection, *, rows: int, live: int, days: int, log_share
     for table in ("job_history", "job_queue", "job_events", "queue_samples", "workers", "job_log", "job_done",
                   "job_cursor"):
         conn.execute(f"VACUUM ANALYZE {table}")
+    conn.execute(joblog.LOG_SUMMARIZE_DONE)  # as the upkeep's prune leaves job_done's days
     say(f"{rows:,} finished and {live:,} live jobs in {time.perf_counter() - t0:.0f}s")
 
 

@@ -205,7 +205,9 @@ class Upkeep(threading.Thread):
                     conn.execute(joblog.LOG_ADD_DAY, {"days": days})
             with conn.transaction():
                 row = conn.execute(joblog.LOG_DROP_DAYS, {"older_than_s": older_than_s}).fetchone()
-                return int(row[1]) if row else 0
+            with conn.transaction():
+                conn.execute(joblog.LOG_SUMMARIZE_DONE)
+            return int(row[1]) if row else 0
         except psycopg.errors.LockNotAvailable:
             log.info("job log: a reader held a day; its days are kept until the next prune")
             return 0
