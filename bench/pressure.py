@@ -1,6 +1,6 @@
 """Pressure: a steady stream of no-op jobs while the xmin horizon is held back (issue 18 item 3).
 
-    python bench/pressure.py [--mode pin|readers|both|scans] [--jobs plain|keyed] [--rate JOBS_PER_S] [--baseline 60]
+    python bench/pressure.py [--mode pin|readers|both|scans] [--jobs plain|keyed|deduped|concurrency] [--rate JOBS_PER_S] [--baseline 60]
                              [--pin 90] [--after 60] [--interval 60] [--threads 16]
                              [--reader-xact 30] [--reader-pause 0.5] [--server-log PATH]
                              [--database-url URL]
@@ -67,8 +67,22 @@ def _keyed(actor: Any) -> Any:
                                               concurrency_key=f"account:{next(turn) % CONCURRENCY_KEYS}")
 
 
+def _deduped(actor: Any) -> Any:
+    """Messages with a dedupe key of their own ("one welcome mail per user")."""
+    import uuid
+    return lambda: actor.message_with_options(dedupe_key=f"once:{uuid.uuid4()}")
+
+
+def _concurrency(actor: Any) -> Any:
+    """Messages with one of CONCURRENCY_KEYS concurrency keys, taken in turn, no dedupe key."""
+    import itertools
+    turn = itertools.count()
+    return lambda: actor.message_with_options(concurrency_key=f"account:{next(turn) % CONCURRENCY_KEYS}")
+
+
 # What the stream sends (--jobs): a maker of messages for an actor.
-JOB_SHAPES: dict[str, Any] = {"plain": lambda actor: actor.message, "keyed": _keyed}
+JOB_SHAPES: dict[str, Any] = {"plain": lambda actor: actor.message, "keyed": _keyed, "deduped": _deduped,
+                              "concurrency": _concurrency}
 
 # The checkout measured: PYTHONPATH's when given, else this one.
 if not os.environ.get("PYTHONPATH"):
@@ -463,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("pin", "readers", "both", "scans"), default="pin")
     p.add_argument("--jobs", choices=tuple(JOB_SHAPES), default="plain",
                    help="plain: no-op jobs; keyed: each with a dedupe key of its own and one of"
-                        f" {CONCURRENCY_KEYS} concurrency keys (a web app's jobs: they live in job_queue)")
+                        f" {CONCURRENCY_KEYS} concurrency keys (a web app's jobs); deduped: the dedupe key"
+                        f" alone; concurrency: one of the {CONCURRENCY_KEYS} concurrency keys alone")
     p.add_argument("--rate", type=float, default=None, help="jobs/s (default: half a warm-up drain)")
     p.add_argument("--baseline", type=float, default=60.0, help="seconds unpinned first")
     p.add_argument("--pin", type=float, default=90.0, help="seconds under pressure (pin and/or readers)")
