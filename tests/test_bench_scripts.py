@@ -75,6 +75,7 @@ SMALL: dict[str, tuple[str, str]] = {
     "db_floor": ("--jobs 300 --batch 32 --connections 1 --repeat 1", "backend CPU per job"),
     "live_scale": ("--finished 2000 --running 4 --runs 1", "live rows of a queue"),
     "stub_worker": ("--jobs 300 --threads 2 --repeat 1", "us CPU per job"),
+    "span_cost": ("--spans 200 --rounds 1", "best of 1 rounds"),
     # our side only here (pgqueuer runs in a venv of its own, given by --pgqueuer-python)
     "bulk_vs_pgqueuer": ("--jobs 300 --batch 100 --repeat 1 --pgqueuer-python /nonexistent/python",
                          "jobs in calls of 100"),
