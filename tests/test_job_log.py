@@ -19,7 +19,7 @@ import pytest
 from supervisor import admin
 from supervisor.broker.consuming.completer import Finish, log_finish_params
 from supervisor.broker.logstore import LogRow, release_params
-from supervisor.broker.sql import joblog
+from supervisor.broker.sql import joblog, timers
 from tests.conftest import plan_buffers, scalar
 
 QUEUE = "log"
@@ -197,8 +197,11 @@ def test_a_dead_owner_s_rows_are_released_and_lease_losses_fail_a_job_at_its_bud
         "failed", 2, 2)
     # an operator's retry carries the count on, with room for one loss more
     assert admin.retry_job(conn, job)
-    assert conn.execute("SELECT status, attempts, lease_losses, max_lease_losses FROM job_queue WHERE id = %s",
+    assert conn.execute("SELECT status, attempts, lease_losses, max_lease_losses FROM jobs WHERE id = %s",
                         (job,)).fetchone() == ("pending", 2, 2, 3)
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0  # back in the log, not the mutable table
+    (row,) = claim(conn, 1)
+    assert (str(row[3]), row[7], row[9], row[10]) == (job, 3, 2, 3)  # attempt 3, 2 losses of a budget of 3
 
 
 def test_a_retry_goes_to_job_timers_and_a_requeue_back_to_the_log_uncounted(conn: psycopg.Connection) -> None:
@@ -213,6 +216,22 @@ def test_a_retry_goes_to_job_timers_and_a_requeue_back_to_the_log_uncounted(conn
         ("retryable", 1, "boom")]
     (again,) = claim(conn, 10)
     assert (str(again[3]), again[7]) == (b, 1)  # the same attempt number: it never ran
+
+
+def test_a_limited_job_waits_in_job_timers_pending_its_attempt_not_counted(conn: psycopg.Connection) -> None:
+    # RateLimited with no limit key on the row: put back for its delay, in job_timers (never
+    # job_queue, whose claims step over dead versions under a pinned horizon), and claimed
+    # again from the log once due with the same attempt number.
+    (job,) = enqueue(conn, 1)
+    (row,) = claim(conn, 1)
+    finish(conn, [row], "limited", delay_ms=0, error="slow down", ended=[row[0]])
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    assert conn.execute("SELECT id::text, status, attempts FROM job_timers").fetchone() == (job, "pending", 0)
+    assert conn.execute("SELECT status, attempts FROM jobs WHERE id = %s", (job,)).fetchall() == [("pending", 0)]
+    due = {"queue": QUEUE, "n": 1, "owner": OWNER, "lease_s": 30.0, "relaxed": False, "tfloor": None, "tlimit": 1000}
+    promoted = [r for r in conn.execute(timers.LOG_CLAIM_DUE, due).fetchall() if r[3] is not None]
+    (again,) = promoted or claim(conn, 1)  # the promoting claim may not see the rows it moved
+    assert (str(again[3]), again[7]) == (job, 1)  # the attempt it never ran, not counted
 
 
 def test_cancel_passes_over_a_pending_job_and_fences_a_running_one(conn: psycopg.Connection) -> None:

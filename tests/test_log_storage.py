@@ -140,7 +140,7 @@ def test_a_failure_is_written_once_and_join_raises_it(conn, broker) -> None:
 def test_an_operator_retries_a_job_that_ended_in_the_log(conn, broker) -> None:
     # A job that failed for good in the log (no retry allowed), and one cancelled there
     # before it ran: an operator's retry (the CLI, the API, the dashboard, an error group's
-    # action: admin.retry_job) sends each on in job_queue; each runs and the jobs view
+    # action: admin.retry_job) appends each to the log again; each runs and the jobs view
     # shows it once at every step. A second retry of a job that is not failed finds nothing.
     failing = broker.actors["log_once"].send(5)
     cancelled = broker.actors["log_record"].send(6)
@@ -158,7 +158,10 @@ def test_an_operator_retries_a_job_that_ended_in_the_log(conn, broker) -> None:
                  10, message="both jobs to run again")
     assert sorted(ran) == [5, 5, 6]
     assert job(conn, failing.message_id)[:2] == ("succeeded", 2)
-    assert conn.execute("SELECT status FROM job_done WHERE id = %s", (failing.message_id,)).fetchall() == [("retried",)]
+    # the failed attempt's done row 'retried', the run after the retry's its own (in the log again)
+    assert conn.execute("SELECT status FROM job_done WHERE id = %s ORDER BY finished_at",
+                        (failing.message_id,)).fetchall() == [("retried",), ("succeeded",)]
+    assert scalar(conn, "SELECT count(*) FROM job_history WHERE id = %s", (failing.message_id,)) == 0
     for message, was in ((failing, "failed"), (cancelled, "cancelled")):
         assert conn.execute("SELECT from_status, to_status FROM job_events WHERE job_id = %s"
                             " AND reason = 'retried by operator'", (message.message_id,)).fetchall() == [(was, "pending")]

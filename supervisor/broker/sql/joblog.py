@@ -84,7 +84,7 @@ SELECT batch, seq, day::text, id::text, queue, actor, body, attempt, max_attempt
 #       claims promote it into the log once due (timers.LOG_CLAIM_DUE);
 #   requeue (claimed, never started): done 'requeued', appended to the log again, the
 #       attempt not counted; limited (RateLimited, no limit key on a log row): the same,
-#       but into job_queue, pending at now() + delay_ms.
+#       but through job_timers, pending at now() + delay_ms.
 # started_us / ended_us: how long ago the attempt started and ended running in its thread
 # (the server's now() sets the times); results: a stored result each (NULL: none; the jobs
 # view's result, which job_queue's rows get from the results backend's store). Leases
@@ -143,23 +143,17 @@ _LOG_GOES_ON = """), went AS (
            l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp
       FROM done d JOIN f ON f.seq = d.seq AND f.day = d.day JOIN job_log l ON l.seq = d.seq AND l.day = d.day
      WHERE f.kind <> 'succeeded'
-), queued AS (
-    INSERT INTO job_queue (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
-                           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error,
-                           started_at)
-    SELECT id, queue, actor, args, kwargs, coalesce(options, old_options),
-           old_payload, 'pending', priority, now() + coalesce(delay_ms, 0) * interval '1 millisecond', attempt - 1,
-           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, error,
-           now() - started_us * interval '1 microsecond'
-      FROM went WHERE kind = 'limited'
 ), timed AS (
-    -- a retry waits for its backoff in job_timers (051), which the claims promote into the log
+    -- a retry waits for its backoff in job_timers (051), which the claims promote into the
+    -- log; a limited job waits there too, pending, its attempt not counted
     INSERT INTO job_timers (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
                             max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error)
-    SELECT id, queue, actor, args, kwargs, coalesce(options, old_options), payload, 'retryable', priority,
-           now() + coalesce(delay_ms, 0) * interval '1 millisecond', attempt, max_attempts, lease_losses,
+    SELECT id, queue, actor, args, kwargs, coalesce(options, old_options), CASE kind WHEN 'retry' THEN payload ELSE old_payload END,
+           CASE kind WHEN 'retry' THEN 'retryable' ELSE 'pending' END, priority,
+           now() + coalesce(delay_ms, 0) * interval '1 millisecond',
+           CASE kind WHEN 'retry' THEN attempt ELSE attempt - 1 END, max_attempts, lease_losses,
            max_lease_losses, message_timestamp, created_at, error
-      FROM went WHERE kind = 'retry'
+      FROM went WHERE kind IN ('retry', 'limited')
 ), again AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
                          lease_losses, max_lease_losses, message_timestamp, created_at)
@@ -283,12 +277,13 @@ RETURNING job_id
 """
 
 # An operator retries a job that ended in the log (failed: its last attempt, or its lease
-# losses used up; cancelled): as sql.RETRY_FAILED does for job_history, the job goes on in
-# job_queue, pending now, with room for one more attempt and one more lease loss. Its done
-# row becomes 'retried' (the outcome of an attempt whose job went on in job_queue), so the
-# jobs view shows the job once, live, and the day's drop neither archives it nor counts it
-# failed; the row lock makes a second retry find nothing. Not while the same id runs again
-# (a message sent again once it ended). Returns the retried job's id.
+# losses used up; cancelled): as sql.RETRY_FAILED does for job_history, the job goes on,
+# pending now, with room for one more attempt and one more lease loss: appended to the log
+# again (as a release appends it), so it stays where a pinned horizon costs its claim
+# nothing. Its done row becomes 'retried' (the outcome of an attempt whose job went on), so
+# the jobs view shows the job once, live, and the day's drop neither archives it nor counts
+# it failed; the row lock makes a second retry find nothing. Not while the same id runs
+# again (a message sent again once it ended). Returns the retried job's id.
 LOG_RETRY_FAILED = """
 WITH done AS (
     UPDATE job_done d SET status = 'retried'
@@ -301,17 +296,16 @@ WITH done AS (
               l.priority, l.max_attempts, coalesce(d.lease_losses, l.lease_losses) AS lease_losses, l.max_lease_losses,
               l.message_timestamp, l.created_at, was.status AS was
 ), back AS (
-    INSERT INTO job_queue (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
-                           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error,
-                           started_at)
-    SELECT id, queue, actor, args, kwargs, options, payload, 'pending', priority, now(), attempt,
+    INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
+                         lease_losses, max_lease_losses, message_timestamp, created_at)
+    SELECT id, queue, actor, args, kwargs, options, payload, priority, attempt,
            greatest(max_attempts, attempt - lease_losses + 1), lease_losses, greatest(max_lease_losses, lease_losses + 1),
-           message_timestamp, created_at, last_error, started_at
+           message_timestamp, created_at
       FROM done
-    RETURNING id, status
+    RETURNING id
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-    SELECT b.id, %(who)s, d.was, b.status, 'retried by operator' FROM back b JOIN done d ON d.id = b.id
+    SELECT b.id, %(who)s, d.was, 'pending', 'retried by operator' FROM back b JOIN done d ON d.id = b.id
 )
 SELECT id FROM back
 """
