@@ -35,8 +35,13 @@ from dramatiq.message import Message
 def _case(name: str, devnull: Any) -> tuple[Any, Any]:
     """A tracer provider set up as the case says, and what to flush at the end."""
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import (BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor,
-                                                SpanExporter, SpanExportResult)
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SimpleSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
     from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
 
     class Drop(SpanExporter):
