@@ -140,7 +140,7 @@ _LOG_ENDED = """), ended AS (
 _LOG_GOES_ON = """), went AS (
     -- the rows written whose job goes on, or that leave an event: their log row's body
     SELECT f.*, l.args, l.kwargs, l.options AS old_options, l.payload AS old_payload,
-           l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp
+           l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.dedupe_key
       FROM done d JOIN f ON f.seq = d.seq AND f.day = d.day JOIN job_log l ON l.seq = d.seq AND l.day = d.day
      WHERE f.kind <> 'succeeded'
 ), queued AS (
@@ -155,16 +155,16 @@ _LOG_GOES_ON = """), went AS (
 ), timed AS (
     -- a retry waits for its backoff in job_timers (051), which the claims promote into the log
     INSERT INTO job_timers (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
-                            max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error)
+                            max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error, dedupe_key)
     SELECT id, queue, actor, args, kwargs, coalesce(options, old_options), payload, 'retryable', priority,
            now() + coalesce(delay_ms, 0) * interval '1 millisecond', attempt, max_attempts, lease_losses,
-           max_lease_losses, message_timestamp, created_at, error
+           max_lease_losses, message_timestamp, created_at, error, dedupe_key
       FROM went WHERE kind = 'retry'
 ), again AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                         lease_losses, max_lease_losses, message_timestamp, created_at)
+                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key)
     SELECT id, queue, actor, args, kwargs, old_options, old_payload, priority, attempt - 1, max_attempts,
-           lease_losses, max_lease_losses, message_timestamp, created_at
+           lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key
       FROM went WHERE kind = 'requeue'
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
@@ -241,9 +241,9 @@ WITH gone AS MATERIALIZED (
     SELECT r.status, r.owner, l.* FROM released r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
 ), again AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                         lease_losses, max_lease_losses, message_timestamp, created_at)
+                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key)
     SELECT id, queue, actor, args, kwargs, options, payload, priority, attempts + 1, max_attempts,
-           lease_losses + 1, max_lease_losses, message_timestamp, created_at
+           lease_losses + 1, max_lease_losses, message_timestamp, created_at, dedupe_key
       FROM went WHERE status = 'released'
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
@@ -355,16 +355,16 @@ DELETE FROM job_cursor c
 """
 
 # The narrow tables the log's path updates and deletes (a lease row a batch, a cursor row a
-# claim, pruned, a timer row a delayed job): vacuumed by the upkeep (worker/upkeep.py) once enough dead tuples wait and
+# claim, pruned, a timer row a delayed job, a key row taken over or pruned: jobkeys.py): vacuumed by the upkeep (worker/upkeep.py) once enough dead tuples wait and
 # none ran lately, as job_queue is (a server may run no autovacuum). They stay a few pages.
 # Analyzed with it: the jobs view's pending part is priced by its cursors' levels.
 LOG_VACUUM_DUE = """
 SELECT coalesce(sum(s.n_dead_tup), 0)::bigint FROM pg_stat_user_tables s
- WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel', 'job_timers')
+ WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel', 'job_timers', 'job_keys')
 HAVING sum(s.n_dead_tup) >= %(dead_rows)s
    AND max(coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity')) < now() - %(min_s)s * interval '1 second'
 """
-VACUUM_LOG = "VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel, job_timers"
+VACUUM_LOG = "VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel, job_timers, job_keys"
 
 # Broker.flush: the queue's log rows that no claim holds and have no outcome are
 # cancelled (the claims pass them over, as a pending job an operator cancels).
