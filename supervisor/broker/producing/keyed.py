@@ -22,8 +22,6 @@ from ..sql import jobkeys
 
 def split(rows: Sequence[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     """The plain rows, and each key's first row (ids in PostgreSQL's text form, each once)."""
-    if all(len(r) == logstore.WIDTH for r in rows):
-        return list(rows), []
     plain: list[tuple[Any, ...]] = []
     first: dict[Any, tuple[Any, ...]] = {}
     for r in logstore.unique_rows(rows):
@@ -82,7 +80,7 @@ def beside_table(rows: list[tuple[Any, ...] | None], messages: Sequence[Message[
     job_queue message of the same batch has sent to job_queue too: there the batch's first
     message of a key gets it (bulk.enqueue_many), as before the log took keys. ``key``: a
     message's dedupe key."""
-    if all(r is None or logstore.key_of(r) is None for r in rows) or all(r is not None for r in rows):
+    if all(r is not None for r in rows):
         return rows
     table = {key(m) for m, r in zip(messages, rows, strict=True) if r is None} - {None}
     return [None if r is not None and logstore.key_of(r) in table else r for r in rows]

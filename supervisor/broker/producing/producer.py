@@ -143,7 +143,9 @@ class Producer:
                 holders: dict[Any, str] = {}
                 write = self._log_writer([logged], lambda c: message, atomic=False, delay_ms=int(delay or 0),
                                          holders=holders)
-                message = keyed.holding(self._send(write, conn, "enqueue 1 message"), logged, holders)
+                message = self._send(write, conn, "enqueue 1 message")
+                if holders:  # (a plain job's send crosses no module of the keys)
+                    message = keyed.holding(message, logged, holders)
             else:
                 row = self._row(message, delay)
                 message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
@@ -166,7 +168,7 @@ class Producer:
         written, each key's first row only, in the same transaction as the rest; each key's
         holder (the row's own id, or the live job that has it) goes into ``holders``."""
         copy = len(rows) >= bulk.COPY_MIN_ROWS and not delay_ms
-        plain, first = keyed.split(rows)
+        plain, first = keyed.split(rows) if any(len(r) > logstore.WIDTH for r in rows) else (rows, [])
         atomic = atomic or bool(first and (plain or copy))  # the keys taken and the rows, or neither
         params = None if copy or not plain else {**logstore.insert_params(logstore.unique_rows(plain)),
                                                  "delay_ms": delay_ms}
@@ -240,8 +242,10 @@ class Producer:
             self._send(self._copy_writer(lambda: self._log_rows(messages), ids), conn, what)
             return messages
         retries = self.retries()
-        rows = keyed.beside_table(self._log_rows(messages), messages, lambda m: bulk.job_fields(
-            m, self.actors.get(m.actor_name), retries, self.queue_priorities)[2])
+        rows = self._log_rows(messages)
+        if any(r is not None and len(r) > logstore.WIDTH for r in rows):
+            rows = keyed.beside_table(rows, messages, lambda m: bulk.job_fields(
+                m, self.actors.get(m.actor_name), retries, self.queue_priorities)[2])
         logged = [r for r in rows if r is not None]
         table = [m for m, r in zip(messages, rows, strict=True) if r is None] if logged else messages
 
@@ -256,12 +260,12 @@ class Producer:
         if not table:
             self._send(self._log_writer(logged, lambda c: None, atomic=False, delay_ms=delay_ms, holders=holders),
                        conn, what)
-            return [keyed.holding(m, r, holders) for m, r in zip(messages, rows, strict=True)]
+            return [keyed.holding(m, r, holders) for m, r in zip(messages, rows, strict=True)] if holders else messages
         written = iter(self._send(self._log_writer(logged, write_table, delay_ms=delay_ms, holders=holders), conn,
                                   what))
         # in the caller's order: a logged message as it came (a key's live holder's id if it has
         # one), a table one as bulk returns it
-        return [keyed.holding(m, r, holders) if r is not None else next(written)
+        return [(keyed.holding(m, r, holders) if holders else m) if r is not None else next(written)
                 for m, r in zip(messages, rows, strict=True)]
 
     def _send(self, write: Callable[[psycopg.Connection], T], conn: psycopg.Connection | None, what: str) -> T:
