@@ -86,12 +86,16 @@ def test_a_plain_job_goes_to_the_log_and_finishes_once(conn, broker) -> None:
 
 def test_jobs_that_need_the_table_go_there_and_the_order_of_a_batch_is_kept(conn, broker) -> None:
     actor = broker.actors["log_record"]
-    messages = [actor.message(1), actor.message_with_options(args=(2,), dedupe_key="k"), actor.message(3),
-                actor.message_with_options(args=(4,), dedupe_key="k")]
+    # a concurrency key needs job_queue; a dedupe key alone goes to the log (052: job_keys)
+    messages = [actor.message(1), actor.message_with_options(args=(2,), concurrency_key="c", dedupe_key="k"),
+                actor.message(3), actor.message_with_options(args=(4,), dedupe_key="k"),
+                actor.message_with_options(args=(5,), dedupe_key="d"), actor.message_with_options(args=(6,), dedupe_key="d")]
     sent = broker.enqueue_many(messages)
-    assert [m.args for m in sent] == [(1,), (2,), (3,), (4,)]
-    assert sent[3].message_id == sent[1].message_id  # the live job of its dedupe key
-    assert scalar(conn, "SELECT count(*) FROM job_log") == 2
+    assert [m.args for m in sent] == [(1,), (2,), (3,), (4,), (5,), (6,)]
+    assert sent[3].message_id == sent[1].message_id  # the live job of its dedupe key, in job_queue
+    assert sent[5].message_id == sent[4].message_id  # a key repeated in the batch: its first message
+    assert scalar(conn, "SELECT count(*) FROM job_log") == 3
+    assert scalar(conn, "SELECT dedupe_key FROM job_log WHERE id = %s", (sent[4].message_id,)) == "d"
     assert scalar(conn, "SELECT count(*) FROM job_queue") == 1
     delayed = actor.send_with_options(args=(5,), delay=60_000)  # waits in job_timers (051), not job_queue
     assert scalar(conn, "SELECT status FROM job_timers WHERE id = %s", (delayed.message_id,)) == "pending"

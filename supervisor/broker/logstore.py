@@ -3,8 +3,9 @@ producer appends to the log, log rows claimed as messages, the batches a process
 and the parameters of their outcomes and releases.
 
 A broker with ``storage="log"`` appends to the log every message that needs nothing the
-log does not keep: no dedupe, concurrency or limit key, an actor it knows (one with a delay,
-and a retry, waits in ``job_timers`` until due: sql/timers.py). Everything else lives in
+log does not keep: no concurrency or limit key, an actor it knows (one with a delay, and a
+retry, waits in ``job_timers`` until due: sql/timers.py; one with a dedupe key takes its
+key in ``job_keys`` as it is written: sql/jobkeys.py, 052). Everything else lives in
 ``job_queue`` as before; a worker of such a broker claims both.
 """
 
@@ -27,7 +28,7 @@ from psycopg.pq import Format
 from .. import db, defaults
 from . import bulk
 from .message import PgMessageProxy, Unreadable, from_claimed_row
-from .sql import joblog
+from .sql import jobkeys, joblog
 
 
 @dataclass(frozen=True)
@@ -45,26 +46,37 @@ class LogRow:
 
 
 def loggable(row: tuple[Any, ...], actors: Container[str]) -> bool:
-    """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log."""
-    return (row[bulk.KEY] is None and row[bulk.CONCURRENCY_KEY] is None and row[bulk.FLOW_KEY] is None
-            and row[bulk.ACTOR] in actors)
+    """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log: no
+    concurrency or limit key (a dedupe key is taken in job_keys as the row is written)."""
+    return row[bulk.CONCURRENCY_KEY] is None and row[bulk.FLOW_KEY] is None and row[bulk.ACTOR] in actors
+
+
+# A plain log row's width (sql.LOG_COLUMNS); a keyed one has its dedupe key after them
+# (jobkeys.KEYED_COLUMNS), so a plain row's tuple, statements and COPY text stay as they were.
+WIDTH = 11
 
 
 def log_row(row: tuple[Any, ...], max_lease_losses: int | None) -> tuple[Any, ...]:
-    """A loggable row's values in sql.LOG_COLUMNS order. ``max_lease_losses``: the message's
-    or its actor's, stated on the row (the default's when neither sets one), since a release
-    by any process spends it; job_queue's claim fills the same default in, so both stores
-    show the budget they apply."""
-    return (*row[:bulk.KEY], defaults.MAX_LEASE_LOSSES if max_lease_losses is None else max_lease_losses,
-            row[bulk.STAMP])
+    """A loggable row's values in sql.LOG_COLUMNS order, and its dedupe key after them if it
+    has one. ``max_lease_losses``: the message's or its actor's, stated on the row (the
+    default's when neither sets one), since a release by any process spends it; job_queue's
+    claim fills the same default in, so both stores show the budget they apply."""
+    out = (*row[:bulk.KEY], defaults.MAX_LEASE_LOSSES if max_lease_losses is None else max_lease_losses,
+           row[bulk.STAMP])
+    return out if row[bulk.KEY] is None else (*out, row[bulk.KEY])
+
+
+def key_of(row: tuple[Any, ...]) -> Any:
+    """A log row's dedupe key (None: a plain row)."""
+    return row[WIDTH] if len(row) > WIDTH else None
 
 
 def insert_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
-    """sql.LOG_INSERT's arrays for ``log_row`` rows."""
-    return dict(zip(_LOG_NAMES, map(list, zip(*rows, strict=True)), strict=True))
+    """sql.LOG_INSERT's arrays for ``log_row`` rows (jobkeys.LOG_INSERT_KEYED's for keyed ones)."""
+    return dict(zip(_KEYED_NAMES, map(list, zip(*rows, strict=True)), strict=False))
 
 
-_LOG_NAMES = [name.strip() for name in joblog.LOG_COLUMNS.split(",")]
+_KEYED_NAMES = [name.strip() for name in jobkeys.KEYED_COLUMNS.split(",")]
 
 
 def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]] | Callable[[], Sequence[tuple[Any, ...]]], *,
@@ -89,17 +101,18 @@ def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]] | Callable[
     if not early:
         ordered = unique_rows(rows() if callable(rows) else rows)
         ids = [r[0] for r in ordered]
+    keyed = any(len(r) > WIDTH for r in ordered)
     check = joblog.LOG_SENT_IDS if again else joblog.LOG_LIVE_IDS
     # (a libpq older than 14 has no pipeline: the check then waits for its answer, as before)
     with conn.pipeline() if psycopg.Pipeline.is_supported() else contextlib.nullcontext():
         found = conn.execute(check, {"ids": id_array(conn, ids or [])})
         if early:
             ordered = unique_rows(rows())  # type: ignore[operator]
-        text = copy_text(ordered)
+        text = copy_text(ordered, keyed=keyed)
         live = {r[0] for r in found}
     if live:
-        text = copy_text([r for r in ordered if r[0] not in live])
-    with conn.cursor() as cur, cur.copy(joblog.LOG_COPY) as copy:
+        text = copy_text([r for r in ordered if r[0] not in live], keyed=keyed)
+    with conn.cursor() as cur, cur.copy(jobkeys.LOG_COPY_KEYED if keyed else joblog.LOG_COPY) as copy:
         copy.write(text)
 
 
@@ -195,9 +208,13 @@ def _copy_field(value: Any) -> str:
     return str(value).translate(_COPY_ESCAPES)
 
 
-def copy_text(rows: Iterable[tuple[Any, ...]]) -> bytes:
-    """``log_row`` rows as sql.LOG_COPY's input. A row whose text needs no escape (ids, queue and actor names, compact
-    JSON: nearly every one) is one f-string; any other goes field by field."""
+def copy_text(rows: Iterable[tuple[Any, ...]], *, keyed: bool = False) -> bytes:
+    """``log_row`` rows as sql.LOG_COPY's input (``keyed``: jobkeys.LOG_COPY_KEYED's, each row
+    with its key or NULL). A row whose text needs no escape (ids, queue and actor names,
+    compact JSON: nearly every one) is one f-string; any other goes field by field."""
+    if keyed:
+        return "".join("\t".join(map(_copy_field, (*row, None) if len(row) == WIDTH else row)) + "\n"
+                       for row in rows).encode()
     lines = []
     for row in rows:
         job_id, queue, actor, args, kwargs, options, payload, priority, max_attempts, losses, stamp = row

@@ -16,7 +16,7 @@ from .. import audit, db, defaults
 from ..broker import PostgresBroker, threads
 from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
-from ..broker.sql import joblog
+from ..broker.sql import jobkeys, joblog
 from ..broker.sql import limiter as limiter_sql
 from ..broker.sql import workflows as workflows_sql
 from ..config import Retention
@@ -212,6 +212,20 @@ class Upkeep(threading.Thread):
             log.info("job log: a reader held a day; its days are kept until the next prune")
             return 0
 
+    def _keys(self, conn: psycopg.Connection) -> int:
+        """The dedupe keys whose job ended (sql/jobkeys.py, 052): job_keys read once through in
+        key order, a bounded batch a statement, each followed by a wait as long as it took
+        (as ``_batches``); how many went. Nothing depends on it but job_keys' size: a taker
+        takes over a key whose holder ended."""
+        total, after = 0, None
+        while True:
+            started = time.monotonic()
+            row = conn.execute(jobkeys.PRUNE_KEYS, {"after": after, "limit": self.settings.prune_batch}).fetchone()
+            pruned, after = (0, None) if row is None else (int(row[0]), row[1])
+            total += pruned
+            if after is None or self._halt.wait(time.monotonic() - started):
+                return total
+
     def prune(self) -> dict[str, int]:
         """Delete what the retention settings no longer keep; returns counts by kind."""
         r = self.settings.retention
@@ -221,6 +235,7 @@ class Upkeep(threading.Thread):
             counts = {status: self._history(c, status, getattr(r, status))
                       for status in ("succeeded", "failed", "cancelled")}
             counts["log"] = self._log_days(c, r.succeeded)
+            counts["keys"] = self._keys(c)
             counts["events"] = self._batches(c, jobs_sql.PRUNE_EVENTS, older_than_s=r.events)
             counts["progress"] = self._batches(c, jobs_sql.PRUNE_PROGRESS, older_than_s=r.events)
             counts["runs"] = self._batches(c, scheduler_sql.PRUNE_RUNS, older_than_s=r.runs)

@@ -20,7 +20,7 @@ from ..message import PgMessageProxy, body_columns, body_text, readable_body
 from ..middleware import Retries
 from ..signals import Emit
 from ..sql import joblog, timers
-from . import sending
+from . import keyed, sending
 
 T = TypeVar("T")
 
@@ -117,7 +117,7 @@ class Producer:
         if actor is None or bulk.actor_plan(actor) is not None:
             return None
         (row,) = self._general_log_rows([message], retries)
-        return None if row is None else row[7:10]
+        return None if row is None or logstore.key_of(row) is not None else row[7:10]  # (an actor's dedupe key)
 
     def _general_log_rows(self, messages: list[Message[Any]], retries: Retries | None
                           ) -> list[tuple[Any, ...] | None]:
@@ -140,8 +140,12 @@ class Producer:
         with tracing.active.sending([message]) if tracing.active else contextlib.nullcontext():
             (logged,) = self._log_rows([message])
             if logged is not None:
-                write = self._log_writer([logged], lambda c: message, atomic=False, delay_ms=int(delay or 0))
+                holders: dict[Any, str] = {}
+                write = self._log_writer([logged], lambda c: message, atomic=False, delay_ms=int(delay or 0),
+                                         holders=holders)
                 message = self._send(write, conn, "enqueue 1 message")
+                if holders:  # (a plain job's send crosses no module of the keys)
+                    message = keyed.holding(message, logged, holders)
             else:
                 row = self._row(message, delay)
                 message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
@@ -149,7 +153,8 @@ class Producer:
         return message
 
     def _log_writer(self, rows: list[tuple[Any, ...]], rest: Callable[[psycopg.Connection], T], *,
-                    atomic: bool = True, delay_ms: int = 0) -> Callable[[psycopg.Connection], T]:
+                    atomic: bool = True, delay_ms: int = 0, holders: dict[Any, str] | None = None
+                    ) -> Callable[[psycopg.Connection], T]:
         """A producer's write that appends ``rows`` (logstore.log_row) to the log, then does
         ``rest`` (the job_queue part, if any), in one transaction (``atomic``; else, with
         nothing in ``rest`` to write, no BEGIN and COMMIT of its own: the rows go in with one
@@ -159,20 +164,36 @@ class Producer:
         large batch goes in with COPY (logstore.append), as job_queue's does
         (bulk.COPY_MIN_ROWS). Delayed (``delay_ms``), the rows wait in job_timers instead
         (timers.TIMER_INSERT, one statement of arrays) until a claim promotes them into the
-        log at their run_at."""
+        log at their run_at. Rows with a dedupe key (keyed.py) take their keys as they are
+        written, each key's first row only, in the same transaction as the rest; each key's
+        holder (the row's own id, or the live job that has it) goes into ``holders``."""
         copy = len(rows) >= bulk.COPY_MIN_ROWS and not delay_ms
-        params = None if copy else {**logstore.insert_params(logstore.unique_rows(rows)), "delay_ms": delay_ms}
+        plain, first = keyed.split(rows) if any(len(r) > logstore.WIDTH for r in rows) else (rows, [])
+        atomic = atomic or bool(first and (plain or copy))  # the keys taken and the rows, or neither
+        params = None if copy or not plain else {**logstore.insert_params(logstore.unique_rows(plain)),
+                                                 "delay_ms": delay_ms}
         tries = [0]
 
         def append(c: psycopg.Connection) -> None:
             tries[0] += 1
-            if copy:
-                logstore.append(c, rows, again=tries[0] > 1)
+            again = tries[0] > 1
+            if first:
+                took = keyed.take(c, first, copy=copy, again=again, delay_ms=delay_ms)
+                if holders is not None:
+                    holders.clear()
+                    holders.update(took)
+                if copy:
+                    logstore.append(c, keyed.kept(rows, took), again=again)
+                    return
+            elif copy:
+                logstore.append(c, rows, again=again)
+                return
+            if not plain:
                 return
             if delay_ms:
-                c.execute(timers.TIMER_INSERT if tries[0] == 1 else timers.TIMER_INSERT_AGAIN, params)
+                c.execute(timers.TIMER_INSERT if not again else timers.TIMER_INSERT_AGAIN, params)
                 return
-            statement = ((joblog.LOG_INSERT_ONE if len(rows) == 1 else joblog.LOG_INSERT) if tries[0] == 1
+            statement = ((joblog.LOG_INSERT_ONE if len(plain) == 1 else joblog.LOG_INSERT) if not again
                          else joblog.LOG_INSERT_AGAIN)
             c.execute(statement, params)
 
@@ -222,6 +243,9 @@ class Producer:
             return messages
         retries = self.retries()
         rows = self._log_rows(messages)
+        if any(r is not None and len(r) > logstore.WIDTH for r in rows):
+            rows = keyed.beside_table(rows, messages, lambda m: bulk.job_fields(
+                m, self.actors.get(m.actor_name), retries, self.queue_priorities)[2])
         logged = [r for r in rows if r is not None]
         table = [m for m, r in zip(messages, rows, strict=True) if r is None] if logged else messages
 
@@ -232,12 +256,17 @@ class Producer:
         if not logged:
             return self._send(write_table, conn, what)
         delay_ms = int(delay or 0)
+        holders: dict[Any, str] = {}
         if not table:
-            self._send(self._log_writer(logged, lambda c: None, atomic=False, delay_ms=delay_ms), conn, what)
-            return messages
-        written = iter(self._send(self._log_writer(logged, write_table, delay_ms=delay_ms), conn, what))
-        # in the caller's order: a logged message as it came, a table one as bulk returns it
-        return [m if r is not None else next(written) for m, r in zip(messages, rows, strict=True)]
+            self._send(self._log_writer(logged, lambda c: None, atomic=False, delay_ms=delay_ms, holders=holders),
+                       conn, what)
+            return [keyed.holding(m, r, holders) for m, r in zip(messages, rows, strict=True)] if holders else messages
+        written = iter(self._send(self._log_writer(logged, write_table, delay_ms=delay_ms, holders=holders), conn,
+                                  what))
+        # in the caller's order: a logged message as it came (a key's live holder's id if it has
+        # one), a table one as bulk returns it
+        return [(keyed.holding(m, r, holders) if holders else m) if r is not None else next(written)
+                for m, r in zip(messages, rows, strict=True)]
 
     def _send(self, write: Callable[[psycopg.Connection], T], conn: psycopg.Connection | None, what: str) -> T:
         """A producer's write: on the caller's connection (its transaction, never

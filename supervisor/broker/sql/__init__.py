@@ -31,7 +31,6 @@ from .enqueue import (
     FLOW_COLUMNS,
     INSERT,
     INSERT_MANY,
-    LIVE_BY_DEDUPE_KEYS,
     RUN_AT,
 )
 from .flow import BLOCK_JOB_KEY, KEY_LATE
@@ -43,6 +42,7 @@ from .history import (
     PRUNE_ROWS,
     archive,
 )
+from .jobkeys import LIVE_BY_DEDUPE_KEYS
 from .outcomes import (
     CANCEL,
     FINISH,

@@ -1,4 +1,5 @@
-"""Writing jobs: one message, or a batch (INSERT of arrays, or COPY)."""
+"""Writing jobs: one message, or a batch (INSERT of arrays, or COPY). (A batch's look-up of
+its keys' live holders, LIVE_BY_DEDUPE_KEYS, is jobkeys.py's: job_keys holds every store's.)"""
 
 # A row with a limit key (flow control, supervisor/flow.py) waits for its key: 'waiting'.
 INSERT = """
@@ -49,8 +50,3 @@ COPY_FLOW_JOBS = f"COPY job_queue ({BULK_COLUMNS}, {FLOW_COLUMNS}, status) FROM 
 COPY_FLOW_JOBS_AT = f"COPY job_queue ({BULK_COLUMNS}, {FLOW_COLUMNS}, status, run_at) FROM STDIN"
 
 RUN_AT = "SELECT now() + %s * interval '1 millisecond'"
-
-LIVE_BY_DEDUPE_KEYS = """
-SELECT dedupe_key, id FROM job_queue
- WHERE dedupe_key = ANY(%(keys)s)
-"""

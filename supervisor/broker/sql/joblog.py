@@ -140,25 +140,25 @@ _LOG_ENDED = """), ended AS (
 _LOG_GOES_ON = """), went AS (
     -- the rows written whose job goes on, or that leave an event: their log row's body
     SELECT f.*, l.args, l.kwargs, l.options AS old_options, l.payload AS old_payload,
-           l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp
+           l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.dedupe_key
       FROM done d JOIN f ON f.seq = d.seq AND f.day = d.day JOIN job_log l ON l.seq = d.seq AND l.day = d.day
      WHERE f.kind <> 'succeeded'
 ), timed AS (
     -- a retry waits for its backoff in job_timers (051), which the claims promote into the
     -- log; a limited job waits there too, pending, its attempt not counted
     INSERT INTO job_timers (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
-                            max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error)
+                            max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error, dedupe_key)
     SELECT id, queue, actor, args, kwargs, coalesce(options, old_options), CASE kind WHEN 'retry' THEN payload ELSE old_payload END,
            CASE kind WHEN 'retry' THEN 'retryable' ELSE 'pending' END, priority,
            now() + coalesce(delay_ms, 0) * interval '1 millisecond',
            CASE kind WHEN 'retry' THEN attempt ELSE attempt - 1 END, max_attempts, lease_losses,
-           max_lease_losses, message_timestamp, created_at, error
+           max_lease_losses, message_timestamp, created_at, error, dedupe_key
       FROM went WHERE kind IN ('retry', 'limited')
 ), again AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                         lease_losses, max_lease_losses, message_timestamp, created_at)
+                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key)
     SELECT id, queue, actor, args, kwargs, old_options, old_payload, priority, attempt - 1, max_attempts,
-           lease_losses, max_lease_losses, message_timestamp, created_at
+           lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key
       FROM went WHERE kind = 'requeue'
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
@@ -235,9 +235,9 @@ WITH gone AS MATERIALIZED (
     SELECT r.status, r.owner, l.* FROM released r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
 ), again AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                         lease_losses, max_lease_losses, message_timestamp, created_at)
+                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key)
     SELECT id, queue, actor, args, kwargs, options, payload, priority, attempts + 1, max_attempts,
-           lease_losses + 1, max_lease_losses, message_timestamp, created_at
+           lease_losses + 1, max_lease_losses, message_timestamp, created_at, dedupe_key
       FROM went WHERE status = 'released'
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
@@ -292,15 +292,17 @@ WITH done AS (
        AND was.seq = d.seq AND was.day = d.day
        -- not while the id runs again (sent again once ended): the producers' own check
        AND NOT job_id_live(d.id)
+       -- a key it had: taken again (052), unless another live job holds it now (then no retry)
+       AND (l.dedupe_key IS NULL OR (SELECT t.job_id FROM job_keys_take(ARRAY[l.dedupe_key], ARRAY[d.id]) t) = d.id)
     RETURNING d.id, d.attempt, d.last_error, d.started_at, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload,
               l.priority, l.max_attempts, coalesce(d.lease_losses, l.lease_losses) AS lease_losses, l.max_lease_losses,
-              l.message_timestamp, l.created_at, was.status AS was
+              l.message_timestamp, l.created_at, was.status AS was, l.dedupe_key
 ), back AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                         lease_losses, max_lease_losses, message_timestamp, created_at)
+                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key)
     SELECT id, queue, actor, args, kwargs, options, payload, priority, attempt,
            greatest(max_attempts, attempt - lease_losses + 1), lease_losses, greatest(max_lease_losses, lease_losses + 1),
-           message_timestamp, created_at
+           message_timestamp, created_at, dedupe_key
       FROM done
     RETURNING id
 ), ev AS (
@@ -349,16 +351,16 @@ DELETE FROM job_cursor c
 """
 
 # The narrow tables the log's path updates and deletes (a lease row a batch, a cursor row a
-# claim, pruned, a timer row a delayed job): vacuumed by the upkeep (worker/upkeep.py) once enough dead tuples wait and
+# claim, pruned, a timer row a delayed job, a key row taken over or pruned: jobkeys.py): vacuumed by the upkeep (worker/upkeep.py) once enough dead tuples wait and
 # none ran lately, as job_queue is (a server may run no autovacuum). They stay a few pages.
 # Analyzed with it: the jobs view's pending part is priced by its cursors' levels.
 LOG_VACUUM_DUE = """
 SELECT coalesce(sum(s.n_dead_tup), 0)::bigint FROM pg_stat_user_tables s
- WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel', 'job_timers')
+ WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel', 'job_timers', 'job_keys')
 HAVING sum(s.n_dead_tup) >= %(dead_rows)s
    AND max(coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity')) < now() - %(min_s)s * interval '1 second'
 """
-VACUUM_LOG = "VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel, job_timers"
+VACUUM_LOG = "VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel, job_timers, job_keys"
 
 # Broker.flush: the queue's log rows that no claim holds and have no outcome are
 # cancelled (the claims pass them over, as a pending job an operator cancels).

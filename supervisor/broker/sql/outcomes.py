@@ -321,13 +321,15 @@ RETURNING job_id
 
 # An operator retries a finished (failed or cancelled) job: it moves back to job_queue,
 # pending now, with room for one more attempt and one more lease loss. A live job with
-# the same dedupe key, or the same id (its message sent again), wins: the row stays in history.
+# the same dedupe key (in any store: job_keys, 052), or the same id (its message sent again),
+# wins: the row stays in history.
 RETRY_FAILED = """
 WITH done AS (
     DELETE FROM job_history h
      WHERE h.id = %(id)s AND h.status IN ('failed', 'cancelled')
        AND (h.dedupe_key IS NULL
-            OR NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.dedupe_key = h.dedupe_key))
+            OR NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.dedupe_key = h.dedupe_key)
+               AND NOT EXISTS (SELECT 1 FROM job_keys_live(ARRAY[h.dedupe_key]) k WHERE k.job_id <> h.id))
        AND NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.id = h.id)  -- the id sent again, live
  RETURNING *
 ), back AS (
