@@ -187,6 +187,31 @@ def test_an_operator_retries_a_job_that_ended_in_the_log(conn, broker) -> None:
     assert not admin.retry_job(conn, again.message_id)
 
 
+def test_an_operator_s_retry_of_a_deduped_log_job_takes_its_key_again(conn, broker) -> None:
+    # A deduped job failed for good in the log: the operator's retry appends it to the log
+    # again holding its key (a send of the key then returns it), unless another live job
+    # took the key meanwhile (then no retry: two live jobs would share a key).
+    actor = broker.actors["log_once"]
+    first = actor.send_with_options(args=(11,), dedupe_key="retry-me")
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (first.message_id,)) == "failed",
+                 10, message="the job to fail")
+    assert admin.retry_job(conn, first.message_id)
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    assert actor.send_with_options(args=(12,), dedupe_key="retry-me").message_id == first.message_id
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (first.message_id,)) == "succeeded",
+                 10, message="the retried job to run")
+    second = actor.send_with_options(args=(13,), dedupe_key="taken")
+    with in_process_worker(broker, [QUEUE], executor="own"):
+        wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (second.message_id,)) == "failed",
+                 10, message="the job to fail")
+    other = broker.actors["log_record"].send_with_options(args=(14,), dedupe_key="taken")
+    assert other.message_id != second.message_id  # the key was free: a new job holds it
+    assert not admin.retry_job(conn, second.message_id)
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (second.message_id,)) == "failed"
+
+
 def test_an_error_group_s_retry_reaches_the_failed_jobs_of_the_log(conn, broker) -> None:
     # The Errors page's action (and `POST /api/v1/errors/retry`): every job of the group
     # that failed for good in the log is matched and retried.
