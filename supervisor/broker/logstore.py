@@ -11,6 +11,8 @@ and a retry, waits in ``job_timers`` until due: sql/timers.py). Everything else 
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import struct
 import threading
@@ -44,19 +46,41 @@ class LogRow:
     created_at: str
 
 
-def loggable(row: tuple[Any, ...], actors: Container[str]) -> bool:
-    """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log."""
-    return (row[bulk.KEY] is None and row[bulk.CONCURRENCY_KEY] is None and row[bulk.FLOW_KEY] is None
-            and row[bulk.ACTOR] in actors)
+def loggable(row: tuple[Any, ...], actors: Container[str], *, keyed: bool = False) -> bool:
+    """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log: a
+    plain one, or (``keyed``) one whose limit key carries a concurrency limit and nothing
+    else (migration 053: no rate, quota or weight, no dedupe key)."""
+    if row[bulk.KEY] is not None or row[bulk.ACTOR] not in actors:
+        return False
+    if row[bulk.FLOW_KEY] is None:
+        return row[bulk.CONCURRENCY_KEY] is None
+    return keyed and concurrency_only(row[bulk.FLOW_KEY + 1])
+
+
+@functools.lru_cache(maxsize=256)
+def concurrency_only(limits: str | None) -> bool:
+    """Whether a row's limits (flow.Limits.json) hold a concurrency limit and nothing else."""
+    return limits is not None and set(json.loads(limits)) == {"c"}
+
+
+# A log row's length (sql.LOG_COLUMNS); a keyed one has its key and limits after them
+# (keyed.LOG_KEYED_COLUMNS).
+PLAIN_LENGTH = len(joblog.LOG_COLUMNS.split(","))
 
 
 def log_row(row: tuple[Any, ...], max_lease_losses: int | None) -> tuple[Any, ...]:
-    """A loggable row's values in sql.LOG_COLUMNS order. ``max_lease_losses``: the message's
-    or its actor's, stated on the row (the default's when neither sets one), since a release
-    by any process spends it; job_queue's claim fills the same default in, so both stores
-    show the budget they apply."""
-    return (*row[:bulk.KEY], defaults.MAX_LEASE_LOSSES if max_lease_losses is None else max_lease_losses,
-            row[bulk.STAMP])
+    """A loggable row's values in sql.LOG_COLUMNS order (a keyed one's: LOG_KEYED_COLUMNS).
+    ``max_lease_losses``: the message's or its actor's, stated on the row (the default's
+    when neither sets one), since a release by any process spends it; job_queue's claim
+    fills the same default in, so both stores show the budget they apply."""
+    plain = (*row[:bulk.KEY], defaults.MAX_LEASE_LOSSES if max_lease_losses is None else max_lease_losses,
+             row[bulk.STAMP])
+    return plain if row[bulk.FLOW_KEY] is None else (*plain, row[bulk.FLOW_KEY], row[bulk.FLOW_KEY + 1])
+
+
+def keyed_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """keyed.LOG_INSERT_KEYED's arrays for keyed ``log_row`` rows."""
+    return dict(zip([*_LOG_NAMES, "flow_key", "flow"], map(list, zip(*rows, strict=True)), strict=True))
 
 
 def insert_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:

@@ -19,7 +19,7 @@ from ..connections import Connections, callers_transaction
 from ..message import PgMessageProxy, body_columns, body_text, readable_body
 from ..middleware import Retries
 from ..signals import Emit
-from ..sql import joblog, timers
+from ..sql import joblog, keyed, timers
 from . import sending
 
 T = TypeVar("T")
@@ -63,10 +63,10 @@ class Producer:
             "flow": limits,
         }
 
-    def _log_rows(self, messages: list[Message[Any]]) -> list[tuple[Any, ...] | None]:
+    def _log_rows(self, messages: list[Message[Any]], *, keyed: bool = False) -> list[tuple[Any, ...] | None]:
         """Each message's log row (logstore.log_row), None for one the log does not take (a
-        dedupe, concurrency or limit key, an actor this process does not know, storage
-        "table"). A message with no options of its own has its actor's and queue's fields:
+        dedupe key, a limit key with more than a concurrency limit, or any limit key unless
+        ``keyed``: due now; an actor this process does not know, storage "table"). A message with no options of its own has its actor's and queue's fields:
         those are worked out once per actor and queue (``_plain_fields``), the rest of its
         row is its id, body and stamp; any other message's row is built as bulk.rows builds
         job_queue's."""
@@ -89,7 +89,8 @@ class Producer:
                 out.append((m.message_id, m.queue_name, m.actor_name, *body_text(m, readable), *fields,
                             m.message_timestamp))
         if rest:
-            for i, row in zip(rest, self._general_log_rows([messages[i] for i in rest], retries), strict=True):
+            for i, row in zip(rest, self._general_log_rows([messages[i] for i in rest], retries, keyed=keyed),
+                              strict=True):
                 out[i] = row
         return out
 
@@ -119,12 +120,12 @@ class Producer:
         (row,) = self._general_log_rows([message], retries)
         return None if row is None else row[7:10]
 
-    def _general_log_rows(self, messages: list[Message[Any]], retries: Retries | None
+    def _general_log_rows(self, messages: list[Message[Any]], retries: Retries | None, *, keyed: bool = False
                           ) -> list[tuple[Any, ...] | None]:
         actors = self.actors
         out: list[tuple[Any, ...] | None] = []
         for m, row in zip(messages, bulk.rows(messages, actors, retries, self.queue_priorities), strict=True):
-            if not logstore.loggable(row, actors):
+            if not logstore.loggable(row, actors, keyed=keyed):
                 out.append(None)
                 continue
             out.append(logstore.log_row(row, bulk.lease_budget(m, actors[m.actor_name])))
@@ -138,7 +139,7 @@ class Producer:
             return self._retry(message, delay)  # type: ignore[return-value]
         self._emit_before("enqueue", message, delay)
         with tracing.active.sending([message]) if tracing.active else contextlib.nullcontext():
-            (logged,) = self._log_rows([message])
+            (logged,) = self._log_rows([message], keyed=not delay)
             if logged is not None:
                 write = self._log_writer([logged], lambda c: message, atomic=False, delay_ms=int(delay or 0))
                 message = self._send(write, conn, "enqueue 1 message")
@@ -159,13 +160,24 @@ class Producer:
         large batch goes in with COPY (logstore.append), as job_queue's does
         (bulk.COPY_MIN_ROWS). Delayed (``delay_ms``), the rows wait in job_timers instead
         (timers.TIMER_INSERT, one statement of arrays) until a claim promotes them into the
-        log at their run_at."""
+        log at their run_at. Rows with a concurrency key (due now: never delayed) go in with
+        keyed.LOG_INSERT_KEYED, in the same transaction."""
+        keyed_rows = [r for r in rows if len(r) > logstore.PLAIN_LENGTH]
+        if keyed_rows:
+            rows = [r for r in rows if len(r) == logstore.PLAIN_LENGTH]
+            keyed_params = logstore.keyed_params(logstore.unique_rows(keyed_rows))
+            atomic = atomic or bool(rows)  # two statements: both, or neither
         copy = len(rows) >= bulk.COPY_MIN_ROWS and not delay_ms
-        params = None if copy else {**logstore.insert_params(logstore.unique_rows(rows)), "delay_ms": delay_ms}
+        params = None if copy or not rows else {**logstore.insert_params(logstore.unique_rows(rows)),
+                                                "delay_ms": delay_ms}
         tries = [0]
 
         def append(c: psycopg.Connection) -> None:
             tries[0] += 1
+            if keyed_rows:
+                c.execute(keyed.LOG_INSERT_KEYED if tries[0] == 1 else keyed.LOG_INSERT_KEYED_AGAIN, keyed_params)
+                if not rows:
+                    return
             if copy:
                 logstore.append(c, rows, again=tries[0] > 1)
                 return
@@ -221,7 +233,7 @@ class Producer:
             self._send(self._copy_writer(lambda: self._log_rows(messages), ids), conn, what)
             return messages
         retries = self.retries()
-        rows = self._log_rows(messages)
+        rows = self._log_rows(messages, keyed=not delay)
         logged = [r for r in rows if r is not None]
         table = [m for m, r in zip(messages, rows, strict=True) if r is None] if logged else messages
 
