@@ -272,3 +272,15 @@ def test_under_a_pinned_horizon_the_claim_reads_stay_flat(conn, database_url) ->
     # 35 rounds more: 3,500 jobs parked and handed, 7,000 slot updates since round 15
     assert claim_50 <= claim_15 * 1.5 + 20, reads
     assert ack_50 <= ack_15 * 1.5 + 40, reads
+
+
+def test_the_limits_read_shows_a_log_keys_parked_and_running_jobs(conn) -> None:
+    from supervisor import limits
+
+    conn.execute(keyed.LOG_INSERT_KEYED, log_rows(3, "acct:seen"))
+    assert len(claim(conn, 10)) == 1  # one runs, two parked
+    (seen,) = [k for k in limits.seen(conn).keys if k["key"] == "acct:seen"]
+    assert (seen["queues"], seen["waiting"], seen["running"], seen["concurrency"], seen["gated_by"]) == \
+        ([QUEUE], 2, 1, 1, "concurrency")
+    assert conn.execute("SELECT status, count(*) FROM jobs WHERE concurrency_key = 'acct:seen' GROUP BY 1"
+                        " ORDER BY 1").fetchall() == [("running", 1), ("waiting", 2)]
