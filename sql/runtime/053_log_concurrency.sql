@@ -95,10 +95,12 @@ BEGIN
             CONTINUE;
         END IF;
         i := 1;
-        FOR s IN SELECT c.slot, c.job_id FROM job_concurrency c WHERE c.key = k AND c.slot < lim
+        -- (each taken by its ctid: under a pinned horizon a slot row's versions form a chain
+        -- that a lookup by key walks from its first; the row is locked, so its ctid holds)
+        FOR s IN SELECT c.ctid AS tid, c.slot, c.job_id FROM job_concurrency c WHERE c.key = k AND c.slot < lim
                   ORDER BY c.slot FOR UPDATE SKIP LOCKED LOOP
             IF s.job_id IS NULL AND i <= cardinality(ids) THEN
-                UPDATE job_concurrency c SET job_id = ids[i], freed_at = NULL WHERE c.key = k AND c.slot = s.slot;
+                UPDATE job_concurrency c SET job_id = ids[i], freed_at = NULL WHERE c.ctid = s.tid;
                 got := got || ids[i];
                 i := i + 1;
             END IF;
@@ -129,14 +131,15 @@ BEGIN
                   ORDER BY j);
 END $$;
 
--- Slot (k, s) goes to the key's oldest parked job after position fl (NULL: from the first),
--- the caller holding the slot's row lock. A parked row another hand-off holds is passed
--- over (SKIP LOCKED: never waited on); one that ended meanwhile (a cancel's done row: the
--- parked attempt's fence) is dropped and the next taken. The parked attempt ends
--- 'requeued' (no key on that done row: it held nothing) and the job is appended to the log
--- again as it was, holding the slot (flow_held: its claim does not gate it again; its
--- created_at kept). Returns the job handed the slot, NULL if none waits.
-CREATE FUNCTION job_slot_hand(k text, s integer, fl bigint) RETURNS uuid LANGUAGE plpgsql AS $$
+-- A slot goes to its key k's oldest parked job after position fl (NULL: from the first), the
+-- caller holding the slot's row lock (slot_tid: the row's ctid, which the lock keeps). A
+-- parked row another hand-off holds is passed over (SKIP LOCKED: never waited on); one that
+-- ended meanwhile (a cancel's done row: the parked attempt's fence) is dropped and the next
+-- taken. The parked attempt ends 'requeued' (no key on that done row: it held nothing) and
+-- the job is appended to the log again as it was, holding the slot (flow_held: its claim
+-- does not gate it again; its created_at kept). Returns the job handed the slot, NULL if
+-- none waits.
+CREATE FUNCTION job_slot_hand(k text, slot_tid tid, fl bigint) RETURNS uuid LANGUAGE plpgsql AS $$
 DECLARE
     b job_blocked;
     l job_log;
@@ -159,7 +162,7 @@ BEGIN
                              lease_losses, max_lease_losses, message_timestamp, created_at, flow_key, flow, flow_held)
         VALUES (l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, l.priority, l.attempts, l.max_attempts,
                 l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at, l.flow_key, l.flow, true);
-        UPDATE job_concurrency c SET job_id = l.id, freed_at = NULL, handed = b.pos WHERE c.key = k AND c.slot = s;
+        UPDATE job_concurrency c SET job_id = l.id, freed_at = NULL, handed = b.pos WHERE c.ctid = slot_tid;
         RETURN l.id;
     END LOOP;
 END $$;
@@ -171,20 +174,23 @@ END $$;
 -- locked (a claim holding it is waited for: a claim waits on nothing once it holds slots,
 -- so this cannot deadlock; this statement then sees what that claim parked: a volatile
 -- function's statements each take a fresh snapshot) and handed to the oldest parked job
--- after the key's floor, else freed.
+-- after the slot's floor (the position it was last handed), else freed.
 CREATE FUNCTION job_done_slot_end() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    s integer;
+    t tid;
+    fl bigint;
 BEGIN
-    DELETE FROM job_blocked x
-     WHERE (x.seq, x.day) IN (SELECT y.seq, y.day FROM job_blocked y WHERE y.seq = NEW.seq AND y.day = NEW.day
-                               FOR UPDATE SKIP LOCKED);
-    SELECT c.slot INTO s FROM job_concurrency c WHERE c.key = NEW.flow_key AND c.job_id = NEW.id FOR UPDATE;
+    PERFORM 1 FROM job_blocked y WHERE y.seq = NEW.seq AND y.day = NEW.day FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        DELETE FROM job_blocked y WHERE y.seq = NEW.seq AND y.day = NEW.day;
+    END IF;
+    -- (the slot's own last hand-off is the floor: a lower bound of the key's, read with the lock)
+    SELECT c.ctid, c.handed INTO t, fl FROM job_concurrency c WHERE c.key = NEW.flow_key AND c.job_id = NEW.id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    IF job_slot_hand(NEW.flow_key, s, (SELECT max(c.handed) FROM job_concurrency c WHERE c.key = NEW.flow_key)) IS NULL THEN
-        UPDATE job_concurrency c SET job_id = NULL, freed_at = now() WHERE c.key = NEW.flow_key AND c.slot = s;
+    IF job_slot_hand(NEW.flow_key, t, fl) IS NULL THEN
+        UPDATE job_concurrency c SET job_id = NULL, freed_at = now() WHERE c.ctid = t;
     END IF;
     RETURN NULL;
 END $$;
@@ -207,22 +213,23 @@ DECLARE
     k text;
     lim integer;
     g integer;
+    made tid;
     handed integer := 0;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM job_blocked) THEN
         RETURN 0;
     END IF;
-    FOR s IN SELECT c.key, c.slot, c.job_id FROM job_concurrency c
+    FOR s IN SELECT c.key, c.slot, c.job_id, NULL::tid AS tid FROM job_concurrency c
               WHERE EXISTS (SELECT 1 FROM job_blocked x WHERE x.key = c.key)
                 AND (c.job_id IS NULL OR NOT job_slot_live(c.job_id))
               ORDER BY c.key, c.slot LOOP
-        PERFORM 1 FROM job_concurrency c WHERE c.key = s.key AND c.slot = s.slot
-                   AND c.job_id IS NOT DISTINCT FROM s.job_id AND (c.job_id IS NULL OR NOT job_slot_live(c.job_id))
-                   FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        IF job_slot_hand(s.key, s.slot, NULL) IS NULL THEN
-            UPDATE job_concurrency c SET job_id = NULL, freed_at = coalesce(c.freed_at, now())
-             WHERE c.key = s.key AND c.slot = s.slot;
+        s.tid := NULL;
+        SELECT c.ctid INTO s.tid FROM job_concurrency c WHERE c.key = s.key AND c.slot = s.slot
+           AND c.job_id IS NOT DISTINCT FROM s.job_id AND (c.job_id IS NULL OR NOT job_slot_live(c.job_id))
+           FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN s.tid IS NULL;
+        IF job_slot_hand(s.key, s.tid, NULL) IS NULL THEN
+            UPDATE job_concurrency c SET job_id = NULL, freed_at = coalesce(c.freed_at, now()) WHERE c.ctid = s.tid;
         ELSE
             handed := handed + 1;
         END IF;
@@ -232,9 +239,10 @@ BEGIN
         CONTINUE WHEN lim IS NULL OR NOT pg_try_advisory_xact_lock(hashtext('job_concurrency'), hashtext(k));
         FOR g IN SELECT t FROM generate_series(0, lim - 1) AS t
                   WHERE NOT EXISTS (SELECT 1 FROM job_concurrency c WHERE c.key = k AND c.slot = t) ORDER BY t LOOP
-            INSERT INTO job_concurrency (key, slot, job_id, freed_at) VALUES (k, g, NULL, now()) ON CONFLICT DO NOTHING;
+            INSERT INTO job_concurrency (key, slot, job_id, freed_at) VALUES (k, g, NULL, now()) ON CONFLICT DO NOTHING
+            RETURNING ctid INTO made;
             CONTINUE WHEN NOT FOUND;
-            EXIT WHEN job_slot_hand(k, g, NULL) IS NULL;
+            EXIT WHEN job_slot_hand(k, made, NULL) IS NULL;
             handed := handed + 1;
         END LOOP;
     END LOOP;
