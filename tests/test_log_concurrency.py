@@ -205,8 +205,8 @@ def claim(conn, n: int) -> list[tuple]:
 # The ends of a claim's batch as the worker's ack writes them (LOG_ACK's done rows: the key
 # from the lease), in one statement.
 ACK_ALL = """
-INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, flow_key)
-SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'succeeded', l.attempts + 1, x.keys[u.i]
+INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, flow_key, flow_slot)
+SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'succeeded', l.attempts + 1, x.keys[u.i], x.slots[u.i]
   FROM job_lease x CROSS JOIN LATERAL unnest(x.seqs, x.days) WITH ORDINALITY AS u(seq, day, i)
   JOIN job_log l ON l.seq = u.seq AND l.day = u.day
  WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)

@@ -23,14 +23,21 @@
 -- The statements and the invariants: supervisor/broker/sql/joblog.py, keyed.py;
 -- ARCHITECTURE.md, 'Storage "log"' and 'Flow control'.
 
-ALTER TABLE job_log ADD COLUMN flow_key text, ADD COLUMN flow jsonb, ADD COLUMN flow_held boolean;
+-- flow_held: the row holds a slot of its key (handed one, or released holding it): its claim
+-- does not gate it. flow_slot: where that slot's row is (its ctid, a hint: see job_done).
+ALTER TABLE job_log ADD COLUMN flow_key text, ADD COLUMN flow jsonb, ADD COLUMN flow_held boolean,
+                    ADD COLUMN flow_slot tid;
 ALTER TABLE job_timers ADD COLUMN flow_key text, ADD COLUMN flow jsonb;
 -- The key of a job that may hold a slot, on each of its done rows: the trigger's WHEN
 -- reads it, so a plain job's outcome pays nothing.
-ALTER TABLE job_done ADD COLUMN flow_key text;
+-- flow_slot: the ctid of the slot row it holds, as its claim or hand-off left it (nothing
+-- else updates a held slot row, and a lock does not move it): its end finds the row by it,
+-- where a lookup by key walks every version a pinned horizon keeps of the key's slot rows.
+-- A hint only: the row's key and holder are checked, and a miss looks the slot up by key.
+ALTER TABLE job_done ADD COLUMN flow_key text, ADD COLUMN flow_slot tid;
 -- Each row's key, where the batch has a keyed row (NULL else): LOG_FINISH and LOG_ACK
 -- write it on the done rows from the lease they read already.
-ALTER TABLE job_lease ADD COLUMN keys text[];
+ALTER TABLE job_lease ADD COLUMN keys text[], ADD COLUMN slots tid[];
 -- The position (job_blocked.pos) of the last job this slot was handed to: the key's floor
 -- (the hand-off reads parked rows after the highest of its slots', so the dead entries a
 -- pinned horizon keeps of the rows handed since are passed over inside the index).
@@ -78,7 +85,8 @@ DECLARE
     s record;
     i integer;
     got uuid[] := '{}';
-    made integer;
+    tids tid[] := '{}';  -- the slot row each of got took (its ctid after the take)
+    t tid;
 BEGIN
     FOR k IN SELECT DISTINCT (cand[j]).flow_key FROM generate_subscripts(cand, 1) AS j
               WHERE (cand[j]).flow_key IS NOT NULL AND (cand[j]).flow_held IS NOT TRUE ORDER BY 1 LOOP
@@ -100,8 +108,9 @@ BEGIN
         FOR s IN SELECT c.ctid AS tid, c.slot, c.job_id FROM job_concurrency c WHERE c.key = k AND c.slot < lim
                   ORDER BY c.slot FOR UPDATE SKIP LOCKED LOOP
             IF s.job_id IS NULL AND i <= cardinality(ids) THEN
-                UPDATE job_concurrency c SET job_id = ids[i], freed_at = NULL WHERE c.ctid = s.tid;
+                UPDATE job_concurrency c SET job_id = ids[i], freed_at = NULL WHERE c.ctid = s.tid RETURNING c.ctid INTO t;
                 got := got || ids[i];
+                tids := tids || t;
                 i := i + 1;
             END IF;
         END LOOP;
@@ -114,10 +123,10 @@ BEGIN
                 INSERT INTO job_concurrency (key, slot, job_id)
                 SELECT k, m.g, ids[i - 1 + m.r] FROM m WHERE i - 1 + m.r <= cardinality(ids) ORDER BY m.g
                 ON CONFLICT DO NOTHING
-                RETURNING job_id
+                RETURNING job_id, ctid
             )
-            SELECT coalesce(array_agg(ins.job_id), '{}') INTO ids FROM ins;
-            got := got || ids;
+            SELECT got || coalesce(array_agg(ins.job_id), '{}'), tids || coalesce(array_agg(ins.ctid), '{}')
+              INTO got, tids FROM ins;
         END IF;
     END LOOP;
     -- the rest wait for a slot: parked, in their order (first in, first out)
@@ -126,6 +135,12 @@ BEGIN
       FROM generate_subscripts(cand, 1) AS j
      WHERE (cand[j]).flow_key IS NOT NULL AND (cand[j]).flow_held IS NOT TRUE AND NOT ((cand[j]).id = ANY(got))
      ORDER BY j;
+    -- (a row that took a slot carries its ctid in flow_slot, for its lease: not written to the log)
+    FOR i IN 1 .. cardinality(cand) LOOP
+        IF cand[i].flow_key IS NOT NULL AND cand[i].flow_held IS NOT TRUE AND cand[i].id = ANY(got) THEN
+            cand[i].flow_slot := tids[array_position(got, cand[i].id)];
+        END IF;
+    END LOOP;
     RETURN ARRAY(SELECT cand[j] FROM generate_subscripts(cand, 1) AS j
                   WHERE (cand[j]).flow_key IS NULL OR (cand[j]).flow_held OR (cand[j]).id = ANY(got)
                   ORDER BY j);
@@ -143,6 +158,7 @@ CREATE FUNCTION job_slot_hand(k text, slot_tid tid, fl bigint) RETURNS uuid LANG
 DECLARE
     b job_blocked;
     l job_log;
+    t tid;
 BEGIN
     LOOP
         SELECT * INTO b FROM job_blocked x WHERE x.key = k AND x.pos > coalesce(fl, 0)
@@ -158,11 +174,13 @@ BEGIN
         VALUES (l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'requeued', l.attempts + 1)
         ON CONFLICT (seq, day) DO NOTHING;
         CONTINUE WHEN NOT FOUND;
+        UPDATE job_concurrency c SET job_id = l.id, freed_at = NULL, handed = b.pos WHERE c.ctid = slot_tid
+        RETURNING c.ctid INTO t;
         INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                             lease_losses, max_lease_losses, message_timestamp, created_at, flow_key, flow, flow_held)
+                             lease_losses, max_lease_losses, message_timestamp, created_at, flow_key, flow, flow_held,
+                             flow_slot)
         VALUES (l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, l.priority, l.attempts, l.max_attempts,
-                l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at, l.flow_key, l.flow, true);
-        UPDATE job_concurrency c SET job_id = l.id, freed_at = NULL, handed = b.pos WHERE c.ctid = slot_tid;
+                l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at, l.flow_key, l.flow, true, t);
         RETURN l.id;
     END LOOP;
 END $$;
@@ -185,9 +203,17 @@ BEGIN
         DELETE FROM job_blocked y WHERE y.seq = NEW.seq AND y.day = NEW.day;
     END IF;
     -- (the slot's own last hand-off is the floor: a lower bound of the key's, read with the lock)
-    SELECT c.ctid, c.handed INTO t, fl FROM job_concurrency c WHERE c.key = NEW.flow_key AND c.job_id = NEW.id FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN NULL;
+    -- (by its ctid, the hint its claim or hand-off left; else by key)
+    IF NEW.flow_slot IS NOT NULL THEN
+        SELECT c.ctid, c.handed INTO t, fl FROM job_concurrency c
+         WHERE c.ctid = NEW.flow_slot AND c.key = NEW.flow_key AND c.job_id = NEW.id FOR UPDATE;
+    END IF;
+    IF t IS NULL THEN
+        SELECT c.ctid, c.handed INTO t, fl FROM job_concurrency c WHERE c.key = NEW.flow_key AND c.job_id = NEW.id
+           FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
     END IF;
     IF job_slot_hand(NEW.flow_key, t, fl) IS NULL THEN
         UPDATE job_concurrency c SET job_id = NULL, freed_at = now() WHERE c.ctid = t;
@@ -373,10 +399,12 @@ BEGIN
     END IF;
     -- keys: each row's limit key where the batch has a keyed row (NULL else): the outcome
     -- statements write it on the done row, whose trigger then ends the job's hold of its slot
-    INSERT INTO job_lease (owner, expires_at, seqs, days, keys)
+    -- and slots: where each row's slot row is (its flow_slot hint)
+    INSERT INTO job_lease (owner, expires_at, seqs, days, keys, slots)
     SELECT who, now() + lease_s * interval '1 second', array_agg(t.seq ORDER BY t.ordinality),
            array_agg(t.day ORDER BY t.ordinality),
-           CASE WHEN bool_or(t.flow_key IS NOT NULL) THEN array_agg(t.flow_key ORDER BY t.ordinality) END
+           CASE WHEN bool_or(t.flow_key IS NOT NULL) THEN array_agg(t.flow_key ORDER BY t.ordinality) END,
+           CASE WHEN bool_or(t.flow_key IS NOT NULL) THEN array_agg(t.flow_slot ORDER BY t.ordinality) END
       FROM unnest(taken) WITH ORDINALITY AS t
     RETURNING job_lease.batch INTO b;
     RETURN QUERY
@@ -436,9 +464,11 @@ BEGIN
         CONTINUE WHEN EXISTS (SELECT 1 FROM job_lease WHERE part.d = ANY(days));
         -- (a keyed row keeps its key, and the slot it holds; a parked one is gated again)
         INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                             lease_losses, max_lease_losses, message_timestamp, created_at, flow_key, flow, flow_held)
+                             lease_losses, max_lease_losses, message_timestamp, created_at, flow_key, flow, flow_held,
+                             flow_slot)
         SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, l.priority, l.attempts, l.max_attempts,
-               l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at, l.flow_key, l.flow, l.flow_held
+               l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at, l.flow_key, l.flow, l.flow_held,
+               l.flow_slot
           FROM job_log l
          WHERE l.day = part.d AND NOT EXISTS (SELECT 1 FROM job_done x WHERE x.seq = l.seq AND x.day = l.day);
         DELETE FROM job_blocked WHERE day = part.d;

@@ -120,17 +120,18 @@ WITH f AS (
 # The done rows (the fence), and the leases ended, which every write has.
 _LOG_DONE = """), b AS (
     -- when each batch was claimed (the jobs' claimed_at) and its rows' keys, one lookup a batch
-    SELECT x.batch, x.claimed_at, x.seqs, x.keys FROM job_lease x WHERE x.batch = ANY(ARRAY(SELECT DISTINCT batch FROM f))
+    SELECT x.batch, x.claimed_at, x.seqs, x.keys, x.slots FROM job_lease x WHERE x.batch = ANY(ARRAY(SELECT DISTINCT batch FROM f))
 ), done AS (
     INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, claimed_at, started_at,
-                          finished_at, last_error, progress, result, flow_key)
+                          finished_at, last_error, progress, result, flow_key, flow_slot)
     SELECT f.seq, f.day, f.id, f.queue, f.actor, f.created_at,
            CASE f.kind WHEN 'retry' THEN 'retried' WHEN 'requeue' THEN 'requeued' WHEN 'limited' THEN 'requeued'
                        ELSE f.kind END,
            f.attempt, %(owner)s, b.claimed_at, now() - f.started_us * interval '1 microsecond',
            now() - coalesce(f.ended_us, 0) * interval '1 microsecond', f.error, f.progress, f.result,
-           -- a keyed job's key (053): its done row's trigger ends its hold of a slot
-           CASE WHEN b.keys IS NOT NULL THEN b.keys[array_position(b.seqs, f.seq)] END
+           -- a keyed job's key and slot row (053): its done row's trigger ends its hold of the slot
+           CASE WHEN b.keys IS NOT NULL THEN b.keys[array_position(b.seqs, f.seq)] END,
+           CASE WHEN b.keys IS NOT NULL THEN b.slots[array_position(b.seqs, f.seq)] END
       FROM f LEFT JOIN b ON b.batch = f.batch
     -- fence --
     RETURNING seq, day
@@ -227,12 +228,12 @@ WITH gone AS MATERIALIZED (
             OR owner IN (SELECT id FROM gone)
             OR left(owner, length(%(node)s::text) + 1) = %(node)s::text || ':'
          ORDER BY batch LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-    RETURNING owner, seqs, days
+    RETURNING owner, seqs, days, slots
 ), rows AS (
-    SELECT lease.owner, u.seq, u.day FROM lease, unnest(lease.seqs, lease.days) AS u(seq, day)
+    SELECT lease.owner, u.seq, u.day, u.slot FROM lease, unnest(lease.seqs, lease.days, lease.slots) AS u(seq, day, slot)
 ), released AS (
     INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, lease_losses, last_error,
-                          flow_key)
+                          flow_key, flow_slot)
     SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at,
            CASE WHEN l.lease_losses + 1 >= coalesce(l.max_lease_losses, %(max_losses)s) THEN 'failed' ELSE 'released' END,
            l.attempts + 1, r.owner, l.lease_losses + 1,
@@ -240,18 +241,19 @@ WITH gone AS MATERIALIZED (
                 THEN format('poison pill: lease lost %%s times while running (the job killed or stalled its process;'
                             ' last owner %%s, %%s); budget max_lease_losses=%%s used up, giving up',
                             l.lease_losses + 1, r.owner, %(why)s::text, coalesce(l.max_lease_losses, %(max_losses)s))
-           END, l.flow_key
+           END, l.flow_key, r.slot
       FROM rows r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
     ON CONFLICT (seq, day) DO NOTHING
-    RETURNING seq, day, id, status, owner
+    RETURNING seq, day, id, status, owner, flow_slot AS slot
 ), went AS (
-    SELECT r.status, r.owner, l.* FROM released r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
+    SELECT r.status, r.owner, r.slot, l.* FROM released r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
 ), again AS (
     -- (a keyed one keeps its slot: 'released' does not end its hold, 053)
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                         lease_losses, max_lease_losses, message_timestamp, created_at, flow_key, flow, flow_held)
+                         lease_losses, max_lease_losses, message_timestamp, created_at, flow_key, flow, flow_held,
+                         flow_slot)
     SELECT id, queue, actor, args, kwargs, options, payload, priority, attempts + 1, max_attempts,
-           lease_losses + 1, max_lease_losses, message_timestamp, created_at, flow_key, flow, flow_key IS NOT NULL
+           lease_losses + 1, max_lease_losses, message_timestamp, created_at, flow_key, flow, flow_key IS NOT NULL, slot
       FROM went WHERE status = 'released'
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
