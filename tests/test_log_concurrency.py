@@ -284,3 +284,6 @@ def test_the_limits_read_shows_a_log_keys_parked_and_running_jobs(conn) -> None:
         ([QUEUE], 2, 1, 1, "concurrency")
     assert conn.execute("SELECT status, count(*) FROM jobs WHERE concurrency_key = 'acct:seen' GROUP BY 1"
                         " ORDER BY 1").fetchall() == [("running", 1), ("waiting", 2)]
+    conn.execute(ACK_ALL)  # the running one ends; its slot goes to the next
+    assert conn.execute("SELECT status, count(*) FROM jobs WHERE concurrency_key = 'acct:seen' GROUP BY 1"
+                        " ORDER BY 1").fetchall() == [("pending", 1), ("succeeded", 1), ("waiting", 1)]

@@ -551,3 +551,22 @@ UNION ALL
 SELECT b.id, b.queue, l.actor, 'waiting', l.priority, l.created_at, l.created_at, NULL::timestamptz, NULL::text
   FROM job_blocked b JOIN job_log l ON l.seq = b.seq AND l.day = b.day
  WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = b.seq AND d.day = b.day);
+
+-- A finished keyed job of the log shows its key (its done row's), as job_history's rows do:
+-- a search by key finds it (043's view, the key columns from the done row).
+CREATE OR REPLACE VIEW jobs_log_finished AS
+SELECT d.id, d.queue, d.actor, (SELECT l.args FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS args,
+       (SELECT l.kwargs FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS kwargs,
+       (SELECT l.options FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS options,
+       d.status, (SELECT l.priority FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS priority, d.created_at AS run_at, d.attempt AS attempts,
+       (SELECT l.max_attempts FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS max_attempts,
+       d.owner AS lease_owner, d.claimed_at, NULL::timestamptz AS heartbeat_at, NULL::timestamptz AS lease_expires_at,
+       NULL::text AS dedupe_key, d.flow_key AS concurrency_key, d.last_error, d.result, d.progress, d.created_at,
+       d.started_at, d.finished_at,
+       coalesce(d.lease_losses, (SELECT l.lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day)) AS lease_losses,
+       (SELECT l.max_lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS max_lease_losses,
+       (SELECT l.message_timestamp FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS message_timestamp,
+       (SELECT l.payload FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS payload,
+       d.flow_key, (SELECT l.flow FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS flow
+  FROM job_done d
+ WHERE d.status IN ('succeeded', 'failed', 'cancelled');
