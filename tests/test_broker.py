@@ -430,7 +430,8 @@ def test_actor_level_job_options_and_flush_join(conn, broker):
         broker.join("keyed", timeout=100)
     broker.flush("keyed")
     broker.join("keyed", timeout=1000)  # nothing live any more
-    assert scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'keyed'") == 0
+    # (on storage "log" the job lives in the log, 053: flushed, its attempt ends 'cancelled')
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE queue = 'keyed' AND status <> 'cancelled'") == 0
 
 
 def test_signals_follow_every_change_to_the_middleware_list(database_url):

@@ -12,6 +12,8 @@ key in ``job_keys`` as it is written: sql/jobkeys.py, 052). Everything else live
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import struct
 import threading
@@ -45,30 +47,57 @@ class LogRow:
     created_at: str
 
 
-def loggable(row: tuple[Any, ...], actors: Container[str]) -> bool:
-    """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log: no
-    concurrency or limit key (a dedupe key is taken in job_keys as the row is written)."""
-    return row[bulk.CONCURRENCY_KEY] is None and row[bulk.FLOW_KEY] is None and row[bulk.ACTOR] in actors
+def loggable(row: tuple[Any, ...], actors: Container[str], *, keyed: bool = False) -> bool:
+    """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log: a
+    plain one, one with a dedupe key alone (taken in job_keys as the row is written: 052),
+    or (``keyed``) one whose limit key carries a concurrency limit and nothing else
+    (053: no rate, quota or weight, no dedupe key)."""
+    if row[bulk.ACTOR] not in actors:
+        return False
+    if row[bulk.FLOW_KEY] is None:
+        return row[bulk.CONCURRENCY_KEY] is None
+    return keyed and row[bulk.KEY] is None and concurrency_only(row[bulk.FLOW_KEY + 1])
 
 
-# A plain log row's width (sql.LOG_COLUMNS); a keyed one has its dedupe key after them
-# (jobkeys.KEYED_COLUMNS), so a plain row's tuple, statements and COPY text stay as they were.
-WIDTH = 11
+@functools.lru_cache(maxsize=256)
+def concurrency_only(limits: str | None) -> bool:
+    """Whether a row's limits (flow.Limits.json) hold a concurrency limit and nothing else."""
+    return limits is not None and set(json.loads(limits)) == {"c"}
+
+
+# A plain log row's width (sql.LOG_COLUMNS), so a plain row's tuple, statements and COPY
+# text stay as they were. A deduped one has its dedupe key after them (jobkeys.KEYED_COLUMNS:
+# one more), a concurrency-keyed one its key and limit (slots.LOG_KEYED_COLUMNS: two more);
+# no row has both (loggable).
+WIDTH = len(joblog.LOG_COLUMNS.split(","))
 
 
 def log_row(row: tuple[Any, ...], max_lease_losses: int | None) -> tuple[Any, ...]:
-    """A loggable row's values in sql.LOG_COLUMNS order, and its dedupe key after them if it
-    has one. ``max_lease_losses``: the message's or its actor's, stated on the row (the
-    default's when neither sets one), since a release by any process spends it; job_queue's
-    claim fills the same default in, so both stores show the budget they apply."""
+    """A loggable row's values in sql.LOG_COLUMNS order, then its dedupe key if it has one,
+    or its limit key and limits if it has them. ``max_lease_losses``: the message's or its
+    actor's, stated on the row (the default's when neither sets one), since a release by any
+    process spends it; job_queue's claim fills the same default in, so both stores show the
+    budget they apply."""
     out = (*row[:bulk.KEY], defaults.MAX_LEASE_LOSSES if max_lease_losses is None else max_lease_losses,
            row[bulk.STAMP])
+    if row[bulk.FLOW_KEY] is not None:
+        return (*out, row[bulk.FLOW_KEY], row[bulk.FLOW_KEY + 1])
     return out if row[bulk.KEY] is None else (*out, row[bulk.KEY])
 
 
 def key_of(row: tuple[Any, ...]) -> Any:
-    """A log row's dedupe key (None: a plain row)."""
-    return row[WIDTH] if len(row) > WIDTH else None
+    """A log row's dedupe key (None: a plain or a concurrency-keyed row)."""
+    return row[WIDTH] if len(row) == WIDTH + 1 else None
+
+
+def flow_keyed(row: tuple[Any, ...]) -> bool:
+    """Whether a log row carries a limit key and its limits (a concurrency-keyed job: 053)."""
+    return len(row) == WIDTH + 2
+
+
+def keyed_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    """slots.LOG_INSERT_KEYED's arrays for concurrency-keyed ``log_row`` rows."""
+    return dict(zip([*_LOG_NAMES, "flow_key", "flow"], map(list, zip(*rows, strict=True)), strict=True))
 
 
 def insert_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:

@@ -16,7 +16,7 @@ from .. import audit, db, defaults
 from ..broker import PostgresBroker, threads
 from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
-from ..broker.sql import jobkeys, joblog
+from ..broker.sql import jobkeys, joblog, slots
 from ..broker.sql import limiter as limiter_sql
 from ..broker.sql import workflows as workflows_sql
 from ..config import Retention
@@ -95,6 +95,14 @@ class Upkeep(threading.Thread):
         self.broker.leases.heartbeat()
         self.registration.beat(Beat(self.state(), self.broker.leases.count(), self.broker.jobs_done,
                                     self.paused()))
+
+    def sweep_slots(self) -> int:
+        """Hand the free slots of keys with parked jobs to them (sql/slots.py: the window a
+        claim's SKIP LOCKED leaves, and slots whose job ended by a path that writes no key);
+        one probe of an empty table when nothing is parked. How many jobs it handed."""
+        with self.broker.pool.connection(timeout=10) as c:
+            row = c.execute(slots.LOG_SWEEP_BLOCKED).fetchone()
+        return int(row[0]) if row else 0
 
     def vacuum(self) -> int | None:
         """Analyze jobs if the planner's row count is stale, then vacuum it if due (see
@@ -273,12 +281,14 @@ class Upkeep(threading.Thread):
         due = {"beat": now + s.heartbeat_seconds, "reap": now + random.uniform(0, s.reap_seconds),
                "prune": now + random.uniform(s.prune_every / 10, s.prune_every),
                "vacuum": now + random.uniform(0, s.vacuum_check_seconds),
-               "dead": now + random.uniform(0, s.heartbeat_seconds / 4)}
+               "dead": now + random.uniform(0, s.heartbeat_seconds / 4),
+               "slots": now + random.uniform(0, slots.SWEEP_SECONDS)}
         tasks: dict[str, Callable[[], object]] = {
             "beat": self.beat, "reap": self.broker.leases.reap_expired, "prune": self.start_prune,
-            "vacuum": self.start_vacuum, "dead": lambda: liveness.release_dead(self.broker.leases, self.registration)}
+            "vacuum": self.start_vacuum, "dead": lambda: liveness.release_dead(self.broker.leases, self.registration),
+            "slots": self.sweep_slots}
         every = {"beat": s.heartbeat_seconds, "reap": s.reap_seconds, "prune": s.prune_every,
-                 "vacuum": s.vacuum_check_seconds, "dead": s.heartbeat_seconds / 4}
+                 "vacuum": s.vacuum_check_seconds, "dead": s.heartbeat_seconds / 4, "slots": slots.SWEEP_SECONDS}
         while not self._halt.wait(max(0.0, min(due.values()) - time.monotonic())):
             for name, task in tasks.items():
                 now = time.monotonic()

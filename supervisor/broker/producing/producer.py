@@ -19,7 +19,7 @@ from ..connections import Connections, callers_transaction
 from ..message import PgMessageProxy, body_columns, body_text, readable_body
 from ..middleware import Retries
 from ..signals import Emit
-from ..sql import joblog, timers
+from ..sql import joblog, slots, timers
 from . import keyed, sending
 
 T = TypeVar("T")
@@ -63,10 +63,10 @@ class Producer:
             "flow": limits,
         }
 
-    def _log_rows(self, messages: list[Message[Any]]) -> list[tuple[Any, ...] | None]:
+    def _log_rows(self, messages: list[Message[Any]], *, keyed: bool = False) -> list[tuple[Any, ...] | None]:
         """Each message's log row (logstore.log_row), None for one the log does not take (a
-        dedupe, concurrency or limit key, an actor this process does not know, storage
-        "table"). A message with no options of its own has its actor's and queue's fields:
+        dedupe key, a limit key with more than a concurrency limit, or any limit key unless
+        ``keyed``: due now; an actor this process does not know, storage "table"). A message with no options of its own has its actor's and queue's fields:
         those are worked out once per actor and queue (``_plain_fields``), the rest of its
         row is its id, body and stamp; any other message's row is built as bulk.rows builds
         job_queue's."""
@@ -89,7 +89,8 @@ class Producer:
                 out.append((m.message_id, m.queue_name, m.actor_name, *body_text(m, readable), *fields,
                             m.message_timestamp))
         if rest:
-            for i, row in zip(rest, self._general_log_rows([messages[i] for i in rest], retries), strict=True):
+            for i, row in zip(rest, self._general_log_rows([messages[i] for i in rest], retries, keyed=keyed),
+                              strict=True):
                 out[i] = row
         return out
 
@@ -119,12 +120,12 @@ class Producer:
         (row,) = self._general_log_rows([message], retries)
         return None if row is None or logstore.key_of(row) is not None else row[7:10]  # (an actor's dedupe key)
 
-    def _general_log_rows(self, messages: list[Message[Any]], retries: Retries | None
+    def _general_log_rows(self, messages: list[Message[Any]], retries: Retries | None, *, keyed: bool = False
                           ) -> list[tuple[Any, ...] | None]:
         actors = self.actors
         out: list[tuple[Any, ...] | None] = []
         for m, row in zip(messages, bulk.rows(messages, actors, retries, self.queue_priorities), strict=True):
-            if not logstore.loggable(row, actors):
+            if not logstore.loggable(row, actors, keyed=keyed):
                 out.append(None)
                 continue
             out.append(logstore.log_row(row, bulk.lease_budget(m, actors[m.actor_name])))
@@ -138,7 +139,7 @@ class Producer:
             return self._retry(message, delay)  # type: ignore[return-value]
         self._emit_before("enqueue", message, delay)
         with tracing.active.sending([message]) if tracing.active else contextlib.nullcontext():
-            (logged,) = self._log_rows([message])
+            (logged,) = self._log_rows([message], keyed=not delay)
             if logged is not None:
                 holders: dict[Any, str] = {}
                 write = self._log_writer([logged], lambda c: message, atomic=False, delay_ms=int(delay or 0),
@@ -166,9 +167,16 @@ class Producer:
         (timers.TIMER_INSERT, one statement of arrays) until a claim promotes them into the
         log at their run_at. Rows with a dedupe key (keyed.py) take their keys as they are
         written, each key's first row only, in the same transaction as the rest; each key's
-        holder (the row's own id, or the live job that has it) goes into ``holders``."""
+        holder (the row's own id, or the live job that has it) goes into ``holders``. Rows
+        with a concurrency key (due now: never delayed) go in with slots.LOG_INSERT_KEYED,
+        in the same transaction."""
+        slotted = [r for r in rows if logstore.flow_keyed(r)]
+        if slotted:
+            rows = [r for r in rows if not logstore.flow_keyed(r)]
+            slot_params = logstore.keyed_params(logstore.unique_rows(slotted))
+            atomic = atomic or bool(rows)  # two statements: both, or neither
         copy = len(rows) >= bulk.COPY_MIN_ROWS and not delay_ms
-        plain, first = keyed.split(rows) if any(len(r) > logstore.WIDTH for r in rows) else (rows, [])
+        plain, first = keyed.split(rows) if any(logstore.key_of(r) is not None for r in rows) else (rows, [])
         atomic = atomic or bool(first and (plain or copy))  # the keys taken and the rows, or neither
         params = None if copy or not plain else {**logstore.insert_params(logstore.unique_rows(plain)),
                                                  "delay_ms": delay_ms}
@@ -177,6 +185,8 @@ class Producer:
         def append(c: psycopg.Connection) -> None:
             tries[0] += 1
             again = tries[0] > 1
+            if slotted:
+                c.execute(slots.LOG_INSERT_KEYED_AGAIN if again else slots.LOG_INSERT_KEYED, slot_params)
             if first:
                 took = keyed.take(c, first, copy=copy, again=again, delay_ms=delay_ms)
                 if holders is not None:
@@ -242,8 +252,8 @@ class Producer:
             self._send(self._copy_writer(lambda: self._log_rows(messages), ids), conn, what)
             return messages
         retries = self.retries()
-        rows = self._log_rows(messages)
-        if any(r is not None and len(r) > logstore.WIDTH for r in rows):
+        rows = self._log_rows(messages, keyed=not delay)
+        if any(r is not None and logstore.key_of(r) is not None for r in rows):
             rows = keyed.beside_table(rows, messages, lambda m: bulk.job_fields(
                 m, self.actors.get(m.actor_name), retries, self.queue_priorities)[2])
         logged = [r for r in rows if r is not None]

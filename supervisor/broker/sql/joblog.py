@@ -119,16 +119,19 @@ WITH f AS (
 """
 # The done rows (the fence), and the leases ended, which every write has.
 _LOG_DONE = """), b AS (
-    -- when each batch was claimed (the jobs' claimed_at), one lookup a batch
-    SELECT x.batch, x.claimed_at FROM job_lease x WHERE x.batch = ANY(ARRAY(SELECT DISTINCT batch FROM f))
+    -- when each batch was claimed (the jobs' claimed_at) and its rows' keys, one lookup a batch
+    SELECT x.batch, x.claimed_at, x.seqs, x.keys, x.slots FROM job_lease x WHERE x.batch = ANY(ARRAY(SELECT DISTINCT batch FROM f))
 ), done AS (
     INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, claimed_at, started_at,
-                          finished_at, last_error, progress, result)
+                          finished_at, last_error, progress, result, flow_key, flow_slot)
     SELECT f.seq, f.day, f.id, f.queue, f.actor, f.created_at,
            CASE f.kind WHEN 'retry' THEN 'retried' WHEN 'requeue' THEN 'requeued' WHEN 'limited' THEN 'requeued'
                        ELSE f.kind END,
            f.attempt, %(owner)s, b.claimed_at, now() - f.started_us * interval '1 microsecond',
-           now() - coalesce(f.ended_us, 0) * interval '1 microsecond', f.error, f.progress, f.result
+           now() - coalesce(f.ended_us, 0) * interval '1 microsecond', f.error, f.progress, f.result,
+           -- a keyed job's key and slot row (053): its done row's trigger ends its hold of the slot
+           CASE WHEN b.keys IS NOT NULL THEN b.keys[array_position(b.seqs, f.seq)] END,
+           CASE WHEN b.keys IS NOT NULL THEN b.slots[array_position(b.seqs, f.seq)] END
       FROM f LEFT JOIN b ON b.batch = f.batch
     -- fence --
     RETURNING seq, day
@@ -140,25 +143,40 @@ _LOG_ENDED = """), ended AS (
 _LOG_GOES_ON = """), went AS (
     -- the rows written whose job goes on, or that leave an event: their log row's body
     SELECT f.*, l.args, l.kwargs, l.options AS old_options, l.payload AS old_payload,
-           l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.dedupe_key
+           l.priority, l.max_attempts, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.dedupe_key,
+           l.flow_key, l.flow
       FROM done d JOIN f ON f.seq = d.seq AND f.day = d.day JOIN job_log l ON l.seq = d.seq AND l.day = d.day
      WHERE f.kind <> 'succeeded'
+), queued AS (
+    INSERT INTO job_queue (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
+                           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error,
+                           started_at, flow_key, flow, concurrency_key)
+    -- a limited job with a limit key waits for its key in job_queue, whose gate keeps the
+    -- block RateLimited put on the key (its slot went with its done row)
+    SELECT id, queue, actor, args, kwargs, coalesce(options, old_options),
+           old_payload, 'waiting', priority,
+           now() + coalesce(delay_ms, 0) * interval '1 millisecond', attempt - 1,
+           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, error,
+           now() - started_us * interval '1 microsecond', flow_key, flow, flow_key
+      FROM went WHERE kind = 'limited' AND flow_key IS NOT NULL
 ), timed AS (
     -- a retry waits for its backoff in job_timers (051), which the claims promote into the
     -- log; a limited job waits there too, pending, its attempt not counted
     INSERT INTO job_timers (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
-                            max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error, dedupe_key)
+                            max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error, dedupe_key,
+                            flow_key, flow)
     SELECT id, queue, actor, args, kwargs, coalesce(options, old_options), CASE kind WHEN 'retry' THEN payload ELSE old_payload END,
            CASE kind WHEN 'retry' THEN 'retryable' ELSE 'pending' END, priority,
            now() + coalesce(delay_ms, 0) * interval '1 millisecond',
            CASE kind WHEN 'retry' THEN attempt ELSE attempt - 1 END, max_attempts, lease_losses,
-           max_lease_losses, message_timestamp, created_at, error, dedupe_key
-      FROM went WHERE kind IN ('retry', 'limited')
+           max_lease_losses, message_timestamp, created_at, error, dedupe_key, flow_key, flow
+      FROM went WHERE kind = 'retry' OR kind = 'limited' AND flow_key IS NULL
 ), again AS (
+    -- (a keyed one is gated again: its slot went with its done row)
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key)
+                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow)
     SELECT id, queue, actor, args, kwargs, old_options, old_payload, priority, attempt - 1, max_attempts,
-           lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key
+           lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow
       FROM went WHERE kind = 'requeue'
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
@@ -215,11 +233,12 @@ WITH gone AS MATERIALIZED (
             OR owner IN (SELECT id FROM gone)
             OR left(owner, length(%(node)s::text) + 1) = %(node)s::text || ':'
          ORDER BY batch LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-    RETURNING owner, seqs, days
+    RETURNING owner, seqs, days, slots
 ), rows AS (
-    SELECT lease.owner, u.seq, u.day FROM lease, unnest(lease.seqs, lease.days) AS u(seq, day)
+    SELECT lease.owner, u.seq, u.day, u.slot FROM lease, unnest(lease.seqs, lease.days, lease.slots) AS u(seq, day, slot)
 ), released AS (
-    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, lease_losses, last_error)
+    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, lease_losses, last_error,
+                          flow_key, flow_slot)
     SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at,
            CASE WHEN l.lease_losses + 1 >= coalesce(l.max_lease_losses, %(max_losses)s) THEN 'failed' ELSE 'released' END,
            l.attempts + 1, r.owner, l.lease_losses + 1,
@@ -227,17 +246,20 @@ WITH gone AS MATERIALIZED (
                 THEN format('poison pill: lease lost %%s times while running (the job killed or stalled its process;'
                             ' last owner %%s, %%s); budget max_lease_losses=%%s used up, giving up',
                             l.lease_losses + 1, r.owner, %(why)s::text, coalesce(l.max_lease_losses, %(max_losses)s))
-           END
+           END, l.flow_key, r.slot
       FROM rows r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
     ON CONFLICT (seq, day) DO NOTHING
-    RETURNING seq, day, id, status, owner
+    RETURNING seq, day, id, status, owner, flow_slot AS slot
 ), went AS (
-    SELECT r.status, r.owner, l.* FROM released r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
+    SELECT r.status, r.owner, r.slot, l.* FROM released r JOIN job_log l ON l.seq = r.seq AND l.day = r.day
 ), again AS (
+    -- (a keyed one keeps its slot: 'released' does not end its hold, 053)
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key)
+                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow,
+                         flow_held, flow_slot)
     SELECT id, queue, actor, args, kwargs, options, payload, priority, attempts + 1, max_attempts,
-           lease_losses + 1, max_lease_losses, message_timestamp, created_at, dedupe_key
+           lease_losses + 1, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow,
+           flow_key IS NOT NULL, slot
       FROM went WHERE status = 'released'
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
@@ -256,8 +278,8 @@ SELECT id::text, CASE status WHEN 'released' THEN 'pending' ELSE status END, own
 # over, and an event. Returns the cancelled job's id.
 LOG_CANCEL = """
 WITH done AS (
-    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, last_error)
-    SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'cancelled', l.attempts + 1, NULL, %(reason)s
+    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, last_error, flow_key)
+    SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'cancelled', l.attempts + 1, NULL, %(reason)s, l.flow_key
       FROM job_log l
      WHERE l.id = %(id)s::uuid
        AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
@@ -266,12 +288,15 @@ WITH done AS (
 ), passed AS (
     INSERT INTO job_log_cancel (seq, day) SELECT seq, day FROM done
 ), was AS (
-    SELECT done.id, EXISTS (SELECT 1 FROM job_lease x WHERE done.seq = ANY(x.seqs)) AS running FROM done
+    SELECT done.id, EXISTS (SELECT 1 FROM job_lease x WHERE done.seq = ANY(x.seqs)) AS running,
+           EXISTS (SELECT 1 FROM job_blocked b WHERE b.seq = done.seq AND b.day = done.day) AS parked
+      FROM done
 ), told AS (
     SELECT pg_notify('actor_supervisor_cancel', id::text) FROM was WHERE running
 )
 INSERT INTO job_events (job_id, who, from_status, to_status, reason)
-SELECT id, %(who)s, CASE WHEN running THEN 'running' ELSE 'pending' END, 'cancelled', %(reason)s
+SELECT id, %(who)s, CASE WHEN running THEN 'running' WHEN parked THEN 'waiting' ELSE 'pending' END, 'cancelled',
+       %(reason)s
   FROM was, (SELECT count(*) FROM told) AS t
 RETURNING job_id
 """
@@ -356,18 +381,19 @@ DELETE FROM job_cursor c
 # Analyzed with it: the jobs view's pending part is priced by its cursors' levels.
 LOG_VACUUM_DUE = """
 SELECT coalesce(sum(s.n_dead_tup), 0)::bigint FROM pg_stat_user_tables s
- WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel', 'job_timers', 'job_keys')
+ WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel', 'job_timers', 'job_keys', 'job_blocked')
 HAVING sum(s.n_dead_tup) >= %(dead_rows)s
    AND max(coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity')) < now() - %(min_s)s * interval '1 second'
 """
-VACUUM_LOG = "VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel, job_timers, job_keys"
+VACUUM_LOG = ("VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel, job_timers,"
+              " job_keys, job_blocked")
 
 # Broker.flush: the queue's log rows that no claim holds and have no outcome are
 # cancelled (the claims pass them over, as a pending job an operator cancels).
 LOG_FLUSH = """
 WITH done AS (
-    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, last_error)
-    SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'cancelled', l.attempts + 1, 'flushed'
+    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, last_error, flow_key)
+    SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'cancelled', l.attempts + 1, 'flushed', l.flow_key
       FROM job_log l
      WHERE l.queue = %(queue)s
        AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)

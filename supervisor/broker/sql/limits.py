@@ -50,8 +50,22 @@ WITH RECURSIVE wq(queue) AS (
         SELECT key FROM wk
         UNION SELECT key FROM running
         UNION SELECT key FROM (SELECT key FROM rate_limiter_state WHERE key > %(after)s
-                                ORDER BY key LIMIT %(max_keys)s + 1) b) k
+                                ORDER BY key LIMIT %(max_keys)s + 1) b
+        -- the log's keys (053): those with parked jobs, and those whose slots are held
+        UNION SELECT key FROM (SELECT DISTINCT key FROM job_blocked WHERE key > %(after)s
+                                ORDER BY key LIMIT %(max_keys)s + 1) p
+        UNION SELECT key FROM (SELECT DISTINCT key FROM job_concurrency WHERE job_id IS NOT NULL AND key > %(after)s
+                                ORDER BY key LIMIT %(max_keys)s + 1) s) k
      ORDER BY key LIMIT %(max_keys)s + 1
+), parked AS (
+    -- per key of the log: its parked jobs (each one's parked row with no outcome), the oldest
+    -- one's creation and limits
+    SELECT b.key, array_agg(DISTINCT b.queue) AS queues, count(*)::int AS n, min(l.created_at) AS since,
+           (array_agg(l.flow ORDER BY b.pos))[1] AS flow
+      FROM job_blocked b JOIN job_log l ON l.seq = b.seq AND l.day = b.day
+     WHERE b.key IN (SELECT key FROM keys)
+       AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = b.seq AND d.day = b.day)
+     GROUP BY b.key
 ), wh AS (
     -- per queue and key: its waiting rows (up to ``upto``), the oldest due, the head's limits
     SELECT w.queue, w.key, c.n, c.since,
@@ -71,11 +85,17 @@ WITH RECURSIVE wq(queue) AS (
       FROM wh h GROUP BY h.key
 ), kv AS MATERIALIZED (
     -- (materialized: the gate names the key's flow many times; each would run its subquery)
-    SELECT k.key, coalesce(a.queues, '{{}}') AS queues, coalesce(a.waiting, 0) AS waiting,
-           coalesce(a.waiting_more, false) AS waiting_more, a.since AS waiting_since,
-           coalesce(a.flow, (SELECT j.flow FROM job_queue j WHERE j.id = r.one::uuid)) AS flow,
-           coalesce(r.n, 0) AS running
+    SELECT k.key, coalesce(a.queues, p.queues, '{{}}') AS queues, coalesce(a.waiting, 0) + coalesce(p.n, 0) AS waiting,
+           coalesce(a.waiting_more, false) AS waiting_more, least(a.since, p.since) AS waiting_since,
+           coalesce(a.flow, p.flow, (SELECT j.flow FROM job_queue j WHERE j.id = r.one::uuid),
+                    (SELECT l.flow FROM job_concurrency c JOIN job_log l ON l.id = c.job_id
+                      WHERE c.key = k.key AND l.flow IS NOT NULL LIMIT 1)) AS flow,
+           -- (a log job holding a slot: running, or handed it and about to be claimed)
+           coalesce(r.n, 0) + (SELECT count(*) FROM job_concurrency c
+                                WHERE c.key = k.key AND c.job_id IS NOT NULL
+                                  AND NOT EXISTS (SELECT 1 FROM job_queue j WHERE j.id = c.job_id))::int AS running
       FROM keys k LEFT JOIN wa a ON a.key = k.key LEFT JOIN running r ON r.key = k.key
+      LEFT JOIN parked p ON p.key = k.key
 )
 SELECT v.key, v.queues, v.waiting, v.waiting_more, extract(epoch FROM now() - v.waiting_since)::float8 AS wait_s,
        v.running, (SELECT count(*) FROM job_concurrency c WHERE c.key = v.key AND c.job_id IS NOT NULL)::int AS slots_taken,

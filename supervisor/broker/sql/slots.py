@@ -1,0 +1,51 @@
+"""The job log's concurrency-keyed jobs (migration 053): their append, and the sweep of
+the slots the hand-off could not give.
+
+A job whose limit key carries a concurrency limit and nothing else (no rate, daily quota or
+weight; no dedupe key) is appended to ``job_log`` with its key and limit (``flow_key``,
+``flow``). The claim (``job_log_claim``) gives each such row a slot of its own key
+(``job_log_gate``: 046's ``job_concurrency`` rows, SKIP LOCKED) or parks it in
+``job_blocked``; a job's end (its done row carrying the key: ``job_done_slot_end``) hands
+its slot to the key's oldest parked job, which is appended to the log again holding it
+(``job_slot_hand``), else frees it. Every such step reads the rows of one key only.
+"""
+
+from .joblog import LOG_COLUMNS
+
+# A keyed row's columns as a producer writes them: the plain ones, then its key and limit.
+LOG_KEYED_COLUMNS = LOG_COLUMNS + ", flow_key, flow"
+
+# Keyed rows appended (one array per column), in the caller's transaction: as LOG_INSERT_ONE,
+# a message whose id a live job has (job_id_live: job_queue, the timers, the log's rows with
+# no outcome, a parked row among them) is not written again. Only batches with keyed rows
+# send this: a plain row's statements (LOG_INSERT, LOG_COPY) are as before.
+_LOG_INSERT_KEYED = f"""
+INSERT INTO job_log ({LOG_KEYED_COLUMNS})
+SELECT * FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(args)s::jsonb[], %(kwargs)s::jsonb[],
+                     %(options)s::jsonb[], %(payload)s::bytea[], %(priority)s::int[], %(max_attempts)s::int[],
+                     %(max_lease_losses)s::int[], %(message_timestamp)s::bigint[], %(flow_key)s::text[],
+                     %(flow)s::jsonb[])
+    AS m({LOG_KEYED_COLUMNS})
+ WHERE NOT job_id_live(m.id)
+"""
+LOG_INSERT_KEYED = _LOG_INSERT_KEYED
+# Written again on a fresh connection (sending.py): any row of the log with the id means the
+# first write went in (as LOG_INSERT_AGAIN).
+LOG_INSERT_KEYED_AGAIN = _LOG_INSERT_KEYED.rstrip() + """
+   AND NOT EXISTS (SELECT 1 FROM job_log l WHERE l.id = m.id)
+"""
+
+# The upkeep's sweep (every SWEEP_SECONDS, any worker; job_blocked_sweep): the free slots of
+# keys with parked jobs, and those whose job is no longer live, handed to the key's oldest
+# parked job (no floor), each slot locked SKIP LOCKED (a slot a claim or a job's end holds
+# is theirs). It closes the one window the claim's locks leave open (a claim that met a slot
+# row being freed, SKIP LOCKED, parked its row while that end found nothing parked yet).
+# With nothing parked: one probe of an empty table. Returns how many jobs it handed a slot.
+LOG_SWEEP_BLOCKED = "SELECT job_blocked_sweep()"
+SWEEP_SECONDS = 1.0
+
+# A queue's parked jobs (tests, the bench): how many wait for a slot of their key.
+LOG_PARKED = """
+SELECT count(*) FROM job_blocked b
+ WHERE b.queue = %(queue)s AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = b.seq AND d.day = b.day)
+"""
