@@ -99,15 +99,21 @@ def test_copy_writes_the_rows_insert_many_and_enqueue_write(conn, broker, actors
                                             ([m.message_id for m in one_by_one],))}
         tx.commit()
     # A plain job sent alone goes to the log at the default storage (a batch through
-    # bulk.py to job_queue), and a log row states its lease-loss budget when sent (a
-    # release by any process spends it) where job_queue's claim fills it in: otherwise
-    # the rows are the same.
-    assert all(m.actor_name == "plain" for m in one_by_one if m.message_id in logged)
+    # bulk.py to job_queue), and so does one whose key has a concurrency limit alone (053);
+    # a log row states its lease-loss budget when sent (a release by any process spends it)
+    # where job_queue's claim fills it in, and a keyed one is pending until its claim gates
+    # it where job_queue's waits for its key: otherwise the rows are the same.
+    keyed = {m.message_id for m in one_by_one if m.actor_name == "limited"}
     assert bool(logged) == (broker.storage == "log")
+    assert logged == {m.message_id for m in one_by_one} - {m.message_id for m in one_by_one
+                                                            if m.actor_name == "elsewhere"} or not logged
     for m, row in zip(one_by_one, rows[2], strict=True):
         if m.message_id in logged:
-            assert row["max_lease_losses"] == defaults.MAX_LEASE_LOSSES
+            assert row["max_lease_losses"] == m.options.get("max_lease_losses", defaults.MAX_LEASE_LOSSES)
             row["max_lease_losses"] = None
+            if m.message_id in keyed:
+                assert row["status"] == "pending"
+                row["status"] = "waiting"
     assert rows[0] == rows[1] == rows[2]
     first = rows[0]
     assert first[0]["max_attempts"] == 21 and first[2]["max_attempts"] == 6 and first[3]["max_attempts"] == 4

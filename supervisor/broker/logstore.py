@@ -106,6 +106,7 @@ def insert_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
 
 
 _KEYED_NAMES = [name.strip() for name in jobkeys.KEYED_COLUMNS.split(",")]
+_LOG_NAMES = _KEYED_NAMES[:WIDTH]  # sql.LOG_COLUMNS'
 
 
 def append(conn: psycopg.Connection, rows: Sequence[tuple[Any, ...]] | Callable[[], Sequence[tuple[Any, ...]]], *,
