@@ -177,10 +177,11 @@ BEGIN
         UPDATE job_concurrency c SET job_id = l.id, freed_at = NULL, handed = b.pos WHERE c.ctid = slot_tid
         RETURNING c.ctid INTO t;
         INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                             lease_losses, max_lease_losses, message_timestamp, created_at, flow_key, flow, flow_held,
-                             flow_slot)
+                             lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow,
+                             flow_held, flow_slot)
         VALUES (l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, l.priority, l.attempts, l.max_attempts,
-                l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at, l.flow_key, l.flow, true, t);
+                l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at, l.dedupe_key, l.flow_key, l.flow,
+                true, t);
         RETURN l.id;
     END LOOP;
 END $$;

@@ -49,14 +49,14 @@ class LogRow:
 
 def loggable(row: tuple[Any, ...], actors: Container[str], *, keyed: bool = False) -> bool:
     """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log: a
-    plain one, one with a dedupe key alone (taken in job_keys as the row is written: 052),
-    or (``keyed``) one whose limit key carries a concurrency limit and nothing else
-    (053: no rate, quota or weight, no dedupe key)."""
+    plain one, one with a dedupe key (taken in job_keys as the row is written: 052), and
+    (``keyed``) one whose limit key carries a concurrency limit and nothing else (053: no
+    rate, quota or weight), with or without a dedupe key."""
     if row[bulk.ACTOR] not in actors:
         return False
     if row[bulk.FLOW_KEY] is None:
         return row[bulk.CONCURRENCY_KEY] is None
-    return keyed and row[bulk.KEY] is None and concurrency_only(row[bulk.FLOW_KEY + 1])
+    return keyed and concurrency_only(row[bulk.FLOW_KEY + 1])
 
 
 @functools.lru_cache(maxsize=256)
@@ -66,10 +66,11 @@ def concurrency_only(limits: str | None) -> bool:
 
 
 # A plain log row's width (sql.LOG_COLUMNS), so a plain row's tuple, statements and COPY
-# text stay as they were. A deduped one has its dedupe key after them (jobkeys.KEYED_COLUMNS:
-# one more), a concurrency-keyed one its key and limit (slots.LOG_KEYED_COLUMNS: two more);
-# no row has both (loggable).
+# text stay as they were. After them a deduped row has its dedupe key (one more), a
+# concurrency-keyed one its limit key and limits (two more: slots.LOG_KEYED_COLUMNS), and
+# one with both all three (jobkeys.KEYED_COLUMNS), which jobkeys' statements write.
 WIDTH = len(joblog.LOG_COLUMNS.split(","))
+_DEDUPED = (WIDTH + 1, WIDTH + 3)
 
 
 def log_row(row: tuple[Any, ...], max_lease_losses: int | None) -> tuple[Any, ...]:
@@ -81,18 +82,26 @@ def log_row(row: tuple[Any, ...], max_lease_losses: int | None) -> tuple[Any, ..
     out = (*row[:bulk.KEY], defaults.MAX_LEASE_LOSSES if max_lease_losses is None else max_lease_losses,
            row[bulk.STAMP])
     if row[bulk.FLOW_KEY] is not None:
-        return (*out, row[bulk.FLOW_KEY], row[bulk.FLOW_KEY + 1])
+        flow = (row[bulk.FLOW_KEY], row[bulk.FLOW_KEY + 1])
+        return (*out, *flow) if row[bulk.KEY] is None else (*out, row[bulk.KEY], *flow)
     return out if row[bulk.KEY] is None else (*out, row[bulk.KEY])
 
 
 def key_of(row: tuple[Any, ...]) -> Any:
-    """A log row's dedupe key (None: a plain or a concurrency-keyed row)."""
-    return row[WIDTH] if len(row) == WIDTH + 1 else None
+    """A log row's dedupe key (None: none)."""
+    return row[WIDTH] if len(row) in _DEDUPED else None
 
 
 def flow_keyed(row: tuple[Any, ...]) -> bool:
-    """Whether a log row carries a limit key and its limits (a concurrency-keyed job: 053)."""
+    """Whether a log row carries a limit key and its limits and no dedupe key (a
+    concurrency-keyed job: slots.LOG_INSERT_KEYED writes it)."""
     return len(row) == WIDTH + 2
+
+
+def keyed_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A deduped row with every column of jobkeys.KEYED_COLUMNS (its limit key and limits
+    NULL if it has none), as jobkeys' statements and the keyed COPY take it."""
+    return row if len(row) == WIDTH + 3 else (*row, *(None,) * (WIDTH + 3 - len(row)))
 
 
 def keyed_params(rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
@@ -240,11 +249,10 @@ def _copy_field(value: Any) -> str:
 
 def copy_text(rows: Iterable[tuple[Any, ...]], *, keyed: bool = False) -> bytes:
     """``log_row`` rows as sql.LOG_COPY's input (``keyed``: jobkeys.LOG_COPY_KEYED's, each row
-    with its key or NULL). A row whose text needs no escape (ids, queue and actor names,
+    with its keys or NULLs: keyed_row). A row whose text needs no escape (ids, queue and actor names,
     compact JSON: nearly every one) is one f-string; any other goes field by field."""
     if keyed:
-        return "".join("\t".join(map(_copy_field, (*row, None) if len(row) == WIDTH else row)) + "\n"
-                       for row in rows).encode()
+        return "".join("\t".join(map(_copy_field, keyed_row(row))) + "\n" for row in rows).encode()
     lines = []
     for row in rows:
         job_id, queue, actor, args, kwargs, options, payload, priority, max_attempts, losses, stamp = row

@@ -45,7 +45,8 @@ def take(conn: psycopg.Connection, first: list[tuple[Any, ...]], *, copy: bool, 
         statement = jobkeys.TIMER_INSERT_KEYED_AGAIN if again else jobkeys.TIMER_INSERT_KEYED
     else:
         statement = jobkeys.LOG_INSERT_KEYED_AGAIN if again else jobkeys.LOG_INSERT_KEYED
-    return dict(conn.execute(statement, {**logstore.insert_params(first), "delay_ms": delay_ms}).fetchall())
+    rows = [logstore.keyed_row(r) for r in first]
+    return dict(conn.execute(statement, {**logstore.insert_params(rows), "delay_ms": delay_ms}).fetchall())
 
 
 def kept(rows: Sequence[tuple[Any, ...]], holders: dict[Any, str]) -> list[tuple[Any, ...]]:

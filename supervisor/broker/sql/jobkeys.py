@@ -12,12 +12,14 @@ No claim reads this table.
 
 from .joblog import LOG_COLUMNS
 
-# A keyed log row's columns: the log's, then its key (a plain row leaves it NULL, unwritten).
-KEYED_COLUMNS = f"{LOG_COLUMNS}, dedupe_key"
+# A deduped log row's columns: the log's, then its key (a plain row leaves it NULL,
+# unwritten), and its limit key and limits (053: NULL unless its key has a concurrency limit).
+KEYED_COLUMNS = f"{LOG_COLUMNS}, dedupe_key, flow_key, flow"
 
 _KEYED_ROWS = f"""unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(args)s::jsonb[], %(kwargs)s::jsonb[],
               %(options)s::jsonb[], %(payload)s::bytea[], %(priority)s::int[], %(max_attempts)s::int[],
-              %(max_lease_losses)s::int[], %(message_timestamp)s::bigint[], %(dedupe_key)s::text[])
+              %(max_lease_losses)s::int[], %(message_timestamp)s::bigint[], %(dedupe_key)s::text[],
+              %(flow_key)s::text[], %(flow)s::jsonb[])
     AS m({KEYED_COLUMNS})"""
 
 # Keyed rows (each key once: the producer keeps a key's first message) taken and written in
