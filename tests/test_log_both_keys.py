@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import scalar
-from tests.test_log_concurrency import QUEUE, ended, fleet, most_at_once, producer, runs, settled
+from tests.test_log_concurrency import ended, fleet, most_at_once, producer, runs, settled
 
 
 @pytest.mark.parametrize("batch", [1, 8, 40], ids=["single", "small batch", "copy"])
@@ -43,3 +43,24 @@ def test_jobs_with_both_keys_live_in_the_log_and_keep_both_promises(conn, databa
         fresh = p.enqueue(actor.message_with_options(kwargs={"account": "acct-0", "n": 100}, dedupe_key="once:0"))
     assert fresh.message_id != messages[0].message_id
     ended(conn, 41)
+
+
+def test_a_delayed_keyed_job_waits_in_job_timers_and_is_gated_once_due(conn, database_url, workers) -> None:
+    # Sent with a delay, a concurrency-keyed job (with or without a dedupe key) waits in
+    # job_timers with its key and limits, never in job_queue; the claim that promotes it
+    # gates it as any keyed row of the log: one of the key at a time.
+    with producer(database_url) as p:
+        actor = p.actors["one_at_a_time"]
+        for n in range(3):
+            p.enqueue(actor.message_with_options(kwargs={"account": "acct-d", "n": n, "sleep_s": 0.1}), delay=300)
+        p.enqueue_many([actor.message_with_options(kwargs={"account": "acct-d", "n": 3 + n, "sleep_s": 0.1},
+                                                   dedupe_key=f"later:{n}") for n in range(2)], delay=300)
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    assert scalar(conn, "SELECT count(*) FROM job_timers WHERE flow_key = 'acct:acct-d'") == 5
+    assert scalar(conn, "SELECT count(*) FROM job_timers WHERE dedupe_key LIKE 'later:%%'") == 2
+    fleet(workers, conn)
+    ended(conn, 5)
+    spans = runs(conn, "acct-d")
+    assert sorted(n for n, _, _ in spans) == [0, 1, 2, 3, 4]
+    assert most_at_once([(s, e) for _, s, e in spans]) == 1
+    settled(conn)

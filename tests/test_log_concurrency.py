@@ -85,10 +85,12 @@ def test_a_concurrency_keyed_job_is_appended_to_the_log_with_its_key(conn, datab
     assert conn.execute("SELECT flow_key, flow, flow_held FROM job_log WHERE id = %s", (m.message_id,)).fetchall() == [
         ("acct:a", {"c": 1}, None)]
     assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = %s", (m.message_id,)) == 0
-    # shown pending with its key; a delayed one waits in job_queue as before
+    # shown pending with its key; a delayed one waits in job_timers with its key and limits
     assert conn.execute("SELECT status, concurrency_key, flow_key FROM jobs WHERE id = %s",
                         (m.message_id,)).fetchall() == [("pending", "acct:a", "acct:a")]
-    assert scalar(conn, "SELECT status FROM job_queue WHERE id = %s", (d.message_id,)) == "waiting"
+    assert conn.execute("SELECT status, flow_key, flow FROM job_timers WHERE id = %s",
+                        (d.message_id,)).fetchall() == [("pending", "acct:a", {"c": 1})]
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
 
 
 def test_limits_hold_across_two_workers_first_in_first_out_per_key(conn, database_url, workers) -> None:

@@ -65,8 +65,8 @@ class Producer:
 
     def _log_rows(self, messages: list[Message[Any]], *, keyed: bool = False) -> list[tuple[Any, ...] | None]:
         """Each message's log row (logstore.log_row), None for one the log does not take (a
-        dedupe key, a limit key with more than a concurrency limit, or any limit key unless
-        ``keyed``: due now; an actor this process does not know, storage "table"). A message with no options of its own has its actor's and queue's fields:
+        limit key with more than a concurrency limit, or any limit key unless ``keyed``; an
+        actor this process does not know, storage "table"). A message with no options of its own has its actor's and queue's fields:
         those are worked out once per actor and queue (``_plain_fields``), the rest of its
         row is its id, body and stamp; any other message's row is built as bulk.rows builds
         job_queue's."""
@@ -139,7 +139,7 @@ class Producer:
             return self._retry(message, delay)  # type: ignore[return-value]
         self._emit_before("enqueue", message, delay)
         with tracing.active.sending([message]) if tracing.active else contextlib.nullcontext():
-            (logged,) = self._log_rows([message], keyed=not delay)
+            (logged,) = self._log_rows([message], keyed=True)
             if logged is not None:
                 holders: dict[Any, str] = {}
                 write = self._log_writer([logged], lambda c: message, atomic=False, delay_ms=int(delay or 0),
@@ -168,8 +168,8 @@ class Producer:
         log at their run_at. Rows with a dedupe key (keyed.py) take their keys as they are
         written, each key's first row only, in the same transaction as the rest; each key's
         holder (the row's own id, or the live job that has it) goes into ``holders``. Rows
-        with a concurrency key (due now: never delayed) go in with slots.LOG_INSERT_KEYED,
-        in the same transaction."""
+        with a concurrency key and no dedupe key go in with slots.LOG_INSERT_KEYED (delayed:
+        slots.TIMER_INSERT_KEYED), in the same transaction."""
         slotted = [r for r in rows if logstore.flow_keyed(r)]
         if slotted:
             rows = [r for r in rows if not logstore.flow_keyed(r)]
@@ -185,7 +185,10 @@ class Producer:
         def append(c: psycopg.Connection) -> None:
             tries[0] += 1
             again = tries[0] > 1
-            if slotted:
+            if slotted and delay_ms:
+                c.execute(slots.TIMER_INSERT_KEYED_AGAIN if again else slots.TIMER_INSERT_KEYED,
+                          {**slot_params, "delay_ms": delay_ms})
+            elif slotted:
                 c.execute(slots.LOG_INSERT_KEYED_AGAIN if again else slots.LOG_INSERT_KEYED, slot_params)
             if first:
                 took = keyed.take(c, first, copy=copy, again=again, delay_ms=delay_ms)
@@ -252,7 +255,7 @@ class Producer:
             self._send(self._copy_writer(lambda: self._log_rows(messages), ids), conn, what)
             return messages
         retries = self.retries()
-        rows = self._log_rows(messages, keyed=not delay)
+        rows = self._log_rows(messages, keyed=True)
         if any(r is not None and logstore.key_of(r) is not None for r in rows):
             rows = keyed.beside_table(rows, messages, lambda m: bulk.job_fields(
                 m, self.actors.get(m.actor_name), retries, self.queue_priorities)[2])

@@ -15,25 +15,34 @@ from .joblog import LOG_COLUMNS
 # A keyed row's columns as a producer writes them: the plain ones, then its key and limit.
 LOG_KEYED_COLUMNS = LOG_COLUMNS + ", flow_key, flow"
 
+_KEYED_ROWS = f"""unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(args)s::jsonb[], %(kwargs)s::jsonb[],
+              %(options)s::jsonb[], %(payload)s::bytea[], %(priority)s::int[], %(max_attempts)s::int[],
+              %(max_lease_losses)s::int[], %(message_timestamp)s::bigint[], %(flow_key)s::text[], %(flow)s::jsonb[])
+    AS m({LOG_KEYED_COLUMNS})"""
 # Keyed rows appended (one array per column), in the caller's transaction: as LOG_INSERT_ONE,
 # a message whose id a live job has (job_id_live: job_queue, the timers, the log's rows with
 # no outcome, a parked row among them) is not written again. Only batches with keyed rows
 # send this: a plain row's statements (LOG_INSERT, LOG_COPY) are as before.
 _LOG_INSERT_KEYED = f"""
 INSERT INTO job_log ({LOG_KEYED_COLUMNS})
-SELECT * FROM unnest(%(id)s::uuid[], %(queue)s::text[], %(actor)s::text[], %(args)s::jsonb[], %(kwargs)s::jsonb[],
-                     %(options)s::jsonb[], %(payload)s::bytea[], %(priority)s::int[], %(max_attempts)s::int[],
-                     %(max_lease_losses)s::int[], %(message_timestamp)s::bigint[], %(flow_key)s::text[],
-                     %(flow)s::jsonb[])
-    AS m({LOG_KEYED_COLUMNS})
+SELECT * FROM {_KEYED_ROWS}
  WHERE NOT job_id_live(m.id)
 """
 LOG_INSERT_KEYED = _LOG_INSERT_KEYED
 # Written again on a fresh connection (sending.py): any row of the log with the id means the
 # first write went in (as LOG_INSERT_AGAIN).
-LOG_INSERT_KEYED_AGAIN = _LOG_INSERT_KEYED.rstrip() + """
+_AGAIN = """
    AND NOT EXISTS (SELECT 1 FROM job_log l WHERE l.id = m.id)
 """
+LOG_INSERT_KEYED_AGAIN = _LOG_INSERT_KEYED.rstrip() + _AGAIN
+# Sent with a delay: they wait in job_timers with their key and limits (as timers.TIMER_INSERT),
+# and the claim that promotes them gates them as any keyed row of the log.
+_TIMER_INSERT_KEYED = f"""
+INSERT INTO job_timers ({LOG_KEYED_COLUMNS}, run_at)
+SELECT m.*, now() + %(delay_ms)s * interval '1 millisecond' FROM {_KEYED_ROWS}
+ WHERE NOT job_id_live(m.id)"""
+TIMER_INSERT_KEYED = _TIMER_INSERT_KEYED + "\nON CONFLICT (id) DO NOTHING\n"
+TIMER_INSERT_KEYED_AGAIN = _TIMER_INSERT_KEYED + _AGAIN + "ON CONFLICT (id) DO NOTHING\n"
 
 # The upkeep's sweep (every SWEEP_SECONDS, any worker; job_blocked_sweep): the free slots of
 # keys with parked jobs, and those whose job is no longer live, handed to the key's oldest
