@@ -99,15 +99,20 @@ def test_copy_writes_the_rows_insert_many_and_enqueue_write(conn, broker, actors
                                             ([m.message_id for m in one_by_one],))}
         tx.commit()
     # A plain job sent alone goes to the log at the default storage (a batch through
-    # bulk.py to job_queue), and a log row states its lease-loss budget when sent (a
-    # release by any process spends it) where job_queue's claim fills it in: otherwise
-    # the rows are the same.
-    assert all(m.actor_name == "plain" for m in one_by_one if m.message_id in logged)
+    # bulk.py to job_queue), and so does one keyed by a concurrency limit alone (053); a log
+    # row states its lease-loss budget when sent (a release by any process spends it) where
+    # job_queue's claim fills it in, and a keyed one is pending until a claim gates it
+    # where job_queue's waits: otherwise the rows are the same.
+    assert all(m.actor_name == "plain" or rows[0][i]["flow"] == {"c": 1}
+               for i, m in enumerate(one_by_one) if m.message_id in logged)
     assert bool(logged) == (broker.storage == "log")
-    for m, row in zip(one_by_one, rows[2], strict=True):
+    for m, row, copied in zip(one_by_one, rows[2], rows[0], strict=True):
         if m.message_id in logged:
-            assert row["max_lease_losses"] == defaults.MAX_LEASE_LOSSES
-            row["max_lease_losses"] = None
+            assert row["max_lease_losses"] == (m.options.get("max_lease_losses") or defaults.MAX_LEASE_LOSSES)
+            row["max_lease_losses"] = copied["max_lease_losses"]
+            if row["flow_key"] is not None:
+                assert row["status"] == "pending"
+                row["status"] = "waiting"
     assert rows[0] == rows[1] == rows[2]
     first = rows[0]
     assert first[0]["max_attempts"] == 21 and first[2]["max_attempts"] == 6 and first[3]["max_attempts"] == 4
@@ -120,9 +125,12 @@ def test_copy_writes_the_rows_insert_many_and_enqueue_write(conn, broker, actors
         if sent.actor_name != "elsewhere":
             assert got[sent.message_id] == sent
             assert got[sent.message_id].message_timestamp == sent.message_timestamp
-    # a job with a concurrency key waits for its key (flow control), the others are pending
+    # a job with a concurrency key waits for its key (flow control; in the log, pending until
+    # a claim gates it), the others are pending
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'pending' AND flow_key IS NULL"
-                        " OR status = 'waiting' AND flow_key = concurrency_key") == 3 * N
+                        " OR status = 'waiting' AND flow_key = concurrency_key"
+                        " OR status = 'pending' AND flow_key = concurrency_key"
+                        "    AND id IN (SELECT id FROM job_log)") == 3 * N
 
 
 @pytest.mark.parametrize("copy", [True, False], ids=["copy", "insert_many"])

@@ -287,3 +287,18 @@ def test_the_limits_read_shows_a_log_keys_parked_and_running_jobs(conn) -> None:
     conn.execute(ACK_ALL)  # the running one ends; its slot goes to the next
     assert conn.execute("SELECT status, count(*) FROM jobs WHERE concurrency_key = 'acct:seen' GROUP BY 1"
                         " ORDER BY 1").fetchall() == [("pending", 1), ("succeeded", 1), ("waiting", 1)]
+
+
+def test_an_operators_override_of_the_limit_applies_to_the_log_key(conn) -> None:
+    from supervisor import limits
+
+    conn.execute(keyed.LOG_INSERT_KEYED, log_rows(6, "acct:tuned", limit=3))
+    assert len(claim(conn, 10)) == 3  # the jobs' own limit, three parked
+    limits.set_override(conn, "acct:tuned", limits.parse({"concurrency": "1"}), "test")
+    conn.execute(ACK_ALL)  # three ends: slots 1 and 2 are past the limit now, and go free
+    assert len(claim(conn, 10)) == 1
+    assert scalar(conn, keyed.LOG_PARKED, {"queue": QUEUE}) == 2
+    assert scalar(conn, "SELECT count(*) FROM job_concurrency WHERE key = 'acct:tuned' AND job_id IS NOT NULL") == 1
+    limits.set_override(conn, "acct:tuned", limits.parse({"concurrency": "2"}), "test")
+    conn.execute(keyed.LOG_INSERT_KEYED, log_rows(1, "acct:tuned", limit=3))
+    assert len(claim(conn, 10)) == 1  # a free slot under the raised limit: the new row takes it

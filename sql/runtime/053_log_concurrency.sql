@@ -159,6 +159,9 @@ DECLARE
     b job_blocked;
     l job_log;
     t tid;
+    sn integer := (SELECT c.slot FROM job_concurrency c WHERE c.ctid = slot_tid);
+    ov jsonb := (SELECT r.override FROM rate_limiter_state r WHERE r.key = k);
+    lim integer;
 BEGIN
     LOOP
         SELECT * INTO b FROM job_blocked x WHERE x.key = k AND x.pos > coalesce(fl, 0)
@@ -167,9 +170,15 @@ BEGIN
             RETURN NULL;
         END IF;
         fl := b.pos;
-        DELETE FROM job_blocked x WHERE x.seq = b.seq AND x.day = b.day;
         SELECT * INTO l FROM job_log j WHERE j.seq = b.seq AND j.day = b.day;
-        CONTINUE WHEN NOT FOUND;  -- its day was dropped (retention appended it again)
+        -- a slot at or past the key's limit (an operator lowered it: the override's c) goes
+        -- free, and its parked job waits for a slot under the limit
+        lim := CASE WHEN ov ? 'c' THEN (ov->>'c')::int ELSE (l.flow->>'c')::int END;
+        IF l.id IS NOT NULL AND sn >= lim THEN
+            RETURN NULL;
+        END IF;
+        DELETE FROM job_blocked x WHERE x.seq = b.seq AND x.day = b.day;
+        CONTINUE WHEN l.id IS NULL;  -- its day was dropped (retention appended it again)
         INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt)
         VALUES (l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'requeued', l.attempts + 1)
         ON CONFLICT (seq, day) DO NOTHING;
