@@ -22,7 +22,7 @@ import pytest
 
 from supervisor import admin
 from supervisor.broker import PostgresBroker
-from supervisor.broker.sql import keyed, timers
+from supervisor.broker.sql import joblog, keyed, timers
 from tests.conftest import plan_buffers, scalar, wait_for
 from tests.supervisor_helpers import log_producer
 
@@ -213,6 +213,15 @@ SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'succeeded', l.attemp
 """
 
 
+def ack_params(taken: list[tuple], owner: str = "keyed-host:1:aaaaaa") -> dict[str, Any]:
+    """joblog.LOG_ACK's parameters for claimed rows (the worker's ack of their successes)."""
+    n = len(taken)
+    return {"seqs": [r[1] for r in taken], "days": [r[2] for r in taken], "ids": [r[3] for r in taken],
+            "attempts": [r[7] for r in taken], "progress": [None] * n, "started_us": [0] * n, "ended_us": [0] * n,
+            "batches": [r[0] for r in taken], "queues": [r[4] for r in taken], "actors": [r[5] for r in taken],
+            "created": [r[14] for r in taken], "results": [None] * n, "owner": owner, "ended": []}
+
+
 def test_the_sweep_hands_a_slot_freed_while_a_claim_parked(conn, database_url, workers) -> None:
     """The one window the claim's locks leave: a slot row being freed (locked by the end that
     frees it) is passed over by the claim's SKIP LOCKED, which parks its row; the end, not
@@ -265,9 +274,9 @@ def test_under_a_pinned_horizon_the_claim_reads_stay_flat(conn, database_url) ->
             claimed = plan_buffers(conn, timers.LOG_CLAIM_DUE, claim_params(100)) if rnd in (15, 50) else 0
             taken = claim(conn, 100)
             assert 0 < len(taken) <= len(keys)  # one a key at most: the rest parked
-            if rnd in (15, 50):  # the ends, each handing its slot on
-                reads[rnd] = (claimed, plan_buffers(conn, ACK_ALL, None))
-            conn.execute(ACK_ALL)
+            if rnd in (15, 50):  # the worker's ack of them, each end handing its slot on
+                reads[rnd] = (claimed, plan_buffers(conn, joblog.LOG_ACK, ack_params(taken)))
+            conn.execute(joblog.LOG_ACK, ack_params(taken))
     (claim_15, ack_15), (claim_50, ack_50) = reads[15], reads[50]
     # 35 rounds more: 3,500 jobs parked and handed, 7,000 slot updates since round 15
     assert claim_50 <= claim_15 * 1.5 + 20, reads

@@ -76,7 +76,7 @@ $$;
 -- slot with no row yet inserted, under a try lock per key (two claims never wait on each
 -- other's insert). The key's rows that got no slot are parked in job_blocked. Returns the
 -- rows that may run, in their order. Reads one key's few slot rows per key in the batch.
-CREATE FUNCTION job_log_gate(cand job_log[]) RETURNS job_log[] LANGUAGE plpgsql AS $$
+CREATE FUNCTION job_log_gate(cand job_log[]) RETURNS job_log[] LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     k text;
     lim integer;
@@ -154,7 +154,12 @@ END $$;
 -- the job is appended to the log again as it was, holding the slot (flow_held: its claim
 -- does not gate it again; its created_at kept). Returns the job handed the slot, NULL if
 -- none waits.
-CREATE FUNCTION job_slot_hand(k text, slot_tid tid, fl bigint) RETURNS uuid LANGUAGE plpgsql AS $$
+-- (Index reads only, whatever the statistics say: job_blocked and job_concurrency hold a few
+-- live rows and, under a pinned horizon, thousands of dead versions, which an ANALYZE can
+-- make look cheap to scan whole; a scan here would read every row parked since the pin at
+-- every job's end.)
+CREATE FUNCTION job_slot_hand(k text, slot_tid tid, fl bigint) RETURNS uuid LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_sort = off AS $$
 DECLARE
     b job_blocked;
     l job_log;
@@ -202,7 +207,8 @@ END $$;
 -- so this cannot deadlock; this statement then sees what that claim parked: a volatile
 -- function's statements each take a fresh snapshot) and handed to the oldest parked job
 -- after the slot's floor (the position it was last handed), else freed.
-CREATE FUNCTION job_done_slot_end() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION job_done_slot_end() RETURNS trigger LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_sort = off AS $$
 DECLARE
     t tid;
     fl bigint;
