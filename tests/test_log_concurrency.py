@@ -311,3 +311,37 @@ def test_an_operators_override_of_the_limit_applies_to_the_log_key(conn) -> None
     limits.set_override(conn, "acct:tuned", limits.parse({"concurrency": "2"}), "test")
     conn.execute(keyed.LOG_INSERT_KEYED, log_rows(1, "acct:tuned", limit=3))
     assert len(claim(conn, 10)) == 1  # a free slot under the raised limit: the new row takes it
+
+
+def test_a_flush_cancels_the_parked_jobs_and_the_running_one_frees_its_slot(conn) -> None:
+    conn.execute(keyed.LOG_INSERT_KEYED, log_rows(3, "acct:flushed"))
+    (running,) = claim(conn, 10)
+    conn.execute(joblog.LOG_FLUSH, {"queue": QUEUE})
+    assert scalar(conn, keyed.LOG_PARKED, {"queue": QUEUE}) == 0
+    assert scalar(conn, "SELECT count(*) FROM job_blocked") == 0
+    assert conn.execute("SELECT status, count(*) FROM jobs WHERE concurrency_key = 'acct:flushed' GROUP BY 1"
+                        " ORDER BY 1").fetchall() == [("cancelled", 2), ("running", 1)]
+    conn.execute(joblog.LOG_ACK, ack_params([running]))
+    assert scalar(conn, "SELECT count(*) FROM job_concurrency WHERE job_id IS NOT NULL") == 0
+    assert claim(conn, 10) == []  # nothing handed: the parked jobs were flushed
+
+
+def test_retention_appends_a_parked_job_of_a_dropped_day_again_with_its_key(conn) -> None:
+    old = "2000-01-01"
+    conn.execute("SELECT job_log_add_day(%s::date)", [old])
+    today = log_rows(1, "acct:old")
+    conn.execute(keyed.LOG_INSERT_KEYED, today)
+    parked = str(uuid.uuid4())
+    conn.execute("INSERT INTO job_log (day, id, queue, actor, flow_key, flow)"
+                 " VALUES (%s, %s, %s, 'noop', 'acct:old', '{\"c\": 1}')", (old, parked, QUEUE))
+    (running,) = claim(conn, 10)  # a level's first window reads every day
+    assert running[3] == today["id"][0] and scalar(conn, keyed.LOG_PARKED, {"queue": QUEUE}) == 1
+    conn.execute("SELECT job_log_drop_before(%s::date)", ["2000-01-02"])  # no lease names the old day
+    assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is None
+    assert scalar(conn, "SELECT count(*) FROM job_blocked") == 0
+    assert conn.execute("SELECT flow_key, flow, flow_held, day = job_log_today() FROM job_log WHERE id = %s",
+                        (parked,)).fetchall() == [("acct:old", {"c": 1}, None, True)]
+    assert claim(conn, 10) == []  # appended again, gated again: parked behind the running one
+    conn.execute(joblog.LOG_ACK, ack_params([running]))
+    (handed,) = claim(conn, 10)
+    assert handed[3] == parked
