@@ -22,7 +22,7 @@ import pytest
 
 from supervisor import admin
 from supervisor.broker import PostgresBroker
-from supervisor.broker.sql import slots, timers
+from supervisor.broker.sql import joblog, slots, timers
 from tests.conftest import plan_buffers, scalar, wait_for
 from tests.supervisor_helpers import log_producer
 
@@ -215,6 +215,15 @@ SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'succeeded', l.attemp
 """
 
 
+def ack_params(taken: list[tuple], owner: str = "keyed-host:1:aaaaaa") -> dict[str, Any]:
+    """joblog.LOG_ACK's parameters for claimed rows (the worker's ack of their successes)."""
+    n = len(taken)
+    return {"seqs": [r[1] for r in taken], "days": [r[2] for r in taken], "ids": [r[3] for r in taken],
+            "attempts": [r[7] for r in taken], "progress": [None] * n, "started_us": [0] * n, "ended_us": [0] * n,
+            "batches": [r[0] for r in taken], "queues": [r[4] for r in taken], "actors": [r[5] for r in taken],
+            "created": [r[14] for r in taken], "results": [None] * n, "owner": owner, "ended": []}
+
+
 def test_the_sweep_hands_a_slot_freed_while_a_claim_parked(conn, database_url, workers) -> None:
     """The one window the claim's locks leave: a slot row being freed (locked by the end that
     frees it) is passed over by the claim's SKIP LOCKED, which parks its row; the end, not
@@ -267,9 +276,9 @@ def test_under_a_pinned_horizon_the_claim_reads_stay_flat(conn, database_url) ->
             claimed = plan_buffers(conn, timers.LOG_CLAIM_DUE, claim_params(100)) if rnd in (15, 50) else 0
             taken = claim(conn, 100)
             assert 0 < len(taken) <= len(keys)  # one a key at most: the rest parked
-            if rnd in (15, 50):  # the ends, each handing its slot on
-                reads[rnd] = (claimed, plan_buffers(conn, ACK_ALL, None))
-            conn.execute(ACK_ALL)
+            if rnd in (15, 50):  # the worker's ack of them, each end handing its slot on
+                reads[rnd] = (claimed, plan_buffers(conn, joblog.LOG_ACK, ack_params(taken)))
+            conn.execute(joblog.LOG_ACK, ack_params(taken))
     (claim_15, ack_15), (claim_50, ack_50) = reads[15], reads[50]
     # 35 rounds more: 3,500 jobs parked and handed, 7,000 slot updates since round 15
     assert claim_50 <= claim_15 * 1.5 + 20, reads
@@ -289,3 +298,52 @@ def test_the_limits_read_shows_a_log_keys_parked_and_running_jobs(conn) -> None:
     conn.execute(ACK_ALL)  # the running one ends; its slot goes to the next
     assert conn.execute("SELECT status, count(*) FROM jobs WHERE concurrency_key = 'acct:seen' GROUP BY 1"
                         " ORDER BY 1").fetchall() == [("pending", 1), ("succeeded", 1), ("waiting", 1)]
+
+
+def test_an_operators_override_of_the_limit_applies_to_the_log_key(conn) -> None:
+    from supervisor import limits
+
+    conn.execute(slots.LOG_INSERT_KEYED, log_rows(6, "acct:tuned", limit=3))
+    assert len(claim(conn, 10)) == 3  # the jobs' own limit, three parked
+    limits.set_override(conn, "acct:tuned", limits.parse({"concurrency": "1"}), "test")
+    conn.execute(ACK_ALL)  # three ends: slots 1 and 2 are past the limit now, and go free
+    assert len(claim(conn, 10)) == 1
+    assert scalar(conn, slots.LOG_PARKED, {"queue": QUEUE}) == 2
+    assert scalar(conn, "SELECT count(*) FROM job_concurrency WHERE key = 'acct:tuned' AND job_id IS NOT NULL") == 1
+    limits.set_override(conn, "acct:tuned", limits.parse({"concurrency": "2"}), "test")
+    conn.execute(slots.LOG_INSERT_KEYED, log_rows(1, "acct:tuned", limit=3))
+    assert len(claim(conn, 10)) == 1  # a free slot under the raised limit: the new row takes it
+
+
+def test_a_flush_cancels_the_parked_jobs_and_the_running_one_frees_its_slot(conn) -> None:
+    conn.execute(slots.LOG_INSERT_KEYED, log_rows(3, "acct:flushed"))
+    (running,) = claim(conn, 10)
+    conn.execute(joblog.LOG_FLUSH, {"queue": QUEUE})
+    assert scalar(conn, slots.LOG_PARKED, {"queue": QUEUE}) == 0
+    assert scalar(conn, "SELECT count(*) FROM job_blocked") == 0
+    assert conn.execute("SELECT status, count(*) FROM jobs WHERE concurrency_key = 'acct:flushed' GROUP BY 1"
+                        " ORDER BY 1").fetchall() == [("cancelled", 2), ("running", 1)]
+    conn.execute(joblog.LOG_ACK, ack_params([running]))
+    assert scalar(conn, "SELECT count(*) FROM job_concurrency WHERE job_id IS NOT NULL") == 0
+    assert claim(conn, 10) == []  # nothing handed: the parked jobs were flushed
+
+
+def test_retention_appends_a_parked_job_of_a_dropped_day_again_with_its_key(conn) -> None:
+    old = "2000-01-01"
+    conn.execute("SELECT job_log_add_day(%s::date)", [old])
+    today = log_rows(1, "acct:old")
+    conn.execute(slots.LOG_INSERT_KEYED, today)
+    parked = str(uuid.uuid4())
+    conn.execute("INSERT INTO job_log (day, id, queue, actor, flow_key, flow)"
+                 " VALUES (%s, %s, %s, 'noop', 'acct:old', '{\"c\": 1}')", (old, parked, QUEUE))
+    (running,) = claim(conn, 10)  # a level's first window reads every day
+    assert running[3] == today["id"][0] and scalar(conn, slots.LOG_PARKED, {"queue": QUEUE}) == 1
+    conn.execute("SELECT job_log_drop_before(%s::date)", ["2000-01-02"])  # no lease names the old day
+    assert scalar(conn, "SELECT to_regclass('job_log_d20000101')") is None
+    assert scalar(conn, "SELECT count(*) FROM job_blocked") == 0
+    assert conn.execute("SELECT flow_key, flow, flow_held, day = job_log_today() FROM job_log WHERE id = %s",
+                        (parked,)).fetchall() == [("acct:old", {"c": 1}, None, True)]
+    assert claim(conn, 10) == []  # appended again, gated again: parked behind the running one
+    conn.execute(joblog.LOG_ACK, ack_params([running]))
+    (handed,) = claim(conn, 10)
+    assert handed[3] == parked

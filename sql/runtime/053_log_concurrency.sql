@@ -76,7 +76,7 @@ $$;
 -- slot with no row yet inserted, under a try lock per key (two claims never wait on each
 -- other's insert). The key's rows that got no slot are parked in job_blocked. Returns the
 -- rows that may run, in their order. Reads one key's few slot rows per key in the batch.
-CREATE FUNCTION job_log_gate(cand job_log[]) RETURNS job_log[] LANGUAGE plpgsql AS $$
+CREATE FUNCTION job_log_gate(cand job_log[]) RETURNS job_log[] LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
     k text;
     lim integer;
@@ -154,11 +154,19 @@ END $$;
 -- the job is appended to the log again as it was, holding the slot (flow_held: its claim
 -- does not gate it again; its created_at kept). Returns the job handed the slot, NULL if
 -- none waits.
-CREATE FUNCTION job_slot_hand(k text, slot_tid tid, fl bigint) RETURNS uuid LANGUAGE plpgsql AS $$
+-- (Index reads only, whatever the statistics say: job_blocked and job_concurrency hold a few
+-- live rows and, under a pinned horizon, thousands of dead versions, which an ANALYZE can
+-- make look cheap to scan whole; a scan here would read every row parked since the pin at
+-- every job's end.)
+CREATE FUNCTION job_slot_hand(k text, slot_tid tid, fl bigint) RETURNS uuid LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_sort = off AS $$
 DECLARE
     b job_blocked;
     l job_log;
     t tid;
+    sn integer := (SELECT c.slot FROM job_concurrency c WHERE c.ctid = slot_tid);
+    ov jsonb := (SELECT r.override FROM rate_limiter_state r WHERE r.key = k);
+    lim integer;
 BEGIN
     LOOP
         SELECT * INTO b FROM job_blocked x WHERE x.key = k AND x.pos > coalesce(fl, 0)
@@ -167,9 +175,15 @@ BEGIN
             RETURN NULL;
         END IF;
         fl := b.pos;
-        DELETE FROM job_blocked x WHERE x.seq = b.seq AND x.day = b.day;
         SELECT * INTO l FROM job_log j WHERE j.seq = b.seq AND j.day = b.day;
-        CONTINUE WHEN NOT FOUND;  -- its day was dropped (retention appended it again)
+        -- a slot at or past the key's limit (an operator lowered it: the override's c) goes
+        -- free, and its parked job waits for a slot under the limit
+        lim := CASE WHEN ov ? 'c' THEN (ov->>'c')::int ELSE (l.flow->>'c')::int END;
+        IF l.id IS NOT NULL AND sn >= lim THEN
+            RETURN NULL;
+        END IF;
+        DELETE FROM job_blocked x WHERE x.seq = b.seq AND x.day = b.day;
+        CONTINUE WHEN l.id IS NULL;  -- its day was dropped (retention appended it again)
         INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt)
         VALUES (l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'requeued', l.attempts + 1)
         ON CONFLICT (seq, day) DO NOTHING;
@@ -194,7 +208,8 @@ END $$;
 -- so this cannot deadlock; this statement then sees what that claim parked: a volatile
 -- function's statements each take a fresh snapshot) and handed to the oldest parked job
 -- after the slot's floor (the position it was last handed), else freed.
-CREATE FUNCTION job_done_slot_end() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION job_done_slot_end() RETURNS trigger LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_sort = off AS $$
 DECLARE
     t tid;
     fl bigint;
