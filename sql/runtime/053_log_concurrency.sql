@@ -541,7 +541,9 @@ SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, 'waiting', l.priorit
        NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, l.dedupe_key, l.flow_key, NULL::text, NULL::jsonb,
        NULL::jsonb, l.created_at, NULL::timestamptz, NULL::timestamptz, l.lease_losses, l.max_lease_losses,
        l.message_timestamp, l.payload, l.flow_key, l.flow
-  FROM job_blocked b JOIN job_log l ON l.seq = b.seq AND l.day = b.day
+  -- each parked row's log row looked up by its (seq, day) (OFFSET 0: never a join the
+  -- planner may run as a hash of the whole log, which every read of the view then paid)
+  FROM job_blocked b CROSS JOIN LATERAL (SELECT x.* FROM job_log x WHERE x.seq = b.seq AND x.day = b.day OFFSET 0) l
  WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = b.seq AND d.day = b.day);
 
 CREATE OR REPLACE VIEW jobs_live AS
@@ -566,7 +568,9 @@ SELECT t.id, t.queue, t.actor, t.status, t.priority, t.run_at, t.created_at, NUL
   FROM job_timers t
 UNION ALL
 SELECT b.id, b.queue, l.actor, 'waiting', l.priority, l.created_at, l.created_at, NULL::timestamptz, NULL::text
-  FROM job_blocked b JOIN job_log l ON l.seq = b.seq AND l.day = b.day
+  -- each parked row's log row looked up by its (seq, day) (OFFSET 0: never a join the
+  -- planner may run as a hash of the whole log, which every read of the view then paid)
+  FROM job_blocked b CROSS JOIN LATERAL (SELECT x.* FROM job_log x WHERE x.seq = b.seq AND x.day = b.day OFFSET 0) l
  WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = b.seq AND d.day = b.day);
 
 -- A finished keyed job of the log shows its key (its done row's), as job_history's rows do:

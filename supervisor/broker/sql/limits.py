@@ -62,7 +62,8 @@ WITH RECURSIVE wq(queue) AS (
     -- one's creation and limits
     SELECT b.key, array_agg(DISTINCT b.queue) AS queues, count(*)::int AS n, min(l.created_at) AS since,
            (array_agg(l.flow ORDER BY b.pos))[1] AS flow
-      FROM job_blocked b JOIN job_log l ON l.seq = b.seq AND l.day = b.day
+      FROM job_blocked b CROSS JOIN LATERAL (  -- by (seq, day), never a hash of the whole log
+             SELECT x.created_at, x.flow FROM job_log x WHERE x.seq = b.seq AND x.day = b.day OFFSET 0) l
      WHERE b.key IN (SELECT key FROM keys)
        AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = b.seq AND d.day = b.day)
      GROUP BY b.key
