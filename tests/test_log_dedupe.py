@@ -128,17 +128,21 @@ def test_a_delayed_keyed_job_waits_in_job_timers_holding_its_key(conn, broker) -
     assert scalar(conn, "SELECT dedupe_key FROM job_log WHERE id = %s", (first,)) == "later"
 
 
-@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled"])
+@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled", "flushed", "flushed delayed"])
 def test_the_key_is_free_once_the_job_ended_for_good(conn, broker, end) -> None:
     if end == "failed":
         first = broker.actors["dd_broken"].send_with_options(args=(1,), dedupe_key="k").message_id
     else:
-        first = send(broker, 1, "k")
+        first = send(broker, 1, "k", **({"delay": 60_000} if end == "flushed delayed" else {}))
     if end == "cancelled":
         assert admin.cancel_job(conn, first)
+    elif end.startswith("flushed"):
+        broker.flush(QUEUE)
     else:
         drain(broker)
-    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (first,)) == end
+    assert scalar(conn, "SELECT count(*) FROM jobs_live WHERE id = %s", (first,)) == 0
+    if not end.startswith("flushed"):
+        assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (first,)) == end
     second = send(broker, 2, "k")
     assert second != first
     assert scalar(conn, "SELECT job_id::text FROM job_keys WHERE key = 'k'") == second
