@@ -21,6 +21,8 @@ import pytest
 from supervisor import admin
 from supervisor.broker import PostgresBroker
 from supervisor.broker.sql import jobkeys
+from supervisor.registry import Registration
+from supervisor.worker.upkeep import Upkeep, UpkeepSettings
 from tests.conftest import in_process_worker, plan_buffers, scalar, wait_for
 from tests.supervisor_helpers import log_producer
 
@@ -128,17 +130,21 @@ def test_a_delayed_keyed_job_waits_in_job_timers_holding_its_key(conn, broker) -
     assert scalar(conn, "SELECT dedupe_key FROM job_log WHERE id = %s", (first,)) == "later"
 
 
-@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled"])
+@pytest.mark.parametrize("end", ["succeeded", "failed", "cancelled", "flushed", "flushed delayed"])
 def test_the_key_is_free_once_the_job_ended_for_good(conn, broker, end) -> None:
     if end == "failed":
         first = broker.actors["dd_broken"].send_with_options(args=(1,), dedupe_key="k").message_id
     else:
-        first = send(broker, 1, "k")
+        first = send(broker, 1, "k", **({"delay": 60_000} if end == "flushed delayed" else {}))
     if end == "cancelled":
         assert admin.cancel_job(conn, first)
+    elif end.startswith("flushed"):
+        broker.flush(QUEUE)
     else:
         drain(broker)
-    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (first,)) == end
+    assert scalar(conn, "SELECT count(*) FROM jobs_live WHERE id = %s", (first,)) == 0
+    if not end.startswith("flushed"):
+        assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (first,)) == end
     second = send(broker, 2, "k")
     assert second != first
     assert scalar(conn, "SELECT job_id::text FROM job_keys WHERE key = 'k'") == second
@@ -247,13 +253,10 @@ def test_the_upkeep_prunes_the_keys_of_ended_jobs(conn, broker) -> None:
     queued = str(scalar(conn, "INSERT INTO jobs (queue, actor, dedupe_key) VALUES (%s, 'dd_record', 'q')"
                               " RETURNING id", (QUEUE,)))
     assert count(conn, "job_keys") == 9 and len(ended) == 5
-    total, after = 0, None
-    while True:  # batches of 2, read through in key order (the upkeep's Upkeep._keys)
-        pruned, after = conn.execute(jobkeys.PRUNE_KEYS, {"after": after, "limit": 2}).fetchone()
-        total += pruned
-        if after is None:
-            break
-    assert total == 5
+    assert conn.execute(jobkeys.PRUNE_KEYS, {"after": None, "limit": 2}).fetchone() == (2, "e1")  # e0, e1 read
+    registration = Registration(broker.pool, broker.owner, role="t", queues=[QUEUE])
+    upkeep = Upkeep(broker, registration, settings=UpkeepSettings(prune_batch=2), state=lambda: "running")
+    assert upkeep.prune()["keys"] == 3  # batches of 2, read through in key order
     assert dict(conn.execute("SELECT key, job_id::text FROM job_keys").fetchall()) == {
         **{f"l{i}": live[i] for i in range(3)}, "q": queued}
     assert send(broker, 20, "e0") not in ended  # a pruned key is taken anew
