@@ -1,5 +1,6 @@
 """What actor modules of the tests share: each run noted in test_results, when it started
-and ended on the server's clock, by which process (tests/flow_actors.py, tests/keyed_actors.py)."""
+and ended on the server's clock, by which process (tests/flow_actors.py, tests/keyed_actors.py);
+and how many such runs were open at once (a limit's tests)."""
 
 import os
 import time
@@ -22,3 +23,13 @@ def note(tag: str, n: int, sleep_s: float = 0.0, fail: bool = False) -> None:
         c.execute("UPDATE test_results SET finished = clock_timestamp() WHERE id = %s", (row[0],))
     if fail:
         raise ValueError(f"run {n} of {tag} fails")
+
+
+def most_at_once(spans: list[tuple]) -> int:
+    """The most spans (start, end) open at one instant."""
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda e: (e[0], e[1]))
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most

@@ -19,6 +19,7 @@ from tests.pipeline_helpers import (
     running_worker,
     seed_baseline,
 )
+from tests.run_notes import most_at_once
 
 
 @pytest.mark.parametrize("title, key, attrs", [
@@ -273,16 +274,6 @@ def test_llm_concurrency_and_rate_are_bounded(conn, setup, pipeline_config, thre
     assert scalar(conn, "SELECT granted_total FROM rate_limiter_state WHERE key = 'llm:fake-2'") == 6
 
 
-def _overlap(spans) -> int:
-    """The most spans (start, end) open at one instant."""
-    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
-    most = now = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
-
-
 def test_llm_extraction_jobs_wait_for_the_models_limits_in_the_database(conn, setup, pipeline_broker,
                                                                         pipeline_config, threaded_server):
     """Extraction jobs carry the model's limits (llm.limits): the claim runs at most its
@@ -306,7 +297,7 @@ def test_llm_extraction_jobs_wait_for_the_models_limits_in_the_database(conn, se
     margin = timedelta(milliseconds=2)
     spans = [(a + margin, b - margin) for a, b in conn.execute(
         "SELECT started_at, finished_at FROM jobs WHERE actor = 'extract_listing'").fetchall()]
-    assert _overlap(spans) == 2  # the claim's limit: two running, the other threads idle
+    assert most_at_once(spans) == 2  # the claim's limit: two running, the other threads idle
     assert len(seen["requests"]) == 6 and seen["peak"] == 2
     assert scalar(conn, "SELECT count(*) FROM listings WHERE extractor = 'llm:fake-3'") == 6
     assert scalar(conn, "SELECT granted_total FROM rate_limiter_state WHERE key = 'llm:fake-3'") == 6

@@ -24,6 +24,7 @@ from supervisor import admin
 from supervisor.broker import PostgresBroker
 from supervisor.broker.sql import joblog, slots, timers
 from tests.conftest import plan_buffers, scalar, wait_for
+from tests.run_notes import most_at_once
 from tests.supervisor_helpers import log_producer
 
 QUEUE = "keyed"
@@ -55,15 +56,6 @@ def runs(conn, tag: str) -> list[tuple]:
     """(n, started, finished) of each run of ``tag``, in start order."""
     return conn.execute("SELECT n, started, finished FROM test_results WHERE tag = %s ORDER BY started, id",
                         (tag,)).fetchall()
-
-
-def most_at_once(spans: list[tuple]) -> int:
-    events = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda e: (e[0], e[1]))
-    running = most = 0
-    for _, step in events:
-        running += step
-        most = max(most, running)
-    return most
 
 
 def ended(conn, count: int, timeout: float = 60) -> None:
