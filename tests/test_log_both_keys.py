@@ -37,6 +37,12 @@ def test_jobs_with_both_keys_live_in_the_log_and_keep_both_promises(conn, databa
         assert sorted(n for n, _, _ in spans) == [n for a, n, _ in jobs if a == account]  # each once
         assert most_at_once([(s, e) for _, s, e in spans]) == 1
     settled(conn)
+    # a parked job's wait is written as every move is: parked by a claim, handed a slot
+    moves = conn.execute("SELECT job_id, array_agg(from_status || ' > ' || to_status ORDER BY id) FROM job_events"
+                         " WHERE 'waiting' IN (from_status, to_status) GROUP BY 1").fetchall()
+    assert moves and all(m == ["pending > waiting", "waiting > pending"] for _, m in moves), moves
+    assert scalar(conn, "SELECT reason FROM job_events WHERE to_status = 'waiting' LIMIT 1").startswith(
+        "concurrency key acct:acct-")
     # the keys are free once their jobs ended: the same key sends a new job
     with producer(database_url) as p:
         actor = p.actors["one_at_a_time"]

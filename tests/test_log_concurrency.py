@@ -171,8 +171,8 @@ def test_a_parked_job_cancels(conn, database_url, workers) -> None:
     wait_for(lambda: scalar(conn, slots.LOG_PARKED, {"queue": QUEUE}) == 2, 10, message="two jobs parked")
     assert admin.cancel_job(conn, parked.message_id)
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (parked.message_id,)) == "cancelled"
-    assert conn.execute("SELECT from_status, to_status FROM job_events WHERE job_id = %s",
-                        (parked.message_id,)).fetchall() == [("waiting", "cancelled")]
+    assert conn.execute("SELECT from_status, to_status FROM job_events WHERE job_id = %s ORDER BY id",
+                        (parked.message_id,)).fetchall() == [("pending", "waiting"), ("waiting", "cancelled")]
     assert scalar(conn, "SELECT count(*) FROM job_blocked WHERE id = %s", (parked.message_id,)) == 0
     ended(conn, 3)
     assert [n for n, _, _ in runs(conn, "c")] == [0, 2]

@@ -130,11 +130,18 @@ BEGIN
         END IF;
     END LOOP;
     -- the rest wait for a slot: parked, in their order (first in, first out)
-    INSERT INTO job_blocked (seq, day, key, id, queue)
-    SELECT (cand[j]).seq, (cand[j]).day, (cand[j]).flow_key, (cand[j]).id, (cand[j]).queue
-      FROM generate_subscripts(cand, 1) AS j
-     WHERE (cand[j]).flow_key IS NOT NULL AND (cand[j]).flow_held IS NOT TRUE AND NOT ((cand[j]).id = ANY(got))
-     ORDER BY j;
+    WITH parked AS (
+        INSERT INTO job_blocked (seq, day, key, id, queue)
+        SELECT (cand[j]).seq, (cand[j]).day, (cand[j]).flow_key, (cand[j]).id, (cand[j]).queue
+          FROM generate_subscripts(cand, 1) AS j
+         WHERE (cand[j]).flow_key IS NOT NULL AND (cand[j]).flow_held IS NOT TRUE AND NOT ((cand[j]).id = ANY(got))
+         ORDER BY j
+        RETURNING id, key
+    )
+    -- the move written as every move is (job_events): why the job waits
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    SELECT id, 'claim', 'pending', 'waiting', 'concurrency key ' || key || ' full: parked until a job of it ends'
+      FROM parked;
     -- (a row that took a slot carries its ctid in flow_slot, for its lease: not written to the log)
     FOR i IN 1 .. cardinality(cand) LOOP
         IF cand[i].flow_key IS NOT NULL AND cand[i].flow_held IS NOT TRUE AND cand[i].id = ANY(got) THEN
@@ -196,6 +203,8 @@ BEGIN
         VALUES (l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, l.priority, l.attempts, l.max_attempts,
                 l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at, l.dedupe_key, l.flow_key, l.flow,
                 true, t);
+        INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+        VALUES (l.id, 'hand-off', 'waiting', 'pending', 'handed a slot of concurrency key ' || k);
         RETURN l.id;
     END LOOP;
 END $$;
