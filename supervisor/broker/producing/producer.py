@@ -20,7 +20,7 @@ from ..message import PgMessageProxy, body_columns, body_text, readable_body
 from ..middleware import Retries
 from ..signals import Emit
 from ..sql import joblog, slots, timers
-from . import keyed, sending
+from . import dedupe, sending
 
 T = TypeVar("T")
 
@@ -78,10 +78,7 @@ class Producer:
         out: list[tuple[Any, ...] | None] = []
         rest: list[int] = []  # messages with options of their own
         for i, m in enumerate(messages):
-            fields = None
-            if not m.options:
-                where = (m.actor_name, m.queue_name)
-                fields = plain[where] if where in plain else plain.setdefault(where, self._plain_fields(m, retries))
+            fields = None if m.options else self._cached_plain_fields(m, plain, retries)
             if fields is None:
                 rest.append(i)
                 out.append(None)
@@ -101,13 +98,15 @@ class Producer:
             return False
         retries = self.retries()
         plain: dict[tuple[str, str], tuple[Any, ...] | None] = {}
-        for m in messages:
-            if m.options:
-                return False
-            where = (m.actor_name, m.queue_name)
-            if (plain[where] if where in plain else plain.setdefault(where, self._plain_fields(m, retries))) is None:
-                return False
-        return True
+        return all(not m.options and self._cached_plain_fields(m, plain, retries) is not None for m in messages)
+
+    def _cached_plain_fields(self, message: Message[Any], cache: dict[tuple[str, str], tuple[Any, ...] | None],
+                             retries: Retries | None) -> tuple[Any, ...] | None:
+        """``_plain_fields`` of the message's actor and queue, worked out once per ``cache``."""
+        where = (message.actor_name, message.queue_name)
+        if where not in cache:
+            cache[where] = self._plain_fields(message, retries)
+        return cache[where]
 
     def _plain_fields(self, message: Message[Any], retries: Retries | None) -> tuple[Any, ...] | None:
         """priority, max_attempts and max_lease_losses of the log rows of messages with no
@@ -146,7 +145,7 @@ class Producer:
                                          holders=holders)
                 message = self._send(write, conn, "enqueue 1 message")
                 if holders:  # (a plain job's send crosses no module of the keys)
-                    message = keyed.holding(message, logged, holders)
+                    message = dedupe.holding(message, logged, holders)
             else:
                 row = self._row(message, delay)
                 message = self._send(lambda c: sending.insert_one(c, row, message), conn, "enqueue 1 message")
@@ -165,7 +164,7 @@ class Producer:
         large batch goes in with COPY (logstore.append), as job_queue's does
         (bulk.COPY_MIN_ROWS). Delayed (``delay_ms``), the rows wait in job_timers instead
         (timers.TIMER_INSERT, one statement of arrays) until a claim promotes them into the
-        log at their run_at. Rows with a dedupe key (keyed.py) take their keys as they are
+        log at their run_at. Rows with a dedupe key (dedupe.py) take their keys as they are
         written, each key's first row only, in the same transaction as the rest; each key's
         holder (the row's own id, or the live job that has it) goes into ``holders``. Rows
         with a concurrency key and no dedupe key go in with slots.LOG_INSERT_KEYED (delayed:
@@ -176,7 +175,7 @@ class Producer:
             slot_params = logstore.keyed_params(logstore.unique_rows(slotted))
             atomic = atomic or bool(rows)  # two statements: both, or neither
         copy = len(rows) >= bulk.COPY_MIN_ROWS and not delay_ms
-        plain, first = keyed.split(rows) if any(logstore.key_of(r) is not None for r in rows) else (rows, [])
+        plain, first = dedupe.split(rows) if any(logstore.key_of(r) is not None for r in rows) else (rows, [])
         atomic = atomic or bool(first and (plain or copy))  # the keys taken and the rows, or neither
         params = None if copy or not plain else {**logstore.insert_params(logstore.unique_rows(plain)),
                                                  "delay_ms": delay_ms}
@@ -191,12 +190,12 @@ class Producer:
             elif slotted:
                 c.execute(slots.LOG_INSERT_KEYED_AGAIN if again else slots.LOG_INSERT_KEYED, slot_params)
             if first:
-                took = keyed.take(c, first, copy=copy, again=again, delay_ms=delay_ms)
+                took = dedupe.take(c, first, copy=copy, again=again, delay_ms=delay_ms)
                 if holders is not None:
                     holders.clear()
                     holders.update(took)
                 if copy:
-                    logstore.append(c, keyed.kept(rows, took), again=again)
+                    logstore.append(c, dedupe.kept(rows, took), again=again)
                     return
             elif copy:
                 logstore.append(c, rows, again=again)
@@ -257,7 +256,7 @@ class Producer:
         retries = self.retries()
         rows = self._log_rows(messages, keyed=True)
         if any(r is not None and logstore.key_of(r) is not None for r in rows):
-            rows = keyed.beside_table(rows, messages, lambda m: bulk.job_fields(
+            rows = dedupe.beside_table(rows, messages, lambda m: bulk.job_fields(
                 m, self.actors.get(m.actor_name), retries, self.queue_priorities)[2])
         logged = [r for r in rows if r is not None]
         table = [m for m, r in zip(messages, rows, strict=True) if r is None] if logged else messages
@@ -273,12 +272,12 @@ class Producer:
         if not table:
             self._send(self._log_writer(logged, lambda c: None, atomic=False, delay_ms=delay_ms, holders=holders),
                        conn, what)
-            return [keyed.holding(m, r, holders) for m, r in zip(messages, rows, strict=True)] if holders else messages
+            return [dedupe.holding(m, r, holders) for m, r in zip(messages, rows, strict=True)] if holders else messages
         written = iter(self._send(self._log_writer(logged, write_table, delay_ms=delay_ms, holders=holders), conn,
                                   what))
         # in the caller's order: a logged message as it came (a key's live holder's id if it has
         # one), a table one as bulk returns it
-        return [(keyed.holding(m, r, holders) if holders else m) if r is not None else next(written)
+        return [(dedupe.holding(m, r, holders) if holders else m) if r is not None else next(written)
                 for m, r in zip(messages, rows, strict=True)]
 
     def _send(self, write: Callable[[psycopg.Connection], T], conn: psycopg.Connection | None, what: str) -> T:
