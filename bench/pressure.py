@@ -1,6 +1,6 @@
 """Pressure: a steady stream of no-op jobs while the xmin horizon is held back (issue 18 item 3).
 
-    python bench/pressure.py [--mode pin|readers|both|scans] [--jobs plain|keyed|deduped|concurrency] [--rate JOBS_PER_S] [--baseline 60]
+    python bench/pressure.py [--mode pin|readers|both|scans] [--jobs plain|keyed|deduped|concurrency|rated|weighted] [--rate JOBS_PER_S] [--baseline 60]
                              [--pin 90] [--after 60] [--interval 60] [--threads 16]
                              [--reader-xact 30] [--reader-pause 0.5] [--server-log PATH]
                              [--database-url URL]
@@ -80,9 +80,35 @@ def _concurrency(actor: Any) -> Any:
     return lambda: actor.message_with_options(concurrency_key=f"account:{next(turn) % CONCURRENCY_KEYS}")
 
 
+# --jobs rated: each key's rate, well above what the stream sends it (800/s over 50 keys is
+# 16/s a key), so a start waits for a token only where the stream's batches bunch up.
+KEY_RATE = "40/s burst 5"
+
+
+def _rated(actor: Any) -> Any:
+    """Messages with one of CONCURRENCY_KEYS rate-limited keys, taken in turn ("30 calls a
+    second per shop's API")."""
+    import itertools
+    turn = itertools.count()
+    return lambda: actor.message_with_options(rate_limit_key=f"shop:{next(turn) % CONCURRENCY_KEYS}",
+                                              rate_limit=KEY_RATE)
+
+
+def _weighted(actor: Any) -> Any:
+    """Messages with one of CONCURRENCY_KEYS fairness keys, weights 1 to 3, taken in turn
+    ("tenants share the workers")."""
+    import itertools
+    turn = itertools.count()
+
+    def make() -> Any:
+        i = next(turn) % CONCURRENCY_KEYS
+        return actor.message_with_options(fairness_key=f"tenant:{i}", fairness_weight=1 + i % 3)
+    return make
+
+
 # What the stream sends (--jobs): a maker of messages for an actor.
 JOB_SHAPES: dict[str, Any] = {"plain": lambda actor: actor.message, "keyed": _keyed, "deduped": _deduped,
-                              "concurrency": _concurrency}
+                              "concurrency": _concurrency, "rated": _rated, "weighted": _weighted}
 
 # The checkout measured: PYTHONPATH's when given, else this one.
 if not os.environ.get("PYTHONPATH"):
