@@ -46,8 +46,11 @@ def _describe_payload(job: dict[str, Any]) -> None:
 def retry_job(conn: psycopg.Connection, job_id: str) -> bool:
     """Retry a failed or cancelled job, ended in job_history or in the log."""
     params = {"id": job_id, "who": operator()}
-    row = conn.execute(sql.RETRY_FAILED, params).fetchone() or conn.execute(joblog.LOG_RETRY_FAILED, params).fetchone()
-    return row is not None
+    with conn.transaction():
+        if conn.execute(sql.RETRY_FAILED, params).fetchone() is not None:
+            conn.execute(joblog.QUEUE_TO_LOG, params)  # (one store: the log, where the log takes it)
+            return True
+        return conn.execute(joblog.LOG_RETRY_FAILED, params).fetchone() is not None
 
 
 def cancel_job(conn: psycopg.Connection, job_id: str) -> bool:

@@ -422,22 +422,25 @@ def test_a_message_sent_twice_while_live_runs_once(conn, broker) -> None:
 
 
 def test_a_write_through_the_jobs_view_reaches_a_job_of_the_log(conn, broker) -> None:
-    """An operator's UPDATE or DELETE through the jobs view moves the log's job into
-    job_queue and applies there; the claims pass its log row over."""
+    """An operator's UPDATE or DELETE through the jobs view applies to the log's job (moved
+    through job_queue, where jobs_view_write applies it, and back: 057): an edited job
+    waits in the log's timers, a deleted one is gone, a cancelled one is in the history;
+    the claims pass its old log row over, and job_queue keeps nothing."""
     actor = broker.actors["log_record"]
     later, gone, cancelled = actor.send(1), actor.send(2), actor.send(3)
     assert conn.execute("UPDATE jobs SET run_at = now() + interval '1 hour', priority = 7 WHERE id = %s",
                         (later.message_id,)).rowcount == 1
     assert conn.execute("DELETE FROM jobs WHERE id = %s", (gone.message_id,)).rowcount == 1
     conn.execute("UPDATE jobs SET status = 'cancelled' WHERE id = %s", (cancelled.message_id,))
-    assert conn.execute("SELECT status, priority, run_at > now() FROM job_queue WHERE id = %s",
+    assert conn.execute("SELECT status, priority, run_at > now() FROM job_timers WHERE id = %s",
                         (later.message_id,)).fetchone() == ("pending", 7, True)
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s", (gone.message_id,)) == 0
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (cancelled.message_id,)) == "cancelled"
     assert conn.execute("SELECT id::text, status FROM jobs WHERE id = ANY(%s::uuid[]) ORDER BY 1",
                         ([later.message_id, gone.message_id, cancelled.message_id],)).fetchall() == sorted(
         [(later.message_id, "pending"), (cancelled.message_id, "cancelled")])
-    assert broker.claim(QUEUE, 10) == []  # the log's rows passed over; job_queue's is due in an hour
+    assert broker.claim(QUEUE, 10) == []  # the log's rows passed over; the edited one is due in an hour
 
 
 def test_a_stored_result_is_on_the_done_row(conn, database_url) -> None:

@@ -321,13 +321,13 @@ WITH done AS (
        AND (l.dedupe_key IS NULL OR (SELECT t.job_id FROM job_keys_take(ARRAY[l.dedupe_key], ARRAY[d.id]) t) = d.id)
     RETURNING d.id, d.attempt, d.last_error, d.started_at, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload,
               l.priority, l.max_attempts, coalesce(d.lease_losses, l.lease_losses) AS lease_losses, l.max_lease_losses,
-              l.message_timestamp, l.created_at, was.status AS was, l.dedupe_key
+              l.message_timestamp, l.created_at, was.status AS was, l.dedupe_key, l.flow_key, l.flow
 ), back AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key)
+                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow)
     SELECT id, queue, actor, args, kwargs, options, payload, priority, attempt,
            greatest(max_attempts, attempt - lease_losses + 1), lease_losses, greatest(max_lease_losses, lease_losses + 1),
-           message_timestamp, created_at, dedupe_key
+           message_timestamp, created_at, dedupe_key, flow_key, flow
       FROM done
     RETURNING id
 ), ev AS (
@@ -336,6 +336,11 @@ WITH done AS (
 )
 SELECT id FROM back
 """
+
+# A job that passed through job_queue goes back into the log (057's job_queue_to_log): the
+# job an operator retried from job_history (sql.RETRY_FAILED writes it into job_queue, as it
+# stood), if it is live, not running, and its key is one the log takes. Returns whether it moved.
+QUEUE_TO_LOG = "SELECT job_queue_to_log(%(id)s::uuid)"
 
 # Days of the log made ahead (the upkeep, as history.ADD_DAY: attaching a day locks the
 # default partitions for a moment), and retention: job_log_drop_before (039) drops each

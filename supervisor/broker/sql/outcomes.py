@@ -330,7 +330,7 @@ WITH done AS (
        AND (h.dedupe_key IS NULL
             OR NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.dedupe_key = h.dedupe_key)
                AND NOT EXISTS (SELECT 1 FROM job_keys_live(ARRAY[h.dedupe_key]) k WHERE k.job_id <> h.id))
-       AND NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.id = h.id)  -- the id sent again, live
+       AND NOT job_id_live(h.id)  -- the id sent again, live (in job_queue, a timer or the log)
  RETURNING *
 ), back AS (
     INSERT INTO job_queue (""" + ", ".join(JOB_COLUMNS) + """)
