@@ -58,8 +58,7 @@ from bench.common import (
 )
 
 # Cheap enough to run every 10 ms: the first two are partial-index probes of job_queue; the
-# last, the job log's (storage "log": SUPERVISOR_STORAGE), every log row has its done row,
-# two counts of narrow tables (nothing to count under storage "table").
+# last, the job log's, every log row has its done row: two counts of narrow tables.
 ANY_LIVE = """
 SELECT EXISTS (SELECT 1 FROM job_queue WHERE queue = 'bench' AND status IN ('pending', 'retryable'))
     OR EXISTS (SELECT 1 FROM job_queue WHERE status = 'running')
@@ -259,8 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                         " default, paced)")
     p.add_argument("--chunk", type=int, default=0, help="W1 enqueue_many batch size (0: one call)")
     p.add_argument("--executors", default="own",
-                   help="comma-separated executors (own, dramatiq), each optionally with a job storage (own:log,"
-                        " dramatiq:table; default table), alternated run by run")
+                   help="comma-separated executors (own, dramatiq), alternated run by run (a ':log' suffix, from"
+                        " when the storage was a choice, is accepted and changes nothing)")
     p.add_argument("--job-log", default="off",
                    help="comma-separated: off (--no-job-log), on (the default line), traced (on, and spans to the"
                         " console exporter, to /dev/null), sampled (traced, 1 trace in 10); alternated run by"
@@ -279,12 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         return ", ".join([config, *tags])
 
     def variant(name: str, pool: dict) -> dict:
-        """The worker pool's options for an executor[:storage]/job-log variant; the producer's
-        storage set to match (storage "log": logstore.py)."""
+        """The worker pool's options for an executor/job-log variant. (SUPERVISOR_STORAGE=log:
+        a base tree from before one store, BENCH_BASE_TREE, then sends and claims as today's.)"""
         name, _, mode = name.partition("/")
-        executor, _, storage = name.partition(":")
-        broker.storage = broker.producer.storage = storage or "table"  # this broker only sends
-        env = {"SUPERVISOR_STORAGE": broker.storage}
+        executor = name.partition(":")[0]
+        env = {"SUPERVISOR_STORAGE": "log"}
         if mode in ("traced", "sampled"):
             env.update(OTEL_TRACES_EXPORTER="console", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none",
                        OTEL_SERVICE_NAME="bench-worker")

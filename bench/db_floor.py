@@ -12,7 +12,7 @@ claim of up to BATCH rows and the ack of those rows, each in its own autocommitt
 statement, as a worker process does, until no row is left. Prints enqueue and drain rows/s,
 the backends' CPU per row of each (from /proc, as profile_worker.py) and their sum per job.
 
-``--storage`` (default: the product's, defaults.STORAGE): ``log`` sends joblog.LOG_INSERT,
+``--storage`` (default ``log``, the product's; ``table``, job_queue's statements, for comparison): ``log`` sends joblog.LOG_INSERT,
 LOG_CLAIM and the worker's ack through completer.write_log_outcomes; ``table`` sends
 sql.INSERT_MANY, sql.claim(BATCH) and sql.FINISH.
 
@@ -41,7 +41,6 @@ from supervisor.broker.consuming.gates import first_turn
 from supervisor.broker.logstore import Batches, LogRow
 from supervisor.broker.middleware import claim_budgets
 from supervisor.broker.sql import joblog
-from supervisor.defaults import STORAGE
 
 QUEUE = "floor"
 NO_BUDGETS = claim_budgets({}, None)  # no actors known: the rows carry their own budget
@@ -145,7 +144,7 @@ def run(argv: list[str] | None = None) -> int:
     """``--storage`` picks the statements (the product's default, unless told); floor.main
     parses the rest."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--storage", choices=list(PATHS), default=STORAGE)
+    p.add_argument("--storage", choices=list(PATHS), default="log")
     known, rest = p.parse_known_args(argv)
     return main(PATHS[known.storage], bench_database, doc=__doc__, argv=rest, preamble=(code_state(),))
 

@@ -46,15 +46,9 @@ ENQUEUE_RETRY_SECONDS = 10.0
 THREADS = 8
 # What runs its jobs (worker/process.py): supervisor's own executor (worker/executor.py),
 # or dramatiq.Worker.
-# Where a broker puts the jobs it sends (logstore.py): "log", the jobs that need no
-# concurrency or limit key appended to the job log (migrations 039, 040: nothing on their path
-# updates or deletes a row, so no dead tuples under a held horizon; a delayed one waits in
-# job_timers, 051; a dedupe key is taken in job_keys, 052), the rest in job_queue; "table",
-# every job in job_queue (the storage of earlier versions). A worker claims both (a "table"
-# one the log's rows only when job_queue has none). SUPERVISOR_STORAGE sets it for every
-# broker a process makes that is not told (producers' setup_broker included).
-STORAGES = ("log", "table")
-STORAGE = "log"
+# The setting that chose a broker's storage until every job the log can take went there
+# (one store): "table" kept every job in job_queue. Read only to say it is ignored now
+# (logstore.ignored_storage; the config's database.storage likewise).
 STORAGE_ENV = "SUPERVISOR_STORAGE"
 # With the log, every this-many-th claim of a consumer asks job_queue first (the others ask
 # it only when the log has nothing: broker.claim): its retries and delayed jobs wait at most

@@ -256,7 +256,7 @@ def log_producer(url: str, queue: str, actors: dict[str, dict[str, Any]], **brok
     """A producer that knows ``actors`` (stand-ins by name on ``queue``, with their options):
     the plain jobs it sends go to the job log, the default storage's path for an app's jobs,
     where a job inserted by SQL goes to job_queue. ``producer.actors[name].send(...)``."""
-    producer = PostgresBroker(url, storage="log", **broker)
+    producer = PostgresBroker(url, **broker)
     for name, options in actors.items():
         dramatiq.actor(broker=producer, queue_name=queue, actor_name=name, **options)(_stand_in)
     try:

@@ -242,7 +242,7 @@ def test_bulk_enqueue_is_one_statement(conn, actors, broker):
     # commits in pg_stat_database also counts other sessions' and lags behind.)
     writers = conn.execute(
         "SELECT count(*), count(DISTINCT xmin::text), count(DISTINCT cmin::text) FROM "
-        + ("job_log" if broker.storage == "log" else "job_queue WHERE status = 'pending'")
+        + "job_log"
     ).fetchone()
     assert writers == (5000, 1, 1)
 
@@ -326,10 +326,8 @@ def test_heartbeat_renews_only_own_leases(conn, actors, broker, database_url):
         actors.record.send(2)
         [mine] = broker.claim("tests", 1)
         [theirs] = other.claim("tests", 1)
-        # both leases at their end, in the store that holds them (a write through the jobs
-        # view would move a job of the log into job_queue)
-        conn.execute("UPDATE job_lease SET expires_at = now()" if broker.storage == "log"
-                     else "UPDATE jobs SET lease_expires_at = now() WHERE status = 'running'")
+        # both leases at their end, in the log's lease rows
+        conn.execute("UPDATE job_lease SET expires_at = now()")
         assert broker.leases.heartbeat() == 1
         expiry = dict(conn.execute("SELECT id::text, lease_expires_at > now() + interval '20 s' FROM jobs"
                                    " WHERE status = 'running'").fetchall())
@@ -469,14 +467,12 @@ def test_signals_follow_every_change_to_the_middleware_list(database_url):
         b.close()
 
 
-@pytest.mark.parametrize("storage", ["log", "table"])
-def test_every_priority_of_the_int_range_runs(conn, actors, database_url, storage):
-    """Both ends of jobs.priority's int range are claimed, in priority order, whichever
-    store the job went to; and a row any SQL client writes into job_queue at the lowest
+def test_every_priority_of_the_int_range_runs(conn, actors, database_url):
+    """Both ends of jobs.priority's int range are claimed, in priority order; and a row any SQL client writes into job_queue at the lowest
     priority is claimed too (the claim's level probe once stopped above it: pending forever)."""
     from supervisor.cli.jobs import INT4_MAX, INT4_MIN
 
-    b = PostgresBroker(database_url, storage=storage, pool_size=2)
+    b = PostgresBroker(database_url, pool_size=2)
     b.declare_actor(actors.record)
     try:
         sent = [b.enqueue(actors.record.message_with_options(args=(p,), priority=p)).message_id
@@ -487,7 +483,7 @@ def test_every_priority_of_the_int_range_runs(conn, actors, database_url, storag
         while len(claims) < 6 and (claimed := b.claim("tests", 10)):
             claims.append([m.message_id for m in claimed])
         # the sent jobs come in one claim, highest first; the hand-written row in the
-        # same claim (table store: after them) or the next one (the log's claim first)
+        # next one (the log's claim first)
         assert [i for c in claims for i in c] == [*reversed(sent), by_hand]
         assert scalar(conn, "SELECT count(*) FROM jobs WHERE status = 'running'") == 4
     finally:

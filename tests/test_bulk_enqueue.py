@@ -98,15 +98,14 @@ def test_copy_writes_the_rows_insert_many_and_enqueue_write(conn, broker, actors
         logged = {r[0] for r in tx.execute("SELECT id::text FROM job_log WHERE id = ANY(%s)",
                                             ([m.message_id for m in one_by_one],))}
         tx.commit()
-    # A plain job sent alone goes to the log at the default storage (a batch through
+    # A plain job sent alone goes to the log (a batch through
     # bulk.py to job_queue), and so does one whose key has a concurrency limit alone (053);
     # a log row states its lease-loss budget when sent (a release by any process spends it)
     # where job_queue's claim fills it in, and a keyed one is pending until its claim gates
     # it where job_queue's waits for its key: otherwise the rows are the same.
     keyed = {m.message_id for m in one_by_one if m.actor_name == "limited"}
-    assert bool(logged) == (broker.storage == "log")
     assert logged == {m.message_id for m in one_by_one} - {m.message_id for m in one_by_one
-                                                            if m.actor_name == "elsewhere"} or not logged
+                                                            if m.actor_name == "elsewhere"}
     for m, row in zip(one_by_one, rows[2], strict=True):
         if m.message_id in logged:
             assert row["max_lease_losses"] == m.options.get("max_lease_losses", defaults.MAX_LEASE_LOSSES)
@@ -237,13 +236,12 @@ def test_a_non_json_encoder_puts_the_message_in_the_payload(conn, broker, actors
 LOG_ROW = ("SELECT to_jsonb(l) - 'id' - 'seq' - 'tx' - 'created_at' - 'day' FROM job_log l WHERE id = %s")
 
 
-@pytest.mark.skipif(defaults.STORAGE != "log", reason="the log is the default storage's")
 def test_a_log_batch_by_copy_writes_the_rows_one_send_and_a_small_batch_write(conn, actors, database_url):
     """A plain batch of COPY_MIN_ROWS or more streams into the log with COPY (its text
     escaped), a smaller one goes in as LOG_INSERT's arrays, one message as LOG_INSERT_ONE:
     the same rows either way, and a message sent again while its job is live is not written
     twice."""
-    broker = PostgresBroker(database_url, storage="log")
+    broker = PostgresBroker(database_url)
     try:
         plain = dramatiq.actor(actors.plain.fn, broker=broker, queue_name=QUEUE, actor_name="plain_log")
         by_copy = [plain.message_with_options(args=(i, "tab\there, newline\nthere, back\\slash \\N ✓"),
@@ -294,7 +292,6 @@ def test_a_log_batch_written_again_skips_every_id_the_first_write_appended(conn,
     assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (first[0][0],)) == 2
 
 
-@pytest.mark.skipif(defaults.STORAGE != "log", reason="the log is the default storage's")
 @pytest.mark.parametrize("form", ["canonical", "upper", "braced"])
 def test_a_log_batch_writes_a_live_id_and_an_id_repeated_in_it_once(conn, actors, database_url, form):
     """A log batch's check finds a live id whatever text form a message id has (a COPY's:
@@ -304,7 +301,7 @@ def test_a_log_batch_writes_a_live_id_and_an_id_repeated_in_it_once(conn, actors
     def shaped(job_id: str) -> str:
         return {"canonical": job_id, "upper": job_id.upper(), "braced": "{" + job_id + "}"}[form]
 
-    broker = PostgresBroker(database_url, storage="log")
+    broker = PostgresBroker(database_url)
     try:
         plain = dramatiq.actor(actors.plain.fn, broker=broker, queue_name=QUEUE, actor_name="plain_log")
         live = broker.enqueue(plain.message())

@@ -17,7 +17,6 @@ import pytest
 
 from supervisor import LimitOptionError
 from supervisor.broker import PostgresBroker
-from supervisor.broker.logstore import storage
 from supervisor.broker.sql.flow import CARRY_SECONDS
 from tests.conftest import in_process_worker, scalar, wait_for
 
@@ -116,9 +115,9 @@ def test_the_row_carries_its_key_and_limits_and_waits(conn, flow):
     flow.capped.send(1)
     flow.tenant_job.send_with_options(kwargs={"tenant": "t1", "n": 1}, fairness_weight=3)
     rows = conn.execute("SELECT actor, status, flow_key, flow, concurrency_key FROM jobs ORDER BY actor").fetchall()
-    # a key with a concurrency limit alone: on storage "log" the job is appended to the log with
-    # its key (053), pending until a claim gives it a slot or parks it
-    capped = "pending" if storage(None) == "log" else "waiting"
+    # a key with a concurrency limit alone: the job is appended to the log with its key
+    # (053), pending until a claim gives it a slot or parks it
+    capped = "pending"
     assert rows == [
         ("capped", capped, "pool", {"c": 3}, "pool"),
         ("tenant_job", "waiting", "tenant:t1", {"w": 3}, None),

@@ -235,26 +235,22 @@ supervisor.pipeline([seed.message(7), dramatiq.group([member.message(0, 0), memb
 """
 
 
-@pytest.mark.parametrize("storage", ["log", "table"])
-def test_a_member_failed_by_its_lease_loss_budget_fails_the_pipeline(tmp_path, conn, database_url, supervisor,
-                                                                      storage):
+def test_a_member_failed_by_its_lease_loss_budget_fails_the_pipeline(tmp_path, conn, database_url, supervisor):
     path = write_config(tmp_path / "s.yaml", database_url,
-                        {"alpha": role(processes=2, threads=2, actors=("tests.workflow_actors",))},
-                        database={"storage": storage})
+                        {"alpha": role(processes=2, threads=2, actors=("tests.workflow_actors",))})
     s = supervisor(path)
     s.wait_state({"alpha": 2})
     sent = subprocess.run([sys.executable, "-c", KILLED_PIPELINE], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT),
-                                           "SUPERVISOR_STORAGE": storage})
+                          timeout=60, env={**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)})
     assert sent.returncode == 0, sent.stderr
     running = "FROM jobs j JOIN workers w ON w.id = j.lease_owner WHERE j.actor = 'member' AND j.args->>0 = '1'" \
               " AND j.status = 'running'"
     wait_for(lambda: scalar(conn, "SELECT count(*) " + running) == 1, 30, message="member 1 to run")
     victim, job = conn.execute("SELECT w.pid, j.id " + running).fetchone()
-    # where the members live: the worker that ran the seed sent them with its broker's storage
+    # where the members live: the log (the worker that ran the seed sent them)
     in_queue = scalar(conn, "SELECT count(*) FROM job_queue WHERE id = %s", (job,)) + scalar(
         conn, "SELECT count(*) FROM job_history WHERE id = %s", (job,))
-    assert in_queue == (1 if storage == "table" else 0)
+    assert in_queue == 0
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: scalar(conn, "SELECT count(*) FROM pipeline_fanins WHERE failed IS NOT NULL") == 1, 60,
              interval=0.05, message="the fan-in to be marked failed; jobs now "
@@ -287,17 +283,11 @@ def _finish(conn, broker: PostgresBroker, statuses: list[str]) -> None:
             message=f"the members to end {statuses}")
 
 
-STORAGES = [pytest.param("log", marks=pytest.mark.broker(storage="log")),
-            pytest.param("table", marks=pytest.mark.broker(storage="table"))]
-
-
-@pytest.mark.parametrize("storage", STORAGES)
-def test_a_member_cancelled_by_an_operator_fails_the_pipeline(conn, broker, steps, storage):
+def test_a_member_cancelled_by_an_operator_fails_the_pipeline(conn, broker, steps):
     a = steps
     _group_first(broker, a, a["seed"].message(1), a["seed"].message(2))
     cancelled = _member_id(conn, "wf_seed", 2)
-    store = "job_log" if storage == "log" else "job_queue"
-    assert scalar(conn, f"SELECT count(*) FROM {store} WHERE id = %s", (cancelled,)) == 1
+    assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (cancelled,)) == 1
     assert cancel_job(conn, cancelled)
     _finish(conn, broker, ["cancelled", "succeeded"])
     size, arrived, failed = conn.execute("SELECT size, arrived, failed FROM pipeline_fanins").fetchone()
@@ -310,8 +300,7 @@ def test_a_member_cancelled_by_an_operator_fails_the_pipeline(conn, broker, step
     assert abs(float(ttl) - defaults.FANIN_TTL_MS) < 60_000
 
 
-@pytest.mark.parametrize("storage", STORAGES)
-def test_a_member_flushed_or_unreadable_fails_the_pipeline(conn, broker, steps, storage):
+def test_a_member_flushed_or_unreadable_fails_the_pipeline(conn, broker, steps):
     a = steps
     # a member no worker knows: its claim fails it at once (Leases.fail_unreadable), no middleware
     nobody = Message(queue_name="wf", actor_name="wf_nobody", args=(5,), kwargs={}, options={})

@@ -113,42 +113,29 @@ def tracer() -> Iterator[Tracer]:
         threading.setprofile(None)
 
 
-def documented(storage: str) -> tuple[int, set[str]]:
-    """The count and the modules ARCHITECTURE.md's job path gives for ``storage``: the
-    section's table has a column per storage, "N modules" in its heading, and a row per
-    stage; a cell that says 'as on "other"' holds the other storage's cell."""
+def documented() -> tuple[int, set[str]]:
+    """The count and the modules ARCHITECTURE.md's job path gives: the section's table has
+    "N modules" in its second column's heading, and a row per stage."""
     section = DOC.read_text().split("\n## A job's path\n", 1)[1].split("\n## ", 1)[0]
     rows = [[c.strip() for c in line.strip().strip("|").split("|")]
             for line in section.splitlines() if line.startswith("|")]
     assert rows, "ARCHITECTURE.md's job path has no table of the modules a job crosses"
     header, stages = rows[0], rows[2:]  # rows[1] is the heading's rule
-
-    def column(name: str) -> int:
-        found = [i for i, cell in enumerate(header) if f'storage "{name}"' in cell]
-        assert found, f'ARCHITECTURE.md\'s job path: no column for storage "{name}" in {header}'
-        return found[0]
-
-    count = re.search(r"(\d+) modules", header[column(storage)])
-    assert count, f'ARCHITECTURE.md\'s job path: no "N modules" in the heading of storage "{storage}"'
+    count = re.search(r"(\d+) modules", header[1])
+    assert count, f'ARCHITECTURE.md\'s job path: no "N modules" in the heading of its second column: {header}'
     modules: set[str] = set()
     for row in stages:
-        cell = row[column(storage)]
-        same = re.fullmatch(r'as on "(\w+)"', cell)
-        if same:
-            cell = row[column(same.group(1))]
-        modules.update(re.findall(r"`([\w/]+\.py)`", cell))
+        modules.update(re.findall(r"`([\w/]+\.py)`", row[1]))
     return int(count.group(1)), modules
 
 
-@pytest.mark.parametrize("storage", ["log", "table"])
 def test_the_documented_job_path_is_the_one_a_job_crosses(conn: psycopg.Connection, database_url: str,
-                                                          tracer: Tracer, storage: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                          tracer: Tracer, monkeypatch: pytest.MonkeyPatch) -> None:
     # On the log, one claim in LOG_TABLE_TURN asks job_queue first (ARCHITECTURE.md says so
     # under the table): the job a claim takes depends on how many came before; none does here.
     monkeypatch.setattr(defaults, "LOG_TABLE_TURN", 1 << 30)
     collecting = jobfields.collecting
-    broker = PostgresBroker(database_url, storage=storage)
+    broker = PostgresBroker(database_url)
     # What a supervised worker adds on a job's path (worker/process.py, WorkerProcess.run):
     # the run results, the job's log line (on by default) and the Fence's run times to Pace.
     broker.add_middleware(RunResults(), before=Fence)
@@ -174,14 +161,13 @@ def test_the_documented_job_path_is_the_one_a_job_crosses(conn: psycopg.Connecti
         jobfields.collecting = collecting  # JobLog's constructor turned it on for the process
     crossed = tracer.modules
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (message.message_id,)) == "succeeded"
-    count, listed = documented(storage)
+    count, listed = documented()
     unknown = sorted(m for m in listed if not (PACKAGE / m).is_file())
     assert not unknown, f"ARCHITECTURE.md's job path names files not in supervisor/: {unknown}"
-    assert count == len(listed), (f'ARCHITECTURE.md says {count} modules on storage "{storage}"'
-                                  f" and lists {len(listed)}")
+    assert count == len(listed), f"ARCHITECTURE.md says {count} modules and lists {len(listed)}"
 
     missing, extra = sorted(crossed - listed), sorted(listed - crossed)
     assert not (missing or extra), (
-        f'ARCHITECTURE.md\'s job path on storage "{storage}" is not the one a job crosses:\n'
+        "ARCHITECTURE.md's job path is not the one a job crosses:\n"
         f"  crossed but not listed: {missing}\n  listed but not crossed: {extra}\n"
         f"  (run meanwhile in threads the job does not pass through: {tracer.elsewhere})")

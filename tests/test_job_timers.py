@@ -166,7 +166,7 @@ def test_under_a_pinned_horizon_the_floored_promotion_reads_a_few_pages(conn: ps
 
 @pytest.fixture
 def broker(database_url: str, conn: psycopg.Connection) -> Iterator[PostgresBroker]:
-    b = PostgresBroker(database_url, storage="log", lease_seconds=30, poll_interval=5.0)
+    b = PostgresBroker(database_url, lease_seconds=30, poll_interval=5.0)
 
     @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="timed_record", max_retries=0)
     def timed_record() -> None:
@@ -233,19 +233,6 @@ def test_a_worker_killed_right_after_promoting_loses_nothing_and_runs_nothing_tw
     w1.proc.wait()
     workers(threads=8, lease=1, heartbeat=0.3)
     assert_exactly_once(conn, len(sent))
-
-
-def test_storage_table_keeps_its_delayed_jobs_in_job_queue(conn, database_url) -> None:
-    b = PostgresBroker(database_url, storage="table")
-    try:
-        actor = dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="timed_table")(lambda: None)
-        one = actor.send_with_options(delay=60_000)
-        many = b.enqueue_many([actor.message() for _ in range(3)], delay=60_000)
-    finally:
-        b.close()
-    assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = ANY(%s::uuid[])",
-                  ([one.message_id, *(m.message_id for m in many)],)) == 4
-    assert scalar(conn, "SELECT count(*) FROM job_timers") == 0
 
 
 def test_the_floor_follows_the_reads_and_the_full_read_is_paced_by_its_cost(monkeypatch) -> None:

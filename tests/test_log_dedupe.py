@@ -33,7 +33,7 @@ release = threading.Event()
 
 @pytest.fixture
 def broker(database_url: str, conn: psycopg.Connection) -> Iterator[PostgresBroker]:
-    b = PostgresBroker(database_url, storage="log", lease_seconds=30, poll_interval=0.2)
+    b = PostgresBroker(database_url, lease_seconds=30, poll_interval=0.2)
 
     @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="dd_record", max_retries=0)
     def dd_record(n: int) -> None:

@@ -21,7 +21,7 @@ ran: list[int] = []
 
 @pytest.fixture
 def broker(database_url: str) -> Iterator[PostgresBroker]:
-    b = PostgresBroker(database_url, storage="log", lease_seconds=30, poll_interval=0.2)
+    b = PostgresBroker(database_url, lease_seconds=30, poll_interval=0.2)
 
     @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="edit_record", max_retries=0)
     def edit_record(n: int) -> None:

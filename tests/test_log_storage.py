@@ -27,7 +27,7 @@ release = threading.Event()
 
 @pytest.fixture
 def broker(database_url: str, conn: psycopg.Connection) -> Iterator[PostgresBroker]:
-    b = PostgresBroker(database_url, storage="log", lease_seconds=30, poll_interval=0.2)
+    b = PostgresBroker(database_url, lease_seconds=30, poll_interval=0.2)
 
     @dramatiq.actor(broker=b, queue_name=QUEUE, actor_name="log_record", max_retries=0)
     def log_record(n: int) -> None:
@@ -280,7 +280,7 @@ def test_a_row_given_back_and_taken_again_at_once_by_this_process_is_held(conn, 
 
 def test_a_lease_lost_is_released_elsewhere_and_the_late_ack_counts_nothing(conn, broker, database_url) -> None:
     message = broker.actors["log_record"].send(9)
-    lost = PostgresBroker(database_url, storage="log", owner="gone:1:aaaaaa", lease_seconds=0.1, pool_size=1)
+    lost = PostgresBroker(database_url, owner="gone:1:aaaaaa", lease_seconds=0.1, pool_size=1)
     try:
         lost.actors.update(broker.actors)
         lost.declare_queue(QUEUE)
@@ -302,7 +302,7 @@ def test_a_lease_lost_is_released_elsewhere_and_the_late_ack_counts_nothing(conn
 
 def test_a_dead_owner_s_batches_go_back(conn, broker, database_url) -> None:
     message = broker.actors["log_record"].send(4)
-    dead = PostgresBroker(database_url, storage="log", owner="dead:1:aaaaaa", pool_size=1)
+    dead = PostgresBroker(database_url, owner="dead:1:aaaaaa", pool_size=1)
     try:
         dead.actors.update(broker.actors)
         dead.declare_queue(QUEUE)
@@ -336,7 +336,7 @@ def test_flush_drops_the_queue_s_pending_log_jobs(conn, broker) -> None:
 
 
 def test_a_job_that_reads_its_message_sees_the_one_it_was_sent_as(conn, database_url) -> None:
-    b = PostgresBroker(database_url, storage="log", poll_interval=0.2)
+    b = PostgresBroker(database_url, poll_interval=0.2)
     b.add_middleware(CurrentMessage())
     seen: list[tuple] = []
 
@@ -354,28 +354,29 @@ def test_a_job_that_reads_its_message_sees_the_one_it_was_sent_as(conn, database
     assert seen == [(message.message_id, (1, "two"), {"k": [3]}, "n")]
 
 
-def test_a_worker_of_table_storage_runs_the_log_s_jobs_too(conn, broker, database_url) -> None:
-    # Workers set to storage "table" (every job they send goes to job_queue) and a producer
-    # left at the default: its plain jobs go to the log, and the workers run them once
-    # job_queue has none, not never.
-    table = PostgresBroker(database_url, storage="table", lease_seconds=30, poll_interval=0.2)
-    dramatiq.actor(broker=table, queue_name=QUEUE, actor_name="log_record", max_retries=0)(ran.append)
+def test_the_old_storage_setting_is_ignored_and_said_once(conn, broker, database_url, monkeypatch, caplog) -> None:
+    # A program written for storage "table" (SUPERVISOR_STORAGE, or storage= given) keeps
+    # running: its jobs go where every job goes (the log), and one warning says to drop
+    # the setting.
+    from supervisor.broker import logstore
+
+    monkeypatch.setattr(logstore, "_said_storage", [])
+    monkeypatch.setenv("SUPERVISOR_STORAGE", "table")
+    with caplog.at_level("WARNING", logger="supervisor.broker.logstore"):
+        old = PostgresBroker(database_url, storage="table", lease_seconds=30, poll_interval=0.2)
+        PostgresBroker(database_url).close()  # said once per process, not per broker
+    assert [r.getMessage() for r in caplog.records] == [
+        "storage 'table' is no longer a choice (every job the log takes lives in the log): the setting is ignored;"
+        " remove storage="]
+    dramatiq.actor(broker=old, queue_name=QUEUE, actor_name="log_record", max_retries=0)(ran.append)
     try:
-        logged = broker.actors["log_record"].send(1)
-        queued = table.actors["log_record"].send(2)
-        assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (logged.message_id,)) == 1
-        assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = %s", (queued.message_id,)) == 1
-        with in_process_worker(table, [QUEUE], executor="own"):
-            table.join(QUEUE, timeout=10_000)
-        assert sorted(ran) == [1, 2]
-        assert [job(conn, m.message_id)[:2] for m in (logged, queued)] == [("succeeded", 1)] * 2
+        sent = old.actors["log_record"].send(2)
+        assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (sent.message_id,)) == 1
+        with in_process_worker(old, [QUEUE], executor="own"):
+            old.join(QUEUE, timeout=10_000)
+        assert ran == [2]
     finally:
-        table.close()
-
-
-def test_an_unknown_storage_is_one_line() -> None:
-    with pytest.raises(ValueError, match="storage must be one of log, table, not 'lake'"):
-        PostgresBroker("postgresql://127.0.0.1:1/x", storage="lake")
+        old.close()
 
 
 def test_a_job_given_up_unfinished_is_released_not_lost(conn, broker) -> None:
@@ -448,7 +449,7 @@ def test_a_stored_result_is_on_the_done_row(conn, database_url) -> None:
 
     from supervisor.results import PostgresBackend
 
-    b = PostgresBroker(database_url, storage="log", poll_interval=0.2)
+    b = PostgresBroker(database_url, poll_interval=0.2)
     backend = PostgresBackend(url=database_url)
     b.add_middleware(Results(backend=backend))
 

@@ -151,7 +151,7 @@ def test_a_database_before_the_job_log_migrates_and_a_log_worker_finishes_every_
         assert scalar(conn, "SELECT count(*) FROM jobs WHERE status IN ('pending', 'retryable', 'running')") == 60
         assert scalar(conn, "SELECT count(*) FROM jobs") == 120
 
-        producer = PostgresBroker(url, storage="log", pool_size=1)
+        producer = PostgresBroker(url, pool_size=1)
         try:
             producer.declare_queue("tests")
             import dramatiq
@@ -165,7 +165,7 @@ def test_a_database_before_the_job_log_migrates_and_a_log_worker_finishes_every_
             producer.close()
         assert scalar(conn, "SELECT count(*) FROM job_log") == 40
 
-        w = workers(url, threads=4, lease=2, heartbeat=0.5, extra_env={"SUPERVISOR_STORAGE": "log"})
+        w = workers(url, threads=4, lease=2, heartbeat=0.5)
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs_live") == 0, 60, message="every live job to finish")
         assert w.proc.poll() is None, w.stderr()
         runs = dict(conn.execute("SELECT job_id::text, count(*) FROM test_results GROUP BY 1").fetchall())

@@ -17,12 +17,10 @@ from supervisor import workflow_ops
 from supervisor.broker import PostgresBroker
 from tests.conftest import in_process_worker, scalar, wait_for
 
-STORES = [pytest.param("log", id="log"), pytest.param("table", id="table")]
 
-
-@pytest.fixture(params=["log", "table"])
-def store_broker(request: pytest.FixtureRequest, database_url: str):
-    b = PostgresBroker(database_url, storage=request.param)
+@pytest.fixture
+def store_broker(database_url: str):
+    b = PostgresBroker(database_url)
     yield b
     b.close()
 

@@ -84,8 +84,8 @@ class PostgresBroker(Signals, Broker):  # type: ignore[misc]
         the dramatiq CLI); a supervisor worker process does it in its upkeep thread.
       queue_priorities: queue -> the priority of a message sent there without one
         (the config's roles' ``priority``).
-      storage: "log" or "table" (default: SUPERVISOR_STORAGE, else "log"): where the
-        jobs it sends go, and whether its consumers claim the job log too (logstore.py).
+      storage: ignored (kept so older callers still run): every job the log takes goes
+        there, and every consumer claims it (logstore.ignored_storage says so once).
       floors: where this process's next claim of each queue starts (default: ClaimFloors()).
 
     The state its parts share is made here and handed to each: ``pool``, ``owner``,
@@ -114,7 +114,7 @@ class PostgresBroker(Signals, Broker):  # type: ignore[misc]
         storage: str | None = None,
         floors: ClaimFloors | None = None,
     ) -> None:
-        self.storage = logstore.storage(storage)
+        logstore.ignored_storage(storage)
         self.url = db.resolve_url(url)
         # A failed connection attempt tells the leases at once (see Leases.beat_expiry).
         self.pool: ConnectionPool = db.make_pool(self.url, max_size=pool_size, name="broker",
@@ -185,12 +185,12 @@ class PostgresBroker(Signals, Broker):  # type: ignore[misc]
             batches=self.batches, floors=self.floors, failures=self.failures, actors=self.actors,
             handback=handback, emit_before=self.emit_before, emit_after=self.emit_after)
         self.claims = Claims(
-            connections, self.owner, storage=self.storage, lease_seconds=lease_seconds, leases=self.leases,
+            connections, self.owner, lease_seconds=lease_seconds, leases=self.leases,
             batches=self.batches, floors=self.floors, gates=self.gates, failures=self.failures,
             actors=self.actors, handback=handback, retries=self._retries, finish=self.completer.finish,
             background=self.background)
         self.producer = Producer(
-            connections, storage=self.storage, actors=self.actors, queue_priorities=self.queue_priorities,
+            connections, actors=self.actors, queue_priorities=self.queue_priorities,
             retries=self._retries, retry=self.outcomes.retry, emit_before=self.emit_before,
             emit_after=self.emit_after)
         self.queue_helpers = QueueHelpers(self.pool, self.queues, self.failures, fail_fast_default=fail_fast_default)

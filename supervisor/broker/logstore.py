@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import struct
 import threading
@@ -266,14 +267,20 @@ def copy_text(rows: Iterable[tuple[Any, ...]], *, keyed: bool = False) -> bytes:
     return "".join(lines).encode()
 
 
-def storage(value: str | None) -> str:
-    """A broker's storage: ``value``, else SUPERVISOR_STORAGE, else the default; one line
-    naming the choices when it is none of them."""
-    chosen = value or os.environ.get(defaults.STORAGE_ENV) or defaults.STORAGE
-    if chosen not in defaults.STORAGES:
-        raise ValueError(f"storage must be one of {', '.join(defaults.STORAGES)}, not {chosen!r}"
-                         f"{'' if value else f' (from {defaults.STORAGE_ENV})'}")
-    return chosen
+def ignored_storage(value: str | None) -> None:
+    """Say once that a storage chosen the old way (a broker's ``storage=``, or
+    SUPERVISOR_STORAGE) changes nothing now: every job the log takes goes there (one
+    store), and every worker claims it. A program written for storage "table" keeps
+    working: its jobs run from the log."""
+    chosen = value or os.environ.get(defaults.STORAGE_ENV)
+    if chosen and chosen != "log" and not _said_storage:
+        _said_storage.append(chosen)
+        logging.getLogger(__name__).warning(
+            "storage %r is no longer a choice (every job the log takes lives in the log): the setting is ignored; "
+            "remove %s", chosen, "storage=" if value else defaults.STORAGE_ENV)
+
+
+_said_storage: list[str] = []
 
 
 # LOG_CLAIM's columns (job_log_claim, migration 039)

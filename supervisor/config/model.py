@@ -56,13 +56,9 @@ class DatabaseConfig:
                                shown="url", reload="restart")
     pooled: bool | None = key(check.boolean, "url goes through a transaction pooler: no server-side prepared statements, "
                               "LISTEN only on listen_url.", None, shown="detected at start", reload="restart")
-    storage: str | None = key(check.one_of(defaults.STORAGES, "storage"), "Where plain jobs are kept: `log` "
-                              "(the append-only job log: no row updated or deleted per job; a delayed job or a retry "
-                              "waits in job_timers until due; a dedupe key is held in job_keys; jobs with a concurrency or "
-                              "limit key stay in job_queue) or `table` (every job in job_queue, "
-                              "the storage of earlier versions, whose workers read only job_queue). Sets "
-                              "SUPERVISOR_STORAGE for the processes it starts.", None,
-                              shown=f"$SUPERVISOR_STORAGE, else {defaults.STORAGE}", reload="restart")
+    storage: str | None = key(check.one_of(("log", "table"), "storage"), "No longer a choice: every job the log "
+                              "takes lives in the job log (one store), and `table` is ignored with a warning at start. "
+                              "Read so that older configs still load.", None, shown="log", reload="restart")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from .. import apps, backoff, db, defaults, exit_codes
+from .. import apps, backoff, db, exit_codes
 from ..config import Config
 from ..identity import set_node_name
 from ..logs import configure_logging
@@ -29,8 +29,9 @@ def serve(cfg: Config) -> int:
         os.environ["SUPERVISOR_STATE_DIR"] = str(cfg.supervisor.state_dir)
 
     set_node_name(cfg.supervisor.node_name)
-    if cfg.database.storage is not None:  # every broker of its children (workers, http) sends there
-        os.environ[defaults.STORAGE_ENV] = cfg.database.storage
+    if cfg.database.storage not in (None, "log"):
+        log.warning("database.storage: %r is no longer a choice (every job the log takes lives in the log): "
+                    "ignored; remove the key", cfg.database.storage)
 
     def prepare() -> db.Database:
         d = cfg.database

@@ -41,14 +41,13 @@ class Claims:
     unreadable rows through the leases). Its own state: the turn between the log and
     job_queue, whether claims are failing, and its caches of the actors' budgets."""
 
-    def __init__(self, connections: Connections, owner: str, *, storage: str, lease_seconds: float, leases: Leases,
+    def __init__(self, connections: Connections, owner: str, *, lease_seconds: float, leases: Leases,
                  batches: logstore.Batches, floors: ClaimFloors, gates: Gates, failures: Failures,
                  actors: dict[str, Any], handback: threading.RLock, retries: Callable[[], Retries | None],
                  finish: Callable[[psycopg.Connection, Sequence[Finish]], int], background: Background) -> None:
         self.connections = connections
         self.pool = connections.pool
         self.owner = owner
-        self.storage = storage
         self.lease_seconds = lease_seconds
         self.leases = leases
         self.batches = batches
@@ -79,17 +78,11 @@ class Claims:
         A row that cannot become a message fails at once, alone; only the others
         are returned (the consumer frees the capacity the bad ones reserved).
 
-        With the log (storage "log"): the log's rows, and job_queue's only when the log had
-        none (one statement a claim while the log has work: a woken consumer's job starts
-        after one round trip), or first at every LOG_TABLE_TURN-th claim, so job_queue's
-        rows (retries, delayed and keyed jobs) are never starved by a log that always has
-        more.
-
-        With storage "table" (every job this broker sends goes to job_queue): job_queue's
-        rows, and the log's when job_queue had none, so the jobs of a producer left at the
-        default storage never wait in a log no worker reads."""
-        if self.storage != "log":
-            return self._claim_table(queue, n, idle) or self._claim_log(queue, n, idle)
+        The log's rows, and job_queue's only when the log had none (one statement a claim
+        while the log has work: a woken consumer's job starts after one round trip), or
+        first at every LOG_TABLE_TURN-th claim, so job_queue's rows (the keyed jobs the log
+        does not take yet, an older version's) are never starved by a log that always has
+        more."""
         self._log_turn += 1
         if self._log_turn % defaults.LOG_TABLE_TURN == 0:
             out = self._claim_table(queue, n, idle)

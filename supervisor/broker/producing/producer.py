@@ -1,7 +1,8 @@
 """The producer side of PostgresBroker (``broker.producer``): a message becomes a row of
-the job log (a plain job, at the default storage), of job_timers (a plain job with a delay,
-promoted into the log at its run_at) or of job_queue (one that needs its columns: keyed,
-limited, or storage "table"), in the caller's transaction or in
+the job log (a plain, deduped or concurrency-keyed job), of job_timers (one with a delay,
+promoted into the log at its run_at) or of job_queue (one whose key the log does not take
+yet: a rate, quota or weight; an actor this process does not know), in the caller's
+transaction or in
 one of its own written again on a fresh connection if the server ends it (sending.py)."""
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ from . import dedupe, sending
 T = TypeVar("T")
 
 class Producer:
-    """Sends for any process: given the broker's ``connections``, its ``storage``, the
+    """Sends for any process: given the broker's ``connections``, the
     declared ``actors`` and the queues' default priorities, its Retries middleware
     (``retries``: looked up per send, the list may change), where a retried proxy goes
     (``retry``: the worker's outcomes) and the middleware signals of a send."""
 
-    def __init__(self, connections: Connections, *, storage: str, actors: dict[str, Any],
+    def __init__(self, connections: Connections, *, actors: dict[str, Any],
                  queue_priorities: dict[str, int], retries: Callable[[], Retries | None],
                  retry: Callable[[PgMessageProxy, int | None], PgMessageProxy], emit_before: Emit,
                  emit_after: Emit) -> None:
         self.connections = connections
-        self.storage = storage
         self.actors = actors  # dramatiq's Broker's: the declared actors by name (the same dict)
         self.queue_priorities = queue_priorities
         self.retries = retries
@@ -66,12 +66,10 @@ class Producer:
     def _log_rows(self, messages: list[Message[Any]], *, keyed: bool = False) -> list[tuple[Any, ...] | None]:
         """Each message's log row (logstore.log_row), None for one the log does not take (a
         limit key with more than a concurrency limit, or any limit key unless ``keyed``; an
-        actor this process does not know, storage "table"). A message with no options of its own has its actor's and queue's fields:
+        actor this process does not know). A message with no options of its own has its actor's and queue's fields:
         those are worked out once per actor and queue (``_plain_fields``), the rest of its
         row is its id, body and stamp; any other message's row is built as bulk.rows builds
         job_queue's."""
-        if self.storage != "log":
-            return [None] * len(messages)
         retries = self.retries()
         readable = readable_body()
         plain: dict[tuple[str, str], tuple[Any, ...] | None] = {}
@@ -94,8 +92,6 @@ class Producer:
     def _all_plain(self, messages: list[Message[Any]]) -> bool:
         """Whether every message's log row is a plain one of ``_log_rows`` (no options of its
         own, an actor and queue whose rows the log takes)."""
-        if self.storage != "log":
-            return False
         retries = self.retries()
         plain: dict[tuple[str, str], tuple[Any, ...] | None] = {}
         return all(not m.options and self._cached_plain_fields(m, plain, retries) is not None for m in messages)

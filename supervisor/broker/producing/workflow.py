@@ -42,7 +42,7 @@ def step_params(broker: Any, workflow: str, messages: Sequence[Message[Any]],
             "children": "{" + ",".join(children[m.message_id]) + "}", "remaining": len(ps),
             "state": "blocked" if ps else "enqueued",
             # a keyed step stays in job_queue (049's release writes no key row for the log)
-            "to_log": producer.storage == "log" and logstore.loggable(row, producer.actors) and dedupe_key is None,
+            "to_log": logstore.loggable(row, producer.actors) and dedupe_key is None,
             "queue": queue, "actor": actor, "args": args, "kwargs": kwargs, "options": options,
             "priority": priority, "max_attempts": max_attempts, "max_lease_losses": budget,
             "dedupe_key": dedupe_key, "concurrency_key": concurrency_key, "message_timestamp": message_timestamp,
