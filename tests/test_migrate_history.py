@@ -50,11 +50,13 @@ def test_an_old_database_migrates_in_place_and_every_job_finishes_once(fresh_dat
         after = dict(conn.execute("SELECT status, count(*) FROM jobs GROUP BY 1").fetchall())
         assert after == before == {s: 20 for s in ("pending", "retryable", "running", "succeeded", "failed",
                                                    "cancelled")}
-        assert scalar(conn, "SELECT count(*) FROM job_queue") == 60
+        # the waiting ones moved on into the log (058): job_queue keeps the running ones
+        assert scalar(conn, "SELECT count(*) FROM job_queue") == 20
         assert scalar(conn, "SELECT count(*) FROM job_history") == 60
         assert scalar(conn, "SELECT count(*) FROM job_history WHERE finished_at IS NULL") == 0
         # a held dedupe key still refuses a second live job; a finished one's key is free
-        held = scalar(conn, "SELECT dedupe_key FROM job_queue WHERE dedupe_key IS NOT NULL LIMIT 1")
+        held = scalar(conn, "SELECT dedupe_key FROM jobs WHERE dedupe_key IS NOT NULL"
+                            " AND status IN ('pending', 'retryable', 'running') LIMIT 1")
         done = scalar(conn, "SELECT dedupe_key FROM job_history WHERE dedupe_key IS NOT NULL LIMIT 1")
         assert conn.execute("INSERT INTO job_queue (actor, queue, dedupe_key) VALUES ('record', 'held', %s)"
                             " ON CONFLICT DO NOTHING RETURNING id", (held,)).fetchone() is None
@@ -65,7 +67,7 @@ def test_an_old_database_migrates_in_place_and_every_job_finishes_once(fresh_dat
         # A worker of this release: the stopped old worker's leases expire and are reaped,
         # the delayed retries come due, and every live job runs once.
         w = workers(url, threads=4, lease=2, heartbeat=0.5)
-        wait_for(lambda: scalar(conn, "SELECT count(*) FROM job_queue") == 0, 60,
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs_live") == 0, 60,
                  message="every live job to finish", )
         assert w.proc.poll() is None, w.stderr()
         runs = dict(conn.execute("SELECT job_id, count(*) FROM test_results GROUP BY 1").fetchall())
@@ -134,9 +136,9 @@ SELECT gen_random_uuid(), 'tests', 'record', s.status, now() - g * interval '1 h
 
 
 def test_a_database_before_the_job_log_migrates_and_a_log_worker_finishes_every_job_once(fresh_database, workers):
-    """Migration 039 adds the log beside job_queue: nothing moves. A worker of this release
-    on storage "log" finishes the old live rows from job_queue (each once) and the plain
-    jobs sent after from the log (each once)."""
+    """Migration 039 adds the log beside job_queue, and 058 moves job_queue's waiting jobs into
+    it. A worker of this release finishes the old live jobs (each once) and the plain jobs
+    sent after from the log (each once)."""
     import psycopg
 
     from supervisor.broker import PostgresBroker
@@ -163,14 +165,15 @@ def test_a_database_before_the_job_log_migrates_and_a_log_worker_finishes_every_
             new = {m.message_id for m in producer.enqueue_many([record.message(1000 + i) for i in range(40)])}
         finally:
             producer.close()
-        assert scalar(conn, "SELECT count(*) FROM job_log") == 40
+        assert scalar(conn, "SELECT count(*) FROM job_log") == 40 + 20  # and job_queue's pending ones (058)
 
         w = workers(url, threads=4, lease=2, heartbeat=0.5)
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs_live") == 0, 60, message="every live job to finish")
         assert w.proc.poll() is None, w.stderr()
         runs = dict(conn.execute("SELECT job_id::text, count(*) FROM test_results GROUP BY 1").fetchall())
         assert set(runs) == old | new and set(runs.values()) == {1}, runs
-        assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded'") == 40
+        # the 40 sent, and job_queue's 20 pending and 20 retryable moved into the log (058)
+        assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded'") == 80
         assert scalar(conn, "SELECT count(*) FROM job_concurrency WHERE job_id IS NOT NULL") == 0
 
 
