@@ -439,3 +439,11 @@ def test_the_memory_guard_is_on_by_default_and_can_be_turned_off():
                 "  c: {queues: [q], actors: [m], limits: {memory_percent: off}}\n")
     assert [cfg.role(n).limits.memory_percent for n in "abc"] == [85.0, 85.0, None]
     assert cfg.role("a").limits.cpu_percent is None  # CPU: only when set (ARCHITECTURE.md, the resource guard)
+
+
+def test_the_old_storage_key_still_loads_and_a_wrong_value_is_one_line() -> None:
+    # database.storage was a choice until one store: an older config with it still loads
+    # (the master then warns that `table` is ignored), and a value it never took is refused.
+    cfg = load("database: {storage: table}\nroles:\n  a: {queues: [q], actors: [m]}\n")
+    assert cfg.database.storage == "table"
+    assert "storage" in str(error("database: {storage: lake}\nroles:\n  a: {queues: [q], actors: [m]}\n"))
