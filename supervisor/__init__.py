@@ -2,9 +2,9 @@
 
 from .broker import PostgresBroker, PostgresConsumer, setup_broker
 from .broker.consuming.progress import progress
-from .broker.jobfields import log_fields
 from .composition import pipeline
 from .flow import LimitOptionError, RateLimited
+from .worker.joblog import log_fields
 from .workflows import Workflow, workflow
 
 __all__ = ["LimitOptionError", "PostgresBroker", "PostgresConsumer", "RateLimited", "log_fields", "pipeline",

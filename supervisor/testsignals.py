@@ -58,6 +58,9 @@ KINDS: dict[str, type[Any]] = {k.__name__: k for k in (Claimed, ClaimsFailing, C
 S = TypeVar("S", Claimed, ClaimsFailing, ClaimsBack, Interrupted)
 
 _path = os.environ.get(ENV) or None
+# Whether this process records: a component on a job's path asks before it builds a signal,
+# so a process no test watches pays one attribute read, not a call.
+recording = _path is not None
 
 
 def emit(signal: Signal) -> None:

@@ -29,11 +29,12 @@ import psycopg
 import pytest
 
 from supervisor import defaults
-from supervisor.broker import PostgresBroker, jobfields
+from supervisor.broker import PostgresBroker
 from supervisor.broker.consuming.capacity import Capacity
 from supervisor.broker.consuming.claims import Claims
 from supervisor.broker.consuming.fencing import Fence
 from supervisor.broker.consuming.pace import Pace
+from supervisor.worker import joblog
 from supervisor.worker.joblog import JobLog
 from supervisor.worker.scheduler import RunResults
 from tests.conftest import ROOT, in_process_worker, scalar
@@ -134,7 +135,7 @@ def test_the_documented_job_path_is_the_one_a_job_crosses(conn: psycopg.Connecti
     # On the log, one claim in LOG_TABLE_TURN asks job_queue first (ARCHITECTURE.md says so
     # under the table): the job a claim takes depends on how many came before; none does here.
     monkeypatch.setattr(defaults, "LOG_TABLE_TURN", 1 << 30)
-    collecting = jobfields.collecting
+    collecting = joblog.collecting
     broker = PostgresBroker(database_url)
     # What a supervised worker adds on a job's path (worker/process.py, WorkerProcess.run):
     # the run results, the job's log line (on by default) and the Fence's run times to Pace.
@@ -158,7 +159,7 @@ def test_the_documented_job_path_is_the_one_a_job_crosses(conn: psycopg.Connecti
             assert tracer.ended.wait(10), "the traced job's outcome was not written within 10 s"
     finally:
         broker.close()
-        jobfields.collecting = collecting  # JobLog's constructor turned it on for the process
+        joblog.collecting = collecting  # JobLog's constructor turned it on for the process
     crossed = tracer.modules
     assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (message.message_id,)) == "succeeded"
     count, listed = documented()

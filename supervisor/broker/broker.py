@@ -8,6 +8,7 @@ delegations, consume() and close()."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
@@ -312,7 +313,10 @@ class PostgresBroker(Signals, Broker):  # type: ignore[misc]
         if queue_name not in self.queues:
             raise QueueNotFound(queue_name)
         claims, outcomes = self.claims, self.outcomes
-        wakeup = self.background.serve(queue_name, prefetch, self.queues, done=lambda: outcomes.jobs_done)
+        # (the count read by a bound getattr, not a lambda of this module: a claim passes
+        # through the parts the broker composed, not the broker itself)
+        wakeup = self.background.serve(queue_name, prefetch, self.queues,
+                                       done=functools.partial(getattr, outcomes, "jobs_done"))
         with self._start_lock:
             bound = self.queue_capacity.setdefault(queue_name, Capacity(prefetch, within=self.capacity))
         bound.set_limit(prefetch)

@@ -116,6 +116,10 @@ class Coroutines:
 
     # --- worker threads -------------------------------------------------------------
 
+    def runs(self, actor_name: str) -> bool:
+        """Whether the actor of this name is declared, and an async one."""
+        return coroutine_function(self.broker.actors.get(actor_name)) is not None
+
     def take(self, message: MessageProxy, thread: WorkerThread) -> bool:
         """Whether ``message`` is an async actor's; if so it is this object's now: started
         on the loop (or settled at once if a before hook failed it, or put back on the work

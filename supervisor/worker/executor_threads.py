@@ -39,6 +39,10 @@ class Coroutines(Protocol):
         """Whether the message is an async actor's, now handed to the event loop."""
         ...
 
+    def runs(self, actor_name: str) -> bool:
+        """Whether the actor of this name is an async one (its messages go to take)."""
+        ...
+
 # Dramatiq's loggers, so its users' logging config applies to the same lines.
 _worker_log = logging.getLogger("dramatiq.worker.WorkerThread")
 
@@ -238,6 +242,9 @@ class WorkerThread(_Pausable):
         self.consumers = consumers
         self.work_queue = work_queue
         self.coroutines = coroutines  # where async actors' messages go (None: every actor runs here)
+        # The actors asked about that run in a thread: their next messages skip the question
+        # (an actor does not change from one kind to the other while the process runs).
+        self._threaded: set[str] = set()
 
     def run(self) -> None:
         self.broker.emit_after("worker_thread_boot", self)
@@ -259,8 +266,12 @@ class WorkerThread(_Pausable):
         exception, or after_skip_message; then its outcome, and it is done. An async
         actor's message is handed to the event loop instead (executor_async.py), which
         settles it when its coroutine ends."""
-        if self.coroutines is not None and self.coroutines.take(message, self):
-            return
+        coroutines = self.coroutines
+        if coroutines is not None and message.actor_name not in self._threaded:
+            if coroutines.take(message, self):
+                return
+            if not coroutines.runs(message.actor_name):
+                self._threaded.add(message.actor_name)
         broker = self.broker
         actor = None
         try:

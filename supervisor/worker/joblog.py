@@ -1,5 +1,7 @@
 """One log line per finished job: id, actor, queue, role, pid, duration, outcome,
-and the fields the actor added with ``supervisor.log_fields()``.
+and the fields the actor added with ``supervisor.log_fields()`` (below: kept per job id in
+this process only while a JobLog collects them, so a process without the job log,
+``job_log: false`` or a plain dramatiq worker, keeps nothing).
 
 With ``log_json`` every field is a key of the JSON line (``pid`` is on every
 line already, see ``supervisor.logs``),
@@ -23,14 +25,49 @@ import time
 from typing import Any, ClassVar
 
 from dramatiq.broker import Broker, MessageProxy
-from dramatiq.middleware import Middleware, Retries
+from dramatiq.middleware import CurrentMessage, Middleware, Retries
 
-from ..broker import jobfields
 from ..broker.consuming.order import Before, Placement
 from .lines import LineWriter
 
 log = logging.getLogger("supervisor.jobs")
 LINE = "job %s %s queue=%s role=%s pid=%d %sms %s%s%s"
+
+# What a job line already carries, and what logging itself reserves: a field may not
+# shadow either (logging raises on the latter; the former would lie).
+RESERVED = frozenset({"job_id", "actor", "queue", "role", "duration_ms", "outcome", "error", "pid", "ts", "level",
+                      "logger", "msg", "exc"}) | frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# A job that adds fields in a loop keeps the latest value of at most this many keys.
+MAX_FIELDS = 32
+
+_fields: dict[str, dict[str, Any]] = {}
+collecting = False
+
+
+def log_fields(**fields: Any) -> None:
+    """Add ``fields`` to the current job's log line (later calls add or replace keys).
+
+    Outside a job, or where no job log is written, it does nothing. A name that the
+    line already uses (``job_id``, ``actor``, ...) raises ValueError."""
+    bad = sorted(k for k in fields if k in RESERVED)
+    if bad:
+        raise ValueError(f"log_fields: {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} reserved by the job's "
+                         "log line; choose another name")
+    if not collecting:
+        return
+    current = CurrentMessage.get_current_message()
+    if current is None:
+        return
+    held = _fields.setdefault(current.message_id, {})
+    for key, value in fields.items():
+        if key in held or len(held) < MAX_FIELDS:
+            held[key] = value
+
+
+def take(job_id: str) -> dict[str, Any]:
+    """The fields the job's attempt gave, forgotten here (called once per finished attempt)."""
+    return _fields.pop(job_id, None) or {}
+
 
 # What the job's thread notes: when it ended, then the line's own fields.
 Noted = tuple[float, str, str, str, "float | None", str, "str | None", dict[str, Any], "dict[str, str] | None"]
@@ -48,7 +85,8 @@ class JobLog(Middleware):
         self._started = threading.local()  # a message is processed on one worker thread
         self.writer = LineWriter(log, self._record)
         self._template: dict[str, Any] | None = None  # see _record
-        jobfields.collecting = True  # supervisor.log_fields() keeps what actors add from now on
+        global collecting
+        collecting = True  # supervisor.log_fields() keeps what actors add from now on
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._started.at = time.monotonic()
@@ -68,13 +106,13 @@ class JobLog(Middleware):
         started = getattr(self._started, "at", None)
         self._started.at = None
         if not log.isEnabledFor(logging.INFO):
-            jobfields.take(message.message_id)
+            take(message.message_id)
             return
         duration_ms = round((time.monotonic() - started) * 1000, 1) if started is not None else None
         # The exception is read now: it is cleared once the attempt is settled.
         error = f"{type(exception).__name__}: {exception}" if exception is not None else None
         self.writer.put((time.time(), message.message_id, message.actor_name, message.queue_name, duration_ms,
-                         outcome, error, jobfields.take(message.message_id), trace_ids(message)))
+                         outcome, error, take(message.message_id), trace_ids(message)))
 
     def _record(self, noted: Noted) -> logging.LogRecord:
         """The record the line is (run by the writer's thread)."""

@@ -129,7 +129,8 @@ class PostgresConsumer(Consumer):
             # At DEBUG, each claim and what it found: an operator asking why a queue's
             # jobs sit (paused, keys held, not due) sees that they are being asked for.
             log.debug("claimed %d of %d from %s", len(claimed), n, self.queue_name)
-            testsignals.emit(testsignals.Claimed(self.queue_name, len(claimed), n))
+            if testsignals.recording:
+                testsignals.emit(testsignals.Claimed(self.queue_name, len(claimed), n))
             self.capacity.release(n - len(claimed))
             self._more = len(claimed) == n
             self._next_poll = time.monotonic() + self.poll_interval
