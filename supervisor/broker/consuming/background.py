@@ -12,8 +12,7 @@ from psycopg_pool import ConnectionPool
 
 from ... import defaults
 from ...registry import Registration
-from .batcher import AckBatcher
-from .completer import Completer
+from .completer import AckBatcher, Completer
 from .floors import REQUEUED, ClaimFloors, StragglerProbe, SweepSignal
 from .gates import Gates
 from .keeper import LeaseKeeper

@@ -1,7 +1,7 @@
 """Every outcome of a claimed attempt, decided one way: ``Outcomes`` (``broker.outcomes``)
 turns Dramatiq's calls (ack, nack, retry) and ours (rate limited, requeue) into Finish
 rows, written by the completer (completer.py; a batch of acks through
-batcher.AckBatcher); each fenced by lease owner and attempt (see sql/outcomes.py), so a
+completer.AckBatcher); each fenced by lease owner and attempt (see sql/outcomes.py), so a
 late writer changes nothing.
 """
 
