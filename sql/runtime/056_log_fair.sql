@@ -90,7 +90,7 @@ $$;
 -- parked in job_blocked for a turn, in their order, each with its move written; a key with
 -- no floor at that level gets one just below its first row, with the row's weight. Returns
 -- the other rows, in their order.
-CREATE FUNCTION job_fair_park(cand job_log[]) RETURNS job_log[] LANGUAGE plpgsql AS $$
+CREATE FUNCTION job_fair_park(cand job_log[]) RETURNS job_log[] LANGUAGE plpgsql SET enable_seqscan = off AS $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM generate_subscripts(cand, 1) AS j
                     WHERE (cand[j]).flow_key IS NOT NULL AND (cand[j]).flow_held IS NOT TRUE
@@ -533,3 +533,63 @@ BEGIN
      ORDER BY l.ordinality;
 END $$;
 
+
+-- The views (053's, redefined, every column carried): a weighted job's key is its limit key
+-- (flow_key), and its concurrency key only when it carries a concurrency limit, as
+-- job_queue's rows show it (a job made fair by tenant is not limited by it).
+CREATE OR REPLACE VIEW jobs_log_live AS
+SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, 'running'::text AS status, l.priority, l.created_at AS run_at,
+       l.attempts + 1 AS attempts, l.max_attempts, x.owner AS lease_owner, x.claimed_at, x.renewed_at AS heartbeat_at,
+       x.expires_at AS lease_expires_at, l.dedupe_key, CASE WHEN l.flow ? 'c' THEN l.flow_key END AS concurrency_key, NULL::text AS last_error,
+       NULL::jsonb AS result,
+       (SELECT jsonb_build_object('percent', p.percent, 'message', p.message, 'at', p.at)
+               || CASE WHEN p.event IS NULL THEN '{}'::jsonb ELSE jsonb_build_object('event', p.event) END
+          FROM job_progress p WHERE p.job_id = l.id ORDER BY p.at DESC, p.id DESC LIMIT 1) AS progress,
+       l.created_at, x.claimed_at AS started_at,
+       NULL::timestamptz AS finished_at, l.lease_losses, l.max_lease_losses, l.message_timestamp, l.payload,
+       l.flow_key, l.flow
+  FROM (SELECT * FROM job_lease ORDER BY batch) x
+ CROSS JOIN LATERAL unnest(x.seqs, x.days) AS u(seq, day)
+  JOIN job_log l ON l.seq = u.seq AND l.day = u.day
+ WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
+UNION ALL
+SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, 'pending', l.priority, l.created_at, l.attempts, l.max_attempts,
+       NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, l.dedupe_key, CASE WHEN l.flow ? 'c' THEN l.flow_key END, NULL::text, NULL::jsonb,
+       NULL::jsonb, l.created_at, NULL::timestamptz, NULL::timestamptz, l.lease_losses, l.max_lease_losses,
+       l.message_timestamp, l.payload, l.flow_key, l.flow
+  FROM job_log_pending() l
+UNION ALL
+SELECT t.id, t.queue, t.actor, t.args, t.kwargs, t.options, t.status, t.priority, t.run_at, t.attempts, t.max_attempts,
+       NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, t.dedupe_key, CASE WHEN t.flow ? 'c' THEN t.flow_key END, t.last_error,
+       NULL::jsonb, NULL::jsonb, t.created_at, NULL::timestamptz, NULL::timestamptz, t.lease_losses, t.max_lease_losses,
+       t.message_timestamp, t.payload, t.flow_key, t.flow
+  FROM job_timers t
+UNION ALL
+SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, 'waiting', l.priority, l.created_at, l.attempts, l.max_attempts,
+       NULL::text, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, l.dedupe_key, CASE WHEN l.flow ? 'c' THEN l.flow_key END, NULL::text, NULL::jsonb,
+       NULL::jsonb, l.created_at, NULL::timestamptz, NULL::timestamptz, l.lease_losses, l.max_lease_losses,
+       l.message_timestamp, l.payload, l.flow_key, l.flow
+  -- each parked row's log row looked up by its (seq, day) (OFFSET 0: never a join the
+  -- planner may run as a hash of the whole log, which every read of the view then paid)
+  FROM job_blocked b CROSS JOIN LATERAL (SELECT x.* FROM job_log x WHERE x.seq = b.seq AND x.day = b.day OFFSET 0) l
+ WHERE NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = b.seq AND d.day = b.day);
+
+
+CREATE OR REPLACE VIEW jobs_log_finished AS
+SELECT d.id, d.queue, d.actor, (SELECT l.args FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS args,
+       (SELECT l.kwargs FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS kwargs,
+       (SELECT l.options FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS options,
+       d.status, (SELECT l.priority FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS priority, d.created_at AS run_at, d.attempt AS attempts,
+       (SELECT l.max_attempts FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS max_attempts,
+       d.owner AS lease_owner, d.claimed_at, NULL::timestamptz AS heartbeat_at, NULL::timestamptz AS lease_expires_at,
+       (SELECT l.dedupe_key FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS dedupe_key,
+       CASE WHEN (SELECT l.flow FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) ? 'c' THEN d.flow_key END
+           AS concurrency_key, d.last_error, d.result, d.progress, d.created_at,
+       d.started_at, d.finished_at,
+       coalesce(d.lease_losses, (SELECT l.lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day)) AS lease_losses,
+       (SELECT l.max_lease_losses FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS max_lease_losses,
+       (SELECT l.message_timestamp FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS message_timestamp,
+       (SELECT l.payload FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS payload,
+       d.flow_key, (SELECT l.flow FROM job_log l WHERE l.seq = d.seq AND l.day = d.day) AS flow
+  FROM job_done d
+ WHERE d.status IN ('succeeded', 'failed', 'cancelled');

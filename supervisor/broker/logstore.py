@@ -3,10 +3,12 @@ producer appends to the log, log rows claimed as messages, the batches a process
 and the parameters of their outcomes and releases.
 
 A broker with ``storage="log"`` appends to the log every message that needs nothing the
-log does not keep: no concurrency or limit key, an actor it knows (one with a delay, and a
+log does not keep: no rate limit or daily quota, an actor it knows (one with a delay, and a
 retry, waits in ``job_timers`` until due: sql/timers.py; one with a dedupe key takes its
-key in ``job_keys`` as it is written: sql/jobkeys.py, 052). Everything else lives in
-``job_queue`` as before; a worker of such a broker claims both.
+key in ``job_keys`` as it is written: sql/jobkeys.py, 052; one whose key carries a
+concurrency limit, a fairness weight or both waits in the log for a slot or its key's turn:
+sql/slots.py, sql/fair.py). Everything else lives in ``job_queue`` as before; a worker of
+such a broker claims both.
 """
 
 from __future__ import annotations
