@@ -206,10 +206,12 @@ def test_weighted_jobs_take_turns_across_two_worker_processes(conn, database_url
     first = Counter(tag for tag, _, _ in starts[:160])
     assert 25 <= first["light"] <= 55, first
     assert len({pid for _, _, pid in starts}) == 2  # both processes ran them
-    for tag in ("heavy", "light"):  # a key's jobs are claimed in their order (they start as threads free)
-        ns = [r[0] for r in conn.execute("SELECT (kwargs->>'n')::int FROM jobs WHERE flow_key = %s"
-                                         " ORDER BY claimed_at, (kwargs->>'n')::int", (f"tenant:{tag}",))]
-        assert ns == list(range(len(ns))), (tag, ns)
+    for tag in ("heavy", "light"):  # a key's jobs get their turns in their order (and start as threads free)
+        ns = [r[0] for r in conn.execute(
+            "SELECT (j.kwargs->>'n')::int FROM job_events e JOIN jobs j ON j.id = e.job_id"
+            " WHERE e.from_status = 'waiting' AND e.to_status = 'pending' AND j.flow_key = %s ORDER BY e.id",
+            (f"tenant:{tag}",))]
+        assert ns == list(range(len(ns))) and len(ns) >= 90, (tag, ns)
     assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
     assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded' AND flow_key IS NOT NULL") == 250
 
@@ -238,6 +240,11 @@ def test_under_a_pinned_horizon_the_fair_claim_reads_stay_flat(conn, database_ur
     after it: the reads stay flat as the dead rows of the jobs taken pile up."""
     keys = [f"k{i}" for i in range(20)]
     reads: dict[int, int] = {}
+    # statistics of nearly empty tables (as a worker's upkeep leaves them): a plan that reads
+    # a whole index of job_blocked, its dead entries too, would then be chosen
+    conn.execute(slots.LOG_INSERT_KEYED, rows(5, "warm", limits={"w": 2}))
+    ack(conn, claim(conn, 10))
+    conn.execute("ANALYZE job_blocked, job_fair_floor, job_cursor, job_log, job_done")
     with psycopg.connect(database_url) as pin:
         pin.execute("SELECT txid_current()")  # vacuum and pruning remove nothing from here on
         for rnd in range(1, 51):

@@ -206,7 +206,11 @@ BEGIN
                       WHERE b.queue = q AND b.priority = level AND b.turn AND b.key = k AND b.pos > fl
                       ORDER BY b.pos LIMIT asked FOR UPDATE SKIP LOCKED);
         IF cardinality(got) > 0 THEN
-            DELETE FROM job_blocked x USING unnest(got) AS g WHERE x.seq = g.seq AND x.day = g.day;
+            -- (each by its key: a join to the array was planned as a scan of the whole primary
+            -- key, dead entries and all, once the statistics said the table was small)
+            DELETE FROM job_blocked x
+             WHERE x.seq = ANY(ARRAY(SELECT g.seq FROM unnest(got) AS g))
+               AND x.day = ANY(ARRAY(SELECT g.day FROM unnest(got) AS g));
             fresh := ARRAY(SELECT r.l FROM unnest(got) WITH ORDINALITY AS g
                             CROSS JOIN LATERAL (
                                 SELECT l FROM job_log l WHERE l.seq = g.seq AND l.day = g.day
