@@ -98,6 +98,25 @@ def test_a_weighted_job_is_appended_to_the_log_with_its_key(conn, database_url) 
     assert conn.execute("SELECT DISTINCT status FROM jobs").fetchall() == [("pending",)]
 
 
+def test_a_delayed_or_deduped_weighted_job_keeps_its_key_and_takes_its_turn(conn, database_url) -> None:
+    with producer(database_url) as p:
+        job = p.actors["tenant_job"]
+        later = job.send_with_options(kwargs={"tenant": "t", "n": 1}, delay=60_000, fairness_weight=2)
+        once = p.enqueue(job.message_with_options(kwargs={"tenant": "t", "n": 2}, dedupe_key="once"))
+        twin = p.enqueue(job.message_with_options(kwargs={"tenant": "t", "n": 3}, dedupe_key="once"))
+    # the delayed one waits in job_timers with its key and limits, the deduped one in the log with both keys
+    assert conn.execute("SELECT flow_key, flow FROM job_timers WHERE id = %s", (later.message_id,)).fetchall() == [
+        ("tenant:t", {"w": 2})]
+    assert conn.execute("SELECT dedupe_key, flow_key FROM job_log").fetchall() == [("once", "tenant:t")]
+    assert twin.message_id == once.message_id or scalar(conn, "SELECT count(*) FROM job_log") == 1
+    conn.execute("UPDATE job_timers SET run_at = now() WHERE id = %s", (later.message_id,))  # due now
+    taken = claim(conn, 10)
+    taken += claim(conn, 10)  # (a claim that promoted takes its rows at the next)
+    assert sorted(r[3] for r in taken) == sorted([later.message_id, once.message_id])
+    assert scalar(conn, "SELECT count(*) FROM job_events WHERE to_status = 'pending' AND from_status = 'waiting'") == 2
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+
+
 def test_two_keys_of_weights_1_and_3_share_the_starts_1_to_3_while_both_have_a_backlog(conn) -> None:
     conn.execute(slots.LOG_INSERT_KEYED, rows(40, "a"))
     conn.execute(slots.LOG_INSERT_KEYED, rows(60, "b", limits={"w": 3}))
@@ -313,3 +332,16 @@ def test_the_prune_keeps_a_keys_newest_floor_and_drops_idle_keys(conn, weight) -
     assert scalar(conn, "SELECT count(*) FROM job_fair_floor") == 0
     conn.execute(slots.LOG_INSERT_KEYED, rows(2, "k", limits={"w": weight}, start=12))  # the key comes back
     assert drain(conn, 2, until=2) == [("k", 12), ("k", 13)]
+
+
+def test_the_limits_read_shows_a_weighted_keys_waiting_jobs_and_its_override_applies(conn) -> None:
+    from supervisor import limits
+
+    conn.execute(slots.LOG_INSERT_KEYED, rows(6, "seen", limits={"w": 2}))
+    conn.execute(slots.LOG_INSERT_KEYED, rows(6, "other"))
+    assert [k for k, _ in kwargs_of(claim(conn, 3))] == ["other", "seen", "seen"]
+    (seen,) = [k for k in limits.seen(conn).keys if k["key"] == "seen"]
+    assert (seen["queues"], seen["waiting"], seen["running"], seen["weight"]) == ([QUEUE], 4, 2, 2)
+    # the operator's weight wins over the rows' (the table's claim reads the same override)
+    limits.set_override(conn, "seen", {"w": 4}, "test")
+    assert [k for k, _ in kwargs_of(claim(conn, 5))] == ["other", "seen", "seen", "seen", "seen"]
