@@ -509,7 +509,7 @@ BEGIN
             INSERT INTO job_cursor (queue, priority, lo, hi, at_tx, at_seq, drained, lo_at, hi_at, fair, fair_key,
                                     fair_took)
             VALUES (q, level, c.lo, c.hi, c.at_tx, c.at_seq, want > 0, c.lo_at, c.hi_at, c.fair, c.fair_key,
-                    c.fair_took);
+                    coalesce(c.fair_took, 0));
         END IF;
         level := (SELECT max(k.priority) FROM job_cursor k WHERE k.queue = q AND k.priority < level);
     END LOOP;
