@@ -234,7 +234,9 @@ def test_weighted_jobs_take_turns_across_two_worker_processes(conn, database_url
             "SELECT (j.kwargs->>'n')::int FROM job_events e JOIN jobs j ON j.id = e.job_id"
             " WHERE e.from_status = 'waiting' AND e.to_status = 'pending' AND j.flow_key = %s ORDER BY e.id",
             (f"tenant:{tag}",))]
-        assert ns == list(range(len(ns))) and len(ns) >= 90, (tag, ns)
+        # (a job requeued by its process, as under load, is parked and gets a turn again: its first counts)
+        first_turns = list(dict.fromkeys(ns))
+        assert first_turns == list(range(len(first_turns))) and len(first_turns) >= 90, (tag, ns)
     assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
     assert scalar(conn, "SELECT count(*) FROM job_done WHERE status = 'succeeded' AND flow_key IS NOT NULL") == 250
 

@@ -28,8 +28,11 @@
 --
 -- Redefined from 053 (every column carried): job_slot_hand and job_blocked_sweep (a row
 -- parked for a turn is not handed a slot: it has not had its turn), job_log_claim (the park
--- and the fair pass). The statements: supervisor/broker/sql/fair.py; ARCHITECTURE.md,
--- 'Storage "log"' and 'Flow control'.
+-- and the fair pass), the views jobs_log_live and jobs_log_finished (concurrency_key only
+-- for a row with a concurrency limit). Not changed: job_log_gate, job_done_slot_end (it
+-- drops a cancelled row's parked entry, a turn's too), job_log_drop_before (a dropped day's
+-- parked rows, turns too, are appended again and parked again). The statements:
+-- supervisor/broker/sql/fair.py; ARCHITECTURE.md, 'Storage "log"' and 'Flow control'.
 
 -- turn: the row waits for its key's turn (056), not for a slot (053's rows: false).
 -- priority: its level, which the fair pass serves (NULL for a row waiting for a slot).
