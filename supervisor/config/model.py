@@ -58,8 +58,9 @@ class DatabaseConfig:
                               "LISTEN only on listen_url.", None, shown="detected at start", reload="restart")
     storage: str | None = key(check.one_of(defaults.STORAGES, "storage"), "Where plain jobs are kept: `log` "
                               "(the append-only job log: no row updated or deleted per job; a delayed job or a retry "
-                              "waits in job_timers until due; a dedupe key is held in job_keys; jobs with a concurrency or "
-                              "limit key stay in job_queue) or `table` (every job in job_queue, "
+                              "waits in job_timers until due; a dedupe key is held in job_keys; a job whose key carries a "
+                              "concurrency limit or a fairness weight waits for a slot or a turn in job_blocked; jobs with "
+                              "a rate limit or a daily quota stay in job_queue) or `table` (every job in job_queue, "
                               "the storage of earlier versions, whose workers read only job_queue). Sets "
                               "SUPERVISOR_STORAGE for the processes it starts.", None,
                               shown=f"$SUPERVISOR_STORAGE, else {defaults.STORAGE}", reload="restart")
