@@ -355,3 +355,15 @@ def test_the_limits_read_shows_a_weighted_keys_waiting_jobs_and_its_override_app
     # the operator's weight wins over the rows' (the table's claim reads the same override)
     limits.set_override(conn, "seen", {"w": 4}, "test")
     assert [k for k, _ in kwargs_of(claim(conn, 5))] == ["other", "seen", "seen", "seen", "seen"]
+
+
+def test_a_row_held_by_a_cancel_that_rolls_back_is_not_left_behind_the_keys_floor(conn, database_url) -> None:
+    conn.execute(slots.LOG_INSERT_KEYED, rows(4, "h", limits={"w": 3}))
+    assert kwargs_of(claim(conn, 1)) == [("h", 0)]  # the rest parked for their turns
+    held = conn.execute("SELECT id::text FROM job_blocked WHERE turn ORDER BY pos LIMIT 1").fetchone()[0]
+    with psycopg.connect(database_url) as canceller:  # a cancel's trigger holds the parked row
+        canceller.execute("SELECT 1 FROM job_blocked WHERE id = %s FOR UPDATE", (held,))
+        assert kwargs_of(claim(conn, 10)) == [("h", 2), ("h", 3)]  # passed over
+        canceller.rollback()
+    assert kwargs_of(claim(conn, 10)) == [("h", 1)]  # its turn comes after all
+    assert scalar(conn, fair.LOG_TURNS, {"queue": QUEUE}) == 0

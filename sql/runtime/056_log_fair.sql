@@ -147,7 +147,8 @@ END $$;
 -- written; a row whose key has a concurrency limit too then takes a slot or is parked for one
 -- (job_log_gate), and its key has no more turns in this pass. Returns the rows that may run,
 -- where the turn stopped (at_key, at_took), and whether rows may be left (more: false once
--- a whole lap of the keys found none).
+-- a whole lap of the keys found none and passed none over). A key's new floor stays below a
+-- row its turn passed over (held by another transaction: a cancel that may roll back).
 -- (Index reads only, as job_slot_hand's: under a pinned horizon the tables hold thousands of
 -- dead versions, which an ANALYZE can make look cheap to scan whole.)
 CREATE FUNCTION job_fair_take(q text, level integer, want integer, cur text, cur_took integer,
@@ -162,10 +163,13 @@ DECLARE
     w integer;
     asked integer;
     got job_blocked[];
+    seen bigint[];
+    top bigint;  -- the last position the turn took
+    passed bigint;  -- the first position before it the turn passed over (held by another transaction)
     fresh job_log[];
     ran job_log[];
     capped text[] := '{}';  -- keys whose turn met a full concurrency limit: no more turns this pass
-    skipped boolean := false;
+    skipped boolean := false;  -- a key passed over (full, or its rows held elsewhere): rows may wait on
     empty_from text;  -- the first key of a run of turns that took nothing: back at it, a lap found none
 BEGIN
     rows := '{}';
@@ -205,9 +209,16 @@ BEGIN
         -- (the operator's override of the weight wins: rate_limiter_state's, as the table's claim reads it)
         w := greatest(1, coalesce((SELECT (r.override->>'w')::int FROM rate_limiter_state r WHERE r.key = k), fw));
         asked := least(greatest(w - took, 1), want);
+        -- (read first without a lock: a row another transaction holds, a cancel's, is passed
+        -- over by the take, and the key's floor stays below it, so a cancel rolled back
+        -- leaves no row parked behind the floor)
+        seen := ARRAY(SELECT b.pos FROM job_blocked b
+                       WHERE b.queue = q AND b.priority = level AND b.turn AND b.key = k AND b.pos > fl
+                       ORDER BY b.pos LIMIT asked);
         got := ARRAY(SELECT b FROM job_blocked b
                       WHERE b.queue = q AND b.priority = level AND b.turn AND b.key = k AND b.pos > fl
                       ORDER BY b.pos LIMIT asked FOR UPDATE SKIP LOCKED);
+        skipped := skipped OR cardinality(seen) > cardinality(got);  -- (rows held elsewhere wait on)
         IF cardinality(got) > 0 THEN
             -- (each by its key: a join to the array was planned as a scan of the whole primary
             -- key, dead entries and all, once the statistics said the table was small)
@@ -220,8 +231,10 @@ BEGIN
                                    AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = l.seq AND d.day = l.day)
                                 OFFSET 0) r
                             ORDER BY g.ordinality);
+            top := (SELECT max(g.pos) FROM unnest(got) AS g);
+            passed := (SELECT min(p) FROM unnest(seen) AS p WHERE p < top AND p <> ALL (ARRAY(SELECT g.pos FROM unnest(got) AS g)));
             INSERT INTO job_fair_floor (queue, priority, key, pos, weight)
-            VALUES (q, level, k, (SELECT max(g.pos) FROM unnest(got) AS g),
+            VALUES (q, level, k, coalesce(passed - 1, top),
                     CASE WHEN cardinality(fresh) = 0 THEN fw
                          ELSE coalesce(((fresh[cardinality(fresh)]).flow->>'w')::int, 1) END);
             INSERT INTO job_events (job_id, who, from_status, to_status, reason)
