@@ -48,12 +48,12 @@ ENDED: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, Job
 TRANSITIONS: dict[JobState, dict[JobState, str]] = {
     JobState.PENDING: {
         JobState.RUNNING: "claim",
-        JobState.WAITING: "a claim parks a log job whose concurrency key is full",
+        JobState.WAITING: "a claim parks a log job whose concurrency key is full, or to wait for its fairness key's turn",
         JobState.CANCELLED: "cancel",
     },
     JobState.WAITING: {
         JobState.RUNNING: "claim, once its key has room",
-        JobState.PENDING: "a job of its key ends and hands it its slot (log)",
+        JobState.PENDING: "a job of its key ends and hands it its slot, or its key's turn comes (log)",
         JobState.CANCELLED: "cancel",
     },
     JobState.RETRYABLE: {

@@ -115,12 +115,12 @@ def test_the_row_carries_its_key_and_limits_and_waits(conn, flow):
     flow.capped.send(1)
     flow.tenant_job.send_with_options(kwargs={"tenant": "t1", "n": 1}, fairness_weight=3)
     rows = conn.execute("SELECT actor, status, flow_key, flow, concurrency_key FROM jobs ORDER BY actor").fetchall()
-    # a key with a concurrency limit alone: the job is appended to the log with its key
-    # (053), pending until a claim gives it a slot or parks it
+    # a key with a concurrency limit alone, or a weight: the job is appended to the log with
+    # its key (053, 056), pending until a claim gives it a slot or a turn, or parks it
     capped = "pending"
     assert rows == [
         ("capped", capped, "pool", {"c": 3}, "pool"),
-        ("tenant_job", "waiting", "tenant:t1", {"w": 3}, None),
+        ("tenant_job", capped, "tenant:t1", {"w": 3}, None),
         ("upstream", "waiting", "shop:x", {"r": 100.0, "b": 100}, None),
     ]
 
@@ -242,7 +242,10 @@ def test_a_backlog_of_one_key_delays_another_keys_job_by_one_job_per_turn(conn, 
         # in each of the two processes' claims
         assert ahead <= 2 * (k + 1), (k, ahead)
     assert (b_claims[-1] - sent) < timedelta(seconds=2)
+    # a's backlog waits: on storage "log" parked for its key's turn (056), else waiting rows of job_queue
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE flow_key = 'tenant:a' AND status = 'waiting'") > 100
+    if storage(None) == "log":
+        assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
 
 
 def test_a_job_its_producer_did_not_key_waits_for_its_actors_limits(conn, database_url, flow, fleet):

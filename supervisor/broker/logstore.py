@@ -3,10 +3,12 @@ producer appends to the log, log rows claimed as messages, the batches a process
 and the parameters of their outcomes and releases.
 
 A broker with ``storage="log"`` appends to the log every message that needs nothing the
-log does not keep: no concurrency or limit key, an actor it knows (one with a delay, and a
+log does not keep: no rate limit or daily quota, an actor it knows (one with a delay, and a
 retry, waits in ``job_timers`` until due: sql/timers.py; one with a dedupe key takes its
-key in ``job_keys`` as it is written: sql/jobkeys.py, 052). Everything else lives in
-``job_queue`` as before; a worker of such a broker claims both.
+key in ``job_keys`` as it is written: sql/jobkeys.py, 052; one whose key carries a
+concurrency limit, a fairness weight or both waits in the log for a slot or its key's turn:
+sql/slots.py, sql/fair.py). Everything else lives in ``job_queue`` as before; a worker of
+such a broker claims both.
 """
 
 from __future__ import annotations
@@ -51,19 +53,25 @@ class LogRow:
 def loggable(row: tuple[Any, ...], actors: Container[str], *, keyed: bool = False) -> bool:
     """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log: a
     plain one, one with a dedupe key (taken in job_keys as the row is written: 052), and
-    (``keyed``) one whose limit key carries a concurrency limit and nothing else (053: no
-    rate, quota or weight), with or without a dedupe key."""
+    (``keyed``) one whose limit key carries a concurrency limit, a fairness weight or both
+    and nothing else (053, 056: no rate or quota), with or without a dedupe key."""
     if row[bulk.ACTOR] not in actors:
         return False
     if row[bulk.FLOW_KEY] is None:
         return row[bulk.CONCURRENCY_KEY] is None
-    return keyed and concurrency_only(row[bulk.FLOW_KEY + 1])
+    return keyed and log_limits(row[bulk.FLOW_KEY + 1])
+
+
+# The limits the log's claim applies (flow.Limits.as_json's letters): a concurrency limit
+# (053: a slot of the key) and a weight (056: the key's turn). A key with none of them (a
+# fairness key of weight 1) takes turns too.
+_LOG_LIMITS = frozenset({"c", "w"})
 
 
 @functools.lru_cache(maxsize=256)
-def concurrency_only(limits: str | None) -> bool:
-    """Whether a row's limits (flow.Limits.json) hold a concurrency limit and nothing else."""
-    return limits is not None and set(json.loads(limits)) == {"c"}
+def log_limits(limits: str | None) -> bool:
+    """Whether a row's limits (flow.Limits.json) are only ones the log's claim applies."""
+    return limits is not None and set(json.loads(limits)) <= _LOG_LIMITS
 
 
 # A plain log row's width (sql.LOG_COLUMNS), so a plain row's tuple, statements and COPY

@@ -16,7 +16,7 @@ from .. import audit, db, defaults
 from ..broker import PostgresBroker, threads
 from ..broker import results as results_sql
 from ..broker import sql as jobs_sql
-from ..broker.sql import jobkeys, joblog, slots
+from ..broker.sql import fair, jobkeys, joblog, slots
 from ..broker.sql import limiter as limiter_sql
 from ..broker.sql import workflows as workflows_sql
 from ..config import Retention
@@ -129,11 +129,12 @@ class Upkeep(threading.Thread):
 
     def _log_tables(self) -> None:
         """The job log's leases and cursors (storage "log"): the cursor rows no claim reads go
-        (a bounded batch), and the narrow tables are vacuumed once their dead tuples pile up
+        (a bounded batch), the fair keys' floors no turn reads (sql/fair.py), and the narrow tables are vacuumed once their dead tuples pile up
         (sql/joblog.py). Where the log is unused, two short statements that find nothing."""
         s = self.settings
         with self.broker.pool.connection(timeout=10) as c:
             c.execute(joblog.LOG_PRUNE_CURSORS, {"limit": s.prune_batch})
+            c.execute(fair.LOG_PRUNE_FLOORS, {"idle_s": fair.FLOOR_IDLE_SECONDS})
             row = c.execute(joblog.LOG_VACUUM_DUE, {"dead_rows": defaults.LOG_VACUUM_DEAD_ROWS,
                                                     "min_s": s.vacuum_min_seconds}).fetchone()
         if row is not None:

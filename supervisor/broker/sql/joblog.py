@@ -386,12 +386,13 @@ DELETE FROM job_cursor c
 # Analyzed with it: the jobs view's pending part is priced by its cursors' levels.
 LOG_VACUUM_DUE = """
 SELECT coalesce(sum(s.n_dead_tup), 0)::bigint FROM pg_stat_user_tables s
- WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel', 'job_timers', 'job_keys', 'job_blocked')
+ WHERE s.relname IN ('job_lease', 'job_cursor', 'job_log_cancel', 'job_timers', 'job_keys', 'job_blocked',
+                     'job_fair_floor')
 HAVING sum(s.n_dead_tup) >= %(dead_rows)s
    AND max(coalesce(greatest(s.last_vacuum, s.last_autovacuum), '-infinity')) < now() - %(min_s)s * interval '1 second'
 """
 VACUUM_LOG = ("VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false, PARALLEL 0) job_lease, job_cursor, job_log_cancel, job_timers,"
-              " job_keys, job_blocked")
+              " job_keys, job_blocked, job_fair_floor")
 
 # Broker.flush: the queue's log rows that no claim holds and have no outcome are
 # cancelled (the claims pass them over, as a pending job an operator cancels).

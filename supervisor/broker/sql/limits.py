@@ -55,7 +55,11 @@ WITH RECURSIVE wq(queue) AS (
         UNION SELECT key FROM (SELECT DISTINCT key FROM job_blocked WHERE key > %(after)s
                                 ORDER BY key LIMIT %(max_keys)s + 1) p
         UNION SELECT key FROM (SELECT DISTINCT key FROM job_concurrency WHERE job_id IS NOT NULL AND key > %(after)s
-                                ORDER BY key LIMIT %(max_keys)s + 1) s) k
+                                ORDER BY key LIMIT %(max_keys)s + 1) s
+        -- and (056) those of the log's running jobs that hold no slot: a weighted key's
+        UNION SELECT key FROM (SELECT DISTINCT u.key FROM job_lease x CROSS JOIN LATERAL unnest(x.keys) AS u(key)
+                                WHERE x.keys IS NOT NULL AND u.key > %(after)s
+                                ORDER BY 1 LIMIT %(max_keys)s + 1) r) k
      ORDER BY key LIMIT %(max_keys)s + 1
 ), parked AS (
     -- per key of the log: its parked jobs (each one's parked row with no outcome), the oldest
@@ -94,7 +98,12 @@ WITH RECURSIVE wq(queue) AS (
            -- (a log job holding a slot: running, or handed it and about to be claimed)
            coalesce(r.n, 0) + (SELECT count(*) FROM job_concurrency c
                                 WHERE c.key = k.key AND c.job_id IS NOT NULL
-                                  AND NOT EXISTS (SELECT 1 FROM job_queue j WHERE j.id = c.job_id))::int AS running
+                                  AND NOT EXISTS (SELECT 1 FROM job_queue j WHERE j.id = c.job_id))::int
+           -- (056: a log job of the key running without a slot: a weight alone, or a lifted limit)
+           + (SELECT count(*) FROM job_lease x
+               CROSS JOIN LATERAL unnest(x.seqs, x.days, x.keys, x.slots) AS u(seq, day, key, slot)
+               WHERE x.keys IS NOT NULL AND u.key = k.key AND u.slot IS NULL
+                 AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = u.seq AND d.day = u.day))::int AS running
       FROM keys k LEFT JOIN wa a ON a.key = k.key LEFT JOIN running r ON r.key = k.key
       LEFT JOIN parked p ON p.key = k.key
 )
