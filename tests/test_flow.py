@@ -242,10 +242,9 @@ def test_a_backlog_of_one_key_delays_another_keys_job_by_one_job_per_turn(conn, 
         # in each of the two processes' claims
         assert ahead <= 2 * (k + 1), (k, ahead)
     assert (b_claims[-1] - sent) < timedelta(seconds=2)
-    # a's backlog waits: on storage "log" parked for its key's turn (056), else waiting rows of job_queue
+    # a's backlog waits, parked for its key's turn (056): nothing in job_queue
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE flow_key = 'tenant:a' AND status = 'waiting'") > 100
-    if storage(None) == "log":
-        assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
 
 
 def test_a_job_its_producer_did_not_key_waits_for_its_actors_limits(conn, database_url, flow, fleet):
