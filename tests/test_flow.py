@@ -115,13 +115,14 @@ def test_the_row_carries_its_key_and_limits_and_waits(conn, flow):
     flow.capped.send(1)
     flow.tenant_job.send_with_options(kwargs={"tenant": "t1", "n": 1}, fairness_weight=3)
     rows = conn.execute("SELECT actor, status, flow_key, flow, concurrency_key FROM jobs ORDER BY actor").fetchall()
-    # a key with a concurrency limit alone: the job is appended to the log with its key
-    # (053), pending until a claim gives it a slot or parks it
-    capped = "pending"
+    # a key with a concurrency limit (053) or a rate (054): the job is appended to the log with
+    # its key, pending until a claim gives it its start and slot or makes it wait; a fairness
+    # weight waits in job_queue, whose claim takes keys in turn
+    logged = "pending"
     assert rows == [
-        ("capped", capped, "pool", {"c": 3}, "pool"),
+        ("capped", logged, "pool", {"c": 3}, "pool"),
         ("tenant_job", "waiting", "tenant:t1", {"w": 3}, None),
-        ("upstream", "waiting", "shop:x", {"r": 100.0, "b": 100}, None),
+        ("upstream", logged, "shop:x", {"r": 100.0, "b": 100}, "shop:x"),
     ]
 
 
@@ -294,8 +295,9 @@ def test_a_waiting_job_holds_its_dedupe_key(conn, flow):
     assert again.message_id == first.message_id  # the live (waiting) job's id
     batch = dramatiq.get_broker().enqueue_many([flow.token.message_with_options(args=(3,), dedupe_key="d-wait")])
     assert batch[0].message_id == first.message_id
+    # (a rate-limited job is appended to the log, pending until a claim reserves its start: 054)
     assert conn.execute("SELECT count(*), min(status) FROM jobs WHERE dedupe_key = 'd-wait'").fetchone() \
-        == (1, "waiting")
+        == (1, "pending")
 
 
 def test_migration_038_keeps_twins_a_waiting_job_let_in(fresh_database):
@@ -320,8 +322,9 @@ def test_migration_038_keeps_twins_a_waiting_job_let_in(fresh_database):
 
 
 def test_a_limited_jobs_retry_starts_at_its_backoff_not_a_probe_later(conn, broker):
-    """A retry of a keyed job waits as 'waiting' with a future run_at: the due timer (not
-    the 2 s probe of gates.py) starts it once its backoff has passed."""
+    """A retry of a keyed job waits with a future run_at ('retryable' in job_timers, gated
+    again once promoted, 054): the due timer (not the 2 s probe of gates.py) starts it once
+    its backoff has passed."""
     @dramatiq.actor(broker=broker, queue_name="rq", max_retries=3, min_backoff=200, max_backoff=200,
                     rate_limit="100/s burst 10", concurrency_limit=2, rate_limit_key="rk")
     def flaky(n: int) -> None:
@@ -333,8 +336,9 @@ def test_a_limited_jobs_retry_starts_at_its_backoff_not_a_probe_later(conn, brok
     sent = flaky.send(1)
     with in_process_worker(broker, ["rq"], threads=2, executor="own"):
         wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (sent.message_id,)) == "succeeded", 30)
-    retried = [r[0] for r in conn.execute("SELECT at FROM job_events WHERE job_id = %s AND to_status = 'waiting'"
-                                          " ORDER BY at", (sent.message_id,))]
+    waits = "retryable"
+    retried = [r[0] for r in conn.execute("SELECT at FROM job_events WHERE job_id = %s AND to_status = %s"
+                                          " ORDER BY at", (sent.message_id, waits))]
     last = scalar(conn, "SELECT claimed_at FROM jobs WHERE id = %s", (sent.message_id,))
     gaps = [(b - a).total_seconds() for a, b in zip(retried, [*retried[1:], last], strict=True)]
     assert len(retried) == 2 and all(0.19 <= gap < 1.0 for gap in gaps), gaps

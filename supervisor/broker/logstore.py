@@ -51,19 +51,28 @@ class LogRow:
 def loggable(row: tuple[Any, ...], actors: Container[str], *, keyed: bool = False) -> bool:
     """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log: a
     plain one, one with a dedupe key (taken in job_keys as the row is written: 052), and
-    (``keyed``) one whose limit key carries a concurrency limit and nothing else (053: no
-    rate, quota or weight), with or without a dedupe key."""
+    (``keyed``) one whose limit key carries a concurrency limit (053), a rate limit or a
+    daily quota (054), with or without a dedupe key: no fairness weight."""
     if row[bulk.ACTOR] not in actors:
         return False
     if row[bulk.FLOW_KEY] is None:
         return row[bulk.CONCURRENCY_KEY] is None
-    return keyed and concurrency_only(row[bulk.FLOW_KEY + 1])
+    return keyed and log_limits(row[bulk.FLOW_KEY + 1])
+
+
+# The limits (flow.Limits.json's letters) the log's claim applies: concurrency (053's slots),
+# rate and burst, daily quota (054's reservations). A fairness weight ('w'), and a key with
+# no limit at all (a fairness key of weight 1), need the turns of job_queue's keyed claim.
+_LOG_LIMITS = frozenset("crbq")
+_LOG_NEEDS = frozenset("crq")
 
 
 @functools.lru_cache(maxsize=256)
-def concurrency_only(limits: str | None) -> bool:
-    """Whether a row's limits (flow.Limits.json) hold a concurrency limit and nothing else."""
-    return limits is not None and set(json.loads(limits)) == {"c"}
+def log_limits(limits: str | None) -> bool:
+    """Whether a row's limits (flow.Limits.json) hold a concurrency limit, a rate or a daily
+    quota, and nothing the log's claim does not apply."""
+    letters = set(json.loads(limits)) if limits is not None else set()
+    return letters <= _LOG_LIMITS and bool(letters & _LOG_NEEDS)
 
 
 # A plain log row's width (sql.LOG_COLUMNS), so a plain row's tuple, statements and COPY
