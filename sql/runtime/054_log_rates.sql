@@ -74,6 +74,9 @@ DECLARE
     f jsonb;   -- under the operator's override
     b rate_limiter_state;
     blocked boolean;
+    locked boolean;
+    got record;
+    bt tid;
     rate float8;
     bsize float8;
     quota integer;
@@ -94,8 +97,23 @@ BEGIN
               WHERE (cand[x]).flow_key IS NOT NULL AND (cand[x]).flow_held IS NOT TRUE ORDER BY 1 LOOP
         f0 := (SELECT (cand[x]).flow FROM generate_subscripts(cand, 1) AS x
                WHERE (cand[x]).flow_key = k AND (cand[x]).flow_held IS NOT TRUE ORDER BY x LIMIT 1);
-        -- (read, not locked: most keys need no lock, a concurrency-only key none at all)
-        SELECT * INTO b FROM rate_limiter_state r WHERE r.key = k;
+        -- The key's bucket, read once: locked at once for a key whose rows carry a rate or
+        -- quota and need a start (SKIP LOCKED: missing, or held by another, it is read
+        -- unlocked below), else read unlocked (a concurrency-only key takes no lock). Under a
+        -- pinned horizon each read walks the versions the pin keeps of the key's bucket.
+        locked := false;
+        IF (f0->>'r' IS NOT NULL OR f0->>'q' IS NOT NULL)
+           AND EXISTS (SELECT 1 FROM generate_subscripts(cand, 1) AS x
+                        WHERE (cand[x]).flow_key = k AND (cand[x]).flow_held IS NOT TRUE
+                          AND (cand[x]).flow_paced IS NOT TRUE) THEN
+            SELECT r AS s, r.ctid AS t INTO got FROM rate_limiter_state r WHERE r.key = k FOR UPDATE SKIP LOCKED;
+            locked := FOUND;
+        END IF;
+        IF locked THEN
+            b := got.s; bt := got.t;
+        ELSE
+            SELECT * INTO b FROM rate_limiter_state r WHERE r.key = k;
+        END IF;
         f := CASE WHEN b.override IS NULL THEN f0 ELSE coalesce(f0, '{}') || b.override END;
         blocked := coalesce(b.blocked_until > now(), false);
         rows_k := ARRAY(SELECT x FROM generate_subscripts(cand, 1) AS x
@@ -110,18 +128,21 @@ BEGIN
             END LOOP;
             CONTINUE;
         END IF;
-        IF b.key IS NULL THEN  -- the key's first bucket: full (tokens NULL), as the job_queue claim's
-            INSERT INTO rate_limiter_state (key, tokens, burst, rate_per_second, updated_at, daily_quota)
-            VALUES (k, NULL, coalesce((f->>'b')::float8, 1), coalesce((f->>'r')::float8, 1), now(), (f->>'q')::int)
-            ON CONFLICT DO NOTHING;
-        END IF;
-        SELECT * INTO b FROM rate_limiter_state r WHERE r.key = k FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            FOREACH j IN ARRAY rows_k LOOP
-                later_i := later_i || j; later_at := later_at || (now() + busy_s * interval '1 second');
-                later_paced := later_paced || false; later_why := later_why || ('key ' || k || ': its bucket was busy');
-            END LOOP;
-            CONTINUE;
+        IF NOT locked THEN
+            IF b.key IS NULL THEN  -- the key's first bucket: full (tokens NULL), as the job_queue claim's
+                INSERT INTO rate_limiter_state (key, tokens, burst, rate_per_second, updated_at, daily_quota)
+                VALUES (k, NULL, coalesce((f->>'b')::float8, 1), coalesce((f->>'r')::float8, 1), now(), (f->>'q')::int)
+                ON CONFLICT DO NOTHING;
+            END IF;
+            SELECT r AS s, r.ctid AS t INTO got FROM rate_limiter_state r WHERE r.key = k FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                FOREACH j IN ARRAY rows_k LOOP
+                    later_i := later_i || j; later_at := later_at || (now() + busy_s * interval '1 second');
+                    later_paced := later_paced || false; later_why := later_why || ('key ' || k || ': its bucket was busy');
+                END LOOP;
+                CONTINUE;
+            END IF;
+            b := got.s; bt := got.t;
         END IF;
         -- (read again under the lock: an override or a block set meanwhile counts; the rows
         -- here hold no reservation, a reserved row only waits again for a block, above)
@@ -165,7 +186,7 @@ BEGIN
            SET tokens = CASE WHEN rate IS NULL THEN r.tokens ELSE t END, burst = coalesce(bsize, r.burst),
                rate_per_second = coalesce(rate, r.rate_per_second), daily_quota = quota, updated_at = ts,
                quota_day = qd, quota_used = used, granted_total = r.granted_total + cardinality(rows_k)
-         WHERE r.key = k;
+         WHERE r.ctid = bt;  -- (the row locked above: its ctid holds while locked)
     END LOOP;
     IF cardinality(later_i) = 0 THEN
         RETURN cand;
