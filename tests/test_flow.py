@@ -322,8 +322,8 @@ def test_migration_038_keeps_twins_a_waiting_job_let_in(fresh_database):
 
 
 def test_a_limited_jobs_retry_starts_at_its_backoff_not_a_probe_later(conn, broker):
-    """A retry of a keyed job waits with a future run_at ('retryable' in job_timers, gated
-    again once promoted, 054): the due timer (not the 2 s probe of gates.py) starts it once
+    """A retry of a keyed job waits as 'waiting' with a future run_at (in job_timers, gated
+    again once promoted: 054): the due timer (not the 2 s probe of gates.py) starts it once
     its backoff has passed."""
     @dramatiq.actor(broker=broker, queue_name="rq", max_retries=3, min_backoff=200, max_backoff=200,
                     rate_limit="100/s burst 10", concurrency_limit=2, rate_limit_key="rk")
@@ -336,9 +336,8 @@ def test_a_limited_jobs_retry_starts_at_its_backoff_not_a_probe_later(conn, brok
     sent = flaky.send(1)
     with in_process_worker(broker, ["rq"], threads=2, executor="own"):
         wait_for(lambda: scalar(conn, "SELECT status FROM jobs WHERE id = %s", (sent.message_id,)) == "succeeded", 30)
-    waits = "retryable"
-    retried = [r[0] for r in conn.execute("SELECT at FROM job_events WHERE job_id = %s AND to_status = %s"
-                                          " ORDER BY at", (sent.message_id, waits))]
+    retried = [r[0] for r in conn.execute("SELECT at FROM job_events WHERE job_id = %s AND to_status = 'waiting'"
+                                          " ORDER BY at", (sent.message_id,))]
     last = scalar(conn, "SELECT claimed_at FROM jobs WHERE id = %s", (sent.message_id,))
     gaps = [(b - a).total_seconds() for a, b in zip(retried, [*retried[1:], last], strict=True)]
     assert len(retried) == 2 and all(0.19 <= gap < 1.0 for gap in gaps), gaps

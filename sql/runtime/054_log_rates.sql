@@ -249,3 +249,65 @@ BEGIN
     )
     SELECT max(run_at) INTO upto FROM moved;
 END $$;
+
+-- take() (037's) on a key the log's claims reserved ahead: a bucket below 0 holds the debt of
+-- the starts reserved (refused until it is paid, as any empty bucket), and a quota day ahead
+-- of today means today's quota is all reserved (refused; the day and its count are kept, not
+-- written back to today, so the log's next reservation counts on from them).
+CREATE OR REPLACE FUNCTION rate_limit_take(p_key text, p_cost integer, p_burst double precision,
+                                           p_rate double precision, p_quota integer)
+RETURNS TABLE (granted boolean, wait_seconds double precision, reason text,
+               tokens_left double precision, used_today integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    s        rate_limiter_state;
+    t        timestamptz;
+    today    date;
+    refilled double precision;
+    used     integer;
+BEGIN
+    INSERT INTO rate_limiter_state (key, tokens, burst, rate_per_second, updated_at, daily_quota)
+    VALUES (p_key, p_burst, p_burst, p_rate, clock_timestamp(), p_quota)
+    ON CONFLICT (key) DO NOTHING;
+    SELECT * INTO s FROM rate_limiter_state WHERE key = p_key FOR UPDATE;
+    IF s.override IS NOT NULL THEN
+        -- (a null rate lifts the claim's rate limit; a caller of take() keeps its own)
+        p_rate := coalesce((s.override->>'r')::float8, p_rate);
+        p_burst := coalesce((s.override->>'b')::float8, p_burst);
+        IF s.override ? 'q' THEN p_quota := (s.override->>'q')::int; END IF;
+        p_cost := greatest(1, least(p_cost, floor(p_burst)::int));  -- a lowered burst still grants
+    END IF;
+    t := greatest(clock_timestamp(), s.updated_at);
+    today := (t AT TIME ZONE 'UTC')::date;
+    refilled := least(p_burst, s.tokens + p_rate * extract(epoch FROM t - s.updated_at));
+    used := CASE WHEN s.quota_day = today THEN s.quota_used WHEN s.quota_day > today THEN p_quota ELSE 0 END;
+    granted := false;
+    IF s.blocked_until IS NOT NULL AND s.blocked_until > t THEN
+        reason := 'blocked';
+        wait_seconds := extract(epoch FROM s.blocked_until - t);
+    ELSIF p_quota IS NOT NULL AND used + p_cost > p_quota THEN
+        reason := 'quota';
+        wait_seconds := extract(epoch FROM ((today + 1)::timestamp AT TIME ZONE 'UTC') - t);
+    ELSIF refilled < p_cost THEN
+        reason := 'rate';
+        wait_seconds := (p_cost - refilled) / p_rate;
+    ELSE
+        granted := true;
+        reason := 'ok';
+        wait_seconds := 0;
+        refilled := refilled - p_cost;
+        used := used + p_cost;
+    END IF;
+    UPDATE rate_limiter_state
+       SET tokens = refilled, burst = p_burst, rate_per_second = p_rate, daily_quota = p_quota,
+           updated_at = t,
+           quota_day = CASE WHEN s.quota_day > today THEN s.quota_day ELSE today END,
+           quota_used = CASE WHEN s.quota_day > today THEN s.quota_used ELSE used END,
+           granted_total = granted_total + CASE WHEN granted THEN 1 ELSE 0 END,
+           denied_total = denied_total + CASE WHEN granted THEN 0 ELSE 1 END
+     WHERE key = p_key;
+    tokens_left := refilled;
+    used_today := used;
+    RETURN NEXT;
+END $$;

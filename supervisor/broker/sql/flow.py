@@ -85,7 +85,10 @@ def _gate(key: str, flow: str) -> str:
                     ELSE least(s.burst + {_CARRY.format(rate="s.rate")},
                                b.tokens + s.rate * greatest(0, extract(epoch FROM now() - b.updated_at)))
                END AS tokens,
-               CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used ELSE 0 END AS used) t)"""
+               -- (a quota day ahead of today: the log's claims reserved today's quota and
+               -- more, 054: none is left today)
+               CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used
+                    WHEN b.quota_day > (now() AT TIME ZONE 'UTC')::date THEN s.quota ELSE 0 END AS used) t)"""
 
 
 # Where the keyed part's reads of waiting rows start (broker/consuming/floors.py's waiting floor: the

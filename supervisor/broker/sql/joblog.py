@@ -79,8 +79,9 @@ SELECT batch, seq, day::text, id::text, queue, actor, body, attempt, max_attempt
 # plus each row's seq and day: completer.finish_params): a batch of outcomes, any mix.
 #   succeeded, failed: the done row is all (a failure's traceback and its event, grouped on
 #       the Errors page as sql.FINISH's are);
-#   retry: done 'retried', and the job goes on in job_timers (051), 'retryable' at now() +
-#       delay_ms with the message's new options (its retry count), and an event; the
+#   retry: done 'retried', and the job goes on in job_timers (051), 'retryable' (a keyed
+#       one 'waiting', 054) at now() + delay_ms with the message's new options (its retry
+#       count), and an event; the
 #       claims promote it into the log once due (timers.LOG_CLAIM_DUE);
 #   requeue (claimed, never started): done 'requeued', appended to the log again, the
 #       attempt not counted; limited (RateLimited): the same, but through job_timers at
@@ -149,14 +150,14 @@ _LOG_GOES_ON = """), went AS (
      WHERE f.kind <> 'succeeded'
 ), timed AS (
     -- a retry waits for its backoff in job_timers (051), which the claims promote into the
-    -- log; a limited job waits there too, its attempt not counted: pending, or waiting when
-    -- it has a limit key (054: the key's block, BLOCK_JOB_KEY, holds its claim back; promoted,
-    -- it is gated again and takes a new start of its key)
+    -- log; a limited job waits there too, its attempt not counted. One with a limit key
+    -- waits as 'waiting' (as job_queue's keyed rows do, 054): promoted, it is gated again and
+    -- takes a new start and slot of its key (a limited one's key is blocked: BLOCK_JOB_KEY)
     INSERT INTO job_timers (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
                             max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error, dedupe_key,
                             flow_key, flow)
     SELECT id, queue, actor, args, kwargs, coalesce(options, old_options), CASE kind WHEN 'retry' THEN payload ELSE old_payload END,
-           CASE WHEN kind = 'retry' THEN 'retryable' WHEN flow_key IS NOT NULL THEN 'waiting' ELSE 'pending' END, priority,
+           CASE WHEN flow_key IS NOT NULL THEN 'waiting' WHEN kind = 'retry' THEN 'retryable' ELSE 'pending' END, priority,
            now() + coalesce(delay_ms, 0) * interval '1 millisecond',
            CASE kind WHEN 'retry' THEN attempt ELSE attempt - 1 END, max_attempts, lease_losses,
            max_lease_losses, message_timestamp, created_at, error, dedupe_key, flow_key, flow
@@ -174,8 +175,8 @@ _LOG_GOES_ON = """), went AS (
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
     SELECT id, %(owner)s, 'running',
-           CASE WHEN kind = 'failed' THEN 'failed' WHEN kind = 'retry' THEN 'retryable'
-                WHEN kind = 'limited' AND flow_key IS NOT NULL THEN 'waiting' ELSE 'pending' END,
+           CASE WHEN kind = 'failed' THEN 'failed' WHEN kind IN ('retry', 'limited') AND flow_key IS NOT NULL THEN 'waiting'
+                WHEN kind = 'retry' THEN 'retryable' ELSE 'pending' END,
            reason, actor, error_type, error_where
       FROM went
 ), wake AS (

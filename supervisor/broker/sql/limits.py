@@ -125,12 +125,15 @@ SELECT v.key, v.queues, v.waiting, v.waiting_more, extract(epoch FROM now() - v.
             -- (below 0: the starts the log's claims reserved ahead, 054; none to take now)
             ELSE greatest(0, least(l.burst, b.tokens + l.rate * greatest(0, extract(epoch FROM now() - b.updated_at))))
        END::float8 AS tokens,
-       CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used ELSE 0 END AS quota_used,
+       -- (a quota day ahead: the log's claims reserved all of today's, 054)
+       CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used
+            WHEN b.quota_day > (now() AT TIME ZONE 'UTC')::date THEN l.quota ELSE 0 END AS quota_used,
        CASE WHEN b.blocked_until > now() THEN b.blocked_until END AS blocked_until,
        g.allow, CASE WHEN g.allow = 0 THEN g.wake END AS opens_in_s,
        CASE WHEN b.blocked_until > now() THEN 'blocked'
             WHEN g.allow = 0 AND g.quota IS NOT NULL
-                 AND b.quota_day = (now() AT TIME ZONE 'UTC')::date AND b.quota_used >= g.quota THEN 'quota'
+                 AND (b.quota_day = (now() AT TIME ZONE 'UTC')::date AND b.quota_used >= g.quota
+                      OR b.quota_day > (now() AT TIME ZONE 'UTC')::date) THEN 'quota'
             WHEN g.allow = 0 AND g.wake IS NOT NULL THEN 'rate'
             WHEN g.allow = 0 THEN 'concurrency'
        END AS gated_by,
