@@ -2,11 +2,13 @@
 producer appends to the log, log rows claimed as messages, the batches a process holds,
 and the parameters of their outcomes and releases.
 
-A broker with ``storage="log"`` appends to the log every message that needs nothing the
-log does not keep: no concurrency or limit key, an actor it knows (one with a delay, and a
-retry, waits in ``job_timers`` until due: sql/timers.py; one with a dedupe key takes its
-key in ``job_keys`` as it is written: sql/jobkeys.py, 052). Everything else lives in
-``job_queue`` as before; a worker of such a broker claims both.
+A broker appends to the log every message that needs nothing the
+log does not keep, from an actor it knows: a plain one (one with a delay, and a retry,
+waits in ``job_timers`` until due: sql/timers.py), one with a dedupe key (taken in
+``job_keys`` as it is written: sql/jobkeys.py, 052), one whose limit key carries a
+concurrency limit (sql/slots.py, 053), a rate limit or a daily quota (its start reserved by
+its claim, 054). Everything else (a fairness weight) lives in ``job_queue`` as before; a
+worker of such a broker claims both.
 """
 
 from __future__ import annotations
