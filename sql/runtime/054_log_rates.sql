@@ -34,6 +34,12 @@
 -- a claim, and the log row it is promoted into): the gate does not take a token for it again.
 ALTER TABLE job_log ADD COLUMN flow_paced boolean;
 ALTER TABLE job_timers ADD COLUMN flow_paced boolean;
+-- start_tat: when the key's next start is due, by the starts the log's claims let through
+-- (a GCRA of starts, beside the reservations' debt in tokens): a claim that meets several
+-- reserved rows of a key at once (their promotion came late: a busy machine, a worker that
+-- claimed late) lets through what the burst allows and spaces the rest, so the starts, not
+-- only the reservations, keep burst + rate x W in any window of W seconds.
+ALTER TABLE rate_limiter_state ADD COLUMN start_tat timestamptz;
 -- 'waiting': a keyed job waiting for its key (its reserved start, a block's end), as
 -- job_queue's waiting rows are shown.
 ALTER TABLE job_timers DROP CONSTRAINT job_timers_status_check;
@@ -88,6 +94,10 @@ DECLARE
     el float8;
     qd date;
     used integer;
+    tat timestamptz;    -- the key's pace of starts (start_tat)
+    tau float8;
+    spaced integer;
+    reserved_n integer;
     later_i integer[] := '{}';
     later_at timestamptz[] := '{}';
     later_paced boolean[] := '{}';
@@ -102,10 +112,10 @@ BEGIN
         -- unlocked below), else read unlocked (a concurrency-only key takes no lock). Under a
         -- pinned horizon each read walks the versions the pin keeps of the key's bucket.
         locked := false;
-        IF (f0->>'r' IS NOT NULL OR f0->>'q' IS NOT NULL)
-           AND EXISTS (SELECT 1 FROM generate_subscripts(cand, 1) AS x
-                        WHERE (cand[x]).flow_key = k AND (cand[x]).flow_held IS NOT TRUE
-                          AND (cand[x]).flow_paced IS NOT TRUE) THEN
+        IF f0->>'r' IS NOT NULL
+           OR f0->>'q' IS NOT NULL AND EXISTS (SELECT 1 FROM generate_subscripts(cand, 1) AS x
+                                                WHERE (cand[x]).flow_key = k AND (cand[x]).flow_held IS NOT TRUE
+                                                  AND (cand[x]).flow_paced IS NOT TRUE) THEN
             SELECT r AS s, r.ctid AS t INTO got FROM rate_limiter_state r WHERE r.key = k FOR UPDATE SKIP LOCKED;
             locked := FOUND;
         END IF;
@@ -116,9 +126,10 @@ BEGIN
         END IF;
         f := CASE WHEN b.override IS NULL THEN f0 ELSE coalesce(f0, '{}') || b.override END;
         blocked := coalesce(b.blocked_until > now(), false);
+        -- (a reserved row is here for a block, or for its key's pace of starts)
         rows_k := ARRAY(SELECT x FROM generate_subscripts(cand, 1) AS x
                          WHERE (cand[x]).flow_key = k AND (cand[x]).flow_held IS NOT TRUE
-                           AND (blocked OR (cand[x]).flow_paced IS NOT TRUE) ORDER BY x);
+                           AND (blocked OR (cand[x]).flow_paced IS NOT TRUE OR f->>'r' IS NOT NULL) ORDER BY x);
         -- (a JSON null lifts a limit: ->> reads it as NULL)
         CONTINUE WHEN cardinality(rows_k) = 0 OR NOT (blocked OR f->>'r' IS NOT NULL OR f->>'q' IS NOT NULL);
         IF blocked THEN
@@ -138,14 +149,14 @@ BEGIN
             IF NOT FOUND THEN
                 FOREACH j IN ARRAY rows_k LOOP
                     later_i := later_i || j; later_at := later_at || (now() + busy_s * interval '1 second');
-                    later_paced := later_paced || false; later_why := later_why || ('key ' || k || ': its bucket was busy');
+                    later_paced := later_paced || coalesce((cand[j]).flow_paced, false);  -- (a reservation kept)
+                    later_why := later_why || ('key ' || k || ': its bucket was busy');
                 END LOOP;
                 CONTINUE;
             END IF;
             b := got.s; bt := got.t;
         END IF;
-        -- (read again under the lock: an override or a block set meanwhile counts; the rows
-        -- here hold no reservation, a reserved row only waits again for a block, above)
+        -- (read again under the lock: an override or a block set meanwhile counts)
         f := CASE WHEN b.override IS NULL THEN f0 ELSE coalesce(f0, '{}') || b.override END;
         rate := (f->>'r')::float8;
         bsize := coalesce((f->>'b')::float8, CASE WHEN rate IS NOT NULL THEN 1 END);
@@ -156,36 +167,60 @@ BEGIN
                              b.tokens + rate * greatest(0, extract(epoch FROM ts - b.updated_at))) END;
         qd := greatest(b.quota_day, (ts AT TIME ZONE 'UTC')::date);
         used := CASE WHEN b.quota_day = qd THEN b.quota_used ELSE 0 END;
+        tat := coalesce(b.start_tat, '-infinity');
+        tau := (bsize + least(0.5, rate * carry_s) - 1) / rate;
+        spaced := 0;
+        reserved_n := 0;
         FOREACH j IN ARRAY rows_k LOOP
-            at := greatest(ts, b.blocked_until);
-            IF rate IS NOT NULL AND t < 1 THEN
-                at := greatest(at, ts + (1 - t) / rate * interval '1 second');
-            END IF;
-            IF quota IS NOT NULL THEN
-                IF (at AT TIME ZONE 'UTC')::date > qd THEN
-                    qd := (at AT TIME ZONE 'UTC')::date; used := 0;
+            IF (cand[j]).flow_paced THEN  -- reserved: no token again, only the pace of starts below
+                at := ts;
+            ELSE
+                reserved_n := reserved_n + 1;
+                at := greatest(ts, b.blocked_until);
+                IF rate IS NOT NULL AND t < 1 THEN
+                    at := greatest(at, ts + (1 - t) / rate * interval '1 second');
                 END IF;
-                IF used >= quota THEN  -- the day's quota is reserved: the next day's first start
-                    qd := qd + 1; used := 0;
+                IF quota IS NOT NULL THEN
+                    IF (at AT TIME ZONE 'UTC')::date > qd THEN
+                        qd := (at AT TIME ZONE 'UTC')::date; used := 0;
+                    END IF;
+                    IF used >= quota THEN  -- the day's quota is reserved: the next day's first start
+                        qd := qd + 1; used := 0;
+                    END IF;
+                    at := greatest(at, qd::timestamp AT TIME ZONE 'UTC');
+                    used := used + 1;
                 END IF;
-                at := greatest(at, qd::timestamp AT TIME ZONE 'UTC');
-                used := used + 1;
+                IF rate IS NOT NULL THEN  -- one token taken at the start, its debt counted from ts
+                    el := extract(epoch FROM at - ts);
+                    t := least(bsize + least(0.5, rate * carry_s), t + rate * el) - 1 - rate * el;
+                END IF;
+                IF at > ts THEN
+                    later_i := later_i || j; later_at := later_at || at; later_paced := later_paced || true;
+                    later_why := later_why || (CASE WHEN quota IS NOT NULL AND at = qd::timestamp AT TIME ZONE 'UTC'
+                                                    THEN 'daily quota of key ' || k || ' reserved: starts at '
+                                                    ELSE 'rate of key ' || k || ': start reserved at ' END || at::text);
+                    CONTINUE;
+                END IF;
             END IF;
-            IF rate IS NOT NULL THEN  -- one token taken at the start, its debt counted from ts
-                el := extract(epoch FROM at - ts);
-                t := least(bsize + least(0.5, rate * carry_s), t + rate * el) - 1 - rate * el;
-            END IF;
-            IF at > ts THEN
+            -- starts now, if the key's pace of starts lets it (tau: the burst and carry's
+            -- tolerance); else, holding its reservation, it waits a token's time after the
+            -- starts due before it (spaced: rows of one claim one token apart)
+            CONTINUE WHEN rate IS NULL;
+            IF ts >= tat - tau * interval '1 second' THEN
+                tat := greatest(tat, ts) + interval '1 second' / rate;
+            ELSE
+                at := tat - tau * interval '1 second' + spaced * interval '1 second' / rate;
+                spaced := spaced + 1;
                 later_i := later_i || j; later_at := later_at || at; later_paced := later_paced || true;
-                later_why := later_why || (CASE WHEN quota IS NOT NULL AND at = qd::timestamp AT TIME ZONE 'UTC'
-                                                THEN 'daily quota of key ' || k || ' reserved: starts at '
-                                                ELSE 'rate of key ' || k || ': start reserved at ' END || at::text);
+                later_why := later_why || ('rate of key ' || k || ': reserved starts came together, spaced: starts at '
+                                           || at::text);
             END IF;
         END LOOP;
         UPDATE rate_limiter_state r
            SET tokens = CASE WHEN rate IS NULL THEN r.tokens ELSE t END, burst = coalesce(bsize, r.burst),
                rate_per_second = coalesce(rate, r.rate_per_second), daily_quota = quota, updated_at = ts,
-               quota_day = qd, quota_used = used, granted_total = r.granted_total + cardinality(rows_k)
+               quota_day = qd, quota_used = used, granted_total = r.granted_total + reserved_n,
+               start_tat = CASE WHEN rate IS NULL THEN r.start_tat ELSE tat END
          WHERE r.ctid = bt;  -- (the row locked above: its ctid holds while locked)
     END LOOP;
     IF cardinality(later_i) = 0 THEN
