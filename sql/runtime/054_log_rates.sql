@@ -17,8 +17,10 @@
 --            day's quota is reserved, a block's end. A row reserved for later ends its
 --            attempt 'requeued' (not counted) and waits in job_timers, 'waiting', holding its
 --            reservation (flow_paced): inserted once, promoted once at its time by the
---            queue's claim, and not rate-gated again (only a RateLimited block of its key
---            makes it wait again, for the block's end, and take a new reservation then).
+--            queue's claim, and no token taken for it again: only the key's pace of starts
+--            (start_tat, below) spaces reserved rows whose promotions came late and
+--            together, and a RateLimited block of its key makes it wait again, for the
+--            block's end, and take a new reservation then.
 --   block    RateLimited (LOG_FINISH 'limited' with a key): the job waits in job_timers,
 --            'waiting', until the block's end (BLOCK_JOB_KEY blocks the key as before, its
 --            reserved debt kept); every keyed row a claim meets while the block holds
