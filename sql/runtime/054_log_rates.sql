@@ -132,6 +132,15 @@ BEGIN
         rows_k := ARRAY(SELECT x FROM generate_subscripts(cand, 1) AS x
                          WHERE (cand[x]).flow_key = k AND (cand[x]).flow_held IS NOT TRUE
                            AND (blocked OR (cand[x]).flow_paced IS NOT TRUE OR f->>'r' IS NOT NULL) ORDER BY x);
+        IF f->>'c' IS NULL THEN
+            -- no slot to take (the key's limits, its override read here, have none): marked
+            -- so (in this array only) 053's slot gate passes the rows without reading the
+            -- key's bucket again (under a pin each read of it walks the versions kept of it)
+            FOR j IN SELECT x FROM generate_subscripts(cand, 1) AS x
+                      WHERE (cand[x]).flow_key = k AND (cand[x]).flow_held IS NOT TRUE LOOP
+                cand[j].flow_held := true;
+            END LOOP;
+        END IF;
         -- (a JSON null lifts a limit: ->> reads it as NULL)
         CONTINUE WHEN cardinality(rows_k) = 0 OR NOT (blocked OR f->>'r' IS NOT NULL OR f->>'q' IS NOT NULL);
         IF blocked THEN
