@@ -204,6 +204,11 @@ def test_rate_limited_blocks_the_key_on_every_process_without_spending_a_retry(c
     assert scalar(conn, "SELECT blocked_until > now() - interval '1 minute' FROM rate_limiter_state"
                         " WHERE key = 'shop:s'") is True
     assert {same.message_id, other.message_id} <= {r[0] for r in conn.execute("SELECT id::text FROM jobs")}
+    # the limited job waited for the block in job_timers, from the log and back (054): no job
+    # of these keys ever had a job_queue row (nor an archived one)
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    assert scalar(conn, "SELECT count(*) FROM job_history") == 0
+    assert scalar(conn, "SELECT count(*) FROM job_done WHERE id = %s AND status = 'requeued'", (first.message_id,)) >= 1
 
 
 def test_a_concurrency_limit_is_never_exceeded_under_load(conn, flow, fleet):
