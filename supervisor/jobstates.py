@@ -5,8 +5,9 @@ A job's state is what the jobs view says of it: a row of ``job_queue`` carries i
 ``status`` (pending, waiting, running, retryable), a row of ``job_history`` its end
 (succeeded, failed, cancelled); a job of the log is pending until claimed, running while a
 lease holds it, and its newest attempt's ``job_done`` row says how that attempt ended
-(``Outcome``); a row of ``job_timers`` (a delayed plain job, a log job's retry) is pending
-or retryable until its run_at, when a claim moves it into the log, pending. Every move that matters is written to ``job_events`` (from, to): a test
+(``Outcome``); a row of ``job_timers`` (a delayed job, a log job's retry, a keyed log job
+waiting for its reserved start or its key's block) is pending, retryable or waiting until
+its run_at, when a claim moves it into the log, pending. Every move that matters is written to ``job_events`` (from, to): a test
 checks each one written by the suite against ``TRANSITIONS``.
 """
 
@@ -48,12 +49,12 @@ ENDED: frozenset[JobState] = frozenset({JobState.SUCCEEDED, JobState.FAILED, Job
 TRANSITIONS: dict[JobState, dict[JobState, str]] = {
     JobState.PENDING: {
         JobState.RUNNING: "claim",
-        JobState.WAITING: "a claim parks a log job whose concurrency key is full, or to wait for its fairness key's turn",
+        JobState.WAITING: "a claim parks a log job whose concurrency key is full, or to wait for its fairness key's turn, or reserves its rate's later start",
         JobState.CANCELLED: "cancel",
     },
     JobState.WAITING: {
         JobState.RUNNING: "claim, once its key has room",
-        JobState.PENDING: "a job of its key ends and hands it its slot, or its key's turn comes (log)",
+        JobState.PENDING: "a job of its key ends and hands it its slot, its key's turn comes, or its reserved start comes (log)",
         JobState.CANCELLED: "cancel",
     },
     JobState.RETRYABLE: {

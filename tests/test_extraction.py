@@ -287,8 +287,10 @@ def test_llm_extraction_jobs_wait_for_the_models_limits_in_the_database(conn, se
     for n in range(6):
         listing(conn, source_id, f"Samsung 1TB NVMe #{n}", 5_000, f"s{n}")
     assert tracker.reextract(pipeline_broker) == 6
+    # (appended to the log with their key, pending until a claim gives each its start and
+    # slot: 054)
     assert conn.execute("SELECT status, flow_key, flow FROM jobs WHERE actor = 'extract_listing'").fetchall() == [
-        ("waiting", "llm:fake-3", {"r": 100.0, "b": 2, "c": 2})] * 6
+        ("pending", "llm:fake-3", {"r": 100.0, "b": 2, "c": 2})] * 6
     with running_worker(pipeline_broker, queues=["extraction"], threads=4):
         wait_for(lambda: scalar(conn, "SELECT count(*) FROM jobs WHERE actor = 'extract_listing'"
                                       " AND status = 'succeeded'") == 6, timeout=30, message="six extractions")

@@ -115,13 +115,14 @@ def test_the_row_carries_its_key_and_limits_and_waits(conn, flow):
     flow.capped.send(1)
     flow.tenant_job.send_with_options(kwargs={"tenant": "t1", "n": 1}, fairness_weight=3)
     rows = conn.execute("SELECT actor, status, flow_key, flow, concurrency_key FROM jobs ORDER BY actor").fetchall()
-    # a key with a concurrency limit alone, or a weight: the job is appended to the log with
-    # its key (053, 056), pending until a claim gives it a slot or a turn, or parks it
-    capped = "pending"
+    # a key with a concurrency limit (053), a rate (054) or a weight (056): the job is appended
+    # to the log with its key, pending until a claim gives it its start, slot or turn, or
+    # makes it wait
+    logged = "pending"
     assert rows == [
-        ("capped", capped, "pool", {"c": 3}, "pool"),
-        ("tenant_job", capped, "tenant:t1", {"w": 3}, None),
-        ("upstream", "waiting", "shop:x", {"r": 100.0, "b": 100}, None),
+        ("capped", logged, "pool", {"c": 3}, "pool"),
+        ("tenant_job", logged, "tenant:t1", {"w": 3}, None),
+        ("upstream", logged, "shop:x", {"r": 100.0, "b": 100}, "shop:x"),
     ]
 
 
@@ -203,6 +204,11 @@ def test_rate_limited_blocks_the_key_on_every_process_without_spending_a_retry(c
     assert scalar(conn, "SELECT blocked_until > now() - interval '1 minute' FROM rate_limiter_state"
                         " WHERE key = 'shop:s'") is True
     assert {same.message_id, other.message_id} <= {r[0] for r in conn.execute("SELECT id::text FROM jobs")}
+    # the limited job waited for the block in job_timers, from the log and back (054): no job
+    # of these keys ever had a job_queue row (nor an archived one)
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    assert scalar(conn, "SELECT count(*) FROM job_history") == 0
+    assert scalar(conn, "SELECT count(*) FROM job_done WHERE id = %s AND status = 'requeued'", (first.message_id,)) >= 1
 
 
 def test_a_concurrency_limit_is_never_exceeded_under_load(conn, flow, fleet):
@@ -296,8 +302,9 @@ def test_a_waiting_job_holds_its_dedupe_key(conn, flow):
     assert again.message_id == first.message_id  # the live (waiting) job's id
     batch = dramatiq.get_broker().enqueue_many([flow.token.message_with_options(args=(3,), dedupe_key="d-wait")])
     assert batch[0].message_id == first.message_id
+    # (a rate-limited job is appended to the log, pending until a claim reserves its start: 054)
     assert conn.execute("SELECT count(*), min(status) FROM jobs WHERE dedupe_key = 'd-wait'").fetchone() \
-        == (1, "waiting")
+        == (1, "pending")
 
 
 def test_migration_038_keeps_twins_a_waiting_job_let_in(fresh_database):
@@ -322,8 +329,9 @@ def test_migration_038_keeps_twins_a_waiting_job_let_in(fresh_database):
 
 
 def test_a_limited_jobs_retry_starts_at_its_backoff_not_a_probe_later(conn, broker):
-    """A retry of a keyed job waits as 'waiting' with a future run_at: the due timer (not
-    the 2 s probe of gates.py) starts it once its backoff has passed."""
+    """A retry of a keyed job waits as 'waiting' with a future run_at (in job_timers, gated
+    again once promoted: 054): the due timer (not the 2 s probe of gates.py) starts it once
+    its backoff has passed."""
     @dramatiq.actor(broker=broker, queue_name="rq", max_retries=3, min_backoff=200, max_backoff=200,
                     rate_limit="100/s burst 10", concurrency_limit=2, rate_limit_key="rk")
     def flaky(n: int) -> None:

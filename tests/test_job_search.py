@@ -201,8 +201,9 @@ def test_a_workflows_steps_are_found_by_its_id_in_either_store(conn, database_ur
         step = dramatiq.actor(broker=broker, queue_name="wfsearch", actor_name="wfsearch_step")(lambda *a: None)
         wf = supervisor.workflow("searched", broker=broker)
         plain = wf.add(step.message(1))
-        # (a rate limit too: a key with a concurrency limit alone lives in the log, 053)
-        keyed = wf.add(step.message_with_options(args=(2,), concurrency_key="k", rate_limit="100/s"))
+        # (a fairness weight too: a key with a concurrency limit, a rate or a quota lives in
+        # the log, 053-054)
+        keyed = wf.add(step.message_with_options(args=(2,), concurrency_key="k", fairness_weight=2))
         wf.add(step.message(3), after=[plain, keyed])  # blocked: no job to find
         wf.send()
         other = supervisor.workflow("other", broker=broker)

@@ -86,9 +86,9 @@ def test_a_plain_job_goes_to_the_log_and_finishes_once(conn, broker) -> None:
 
 def test_jobs_that_need_the_table_go_there_and_the_order_of_a_batch_is_kept(conn, broker) -> None:
     actor = broker.actors["log_record"]
-    # a rate limit needs job_queue (a concurrency limit alone does not: 053); a dedupe key
-    # goes to the log (052: job_keys)
-    messages = [actor.message(1), actor.message_with_options(args=(2,), rate_limit="100/s", dedupe_key="k"),
+    # a fairness weight needs job_queue (a concurrency limit does not: 053, nor a rate or a
+    # daily quota: 054); a dedupe key goes to the log (052: job_keys)
+    messages = [actor.message(1), actor.message_with_options(args=(2,), fairness_weight=2, dedupe_key="k"),
                 actor.message(3), actor.message_with_options(args=(4,), dedupe_key="k"),
                 actor.message_with_options(args=(5,), dedupe_key="d"), actor.message_with_options(args=(6,), dedupe_key="d")]
     sent = broker.enqueue_many(messages)

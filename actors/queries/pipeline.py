@@ -53,6 +53,14 @@ DUE_WATCHES = """
 WITH waiting AS (
     SELECT dedupe_key FROM job_queue
      WHERE queue = %(queue)s AND status = 'waiting' AND dedupe_key LIKE %(dedupe_prefix)s || '%%'
+    -- storage "log" (migration 054): a scrape with its source's limits is pending in the log
+    -- until a claim reserves its start, then waits in job_timers until it
+    UNION ALL
+    SELECT dedupe_key FROM job_timers
+     WHERE queue = %(queue)s AND status = 'waiting' AND dedupe_key LIKE %(dedupe_prefix)s || '%%'
+    UNION ALL
+    SELECT l.dedupe_key FROM job_log_pending() l
+     WHERE l.queue = %(queue)s AND l.flow_key IS NOT NULL AND l.dedupe_key LIKE %(dedupe_prefix)s || '%%'
 )
 SELECT w.id, w.query, s.id, s.rate_limit_per_minute, s.burst, s.daily_quota
   FROM watches w JOIN sources s ON s.id = w.source_id

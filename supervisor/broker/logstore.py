@@ -2,13 +2,13 @@
 producer appends to the log, log rows claimed as messages, the batches a process holds,
 and the parameters of their outcomes and releases.
 
-A broker with ``storage="log"`` appends to the log every message that needs nothing the
-log does not keep: no rate limit or daily quota, an actor it knows (one with a delay, and a
-retry, waits in ``job_timers`` until due: sql/timers.py; one with a dedupe key takes its
-key in ``job_keys`` as it is written: sql/jobkeys.py, 052; one whose key carries a
-concurrency limit, a fairness weight or both waits in the log for a slot or its key's turn:
-sql/slots.py, sql/fair.py). Everything else lives in ``job_queue`` as before; a worker of
-such a broker claims both.
+A broker appends to the log every message that needs nothing the log does not keep, from
+an actor it knows: a plain one (one with a delay, and a retry, waits in ``job_timers`` until
+due: sql/timers.py), one with a dedupe key (taken in ``job_keys`` as it is written:
+sql/jobkeys.py, 052), one whose limit key carries a concurrency limit (a slot: sql/slots.py,
+053), a rate limit or a daily quota (its start reserved by its claim, 054), a fairness
+weight (its key's turn: sql/fair.py, 056). Everything else lives in ``job_queue`` as before;
+a worker claims both.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class LogRow:
 def loggable(row: tuple[Any, ...], actors: Container[str], *, keyed: bool = False) -> bool:
     """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log: a
     plain one, one with a dedupe key (taken in job_keys as the row is written: 052), and
-    (``keyed``) one whose limit key carries a concurrency limit, a fairness weight or both
-    and nothing else (053, 056: no rate or quota), with or without a dedupe key."""
+    (``keyed``) one whose limit key carries a concurrency limit (053), a rate limit or a
+    daily quota (054), a fairness weight (056), with or without a dedupe key."""
     if row[bulk.ACTOR] not in actors:
         return False
     if row[bulk.FLOW_KEY] is None:
@@ -62,10 +62,10 @@ def loggable(row: tuple[Any, ...], actors: Container[str], *, keyed: bool = Fals
     return keyed and log_limits(row[bulk.FLOW_KEY + 1])
 
 
-# The limits the log's claim applies (flow.Limits.as_json's letters): a concurrency limit
-# (053: a slot of the key) and a weight (056: the key's turn). A key with none of them (a
-# fairness key of weight 1) takes turns too.
-_LOG_LIMITS = frozenset({"c", "w"})
+# The limits (flow.Limits.json's letters) the log's claim applies: concurrency (053's slots),
+# rate and burst, daily quota (054's reservations), a weight (056: the key's turn). A key with
+# none of them (a fairness key of weight 1) takes turns too.
+_LOG_LIMITS = frozenset("crbqw")
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,8 +1,8 @@
 """The producer side of PostgresBroker (``broker.producer``): a message becomes a row of
-the job log (a plain, deduped or concurrency-keyed job), of job_timers (one with a delay,
-promoted into the log at its run_at) or of job_queue (one whose key the log does not take
-yet: a rate, quota or weight; an actor this process does not know), in the caller's
-transaction or in
+the job log (a plain job, a deduped one, one whose limit key carries a concurrency limit, a
+rate or a daily quota), of job_timers (one with a delay, promoted into the log at its
+run_at) or of job_queue (one whose key the log does not take yet: a fairness weight; an
+actor this process does not know), in the caller's transaction or in
 one of its own written again on a fresh connection if the server ends it (sending.py)."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Producer:
 
     def _log_rows(self, messages: list[Message[Any]], *, keyed: bool = False) -> list[tuple[Any, ...] | None]:
         """Each message's log row (logstore.log_row), None for one the log does not take (a
-        limit key with more than a concurrency limit, or any limit key unless ``keyed``; an
+        limit key with a fairness weight or no limit, or any limit key unless ``keyed``; an
         actor this process does not know). A message with no options of its own has its actor's and queue's fields:
         those are worked out once per actor and queue (``_plain_fields``), the rest of its
         row is its id, body and stamp; any other message's row is built as bulk.rows builds

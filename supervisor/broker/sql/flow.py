@@ -85,7 +85,10 @@ def _gate(key: str, flow: str) -> str:
                     ELSE least(s.burst + {_CARRY.format(rate="s.rate")},
                                b.tokens + s.rate * greatest(0, extract(epoch FROM now() - b.updated_at)))
                END AS tokens,
-               CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used ELSE 0 END AS used) t)"""
+               -- (a quota day ahead of today: the log's claims reserved today's quota and
+               -- more, 054: none is left today)
+               CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used
+                    WHEN b.quota_day > (now() AT TIME ZONE 'UTC')::date THEN s.quota ELSE 0 END AS used) t)"""
 
 
 # Where the keyed part's reads of waiting rows start (broker/consuming/floors.py's waiting floor: the
@@ -318,17 +321,23 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
  WHERE (SELECT count(*) FROM kannounce) >= 0"""
 
 
-# RateLimited (in sql.FINISH's transaction, after its 'limited' row): the job's limit key
-# blocked for ``seconds`` on every process, its bucket emptied so the first starts after
-# the block do not come as a burst (as supervisor.ratelimit.block). Nothing for a job with
-# no key.
+# RateLimited (in the transaction of the outcome's 'limited' row: sql.FINISH's, or
+# LOG_FINISH's, whose job then waits in job_timers: 054): the job's limit key blocked for
+# ``seconds`` on every process, its bucket emptied so the first starts after the block do
+# not come as a burst (as supervisor.ratelimit.block). A bucket below 0 keeps its debt (the
+# starts the log's claims reserved ahead: 054), so no start is reserved twice. Nothing for
+# a job with no key.
 BLOCK_JOB_KEY = """
 INSERT INTO rate_limiter_state AS s (key, tokens, burst, rate_per_second, updated_at, blocked_until)
-SELECT j.flow_key, 0, 1, 1, now(), now() + %(seconds)s * interval '1 second'
-  FROM job_queue j WHERE j.id = %(id)s AND j.flow_key IS NOT NULL
+SELECT k.flow_key, 0, 1, 1, now(), now() + %(seconds)s * interval '1 second'
+  FROM (SELECT j.flow_key FROM job_queue j WHERE j.id = %(id)s
+        UNION ALL
+        SELECT t.flow_key FROM job_timers t WHERE t.id = %(id)s) k
+ WHERE k.flow_key IS NOT NULL
+ LIMIT 1
 ON CONFLICT (key) DO UPDATE
    SET blocked_until = greatest(coalesce(s.blocked_until, '-infinity'), EXCLUDED.blocked_until),
-       tokens = 0, updated_at = greatest(s.updated_at, EXCLUDED.updated_at)
+       tokens = least(coalesce(s.tokens, 0), 0), updated_at = greatest(s.updated_at, EXCLUDED.updated_at)
 RETURNING key
 """
 

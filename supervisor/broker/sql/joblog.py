@@ -79,12 +79,13 @@ SELECT batch, seq, day::text, id::text, queue, actor, body, attempt, max_attempt
 # plus each row's seq and day: completer.finish_params): a batch of outcomes, any mix.
 #   succeeded, failed: the done row is all (a failure's traceback and its event, grouped on
 #       the Errors page as sql.FINISH's are);
-#   retry: done 'retried', and the job goes on in job_timers (051), 'retryable' at now() +
-#       delay_ms with the message's new options (its retry count), and an event; the
+#   retry: done 'retried', and the job goes on in job_timers (051), 'retryable' (a keyed
+#       one 'waiting', 054) at now() + delay_ms with the message's new options (its retry
+#       count), and an event; the
 #       claims promote it into the log once due (timers.LOG_CLAIM_DUE);
 #   requeue (claimed, never started): done 'requeued', appended to the log again, the
-#       attempt not counted; limited (RateLimited, no limit key on a log row): the same,
-#       but through job_timers, pending at now() + delay_ms.
+#       attempt not counted; limited (RateLimited): the same, but through job_timers at
+#       now() + delay_ms, pending (waiting with a limit key, which BLOCK_JOB_KEY blocks).
 # started_us / ended_us: how long ago the attempt started and ended running in its thread
 # (the server's now() sets the times); results: a stored result each (NULL: none; the jobs
 # view's result, which job_queue's rows get from the results backend's store). Leases
@@ -147,41 +148,35 @@ _LOG_GOES_ON = """), went AS (
            l.flow_key, l.flow
       FROM done d JOIN f ON f.seq = d.seq AND f.day = d.day JOIN job_log l ON l.seq = d.seq AND l.day = d.day
      WHERE f.kind <> 'succeeded'
-), queued AS (
-    INSERT INTO job_queue (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
-                           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error,
-                           started_at, flow_key, flow, concurrency_key)
-    -- a limited job with a limit key waits for its key in job_queue, whose gate keeps the
-    -- block RateLimited put on the key (its slot went with its done row)
-    SELECT id, queue, actor, args, kwargs, coalesce(options, old_options),
-           old_payload, 'waiting', priority,
-           now() + coalesce(delay_ms, 0) * interval '1 millisecond', attempt - 1,
-           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, error,
-           now() - started_us * interval '1 microsecond', flow_key, flow, flow_key
-      FROM went WHERE kind = 'limited' AND flow_key IS NOT NULL
 ), timed AS (
     -- a retry waits for its backoff in job_timers (051), which the claims promote into the
-    -- log; a limited job waits there too, pending, its attempt not counted
+    -- log; a limited job waits there too, its attempt not counted. One with a limit key
+    -- waits as 'waiting' (as job_queue's keyed rows do, 054): promoted, it is gated again and
+    -- takes a new start and slot of its key (a limited one's key is blocked: BLOCK_JOB_KEY)
     INSERT INTO job_timers (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
                             max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, last_error, dedupe_key,
                             flow_key, flow)
     SELECT id, queue, actor, args, kwargs, coalesce(options, old_options), CASE kind WHEN 'retry' THEN payload ELSE old_payload END,
-           CASE kind WHEN 'retry' THEN 'retryable' ELSE 'pending' END, priority,
+           CASE WHEN flow_key IS NOT NULL THEN 'waiting' WHEN kind = 'retry' THEN 'retryable' ELSE 'pending' END, priority,
            now() + coalesce(delay_ms, 0) * interval '1 millisecond',
            CASE kind WHEN 'retry' THEN attempt ELSE attempt - 1 END, max_attempts, lease_losses,
            max_lease_losses, message_timestamp, created_at, error, dedupe_key, flow_key, flow
-      FROM went WHERE kind = 'retry' OR kind = 'limited' AND flow_key IS NULL
+      FROM went WHERE kind IN ('retry', 'limited')
 ), again AS (
-    -- (a keyed one is gated again: its slot went with its done row)
+    -- (a keyed one is gated again for a slot, its slot gone with its done row; it never
+    -- started, so it keeps the start of its rate and quota it took: flow_paced, 054)
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
-                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow)
+                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow,
+                         flow_paced)
     SELECT id, queue, actor, args, kwargs, old_options, old_payload, priority, attempt - 1, max_attempts,
-           lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow
+           lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow,
+           CASE WHEN flow_key IS NOT NULL THEN true END
       FROM went WHERE kind = 'requeue'
 ), ev AS (
     INSERT INTO job_events (job_id, who, from_status, to_status, reason, actor, error_type, error_where)
     SELECT id, %(owner)s, 'running',
-           CASE kind WHEN 'failed' THEN 'failed' WHEN 'retry' THEN 'retryable' ELSE 'pending' END,
+           CASE WHEN kind = 'failed' THEN 'failed' WHEN kind IN ('retry', 'limited') AND flow_key IS NOT NULL THEN 'waiting'
+                WHEN kind = 'retry' THEN 'retryable' ELSE 'pending' END,
            reason, actor, error_type, error_where
       FROM went
 ), wake AS (

@@ -40,6 +40,13 @@ WITH RECURSIVE wq(queue) AS (
          WHERE j.queue = w.queue AND j.status = 'waiting' AND j.flow_key > w.key
          ORDER BY j.flow_key LIMIT 1) h
      WHERE w.i < %(max_keys)s
+), tk(key, i) AS (
+    -- the keys of the log's waiting timers (054: starts reserved, a block's end; a skip scan
+    -- of job_timers_key, one descent each)
+    (SELECT t.flow_key, 1 FROM job_timers t WHERE t.flow_key > %(after)s ORDER BY t.flow_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.flow_key FROM job_timers t WHERE t.flow_key > k.key ORDER BY t.flow_key LIMIT 1), k.i + 1
+      FROM tk k WHERE k.key IS NOT NULL AND k.i <= %(max_keys)s
 ), running AS (
     SELECT j.flow_key AS key, count(*)::int AS n, min(j.id::text) AS one
       FROM job_queue j
@@ -59,7 +66,8 @@ WITH RECURSIVE wq(queue) AS (
         -- and (056) those of the log's running jobs that hold no slot: a weighted key's
         UNION SELECT key FROM (SELECT DISTINCT u.key FROM job_lease x CROSS JOIN LATERAL unnest(x.keys) AS u(key)
                                 WHERE x.keys IS NOT NULL AND u.key > %(after)s
-                                ORDER BY 1 LIMIT %(max_keys)s + 1) r) k
+                                ORDER BY 1 LIMIT %(max_keys)s + 1) r
+        UNION SELECT key FROM tk WHERE key IS NOT NULL) k
      ORDER BY key LIMIT %(max_keys)s + 1
 ), parked AS (
     -- per key of the log: its parked jobs (each one's parked row with no outcome), the oldest
@@ -71,6 +79,15 @@ WITH RECURSIVE wq(queue) AS (
      WHERE b.key IN (SELECT key FROM keys)
        AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = b.seq AND d.day = b.day)
      GROUP BY b.key
+), timed AS (
+    -- per key of the log: its jobs waiting in job_timers (up to ``upto``), the oldest one's
+    -- creation and limits
+    SELECT k.key, c.n, c.since, c.flow, c.queues
+      FROM keys k CROSS JOIN LATERAL (
+        SELECT count(*)::int AS n, min(x.created_at) AS since, (array_agg(x.flow))[1] AS flow,
+               array_agg(DISTINCT x.queue) AS queues
+          FROM (SELECT t.created_at, t.flow, t.queue FROM job_timers t WHERE t.flow_key = k.key LIMIT %(upto)s) x) c
+     WHERE c.n > 0
 ), wh AS (
     -- per queue and key: its waiting rows (up to ``upto``), the oldest due, the head's limits
     SELECT w.queue, w.key, c.n, c.since,
@@ -90,9 +107,11 @@ WITH RECURSIVE wq(queue) AS (
       FROM wh h GROUP BY h.key
 ), kv AS MATERIALIZED (
     -- (materialized: the gate names the key's flow many times; each would run its subquery)
-    SELECT k.key, coalesce(a.queues, p.queues, '{{}}') AS queues, coalesce(a.waiting, 0) + coalesce(p.n, 0) AS waiting,
-           coalesce(a.waiting_more, false) AS waiting_more, least(a.since, p.since) AS waiting_since,
-           coalesce(a.flow, p.flow, (SELECT j.flow FROM job_queue j WHERE j.id = r.one::uuid),
+    SELECT k.key, coalesce(a.queues, p.queues, td.queues, '{{}}') AS queues,
+           coalesce(a.waiting, 0) + coalesce(p.n, 0) + coalesce(td.n, 0) AS waiting,
+           coalesce(a.waiting_more, false) OR coalesce(td.n >= %(upto)s, false) AS waiting_more,
+           least(a.since, p.since, td.since) AS waiting_since,
+           coalesce(a.flow, p.flow, td.flow, (SELECT j.flow FROM job_queue j WHERE j.id = r.one::uuid),
                     (SELECT l.flow FROM job_concurrency c JOIN job_log l ON l.id = c.job_id
                       WHERE c.key = k.key AND l.flow IS NOT NULL LIMIT 1)) AS flow,
            -- (a log job holding a slot: running, or handed it and about to be claimed)
@@ -105,21 +124,25 @@ WITH RECURSIVE wq(queue) AS (
                WHERE x.keys IS NOT NULL AND u.key = k.key AND u.slot IS NULL
                  AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = u.seq AND d.day = u.day))::int AS running
       FROM keys k LEFT JOIN wa a ON a.key = k.key LEFT JOIN running r ON r.key = k.key
-      LEFT JOIN parked p ON p.key = k.key
+      LEFT JOIN parked p ON p.key = k.key LEFT JOIN timed td ON td.key = k.key
 )
 SELECT v.key, v.queues, v.waiting, v.waiting_more, extract(epoch FROM now() - v.waiting_since)::float8 AS wait_s,
        v.running, (SELECT count(*) FROM job_concurrency c WHERE c.key = v.key AND c.job_id IS NOT NULL)::int AS slots_taken,
        l.rate, l.burst, l.quota, g.conc AS concurrency, g.weight,
        CASE WHEN l.rate IS NULL THEN NULL
             WHEN b.key IS NULL OR b.tokens IS NULL THEN l.burst
-            ELSE least(l.burst, b.tokens + l.rate * greatest(0, extract(epoch FROM now() - b.updated_at)))
+            -- (below 0: the starts the log's claims reserved ahead, 054; none to take now)
+            ELSE greatest(0, least(l.burst, b.tokens + l.rate * greatest(0, extract(epoch FROM now() - b.updated_at))))
        END::float8 AS tokens,
-       CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used ELSE 0 END AS quota_used,
+       -- (a quota day ahead: the log's claims reserved all of today's, 054)
+       CASE WHEN b.quota_day = (now() AT TIME ZONE 'UTC')::date THEN b.quota_used
+            WHEN b.quota_day > (now() AT TIME ZONE 'UTC')::date THEN l.quota ELSE 0 END AS quota_used,
        CASE WHEN b.blocked_until > now() THEN b.blocked_until END AS blocked_until,
        g.allow, CASE WHEN g.allow = 0 THEN g.wake END AS opens_in_s,
        CASE WHEN b.blocked_until > now() THEN 'blocked'
             WHEN g.allow = 0 AND g.quota IS NOT NULL
-                 AND b.quota_day = (now() AT TIME ZONE 'UTC')::date AND b.quota_used >= g.quota THEN 'quota'
+                 AND (b.quota_day = (now() AT TIME ZONE 'UTC')::date AND b.quota_used >= g.quota
+                      OR b.quota_day > (now() AT TIME ZONE 'UTC')::date) THEN 'quota'
             WHEN g.allow = 0 AND g.wake IS NOT NULL THEN 'rate'
             WHEN g.allow = 0 THEN 'concurrency'
        END AS gated_by,

@@ -1,9 +1,10 @@
-"""The job log's concurrency-keyed jobs (migration 053): their append, and the sweep of
-the slots the hand-off could not give.
+"""The job log's keyed jobs (migrations 053, 054): their append, and the sweep of the
+slots the hand-off could not give.
 
-A job whose limit key carries a concurrency limit and nothing else (no rate, daily quota or
-weight; no dedupe key) is appended to ``job_log`` with its key and limit (``flow_key``,
-``flow``). The claim (``job_log_claim``) gives each such row a slot of its own key
+A job whose limit key carries a concurrency limit, a rate limit or a daily quota (no
+weight; no dedupe key: jobkeys.py writes those) is appended to ``job_log`` with its key and
+limits (``flow_key``, ``flow``). A rate's or quota's start is reserved by the claim that
+first meets the row (``job_log_pace``, 054: now, or the row waits in ``job_timers`` for it). The claim (``job_log_claim``) gives each such row a slot of its own key
 (``job_log_gate``: 046's ``job_concurrency`` rows, SKIP LOCKED) or parks it in
 ``job_blocked``; a job's end (its done row carrying the key: ``job_done_slot_end``) hands
 its slot to the key's oldest parked job, which is appended to the log again holding it
