@@ -122,7 +122,7 @@ def test_the_row_carries_its_key_and_limits_and_waits(conn, flow):
     assert rows == [
         ("capped", logged, "pool", {"c": 3}, "pool"),
         ("tenant_job", logged, "tenant:t1", {"w": 3}, None),
-        ("upstream", logged, "shop:x", {"r": 100.0, "b": 100}, "shop:x"),
+        ("upstream", logged, "shop:x", {"r": 100.0, "b": 100}, None),
     ]
 
 
@@ -309,7 +309,8 @@ def test_a_waiting_job_holds_its_dedupe_key(conn, flow):
 
 def test_migration_038_keeps_twins_a_waiting_job_let_in(fresh_database):
     """Before 038 a waiting job did not hold its dedupe key: a twin could be live beside
-    it. The migration keeps both jobs; the later one lets go of the key."""
+    it. The migration keeps both jobs; the later one lets go of the key (and 058 moves both
+    into the log, the first one with its key, which still refuses a third job)."""
     import psycopg
 
     from supervisor.migrate import migrate
@@ -320,12 +321,11 @@ def test_migration_038_keeps_twins_a_waiting_job_let_in(fresh_database):
                   " VALUES ('q', 'a', 'waiting', 'k', '{}', 'twin', now() - interval '1 minute')")
         c.execute("INSERT INTO job_queue (queue, actor, status, dedupe_key) VALUES ('q', 'a', 'pending', 'twin')")
         migrate(fresh_database)
-        # (the pending one read through jobs: 058 moved it into the log)
+        # (read through jobs: 058 moved both into the log, the keyed one pending its claim's gate)
         rows = c.execute("SELECT status, dedupe_key FROM jobs ORDER BY created_at").fetchall()
-        assert rows == [("waiting", "twin"), ("pending", None)]
-        with pytest.raises(psycopg.errors.UniqueViolation):
-            c.execute("INSERT INTO job_queue (queue, actor, status, flow_key, flow, dedupe_key)"
-                      " VALUES ('q', 'a', 'waiting', 'k', '{}', 'twin')")
+        assert rows == [("pending", "twin"), ("pending", None)]
+        assert c.execute("INSERT INTO job_queue (queue, actor, status, flow_key, flow, dedupe_key)"
+                         " VALUES ('q', 'a', 'waiting', 'k', '{}', 'twin') RETURNING id").fetchone() is None
 
 
 def test_a_limited_jobs_retry_starts_at_its_backoff_not_a_probe_later(conn, broker):

@@ -134,3 +134,16 @@ def test_an_operator_s_retry_of_a_keyed_log_job_keeps_its_limit_key(conn, broker
                         (job.message_id,)).fetchone() == ("k", {"c": 1})
     drain(broker)
     assert ran == [9]
+
+
+@pytest.mark.parametrize("flow", [{}, {"c": 1}, {"w": 2}, {"r": 1.0, "b": 1}, {"q": 5}, {"c": 2, "w": 3, "q": 9},
+                                  {"x": 1}])
+def test_the_database_takes_back_what_a_producer_sends_to_the_log(conn, flow) -> None:
+    # job_queue_to_log's rule (057's job_log_takes) and the producer's (logstore.log_limits)
+    # are one rule written twice, in SQL and Python: they must agree on every limit letter
+    import json
+
+    from supervisor.broker import logstore
+
+    assert scalar(conn, "SELECT job_log_takes('k', %s::jsonb)", (json.dumps(flow),)) == logstore.log_limits(
+        json.dumps(flow))

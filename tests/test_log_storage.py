@@ -84,23 +84,22 @@ def test_a_plain_job_goes_to_the_log_and_finishes_once(conn, broker) -> None:
     assert scalar(conn, "SELECT count(*) FROM job_lease") <= 1  # the last batch goes with the next beat
 
 
-def test_jobs_that_need_the_table_go_there_and_the_order_of_a_batch_is_kept(conn, broker) -> None:
+def test_every_kind_of_job_goes_to_the_log_and_the_order_of_a_batch_is_kept(conn, broker) -> None:
     actor = broker.actors["log_record"]
-    # a fairness weight needs job_queue (a concurrency limit does not: 053, nor a rate or a
-    # daily quota: 054); a dedupe key goes to the log (052: job_keys)
+    # a fairness weight (056), a concurrency limit (053), a rate or a daily quota (054), a
+    # dedupe key (052: job_keys): the log takes every one
     messages = [actor.message(1), actor.message_with_options(args=(2,), fairness_weight=2, dedupe_key="k"),
                 actor.message(3), actor.message_with_options(args=(4,), dedupe_key="k"),
                 actor.message_with_options(args=(5,), dedupe_key="d"), actor.message_with_options(args=(6,), dedupe_key="d")]
     sent = broker.enqueue_many(messages)
     assert [m.args for m in sent] == [(1,), (2,), (3,), (4,), (5,), (6,)]
-    assert sent[3].message_id == sent[1].message_id  # the live job of its dedupe key, in job_queue
+    assert sent[3].message_id == sent[1].message_id  # the live job of its dedupe key
     assert sent[5].message_id == sent[4].message_id  # a key repeated in the batch: its first message
-    assert scalar(conn, "SELECT count(*) FROM job_log") == 3
+    assert scalar(conn, "SELECT count(*) FROM job_log") == 4
     assert scalar(conn, "SELECT dedupe_key FROM job_log WHERE id = %s", (sent[4].message_id,)) == "d"
-    assert scalar(conn, "SELECT count(*) FROM job_queue") == 1
-    delayed = actor.send_with_options(args=(5,), delay=60_000)  # waits in job_timers (051), not job_queue
+    delayed = actor.send_with_options(args=(5,), delay=60_000)  # waits in job_timers (051)
     assert scalar(conn, "SELECT status FROM job_timers WHERE id = %s", (delayed.message_id,)) == "pending"
-    assert scalar(conn, "SELECT count(*) FROM job_queue") == 1
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
 
 
 def test_a_producer_s_transaction_decides(conn, broker, database_url) -> None:
