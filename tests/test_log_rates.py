@@ -231,3 +231,24 @@ def test_under_a_pinned_horizon_the_claim_reads_no_more_after_many_rate_limited_
     assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
     print("claim buffers under the pin, round 10 and 50:", reads)
     assert reads[50] <= reads[10] * 1.5 + 20, reads
+
+
+def test_a_weighted_key_with_a_rate_takes_its_turn_then_its_reserved_start(conn) -> None:
+    # A key with a fairness weight (056) and a rate (054): the claim parks its rows for their
+    # turn, the turn takes them, and the gate then runs the burst and reserves the rest a
+    # token apart, as for a rate alone; promoted at its time, a reserved row takes its turn
+    # again and runs without taking a token again. Nothing goes to job_queue.
+    limits_ = {"w": 2, "r": 1.0, "b": 2}
+    conn.execute(slots.LOG_INSERT_KEYED, log_rows(5, "tenant:wr", limits_))
+    assert len(claim(conn, 10) or claim(conn, 10)) == 2
+    assert [held for _, held in reserved(conn, "tenant:wr")] == [True, True, True]
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0
+    granted = scalar(conn, "SELECT granted_total FROM rate_limiter_state WHERE key = 'tenant:wr'")
+    conn.execute("UPDATE job_timers SET run_at = now() - interval '1 s' WHERE flow_key = 'tenant:wr'"
+                 " AND run_at < now() + interval '1.5 s'")
+    conn.execute("UPDATE rate_limiter_state SET start_tat = start_tat - interval '1 s' WHERE key = 'tenant:wr'")
+    taken: list[tuple] = []
+    for _ in range(4):  # promoted by one claim, parked for its turn and taken by the next ones
+        taken += claim(conn, 10)
+    assert len(taken) == 1
+    assert scalar(conn, "SELECT granted_total FROM rate_limiter_state WHERE key = 'tenant:wr'") == granted
