@@ -1,11 +1,13 @@
 """Durable workflows (issue 41, item 3; migration 049): a diamond's join gets its parents'
 results in order and runs once, after both; a workflow sent in a transaction that rolls
 back runs nothing; the failure policies; cancel and retry of a workflow and of a step with
-its descendants; in both stores (plain steps in the log, keyed or table ones in job_queue)."""
+its descendants; in both stores (plain steps in the log, and since 055 keyed ones too: a
+dedupe key, a concurrency limit; table ones in job_queue)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import dramatiq
@@ -15,6 +17,7 @@ import pytest
 import supervisor
 from supervisor import workflow_ops
 from supervisor.broker import PostgresBroker
+from tests import run_notes
 from tests.conftest import in_process_worker, scalar, wait_for
 
 
@@ -221,7 +224,7 @@ def test_cancel_and_retry_of_a_step_and_of_a_workflow(conn, acts):
         workflow_ops.retry(conn, "nope")
 
 
-def test_a_step_with_a_key_goes_to_job_queue_and_a_step_whose_job_is_cancelled_fails_the_rest(conn, acts):
+def test_a_step_with_a_dedupe_key_and_a_step_whose_job_is_cancelled_fails_the_rest(conn, acts):
     broker = acts["broker"]
     wf = supervisor.workflow("keyed", broker=broker)
     root = wf.add(acts["seed"].message_with_options(args=(4,), dedupe_key="wf-keyed"))
@@ -328,3 +331,39 @@ def test_a_release_after_a_gather_reads_the_parents_missing_then(conn, store_bro
     assert args == ["j", ["a", None, {"b": 1}, 4, "e"]]
     assert conn.execute("SELECT gathered, gathered_missing FROM workflow_steps WHERE id = %s",
                         (join,)).fetchone() == (None, None)
+
+
+def test_keyed_steps_their_limit_holds_across_steps_and_their_dedupe_key_refuses_a_second_job(conn, store_broker):
+    # Released steps with a concurrency key (limit 1) never run two at once, across the steps
+    # of one release; a step whose dedupe key a live job holds gets no job of its own. With
+    # the log (055) they are log jobs with their keys: no job_queue row.
+    broker = store_broker
+    spans: list[tuple[float, float]] = []
+
+    @dramatiq.actor(broker=broker, queue_name="wf", actor_name="wft_spanned", max_retries=0)
+    def spanned(n: int, parents: list[Any] | None = None) -> int:
+        began = time.monotonic()
+        time.sleep(0.15)
+        spans.append((began, time.monotonic()))
+        return n
+
+    holder = broker.enqueue(dramatiq.Message(queue_name="wf-idle", actor_name="wft_spanned", args=(0,), kwargs={},
+                                             options={"dedupe_key": "wf-dup"}))
+    wf = supervisor.workflow("keyed-steps", broker=broker, on_failure="continue")
+    root = wf.add(spanned.message(1))
+    one = [wf.add(spanned.message_with_options(args=(i,), concurrency_key="wf-one"), after=[root]) for i in range(4)]
+    dup = wf.add(spanned.message_with_options(args=(9,), dedupe_key="wf-dup"), after=[root])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        wait_for(lambda: all(_states(conn, wf)[s] == "succeeded" for s in one), 30, message="the keyed steps run")
+    assert run_notes.most_at_once(spans) == 1 and len(spans) == 5
+    shown = conn.execute("SELECT status, concurrency_key FROM jobs WHERE id = ANY(%s::uuid[])", (one,)).fetchall()
+    assert shown == [("succeeded", "wf-one")] * 4
+    # the dedupe key's holder is the one live job of it: the step wrote none
+    assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s", (dup,)) == 0
+    assert [str(r[0]) for r in conn.execute("SELECT id FROM jobs WHERE dedupe_key = 'wf-dup'")] == [holder.message_id]
+    if broker.storage == "log":
+        assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = ANY(%s::uuid[])", (one + [dup],)) == 0
+        assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = ANY(%s::uuid[]) AND flow_key = 'wf-one'",
+                      (one,)) >= 4
+    broker.flush("wf-idle")

@@ -1,8 +1,9 @@
 """Writing a workflow (supervisor/workflows.py): its row, every step's row and edges, and its
 root steps' jobs, in one transaction: the caller's (``broker.transaction(conn)`` or ``conn``),
 else one of the pool's. A step's row holds its message as the producer would write its job
-(the columns bulk.rows gives job_queue's row, and whether the log would take it), so the
-release (migration 049, in SQL where its last parent's outcome is written) needs no Python."""
+(the columns bulk.rows gives job_queue's row, and whether the log would take it: a plain
+step, one with a dedupe key or a concurrency-only limit key, 055), so the release
+(migrations 049, 055: SQL where its last parent's outcome is written) needs no Python."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ def step_params(broker: Any, workflow: str, messages: Sequence[Message[Any]],
             "id": m.message_id, "workflow": workflow, "position": i, "parents": "{" + ",".join(ps) + "}",
             "children": "{" + ",".join(children[m.message_id]) + "}", "remaining": len(ps),
             "state": "blocked" if ps else "enqueued",
-            # a keyed step stays in job_queue (049's release writes no key row for the log)
-            "to_log": logstore.loggable(row, producer.actors) and dedupe_key is None,
+            # a keyed step too, if its limits are the log's (055's release takes its dedupe key)
+            "to_log": logstore.loggable(row, producer.actors, keyed=True),
             "queue": queue, "actor": actor, "args": args, "kwargs": kwargs, "options": options,
             "priority": priority, "max_attempts": max_attempts, "max_lease_losses": budget,
             "dedupe_key": dedupe_key, "concurrency_key": concurrency_key, "message_timestamp": message_timestamp,

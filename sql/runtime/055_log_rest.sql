@@ -1,0 +1,94 @@
+-- 055: the rest of the jobs the log can hold go to it (issue 38, "one store"): a workflow's
+-- keyed step, a job inserted by SQL through the jobs view, a job sent by actor name from a
+-- process that does not know the actor. Each lived in job_queue, whose claims step over the
+-- dead versions of its rows under a pinned horizon. What stays in job_queue: a job whose
+-- limit key carries a rate, daily quota or fairness weight (the keyed claim of "Flow
+-- control"), and the rows that keep job_queue's own columns (a row written by hand as
+-- running, waiting or finished; one with a concurrency key and no limits).
+--
+-- The statements: supervisor/broker/sql/workflows.py, slots.py (the worker's late keys of a
+-- log row), ARCHITECTURE.md 'Storage "log"'.
+
+-- Whether a row's limits (its flow) are a concurrency limit and nothing else: the log's gate
+-- (053) applies those; any other letter (a rate, a quota, a weight) is job_queue's keyed
+-- claim's. As logstore.concurrency_only.
+CREATE FUNCTION flow_concurrency_only(flow jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT flow IS NOT NULL AND jsonb_typeof(flow) = 'object' AND flow ? 'c' AND flow - 'c' = '{}'::jsonb
+$$;
+
+-- 049's workflow_release, all of it kept, with a keyed step the producer would have put in
+-- the log (to_log: since 055 a step with a dedupe key and a concurrency-only limit key too)
+-- appended to job_log with its keys: its dedupe key taken in job_keys as a producer's send
+-- takes it (052's job_keys_take, in key order, a key repeated among the released steps taken
+-- by the first of them by position), written only if it got the key (a key a live job holds
+-- refuses the step's job, as job_queue's trigger did: job_queue_take_key), its limit key and
+-- limits in flow_key and flow (053: the claim's gate gives it a slot or parks it). A release
+-- with no keyed log step calls nothing more (the keys' part runs only when one has a key).
+-- Steps written before 055 keep their to_log, so an old keyed step still goes to job_queue.
+CREATE OR REPLACE FUNCTION workflow_release(ids uuid[]) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+    st record;
+    arr jsonb[];
+    par uuid[];
+    slot integer;
+    res jsonb;
+    pre_ids uuid[] := '{}';
+    pre_results jsonb[] := '{}';
+BEGIN
+    -- steps gathered near their release: only the parents missing then are read
+    FOR st IN SELECT s.id, s.parents, s.gathered, s.gathered_missing FROM workflow_steps s
+               WHERE s.id = ANY(ids) AND s.state = 'blocked' AND s.remaining <= 0 AND s.gathered IS NOT NULL LOOP
+        arr := st.gathered;  -- a variable: each slot set in place
+        par := st.parents;
+        FOR slot, res IN SELECT m.i, p.result FROM unnest(st.gathered_missing) AS m(i)
+                                JOIN workflow_steps p ON p.id = par[m.i] LOOP
+            arr[slot] := res;
+        END LOOP;
+        pre_ids := array_append(pre_ids, st.id);
+        pre_results := array_append(pre_results, to_jsonb(arr));
+    END LOOP;
+    WITH ready AS (
+        UPDATE workflow_steps s SET state = 'enqueued', enqueued_at = now(), result = NULL, reason = NULL,
+                                    finished_at = NULL, gathered = NULL, gathered_missing = NULL
+         WHERE s.id = ANY(ids) AND s.state = 'blocked' AND s.remaining <= 0
+        RETURNING s.*
+    ), r AS (
+        -- the parents' results, in order (unnest WITH ORDINALITY: a join, not a search per parent)
+        SELECT ready.*, CASE WHEN ready.id = ANY(pre_ids)  -- first: no read of its parents' array
+                             THEN ready.args || jsonb_build_array(pre_results[array_position(pre_ids, ready.id)])
+                             WHEN cardinality(ready.parents) = 0 THEN ready.args
+                             ELSE ready.args || jsonb_build_array(
+                                 (SELECT coalesce(jsonb_agg(p.result ORDER BY u.i), '[]'::jsonb)
+                                    FROM unnest(ready.parents) WITH ORDINALITY AS u(id, i)
+                                    JOIN workflow_steps p ON p.id = u.id)) END AS piped
+          FROM ready
+    ), wanted AS (
+        -- each dedupe key of the log steps once (its first step by position), in key order
+        SELECT array_agg(w.dedupe_key ORDER BY w.dedupe_key) AS keys, array_agg(w.id ORDER BY w.dedupe_key) AS ids
+          FROM (SELECT DISTINCT ON (r.dedupe_key) r.dedupe_key, r.id FROM r
+                 WHERE r.to_log AND r.dedupe_key IS NOT NULL ORDER BY r.dedupe_key, r.position) AS w
+    ), took AS (
+        -- (no keyed step: wanted's one row has NULL arrays, and job_keys_take is not called)
+        SELECT t.key, t.job_id FROM wanted CROSS JOIN LATERAL job_keys_take(wanted.keys, wanted.ids) AS t
+         WHERE wanted.keys IS NOT NULL
+    ), logged AS (
+        INSERT INTO job_log (id, queue, actor, args, kwargs, options, priority, max_attempts, max_lease_losses,
+                             message_timestamp, dedupe_key, flow_key, flow)
+        SELECT r.id, r.queue, r.actor, r.piped, r.kwargs, r.options, r.priority, r.max_attempts, r.max_lease_losses,
+               r.message_timestamp, r.dedupe_key, r.flow_key, r.flow
+          FROM r
+         WHERE r.to_log AND (r.dedupe_key IS NULL OR EXISTS (SELECT 1 FROM took WHERE took.key = r.dedupe_key
+                                                                                 AND took.job_id = r.id))
+    ), queued AS (
+        INSERT INTO job_queue (id, queue, actor, args, kwargs, options, priority, max_attempts, max_lease_losses,
+                               dedupe_key, concurrency_key, message_timestamp, flow_key, flow, status)
+        SELECT id, queue, actor, piped, kwargs, options, priority, max_attempts, max_lease_losses, dedupe_key,
+               concurrency_key, message_timestamp, flow_key, flow,
+               CASE WHEN flow_key IS NULL THEN 'pending' ELSE 'waiting' END
+          FROM r WHERE NOT to_log
+        ON CONFLICT DO NOTHING
+    )
+    SELECT count(*) INTO n FROM r;
+    RETURN n;
+END $$;
