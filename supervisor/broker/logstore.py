@@ -2,13 +2,13 @@
 producer appends to the log, log rows claimed as messages, the batches a process holds,
 and the parameters of their outcomes and releases.
 
-A broker appends to the log every message that needs nothing the log does not keep, from
-an actor it knows: a plain one (one with a delay, and a retry, waits in ``job_timers`` until
-due: sql/timers.py), one with a dedupe key (taken in ``job_keys`` as it is written:
-sql/jobkeys.py, 052), one whose limit key carries a concurrency limit (a slot: sql/slots.py,
-053), a rate limit or a daily quota (its start reserved by its claim, 054), a fairness
-weight (its key's turn: sql/fair.py, 056). Everything else lives in ``job_queue`` as before;
-a worker claims both.
+A broker appends to the log every message that needs nothing the log does not keep, its
+actor known or not (055: ``decode``): a plain one (one with a delay, and a retry, waits in
+``job_timers`` until due: sql/timers.py), one with a dedupe key (taken in ``job_keys`` as it
+is written: sql/jobkeys.py, 052), one whose limit key carries a concurrency limit (a slot:
+sql/slots.py, 053), a rate limit or a daily quota (its start reserved by its claim, 054), a
+fairness weight (its key's turn: sql/fair.py, 056). Everything else lives in ``job_queue``
+as before; a worker claims both.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,13 +50,13 @@ class LogRow:
     created_at: str
 
 
-def loggable(row: tuple[Any, ...], actors: Container[str], *, keyed: bool = False) -> bool:
+def loggable(row: tuple[Any, ...], *, keyed: bool = False) -> bool:
     """Whether a producer's row (bulk.rows' tuple, due now) can be appended to the log: a
     plain one, one with a dedupe key (taken in job_keys as the row is written: 052), and
     (``keyed``) one whose limit key carries a concurrency limit (053), a rate limit or a
-    daily quota (054), a fairness weight (056), with or without a dedupe key."""
-    if row[bulk.ACTOR] not in actors:
-        return False
+    daily quota (054), a fairness weight (056), with or without a dedupe key; its actor
+    known or not (055: an unknown one's row has no max_attempts unless its options give one,
+    which ``decode`` fills in and reads as "keyed by no one": late_keys.py)."""
     if row[bulk.FLOW_KEY] is None:
         return row[bulk.CONCURRENCY_KEY] is None
     return keyed and log_limits(row[bulk.FLOW_KEY + 1])
@@ -94,6 +94,15 @@ def log_row(row: tuple[Any, ...], max_lease_losses: int | None) -> tuple[Any, ..
         flow = (row[bulk.FLOW_KEY], row[bulk.FLOW_KEY + 1])
         return (*out, *flow) if row[bulk.KEY] is None else (*out, row[bulk.KEY], *flow)
     return out if row[bulk.KEY] is None else (*out, row[bulk.KEY])
+
+
+def unknown_actor_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A producer's row (bulk.rows') of an actor it does not know, as the log takes it: no
+    max_attempts, whatever its options say. The claiming worker fills that in (``decode``:
+    the options', else its actor's budget, else the default, as job_queue's claim does), and
+    a row without one is how it knows the row's limits were not worked out from its actor
+    (consuming/late_keys.py). A known actor's row always carries one (bulk.job_fields)."""
+    return (*row[:bulk.KEY - 1], None, *row[bulk.KEY:])
 
 
 def key_of(row: tuple[Any, ...]) -> Any:
@@ -296,11 +305,13 @@ _said_storage: list[str] = []
  _PRIORITY, _CREATED) = range(15)
 
 
-def decode(rows: Iterable[tuple[Any, ...]], actors: Container[str], default_max_attempts: int
-           ) -> tuple[list[PgMessageProxy], list[tuple[str, int, str, LogRow]]]:
-    """The messages of claimed log rows (each with its ``log_row``), and (id, attempt,
-    why, row) of those that cannot be one."""
-    out, bad = [], []
+def decode(rows: Iterable[tuple[Any, ...]], actors: Container[str], budgets: Mapping[str, int],
+           default_max_attempts: int) -> tuple[list[PgMessageProxy], list[tuple[str, int, str, LogRow]], set[str]]:
+    """The messages of claimed log rows (each with its ``log_row``), (id, attempt, why, row)
+    of those that cannot be one, and the ids of those written with no max_attempts (by a
+    writer that did not know their actor: ``unknown_actor_row``, an SQL insert), whose
+    budget is their options', else their actor's (``budgets``), else the default."""
+    out, bad, unbudgeted = [], [], set()
     for r in rows:
         where = LogRow(r[_SEQ], r[_DAY], r[_BATCH], r[_QUEUE], r[_ACTOR], r[_CREATED])
         # sql.CLAIM's column order (message.from_claimed_row): a log row has no concurrency key
@@ -311,9 +322,24 @@ def decode(rows: Iterable[tuple[Any, ...]], actors: Container[str], default_max_
         except (Unreadable, ValueError, TypeError) as exc:
             bad.append((str(r[_ID]), int(r[_ATTEMPT]), f"cannot become a message: {exc}", where))
             continue
+        if r[_MAX_ATTEMPTS] is None:
+            unbudgeted.add(message.message_id)
+            message.max_attempts = _budget(message.options, budgets.get(r[_ACTOR]), default_max_attempts)
         message.log_row = where
         out.append(message)
-    return out, bad
+    return out, bad, unbudgeted
+
+
+def _budget(options: Mapping[str, Any], actors: int | None, default: int) -> int:
+    """A row's exception budget when it carries none, in job_queue's claim's order (its
+    coalesce of jobs_option_int): the message's max_attempts, else its max_retries + 1, else
+    its actor's (``actors``), else ``default``; an option that is no number in range is passed
+    over, as there."""
+    for name, low, plus in (("max_attempts", 1, 0), ("max_retries", 0, 1)):
+        value = options.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= 1_000_000:
+            return int(value) + plus
+    return default if actors is None else actors
 
 
 def release_params(who: str, *, why: str, margin_s: float | None = None, owners: Sequence[str] = (),

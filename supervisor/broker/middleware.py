@@ -133,23 +133,31 @@ class Retries(dramatiq.middleware.Retries):
         broker.enqueue(message, delay=delay)  # type: ignore[arg-type]
 
 
-def claim_budgets(actors: dict[str, Any], retries: Retries | None) -> dict[str, Any]:
-    """The claim's parameters for rows that carry no budgets (plain SQL inserts):
-    each actor's exception budget (max_attempts, or max_retries + 1) and lease-loss
-    budget, and the defaults for actors this process does not know."""
-    names = list(actors)
-    attempts, losses = [], []
-    for name in names:
-        options = actors[name].options
+def actor_attempts(actors: dict[str, Any], retries: Retries | None) -> dict[str, int]:
+    """Each actor's exception budget (max_attempts, or max_retries + 1), for rows that carry
+    none: job_queue's claim (claim_budgets) and the log's (logstore.decode)."""
+    out = {}
+    for name, actor in actors.items():
+        options = actor.options
         own = options.get("max_attempts")
         if own is None and retries is not None:
             retry_count = options.get("max_retries")
             own = (retries.max_retries if retry_count is None else int(retry_count)) + 1
-        attempts.append(1 if own is None else int(own))
-        losses.append(options.get("max_lease_losses"))
+        out[name] = 1 if own is None else int(own)
+    return out
+
+
+def claim_budgets(actors: dict[str, Any], retries: Retries | None) -> dict[str, Any]:
+    """The claim's parameters for rows that carry no budgets (plain SQL inserts):
+    each actor's exception budget (max_attempts, or max_retries + 1) and lease-loss
+    budget, and the defaults for actors this process does not know; ``by_actor``, the
+    exception budgets as a dict (not a claim's parameter: the log's decode reads it)."""
+    names = list(actors)
+    attempts = actor_attempts(actors, retries)
+    losses = [actors[name].options.get("max_lease_losses") for name in names]
     # As array literals: computed once, sent with every claim (see db.array_text).
-    return {"actors": db.array_text(names), "actor_max_attempts": db.array_text(attempts),
+    return {"actors": db.array_text(names), "actor_max_attempts": db.array_text([attempts[n] for n in names]),
             "actor_max_losses": db.array_text(losses),
             "default_max_attempts": 1 if retries is None else retries.max_retries + 1,
-            "default_max_losses": defaults.MAX_LEASE_LOSSES}
+            "default_max_losses": defaults.MAX_LEASE_LOSSES, "by_actor": attempts}
 

@@ -20,7 +20,7 @@ from ..connections import Connections
 from ..joining import Failures
 from ..message import PgMessageProxy, decode_claimed
 from ..middleware import Retries, claim_budgets
-from ..sql import timers
+from ..sql import slots, timers
 from . import late_keys
 from .background import Background
 from .completer import Finish
@@ -130,10 +130,19 @@ class Claims:
             return []
         if promoted and self.background.listener is not None:
             self.background.listener.event_for(queue).set()
-        out, bad = logstore.decode(rows, self.actors, self._budgets()["default_max_attempts"])
+        budgets = self._budgets()
+        out, bad, unbudgeted = logstore.decode(rows, self.actors, budgets["by_actor"], budgets["default_max_attempts"])
+        late: list[late_keys.LateKey] = []
+        if unbudgeted and self._with_limits():  # rows written by one who did not know their actor (055)
+            claimed = {m.message_id: m for m in out}
+            out, late, unkeyable = late_keys.split_log(out, unbudgeted, self.actors, self._with_limits())
+            bad += [(job_id, attempt, why, claimed[job_id].log_row) for job_id, attempt, why in unkeyable]
+        held = [*out, *(k.message for k in late)]
         with self._handback:
-            self.batches.hold([(m.message_id, m.log_row) for m in out] + [(b[0], b[3]) for b in bad])
-            self.leases.hold([(m.message_id, m.attempts) for m in out], since=sent)
+            self.batches.hold([(m.message_id, m.log_row) for m in held] + [(b[0], b[3]) for b in bad])
+            self.leases.hold([(m.message_id, m.attempts) for m in held], since=sent)
+        if late:
+            self._key_late_log(late)
         if bad:
             self.leases.fail_unreadable([b[:3] for b in bad])
             for job_id, _, _, _ in bad:
@@ -187,6 +196,16 @@ class Claims:
                 c.execute(sql.KEY_LATE, late_keys.params(self.owner, late))
                 self._finish(c, rows)
             self.leases.let_go(*(k.message.message_id for k in late))
+
+    def _key_late_log(self, late: list[late_keys.LateKey]) -> None:
+        """Claimed log rows their writer did not key: their attempt ended, each going on
+        keyed (slots.LOG_KEY_LATE: the log again, or job_queue), in one statement."""
+        ids = [k.message.message_id for k in late]
+        with self._handback:
+            with self.connections.connection(own=True) as c, c.transaction():
+                c.execute(slots.LOG_KEY_LATE, late_keys.log_params(self.owner, late))
+            self.batches.written(ids)
+            self.leases.let_go(*ids)
 
     def _gated(self, queue: str, n: int, meta: tuple[Any, ...]) -> None:
         """A claim's word on the queue's limit keys: whether it has waiting rows, where its

@@ -10,6 +10,11 @@ flow control is not run but written back as ``waiting`` with its key and limits 
 owner and attempt, the claim not counted: sql.KEY_LATE then a requeue through sql.FINISH,
 one transaction), so it waits for its key as if its producer had keyed it. A key its
 message cannot fill fails that job alone, with the reason, as at send.
+
+Such a job may be in the log too (055: a send by actor name, an SQL insert through the jobs
+view), known there by its row's missing max_attempts (logstore.decode). Its attempt ends
+'requeued' and it goes on keyed (slots.LOG_KEY_LATE): a concurrency-only key appended to the
+log again with its key, any other into job_queue as a waiting row.
 """
 
 from __future__ import annotations
@@ -55,6 +60,24 @@ def split(rows: list[tuple[Any, ...]], out: list[PgMessageProxy], actors: Mappin
                if r[2] in with_limits and not r[KEYED_COLUMN] and r[_CONCURRENCY_KEY_COLUMN] is None}
     if not unkeyed:
         return out, [], []
+    return keyed(out, unkeyed, actors)
+
+
+def split_log(out: list[PgMessageProxy], unbudgeted: set[str], actors: Mapping[str, Actor[..., Any]],
+              with_limits: frozenset[str]) -> tuple[list[PgMessageProxy], list[LateKey], list[tuple[str, int, str]]]:
+    """As ``split``, for claimed log messages: those whose row carried no max_attempts
+    (``unbudgeted``: its writer did not know its actor, so did not key it) of an actor with
+    limits are written back keyed."""
+    unkeyed = {m.message_id for m in out if m.message_id in unbudgeted and m.actor_name in with_limits}
+    if not unkeyed:
+        return out, [], []
+    return keyed(out, unkeyed, actors)
+
+
+def keyed(out: list[PgMessageProxy], unkeyed: set[str], actors: Mapping[str, Actor[..., Any]]
+          ) -> tuple[list[PgMessageProxy], list[LateKey], list[tuple[str, int, str]]]:
+    """Of ``out``, the messages to run, the ``unkeyed`` ones to write back with their
+    actor's key, and (id, attempt, why) of those whose key cannot be made."""
     run: list[PgMessageProxy] = []
     late: list[LateKey] = []
     bad: list[tuple[str, int, str]] = []
@@ -74,6 +97,16 @@ def split(rows: list[tuple[Any, ...]], out: list[PgMessageProxy], actors: Mappin
         else:
             run.append(m)
     return run, late, bad
+
+
+def log_params(owner: str, late: list[LateKey]) -> dict[str, Any]:
+    """slots.LOG_KEY_LATE's parameters: each claimed row, its key and limits, and the
+    budget its actor gives it (written on the row it goes on as)."""
+    rows = [k.message.log_row for k in late]
+    return {"owner": owner, "seqs": [r.seq for r in rows], "days": [r.day for r in rows],
+            "batches": [r.batch for r in rows], "keys": [k.flow_key for k in late], "flows": [k.flow for k in late],
+            "concurrency_keys": [k.concurrency_key for k in late],
+            "max_attempts": [k.message.max_attempts for k in late]}
 
 
 def params(owner: str, late: list[LateKey]) -> dict[str, Any]:

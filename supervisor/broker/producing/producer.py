@@ -66,7 +66,7 @@ class Producer:
     def _log_rows(self, messages: list[Message[Any]], *, keyed: bool = False) -> list[tuple[Any, ...] | None]:
         """Each message's log row (logstore.log_row), None for one the log does not take (a
         limit key with a fairness weight or no limit, or any limit key unless ``keyed``; an
-        actor this process does not know). A message with no options of its own has its actor's and queue's fields:
+        actor this process does not know goes to the log, 055). A message with no options of its own has its actor's and queue's fields:
         those are worked out once per actor and queue (``_plain_fields``), the rest of its
         row is its id, body and stamp; any other message's row is built as bulk.rows builds
         job_queue's."""
@@ -120,10 +120,13 @@ class Producer:
         actors = self.actors
         out: list[tuple[Any, ...] | None] = []
         for m, row in zip(messages, bulk.rows(messages, actors, retries, self.queue_priorities), strict=True):
-            if not logstore.loggable(row, actors, keyed=keyed):
+            if not logstore.loggable(row, keyed=keyed):
                 out.append(None)
                 continue
-            out.append(logstore.log_row(row, bulk.lease_budget(m, actors[m.actor_name])))
+            actor = actors.get(m.actor_name)
+            if actor is None:  # sent by name (055): the claiming worker fills its budget in
+                row = logstore.unknown_actor_row(row)
+            out.append(logstore.log_row(row, bulk.lease_budget(m, actor)))
         return out
 
     def enqueue(

@@ -38,12 +38,15 @@ def step_params(broker: Any, workflow: str, messages: Sequence[Message[Any]],
         (_id, queue, actor, args, kwargs, options, _payload, priority, max_attempts, dedupe_key, concurrency_key,
          message_timestamp, flow_key, flow) = row
         budget = bulk.lease_budget(m, producer.actors.get(actor))
+        to_log = logstore.loggable(row, keyed=True)
+        if to_log and actor not in producer.actors:  # as the producer's log row (logstore.unknown_actor_row)
+            max_attempts = None
         values = {
             "id": m.message_id, "workflow": workflow, "position": i, "parents": "{" + ",".join(ps) + "}",
             "children": "{" + ",".join(children[m.message_id]) + "}", "remaining": len(ps),
             "state": "blocked" if ps else "enqueued",
             # a keyed step too, if its limits are the log's (055's release takes its dedupe key)
-            "to_log": logstore.loggable(row, producer.actors, keyed=True),
+            "to_log": to_log,
             "queue": queue, "actor": actor, "args": args, "kwargs": kwargs, "options": options,
             "priority": priority, "max_attempts": max_attempts, "max_lease_losses": budget,
             "dedupe_key": dedupe_key, "concurrency_key": concurrency_key, "message_timestamp": message_timestamp,

@@ -59,3 +59,51 @@ LOG_PARKED = """
 SELECT count(*) FROM job_blocked b
  WHERE b.queue = %(queue)s AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = b.seq AND d.day = b.day)
 """
+
+# A claimed log row whose writer did not know its actor (055: a send by actor name, an SQL
+# insert through the jobs view; its row has no max_attempts) of an actor with limits, which
+# the worker keys late (consuming/late_keys.py), in one statement: the attempt ends
+# 'requeued' (the fence: a cancel or release that got there first wins; the claim not
+# counted), and the job goes on as its producer would have written it had it known the
+# actor, with the budget the worker's actor gives it (so it is not keyed again): a key with a
+# concurrency limit alone appended to the log again with its key and limits (the next claim's
+# gate gives it a slot or parks it), any other into job_queue 'waiting' (the keyed claim's).
+# The event says why. Returns how many went on.
+LOG_KEY_LATE = """
+WITH k AS (
+    SELECT * FROM unnest(%(seqs)s::bigint[], %(days)s::date[], %(batches)s::bigint[], %(keys)s::text[],
+                         %(flows)s::jsonb[], %(concurrency_keys)s::text[], %(max_attempts)s::int[])
+        AS k(seq, day, batch, flow_key, flow, concurrency_key, max_attempts)
+), done AS (
+    INSERT INTO job_done (seq, day, id, queue, actor, created_at, status, attempt, owner, claimed_at)
+    SELECT l.seq, l.day, l.id, l.queue, l.actor, l.created_at, 'requeued', l.attempts + 1, %(owner)s,
+           (SELECT x.claimed_at FROM job_lease x WHERE x.batch = k.batch)
+      FROM k JOIN job_log l ON l.seq = k.seq AND l.day = k.day
+    ON CONFLICT (seq, day) DO NOTHING
+    RETURNING seq, day
+), went AS (
+    SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, l.priority, l.attempts, k.max_attempts,
+           l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at, l.dedupe_key, k.flow_key, k.flow,
+           k.concurrency_key, flow_concurrency_only(k.flow) AS logged
+      FROM done JOIN k ON k.seq = done.seq AND k.day = done.day JOIN job_log l ON l.seq = done.seq AND l.day = done.day
+), again AS (
+    INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
+                         lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow)
+    SELECT id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts, lease_losses,
+           max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow
+      FROM went WHERE logged
+), queued AS (
+    INSERT INTO job_queue (id, queue, actor, args, kwargs, options, payload, status, priority, run_at, attempts,
+                           max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key,
+                           flow_key, flow, concurrency_key)
+    SELECT id, queue, actor, args, kwargs, options, payload, 'waiting', priority, now(), attempts, max_attempts,
+           lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key, flow, concurrency_key
+      FROM went WHERE NOT logged
+), ev AS (
+    INSERT INTO job_events (job_id, who, from_status, to_status, reason)
+    SELECT id, %(owner)s, 'running', CASE WHEN logged THEN 'pending' ELSE 'waiting' END,
+           'keyed by its actor''s limits (its producer did not know them)'
+      FROM went
+)
+SELECT count(*) FROM went
+"""
