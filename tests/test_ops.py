@@ -211,6 +211,9 @@ def test_failure_and_missing_results(conn, producer, workers):
     ops_worker(workers, conn)
     with pytest.raises(ResultFailure, match="planned failure"):
         fail.get_result(block=True, timeout=20_000)
+    # a job sent by name lives in the log (055): its result shows with its outcome, written
+    # just after the result backend's (the failure rides on its done row)
+    wait_for(lambda: status(conn, fail.message_id) == "failed", 10, message="the failure written")
     assert scalar(conn, "SELECT result->'exn'->>'type' FROM jobs WHERE id = %s", (fail.message_id,)) == "ValueError"
 
 

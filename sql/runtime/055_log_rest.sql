@@ -92,3 +92,91 @@ BEGIN
     SELECT count(*) INTO n FROM r;
     RETURN n;
 END $$;
+
+-- A job inserted through the jobs view (by SQL: psql, another language) that the log can
+-- hold goes to it, as a producer's send would: due now, appended to job_log; with a run_at
+-- to come, into job_timers until then (051); its dedupe key taken in job_keys first (052: a
+-- key a live job holds refuses the row: nothing is written and the INSERT counts no row);
+-- a concurrency-only limit key in flow_key and flow (053). The row keeps its fields (id,
+-- queue, actor, body, priority, attempts, max_attempts, lease losses and budget, stamp;
+-- created_at is the log's due time: the earlier of its run_at and created_at). A row left
+-- without max_attempts is run with its options', else its actor's budget, and keyed late if
+-- its actor has limits (logstore.decode, consuming/late_keys.py), as job_queue's claim does.
+-- The log holds a 'pending' row with none of job_queue's own columns (an owner, a lease,
+-- an error, a result, progress, a start or an end), and no limit but a concurrency limit
+-- alone (a concurrency_key with no flow_key keeps job_queue's one slot): every other row,
+-- and every row while the session's supervisor.storage is 'table' (a deployment of storage
+-- "table" sets it: ALTER DATABASE ... SET supervisor.storage = 'table'), goes to job_queue
+-- or job_history as before. An id a live job has is refused as job_queue's key refused it.
+-- Edits (UPDATE, DELETE) are 036's, all of it kept (jobs_log_write moves a log job into
+-- job_queue first).
+CREATE OR REPLACE FUNCTION jobs_view_write() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    h uuid;
+BEGIN
+    IF TG_OP = 'INSERT' AND NEW.status = 'pending'
+       AND current_setting('supervisor.storage', true) IS DISTINCT FROM 'table'
+       AND num_nonnulls(NEW.lease_owner, NEW.claimed_at, NEW.heartbeat_at, NEW.lease_expires_at, NEW.last_error,
+                        NEW.result, NEW.progress, NEW.started_at, NEW.finished_at) = 0
+       AND (CASE WHEN NEW.flow_key IS NULL THEN NEW.concurrency_key IS NULL  -- (in parentheses: plpgsql's IF
+                 ELSE flow_concurrency_only(NEW.flow)                        -- would end at the CASE's THEN)
+                      AND coalesce(NEW.concurrency_key = NEW.flow_key, true) END) THEN
+        IF job_id_live(NEW.id) THEN
+            RAISE unique_violation USING MESSAGE = format('a live job has the id %s', NEW.id);
+        END IF;
+        IF NEW.dedupe_key IS NOT NULL THEN
+            SELECT t.job_id INTO h FROM job_keys_take(ARRAY[NEW.dedupe_key], ARRAY[NEW.id]) t;
+            IF h IS DISTINCT FROM NEW.id THEN
+                RETURN NULL;  -- the key's live holder is the job
+            END IF;
+        END IF;
+        IF NEW.run_at > now() THEN
+            INSERT INTO job_timers (id, queue, actor, args, kwargs, options, payload, priority, status, run_at, attempts,
+                                    max_attempts, lease_losses, max_lease_losses, message_timestamp, created_at,
+                                    dedupe_key, flow_key, flow)
+            VALUES (NEW.id, NEW.queue, NEW.actor, NEW.args, NEW.kwargs, NEW.options, NEW.payload, NEW.priority,
+                    'pending', NEW.run_at, NEW.attempts, NEW.max_attempts, NEW.lease_losses, NEW.max_lease_losses,
+                    NEW.message_timestamp, NEW.created_at, NEW.dedupe_key, NEW.flow_key, NEW.flow);
+        ELSE
+            INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
+                                 lease_losses, max_lease_losses, message_timestamp, created_at, dedupe_key, flow_key,
+                                 flow)
+            VALUES (NEW.id, NEW.queue, NEW.actor, NEW.args, NEW.kwargs, NEW.options, NEW.payload, NEW.priority,
+                    NEW.attempts, NEW.max_attempts, NEW.lease_losses, NEW.max_lease_losses, NEW.message_timestamp,
+                    coalesce(least(NEW.run_at, NEW.created_at), now()), NEW.dedupe_key, NEW.flow_key, NEW.flow);
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        IF OLD.status IN ('pending', 'retryable', 'running', 'waiting') THEN
+            IF TG_OP = 'UPDATE' AND NEW.status IN ('pending', 'retryable', 'running', 'waiting') THEN
+                UPDATE job_queue SET (id, queue, actor, args, kwargs, options, status, priority, run_at, attempts, max_attempts, lease_owner, claimed_at, heartbeat_at, lease_expires_at, dedupe_key, concurrency_key, last_error, result, progress, created_at, started_at, finished_at, lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow) = (NEW.id, NEW.queue, NEW.actor, NEW.args, NEW.kwargs, NEW.options, NEW.status, NEW.priority, NEW.run_at, NEW.attempts, NEW.max_attempts, NEW.lease_owner, NEW.claimed_at, NEW.heartbeat_at, NEW.lease_expires_at, NEW.dedupe_key, NEW.concurrency_key, NEW.last_error, NEW.result, NEW.progress, NEW.created_at, NEW.started_at, NEW.finished_at, NEW.lease_losses, NEW.max_lease_losses, NEW.message_timestamp, NEW.payload, NEW.flow_key, NEW.flow) WHERE id = OLD.id;
+                RETURN NEW;
+            END IF;
+            DELETE FROM job_queue WHERE id = OLD.id;
+            IF OLD.status = 'running' AND TG_OP = 'UPDATE' AND NEW.status = 'cancelled' THEN
+                PERFORM pg_notify('actor_supervisor_cancel', OLD.id::text);  -- its process interrupts it
+            END IF;
+        ELSE
+            IF TG_OP = 'UPDATE' AND NEW.status NOT IN ('pending', 'retryable', 'running', 'waiting') THEN
+                UPDATE job_history SET (id, queue, actor, args, kwargs, options, status, priority, run_at, attempts, max_attempts, lease_owner, claimed_at, heartbeat_at, lease_expires_at, dedupe_key, concurrency_key, last_error, result, progress, created_at, started_at, finished_at, lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow) = (NEW.id, NEW.queue, NEW.actor, NEW.args, NEW.kwargs, NEW.options, NEW.status, NEW.priority, NEW.run_at, NEW.attempts, NEW.max_attempts, NEW.lease_owner, NEW.claimed_at, NEW.heartbeat_at, NEW.lease_expires_at, NEW.dedupe_key, NEW.concurrency_key, NEW.last_error, NEW.result, NEW.progress, NEW.created_at, NEW.started_at, NEW.finished_at, NEW.lease_losses, NEW.max_lease_losses, NEW.message_timestamp, NEW.payload, NEW.flow_key, NEW.flow) WHERE id = OLD.id AND status = OLD.status;
+                RETURN NEW;
+            END IF;
+            DELETE FROM job_history WHERE id = OLD.id AND status = OLD.status;
+        END IF;
+        IF TG_OP = 'DELETE' THEN
+            RETURN OLD;
+        END IF;
+    END IF;
+    -- A row written by hand with a limit key waits for its key, as the producer's do.
+    IF TG_OP = 'INSERT' AND NEW.flow_key IS NOT NULL AND NEW.status = 'pending' THEN
+        NEW.status := 'waiting';
+    END IF;
+    IF NEW.status IN ('pending', 'retryable', 'running', 'waiting') THEN
+        INSERT INTO job_queue (id, queue, actor, args, kwargs, options, status, priority, run_at, attempts, max_attempts, lease_owner, claimed_at, heartbeat_at, lease_expires_at, dedupe_key, concurrency_key, last_error, result, progress, created_at, started_at, finished_at, lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow) VALUES (NEW.id, NEW.queue, NEW.actor, NEW.args, NEW.kwargs, NEW.options, NEW.status, NEW.priority, NEW.run_at, NEW.attempts, NEW.max_attempts, NEW.lease_owner, NEW.claimed_at, NEW.heartbeat_at, NEW.lease_expires_at, NEW.dedupe_key, NEW.concurrency_key, NEW.last_error, NEW.result, NEW.progress, NEW.created_at, NEW.started_at, NEW.finished_at, NEW.lease_losses, NEW.max_lease_losses, NEW.message_timestamp, NEW.payload, NEW.flow_key, NEW.flow);
+    ELSE
+        NEW.finished_at := coalesce(NEW.finished_at, now());
+        INSERT INTO job_history (id, queue, actor, args, kwargs, options, status, priority, run_at, attempts, max_attempts, lease_owner, claimed_at, heartbeat_at, lease_expires_at, dedupe_key, concurrency_key, last_error, result, progress, created_at, started_at, finished_at, lease_losses, max_lease_losses, message_timestamp, payload, flow_key, flow) VALUES (NEW.id, NEW.queue, NEW.actor, NEW.args, NEW.kwargs, NEW.options, NEW.status, NEW.priority, NEW.run_at, NEW.attempts, NEW.max_attempts, NEW.lease_owner, NEW.claimed_at, NEW.heartbeat_at, NEW.lease_expires_at, NEW.dedupe_key, NEW.concurrency_key, NEW.last_error, NEW.result, NEW.progress, NEW.created_at, NEW.started_at, NEW.finished_at, NEW.lease_losses, NEW.max_lease_losses, NEW.message_timestamp, NEW.payload, NEW.flow_key, NEW.flow);
+    END IF;
+    RETURN NEW;
+END $$;

@@ -96,15 +96,6 @@ def log_row(row: tuple[Any, ...], max_lease_losses: int | None) -> tuple[Any, ..
     return out if row[bulk.KEY] is None else (*out, row[bulk.KEY])
 
 
-def unknown_actor_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A producer's row (bulk.rows') of an actor it does not know, as the log takes it: no
-    max_attempts, whatever its options say. The claiming worker fills that in (``decode``:
-    the options', else its actor's budget, else the default, as job_queue's claim does), and
-    a row without one is how it knows the row's limits were not worked out from its actor
-    (consuming/late_keys.py). A known actor's row always carries one (bulk.job_fields)."""
-    return (*row[:bulk.KEY - 1], None, *row[bulk.KEY:])
-
-
 def key_of(row: tuple[Any, ...]) -> Any:
     """A log row's dedupe key (None: none)."""
     return row[WIDTH] if len(row) in _DEDUPED else None

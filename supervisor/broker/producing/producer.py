@@ -123,10 +123,9 @@ class Producer:
             if not logstore.loggable(row, keyed=keyed):
                 out.append(None)
                 continue
-            actor = actors.get(m.actor_name)
-            if actor is None:  # sent by name (055): the claiming worker fills its budget in
-                row = logstore.unknown_actor_row(row)
-            out.append(logstore.log_row(row, bulk.lease_budget(m, actor)))
+            # (an actor this process does not know, 055: its row's max_attempts is its options',
+            # else none, which the claiming worker fills in: logstore.decode)
+            out.append(logstore.log_row(row, bulk.lease_budget(m, actors.get(m.actor_name))))
         return out
 
     def enqueue(

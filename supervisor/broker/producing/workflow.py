@@ -39,8 +39,6 @@ def step_params(broker: Any, workflow: str, messages: Sequence[Message[Any]],
          message_timestamp, flow_key, flow) = row
         budget = bulk.lease_budget(m, producer.actors.get(actor))
         to_log = logstore.loggable(row, keyed=True)
-        if to_log and actor not in producer.actors:  # as the producer's log row (logstore.unknown_actor_row)
-            max_attempts = None
         values = {
             "id": m.message_id, "workflow": workflow, "position": i, "parents": "{" + ",".join(ps) + "}",
             "children": "{" + ",".join(children[m.message_id]) + "}", "remaining": len(ps),
