@@ -367,3 +367,29 @@ def test_keyed_steps_their_limit_holds_across_steps_and_their_dedupe_key_refuses
         assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = ANY(%s::uuid[]) AND flow_key = 'wf-one'",
                       (one,)) >= 4
     broker.flush("wf-idle")
+
+
+def test_a_workflows_cancel_cancels_a_keyed_step_waiting_for_its_slot(conn, acts):
+    # Two released steps of one concurrency key (limit 1): one runs, the other waits for the
+    # slot (parked in the log, 055; 'waiting' in job_queue). The workflow's cancel cancels
+    # both, interrupts the running one, and the waiting one never runs; the slot is freed.
+    broker = acts["broker"]
+    wf = supervisor.workflow("keyed-cancel", broker=broker)
+    root = wf.add(acts["seed"].message(1))
+    first = wf.add(acts["stuck"].message_with_options(concurrency_key="wf-slot"), after=[root])
+    second = wf.add(acts["stuck"].message_with_options(concurrency_key="wf-slot"), after=[root])
+    with in_process_worker(broker, ["wf"]):
+        wf.send()
+        wait_for(lambda: acts["runs"].get("stuck") == 1 and scalar(
+            conn, "SELECT count(*) FROM jobs WHERE id = ANY(%s::uuid[]) AND status = 'waiting'", ([first, second],)) == 1,
+            30, message="one step running, the other waiting for the slot")
+        assert workflow_ops.cancel(conn, wf.id)["cancelled"] == 2
+        assert wf.wait(10) == "cancelled"
+        wait_for(lambda: acts["seen"] == ["JobCancelled"], 10, message="the running step interrupted")
+        wait_for(lambda: scalar(conn, "SELECT count(*) FROM job_concurrency WHERE key = 'wf-slot'"
+                                      " AND job_id IS NOT NULL") == 0, 10, message="the slot freed")
+        time.sleep(0.3)  # a hand-off would have started the waiting step by now
+    assert acts["runs"]["stuck"] == 1
+    assert _states(conn, wf) == {root: "succeeded", first: "cancelled", second: "cancelled"}
+    assert conn.execute("SELECT DISTINCT status FROM jobs WHERE id = ANY(%s::uuid[])",
+                        ([first, second],)).fetchall() == [("cancelled",)]

@@ -6,8 +6,10 @@
 -- control"), and the rows that keep job_queue's own columns (a row written by hand as
 -- running, waiting or finished; one with a concurrency key and no limits).
 --
--- The statements: supervisor/broker/sql/workflows.py, slots.py (the worker's late keys of a
--- log row), ARCHITECTURE.md 'Storage "log"'.
+-- Here: the release of a workflow's steps and the jobs view's insert, which are SQL. The
+-- rest is the broker's: a send by name (producing/producer.py, logstore.loggable), its
+-- budget filled in and its late keys at the claim (logstore.decode, consuming/late_keys.py,
+-- sql/slots.py LOG_KEY_LATE). ARCHITECTURE.md, 'Storage "log"', "The rest of the jobs".
 
 -- Whether a row's limits (its flow) are a concurrency limit and nothing else: the log's gate
 -- (053) applies those; any other letter (a rate, a quota, a weight) is job_queue's keyed

@@ -21,7 +21,7 @@ import os
 import struct
 import threading
 import uuid
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,41 +296,30 @@ _said_storage: list[str] = []
  _PRIORITY, _CREATED) = range(15)
 
 
-def decode(rows: Iterable[tuple[Any, ...]], actors: Container[str], budgets: Mapping[str, int],
-           default_max_attempts: int) -> tuple[list[PgMessageProxy], list[tuple[str, int, str, LogRow]], set[str]]:
+def decode(rows: Iterable[tuple[Any, ...]], actors: Container[str], budget: Callable[[PgMessageProxy], int]
+           ) -> tuple[list[PgMessageProxy], list[tuple[str, int, str, LogRow]], set[str]]:
     """The messages of claimed log rows (each with its ``log_row``), (id, attempt, why, row)
     of those that cannot be one, and the ids of those written with no max_attempts (by a
-    writer that did not know their actor: ``unknown_actor_row``, an SQL insert), whose
-    budget is their options', else their actor's (``budgets``), else the default."""
+    writer that did not know their actor: a send by name, an SQL insert), whose budget is
+    then ``budget``'s (middleware.row_budget)."""
     out, bad, unbudgeted = [], [], set()
     for r in rows:
         where = LogRow(r[_SEQ], r[_DAY], r[_BATCH], r[_QUEUE], r[_ACTOR], r[_CREATED])
         # sql.CLAIM's column order (message.from_claimed_row): a log row has no concurrency key
         shaped = (str(r[_ID]), r[_QUEUE], r[_ACTOR], r[_BODY], r[_ATTEMPT],
-                  r[_MAX_ATTEMPTS] or default_max_attempts, None, r[_LOSSES], r[_STAMP], r[_PAYLOAD])
+                  r[_MAX_ATTEMPTS] or 1, None, r[_LOSSES], r[_STAMP], r[_PAYLOAD])
         try:
             message = from_claimed_row(shaped, actors)
         except (Unreadable, ValueError, TypeError) as exc:
             bad.append((str(r[_ID]), int(r[_ATTEMPT]), f"cannot become a message: {exc}", where))
             continue
-        if r[_MAX_ATTEMPTS] is None:
-            unbudgeted.add(message.message_id)
-            message.max_attempts = _budget(message.options, budgets.get(r[_ACTOR]), default_max_attempts)
+        if not r[_MAX_ATTEMPTS]:
+            if r[_MAX_ATTEMPTS] is None:
+                unbudgeted.add(message.message_id)
+            message.max_attempts = budget(message)
         message.log_row = where
         out.append(message)
     return out, bad, unbudgeted
-
-
-def _budget(options: Mapping[str, Any], actors: int | None, default: int) -> int:
-    """A row's exception budget when it carries none, in job_queue's claim's order (its
-    coalesce of jobs_option_int): the message's max_attempts, else its max_retries + 1, else
-    its actor's (``actors``), else ``default``; an option that is no number in range is passed
-    over, as there."""
-    for name, low, plus in (("max_attempts", 1, 0), ("max_retries", 0, 1)):
-        value = options.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= 1_000_000:
-            return int(value) + plus
-    return default if actors is None else actors
 
 
 def release_params(who: str, *, why: str, margin_s: float | None = None, owners: Sequence[str] = (),

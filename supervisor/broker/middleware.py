@@ -147,6 +147,19 @@ def actor_attempts(actors: dict[str, Any], retries: Retries | None) -> dict[str,
     return out
 
 
+def row_budget(options: dict[str, Any], actor: int | None, default: int) -> int:
+    """A claimed row's exception budget when it carries none, in job_queue's claim's order
+    (sql.CLAIM's coalesce of jobs_option_int): the message's max_attempts, else its
+    max_retries + 1, else its actor's (``actor``: actor_attempts'), else ``default``; an
+    option that is no number in range is passed over, as there. The log's claim
+    (logstore.decode) applies it to a row written by one who did not know the actor."""
+    for name, low, plus in (("max_attempts", 1, 0), ("max_retries", 0, 1)):
+        value = options.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= 1_000_000:
+            return int(value) + plus
+    return default if actor is None else actor
+
+
 def claim_budgets(actors: dict[str, Any], retries: Retries | None) -> dict[str, Any]:
     """The claim's parameters for rows that carry no budgets (plain SQL inserts):
     each actor's exception budget (max_attempts, or max_retries + 1) and lease-loss

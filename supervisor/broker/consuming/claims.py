@@ -19,7 +19,7 @@ from .. import logstore, sql
 from ..connections import Connections
 from ..joining import Failures
 from ..message import PgMessageProxy, decode_claimed
-from ..middleware import Retries, claim_budgets
+from ..middleware import Retries, claim_budgets, row_budget
 from ..sql import slots, timers
 from . import late_keys
 from .background import Background
@@ -131,7 +131,8 @@ class Claims:
         if promoted and self.background.listener is not None:
             self.background.listener.event_for(queue).set()
         budgets = self._budgets()
-        out, bad, unbudgeted = logstore.decode(rows, self.actors, budgets["by_actor"], budgets["default_max_attempts"])
+        out, bad, unbudgeted = logstore.decode(rows, self.actors, lambda m: row_budget(
+            m.options, budgets["by_actor"].get(m.actor_name), budgets["default_max_attempts"]))
         late: list[late_keys.LateKey] = []
         if unbudgeted and self._with_limits():  # rows written by one who did not know their actor (055)
             claimed = {m.message_id: m for m in out}
