@@ -24,13 +24,16 @@ def status(conn, job_id) -> str:
 def test_job_that_kills_its_process_ends_failed_after_its_budget(conn, workers, database_url, storage):
     """Each worker reaps the lease its predecessor lost, then takes the job and dies
     of it; the fourth finds the budget (3 lease losses) used up and survives. Sent by SQL
-    (job_queue), or by a producer that knows the actor (the job log)."""
+    into job_queue (a session of storage "table"), or by a producer that knows the actor
+    (the job log)."""
     if storage == "log":
         with log_producer(database_url, "tests", {"suicide": {"max_retries": 1}}) as producer:
             job = producer.actors["suicide"].send().message_id
         assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
     else:
+        conn.execute("SET supervisor.storage = 'table'")  # an SQL insert into job_queue (055: else the log)
         job = scalar(conn, "INSERT INTO jobs (queue, actor) VALUES ('tests', 'suicide') RETURNING id")
+        conn.execute("RESET supervisor.storage")
     deaths = 0
     for _ in range(4):
         w = workers(threads=1, lease=1, heartbeat=0.3)

@@ -148,6 +148,7 @@ def test_one_cursor_pages_through_both_stores_in_order(http_server, conn, databa
     job_history, and a done row of the log). Paged seven at a time, the API and the page
     show each once, newest first, as SQL orders them."""
     sent = []
+    conn.execute("SET supervisor.storage = 'table'")  # this session's SQL inserts into job_queue (055)
     with log_producer(database_url, "paged2", {"noop": {}}) as producer:
         for i in range(40):
             if i % 2:

@@ -201,6 +201,7 @@ def test_a_rolled_back_send_frees_the_key_and_a_transaction_sees_its_own(conn, b
 
 
 def test_a_job_queue_job_s_key_dedupes_a_log_send_and_the_other_way_round(conn, broker) -> None:
+    conn.execute("SET supervisor.storage = 'table'")  # this session's SQL inserts into job_queue (055)
     queued = str(scalar(conn, "INSERT INTO jobs (queue, actor, dedupe_key) VALUES (%s, 'dd_record', 'q')"
                               " RETURNING id", (QUEUE,)))
     assert send(broker, 1, "q") == queued

@@ -47,6 +47,15 @@ WITH stored AS (
 SELECT pg_notify('actor_supervisor_results', stored.key) FROM stored
 """
 
+# A failure's exception: Dramatiq stores it after the nack (Results.after_nack), so a log
+# job's failed done row is already written without it; the exception goes on that row (its
+# job's final one: the id's failed done row with no result), as STORE puts it on job_history's.
+# An update of a done row, off the job's path (as an operator's retry's): only a failure
+# with stored results pays it.
+STORE_EXCEPTION = STORE.replace("""), finished AS (""", """), failed AS (
+    UPDATE job_done SET result = %(result)s WHERE id = %(job_id)s AND status = 'failed' AND result IS NULL
+), finished AS (""")
+
 GET = "SELECT value FROM job_results WHERE key = %(key)s AND expires_at > now()"
 
 # Retention: expired results, and any result stored longer ago than the cap.
@@ -125,9 +134,9 @@ class PostgresBackend(ResultBackend):
         self._write(message, wrap_result(result), ttl)
 
     def store_exception(self, message: Message[Any] | MessageProxy, exception: Exception, ttl: int) -> None:
-        self._write(message, wrap_exception(exception), ttl)
+        self._write(message, wrap_exception(exception), ttl, statement=STORE_EXCEPTION)
 
-    def _write(self, message: Message[Any] | MessageProxy, value: Any, ttl: int) -> None:
+    def _write(self, message: Message[Any] | MessageProxy, value: Any, ttl: int, *, statement: str = STORE) -> None:
         params = {
             "key": self.build_message_key(message),
             "job_id": _job_id(message.message_id),
@@ -136,7 +145,7 @@ class PostgresBackend(ResultBackend):
             "result": jsonb(_as_json(value)),
         }
         with self.pool.connection(timeout=10) as c:
-            c.execute(STORE, params)
+            c.execute(statement, params)
         if getattr(message, "log_row", None) is not None:  # a job of the log: its done row, with its outcome
             message.log_result = params["result"]  # type: ignore[union-attr]  # PgMessageProxy's
 

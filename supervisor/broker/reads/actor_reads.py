@@ -64,7 +64,8 @@ SELECT g.i, f.first_seen, s.job_id, s.reason, s.traceback, s.last_error AS messa
                        -- planner read every job to make a hashed set of them)
                        AND (EXISTS (SELECT 1 FROM job_queue k WHERE k.id = c.job_id)
                             OR EXISTS (SELECT 1 FROM job_history k WHERE k.id = c.job_id)
-                            OR EXISTS (SELECT 1 FROM job_log k WHERE k.id = c.job_id))
+                            OR EXISTS (SELECT 1 FROM job_log k WHERE k.id = c.job_id)
+                            OR EXISTS (SELECT 1 FROM job_timers k WHERE k.id = c.job_id))
                      ORDER BY c.at DESC LIMIT 1) AS pick
              CROSS JOIN LATERAL (SELECT x.reason, x.to_status FROM job_events x
                                   WHERE x.job_id = pick.job_id AND x.at = pick.at AND x.error_type IS NOT NULL
@@ -72,9 +73,11 @@ SELECT g.i, f.first_seen, s.job_id, s.reason, s.traceback, s.last_error AS messa
              -- its last_error, from the part of the jobs that holds it, by id (each part's id
              -- index): joined to the whole jobs view, the planner read every done row of the
              -- log for each group, the id a filter on each, not a condition of its index
+             -- (a log job's retry waits in job_timers with its error)
              CROSS JOIN LATERAL (SELECT coalesce(
                  (SELECT k.last_error FROM jobs_queue_history k WHERE k.id = pick.job_id LIMIT 1),
-                 (SELECT k.last_error FROM jobs_log_finished k WHERE k.id = pick.job_id LIMIT 1))
+                 (SELECT k.last_error FROM jobs_log_finished k WHERE k.id = pick.job_id LIMIT 1),
+                 (SELECT k.last_error FROM job_timers k WHERE k.id = pick.job_id))
                  AS last_error) AS j) AS one) AS s ON true
  ORDER BY g.i
 """
