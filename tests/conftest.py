@@ -24,7 +24,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql as pgsql
 
 from supervisor import apps, db, jobstates
 from supervisor.broker import PostgresBroker
@@ -71,9 +70,6 @@ def _throwaway(prefix: str, owners: tuple[apps.App, ...] | None = None) -> Itera
     url = database.create(owners)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(TEST_TABLES)
-        if os.environ.get("SUPERVISOR_STORAGE") == "table":  # CI's table pass: SQL inserts into job_queue too (055)
-            conn.execute(pgsql.SQL("ALTER DATABASE {} SET supervisor.storage = 'table'").format(
-                pgsql.Identifier(conn.info.dbname)))
     yield url
     database.drop()
 

@@ -31,9 +31,8 @@ def test_job_that_kills_its_process_ends_failed_after_its_budget(conn, workers, 
             job = producer.actors["suicide"].send().message_id
         assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (job,)) == 1
     else:
-        conn.execute("SET supervisor.storage = 'table'")  # an SQL insert into job_queue (055: else the log)
-        job = scalar(conn, "INSERT INTO jobs (queue, actor) VALUES ('tests', 'suicide') RETURNING id")
-        conn.execute("RESET supervisor.storage")
+        # (a row of job_queue: through the jobs view an SQL insert goes to the log, 055)
+        job = scalar(conn, "INSERT INTO job_queue (queue, actor) VALUES ('tests', 'suicide') RETURNING id")
     deaths = 0
     for _ in range(4):
         w = workers(threads=1, lease=1, heartbeat=0.3)

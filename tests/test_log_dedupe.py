@@ -201,15 +201,15 @@ def test_a_rolled_back_send_frees_the_key_and_a_transaction_sees_its_own(conn, b
 
 
 def test_a_job_queue_job_s_key_dedupes_a_log_send_and_the_other_way_round(conn, broker) -> None:
-    conn.execute("SET supervisor.storage = 'table'")  # this session's SQL inserts into job_queue (055)
-    queued = str(scalar(conn, "INSERT INTO jobs (queue, actor, dedupe_key) VALUES (%s, 'dd_record', 'q')"
+    # (rows of job_queue itself: through the jobs view an SQL insert goes to the log, 055)
+    queued = str(scalar(conn, "INSERT INTO job_queue (queue, actor, dedupe_key) VALUES (%s, 'dd_record', 'q')"
                               " RETURNING id", (QUEUE,)))
     assert send(broker, 1, "q") == queued
     assert broker.enqueue_many([broker.actors["dd_record"].message_with_options(args=(2,), dedupe_key="q")
                                 for _ in range(40)])[0].message_id == queued
     assert count(conn, "job_log") == 0
     logged = send(broker, 3, "l")
-    conn.execute("INSERT INTO jobs (queue, actor, dedupe_key) VALUES (%s, 'dd_record', 'l')", (QUEUE,))
+    conn.execute("INSERT INTO job_queue (queue, actor, dedupe_key) VALUES (%s, 'dd_record', 'l')", (QUEUE,))
     assert count(conn, "job_queue") == 1  # the log job holds 'l': the row was not written
     # a job_queue job with a concurrency key (it stays there) meets the log's key too
     c = broker.actors["dd_record"].send_with_options(args=(4,), dedupe_key="l", concurrency_key="c")

@@ -107,20 +107,15 @@ def test_rows_the_log_cannot_hold_go_where_they_went_and_edits_work_as_before(co
     failed = scalar(conn, "INSERT INTO jobs (queue, actor, status, finished_at) VALUES (%s, 'a', 'failed', now())"
                           " RETURNING id", (QUEUE,))
     assert [where(conn, j) for j in (one_slot, running, failed)] == [["job_queue"], ["job_queue"], ["job_history"]]
-    # an edit of a log job through the view: moved into job_queue (jobs_log_write), then changed
+    # an edit of a log job through the view: applied, the job left in the log (057)
     logged = scalar(conn, "INSERT INTO jobs (queue, actor) VALUES (%s, 'a') RETURNING id", (QUEUE,))
     timed = scalar(conn, "INSERT INTO jobs (queue, actor, run_at) VALUES (%s, 'a', now() + interval '1 hour')"
                          " RETURNING id", (QUEUE,))
     assert conn.execute("UPDATE jobs SET priority = 9 WHERE id = ANY(%s::uuid[])", ([logged, timed],)).rowcount == 2
     assert dict(conn.execute("SELECT id, priority FROM jobs WHERE id = ANY(%s::uuid[])", ([logged, timed],))) \
         == {logged: 9, timed: 9}
-    assert where(conn, timed) == ["job_queue"]
+    assert (where(conn, logged), where(conn, timed)) == (["job_log"], ["job_timers"])
     gone = scalar(conn, "INSERT INTO jobs (queue, actor) VALUES (%s, 'a') RETURNING id", (QUEUE,))
     assert conn.execute("DELETE FROM jobs WHERE id = %s", (gone,)).rowcount == 1
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s AND status IN ('pending', 'running')", (gone,)) == 0
 
-
-def test_a_session_of_storage_table_inserts_into_job_queue(conn, database_url):
-    with psycopg.connect(database_url, autocommit=True, options="-c supervisor.storage=table") as c:
-        job = scalar(c, "INSERT INTO jobs (queue, actor) VALUES (%s, 'a') RETURNING id", (QUEUE,))
-    assert where(conn, job) == ["job_queue"]

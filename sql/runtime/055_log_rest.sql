@@ -106,18 +106,15 @@ END $$;
 -- its actor has limits (logstore.decode, consuming/late_keys.py), as job_queue's claim does.
 -- The log holds a 'pending' row with none of job_queue's own columns (an owner, a lease,
 -- an error, a result, progress, a start or an end), and no limit but a concurrency limit
--- alone (a concurrency_key with no flow_key keeps job_queue's one slot): every other row,
--- and every row while the session's supervisor.storage is 'table' (a deployment of storage
--- "table" sets it: ALTER DATABASE ... SET supervisor.storage = 'table'), goes to job_queue
--- or job_history as before. An id a live job has is refused as job_queue's key refused it.
--- Edits (UPDATE, DELETE) are 036's, all of it kept (jobs_log_write moves a log job into
--- job_queue first).
+-- alone (a concurrency_key with no flow_key keeps job_queue's one slot): every other row
+-- goes to job_queue or job_history as before. An id a live job has is refused, as
+-- job_queue's key refused it. Edits (UPDATE, DELETE) are 036's, all of it kept
+-- (jobs_log_write moves a log job into job_queue for the write, 057 moves it back).
 CREATE OR REPLACE FUNCTION jobs_view_write() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     h uuid;
 BEGIN
     IF TG_OP = 'INSERT' AND NEW.status = 'pending'
-       AND current_setting('supervisor.storage', true) IS DISTINCT FROM 'table'
        AND num_nonnulls(NEW.lease_owner, NEW.claimed_at, NEW.heartbeat_at, NEW.lease_expires_at, NEW.last_error,
                         NEW.result, NEW.progress, NEW.started_at, NEW.finished_at) = 0
        AND (CASE WHEN NEW.flow_key IS NULL THEN NEW.concurrency_key IS NULL  -- (in parentheses: plpgsql's IF
