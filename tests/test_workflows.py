@@ -1,8 +1,9 @@
 """Durable workflows (issue 41, item 3; migration 049): a diamond's join gets its parents'
 results in order and runs once, after both; a workflow sent in a transaction that rolls
 back runs nothing; the failure policies; cancel and retry of a workflow and of a step with
-its descendants; in both stores (plain steps in the log, and since 055 keyed ones too: a
-dedupe key, a concurrency limit; table ones in job_queue)."""
+its descendants; steps in the log (plain ones, and since 055 keyed ones: a dedupe key, a
+concurrency limit, their limit held across steps and their cancel while waiting for a slot;
+a rate-limited one in job_queue)."""
 
 from __future__ import annotations
 
@@ -336,37 +337,41 @@ def test_a_release_after_a_gather_reads_the_parents_missing_then(conn, store_bro
 
 def test_keyed_steps_their_limit_holds_across_steps_and_their_dedupe_key_refuses_a_second_job(conn, store_broker):
     # Released steps with a concurrency key (limit 1) never run two at once, across the steps
-    # of one release; a step whose dedupe key a live job holds gets no job of its own. With
-    # the log (055) they are log jobs with their keys: no job_queue row.
+    # of one release; a step whose dedupe key a live job holds gets no job of its own. They
+    # are log jobs with their keys (055): no job_queue row. A rate-limited step's job waits
+    # in job_queue (the keyed claim's) and runs too.
     broker = store_broker
-    spans: list[tuple[float, float]] = []
+    spans: dict[int, tuple[float, float]] = {}
 
     @dramatiq.actor(broker=broker, queue_name="wf", actor_name="wft_spanned", max_retries=0)
     def spanned(n: int, parents: list[Any] | None = None) -> int:
         began = time.monotonic()
         time.sleep(0.15)
-        spans.append((began, time.monotonic()))
+        spans[n] = (began, time.monotonic())
         return n
 
     holder = broker.enqueue(dramatiq.Message(queue_name="wf-idle", actor_name="wft_spanned", args=(0,), kwargs={},
                                              options={"dedupe_key": "wf-dup"}))
     wf = supervisor.workflow("keyed-steps", broker=broker, on_failure="continue")
     root = wf.add(spanned.message(1))
-    one = [wf.add(spanned.message_with_options(args=(i,), concurrency_key="wf-one"), after=[root]) for i in range(4)]
+    one = [wf.add(spanned.message_with_options(args=(i,), concurrency_key="wf-one"), after=[root])
+           for i in range(10, 14)]
     dup = wf.add(spanned.message_with_options(args=(9,), dedupe_key="wf-dup"), after=[root])
+    rated = wf.add(spanned.message_with_options(args=(20,), rate_limit="50/s", rate_limit_key="wf-rate"), after=[root])
     with in_process_worker(broker, ["wf"]):
         wf.send()
-        wait_for(lambda: all(_states(conn, wf)[s] == "succeeded" for s in one), 30, message="the keyed steps run")
-    assert run_notes.most_at_once(spans) == 1 and len(spans) == 5
+        wait_for(lambda: all(_states(conn, wf)[s] == "succeeded" for s in [*one, rated]), 30,
+                 message="the keyed steps run")
+    assert run_notes.most_at_once([spans[n] for n in range(10, 14)]) == 1 and sorted(spans) == [1, 10, 11, 12, 13, 20]
+    assert scalar(conn, "SELECT count(*) FROM job_history WHERE id = %s AND flow_key = 'wf-rate'", (rated,)) == 1
     shown = conn.execute("SELECT status, concurrency_key FROM jobs WHERE id = ANY(%s::uuid[])", (one,)).fetchall()
     assert shown == [("succeeded", "wf-one")] * 4
     # the dedupe key's holder is the one live job of it: the step wrote none
     assert scalar(conn, "SELECT count(*) FROM jobs WHERE id = %s", (dup,)) == 0
     assert [str(r[0]) for r in conn.execute("SELECT id FROM jobs WHERE dedupe_key = 'wf-dup'")] == [holder.message_id]
-    if broker.storage == "log":
-        assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = ANY(%s::uuid[])", (one + [dup],)) == 0
-        assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = ANY(%s::uuid[]) AND flow_key = 'wf-one'",
-                      (one,)) >= 4
+    assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = ANY(%s::uuid[])", (one + [dup],)) == 0
+    assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = ANY(%s::uuid[]) AND flow_key = 'wf-one'",
+                  (one,)) >= 4
     broker.flush("wf-idle")
 
 
