@@ -201,8 +201,8 @@ class JobStream(threading.Thread):
                         kwargs={"n": self.sent, "sleep_s": self.sleep_s}, **budget))
                 return
             with psycopg.connect(self.url, autocommit=True) as c:
-                self._stream(lambda: c.execute(
-                    "INSERT INTO jobs (queue, actor, kwargs, max_lease_losses) VALUES"
+                self._stream(lambda: c.execute(  # job_queue itself (through the jobs view: the log, 055)
+                    "INSERT INTO job_queue (queue, actor, kwargs, max_lease_losses) VALUES"
                     " (%s, 'record', jsonb_build_object('n', %s::int, 'sleep_s', %s::float), %s)",
                     (self.queue, self.sent, self.sleep_s, self.max_lease_losses)))
         except BaseException as exc:
@@ -233,8 +233,8 @@ def enqueue(conn: psycopg.Connection, n: int, *, sleep_s: float = 0.0, queue: st
                                    [{"kwargs": {"n": g, "sleep_s": sleep_s}} for g in range(1, n + 1)], queue=queue)
         assert conn.execute("SELECT count(*) FROM job_log WHERE id = ANY(%s)", (ids,)).fetchone() == (n,)
         return
-    conn.execute(
-        "INSERT INTO jobs (queue, actor, kwargs) SELECT %s, %s, jsonb_build_object('n', g, 'sleep_s', %s::float)"
+    conn.execute(  # job_queue itself (an insert through the jobs view goes to the log: 055)
+        "INSERT INTO job_queue (queue, actor, kwargs) SELECT %s, %s, jsonb_build_object('n', g, 'sleep_s', %s::float)"
         " FROM generate_series(1, %s) g",
         (queue, actor, sleep_s, n),
     )

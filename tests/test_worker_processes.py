@@ -13,15 +13,16 @@ from tests.conftest import ROOT, scalar, wait_for
 from tests.supervisor_helpers import log_producer, send_through_the_log
 from tests.tcp_proxy import TcpProxy
 
+# (job_queue itself: an insert through the jobs view goes to the log, 055)
 ENQUEUE_RECORDS = """
-INSERT INTO jobs (queue, actor, args, max_attempts)
+INSERT INTO job_queue (queue, actor, args, max_attempts)
 SELECT 'tests', 'record', jsonb_build_array(g, %s::float), 4 FROM generate_series(1, %s) AS g
 """
 
 
 # max_retries=0 and no budgets in the rows: a lost lease must still re-run them.
 ENQUEUE_ONCE = """
-INSERT INTO jobs (queue, actor, args)
+INSERT INTO job_queue (queue, actor, args)
 SELECT 'tests', 'record_once', jsonb_build_array(g, %s::float) FROM generate_series(1, %s) AS g
 """
 

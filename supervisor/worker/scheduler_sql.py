@@ -79,13 +79,19 @@ UPDATE job_runs r
  WHERE r.status = 'running' AND r.job_id = j.id
 """
 
+# (a log job exists while it waits in job_timers, or has a log row whose attempt has no
+# outcome or a final one: a job deleted through the jobs view leaves rows whose attempts
+# ended 'retried' and nothing after them)
 SYNC_LOST = """
 UPDATE job_runs r
    SET status = 'crashed', completed_at = now(), error_text = 'its job ' || r.job_id || ' no longer exists'
  WHERE r.status = 'running' AND r.job_id IS NOT NULL
    AND NOT EXISTS (SELECT 1 FROM job_queue j WHERE j.id = r.job_id)  -- each store by its id index
    AND NOT EXISTS (SELECT 1 FROM job_history j WHERE j.id = r.job_id)
-   AND NOT EXISTS (SELECT 1 FROM job_log j WHERE j.id = r.job_id)
+   AND NOT EXISTS (SELECT 1 FROM job_timers j WHERE j.id = r.job_id)
+   AND NOT EXISTS (SELECT 1 FROM job_log j WHERE j.id = r.job_id
+                      AND NOT EXISTS (SELECT 1 FROM job_done d WHERE d.seq = j.seq AND d.day = j.day
+                                         AND d.status IN ('retried', 'requeued', 'released')))
 """
 
 # At start: runs whose scheduler died between recording the run and enqueueing
