@@ -2,7 +2,7 @@
 (migration 055): its row carries no max_attempts, and the worker that knows the actor fills
 its budget in (the message's options, else its actor's, as job_queue's claim does) and runs
 it once; if its actor has limits the worker keys it late, into the log again with its key
-(a concurrency limit alone) or job_queue (a rate), as its producer would have had it known
+(every limit the log takes), as its producer would have had it known
 the actor. job_queue gets no row of a job the log can hold."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_a_job_sent_by_name_of_an_actor_with_a_concurrency_limit_is_keyed_late_i
              message="every slot freed")
 
 
-def test_a_job_sent_by_name_of_a_rate_limited_actor_waits_in_job_queue(conn, blind, worker_broker):
+def test_a_job_sent_by_name_of_a_rate_limited_actor_is_keyed_late_in_the_log(conn, blind, worker_broker):
     runs: list[float] = []
 
     @dramatiq.actor(broker=worker_broker, queue_name=QUEUE, actor_name="bn_rated", max_retries=0,
@@ -115,3 +115,4 @@ def test_a_job_sent_by_name_of_a_rate_limited_actor_waits_in_job_queue(conn, bli
                  message="the rate-limited job to end")
     assert len(runs) == 1
     assert conn.execute("SELECT flow_key, attempts FROM jobs WHERE id = %s", (job,)).fetchone() == ("bn-rated", 1)
+    assert scalar(conn, "SELECT count(*) FROM job_queue") == 0  # the log paces a rate (054)

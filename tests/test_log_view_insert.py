@@ -1,6 +1,6 @@
 """A job inserted by SQL through the jobs view (psql, another language) that the log can
 hold goes to it (migration 055's jobs_view_write): due now into job_log, with a run_at to
-come into job_timers, its dedupe key taken in job_keys, a concurrency-only limit key on its
+come into job_timers, its dedupe key taken in job_keys, a limit key the log takes on its
 row; the view, its defaults and its edits (UPDATE, DELETE) work as they did; a worker runs it
 once; every other row (a rate limit, a running or finished row) goes where it went."""
 
@@ -98,8 +98,8 @@ def test_a_concurrency_keyed_row_holds_its_limit_in_the_log(conn, broker):
 def test_rows_the_log_cannot_hold_go_where_they_went_and_edits_work_as_before(conn):
     rated = scalar(conn, "INSERT INTO jobs (queue, actor, flow_key, flow) VALUES (%s, 'a', 'vi-r', '{\"r\": 1.0}')"
                          " RETURNING id", (QUEUE,))
-    assert where(conn, rated) == ["job_queue"]
-    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (rated,)) == "waiting"
+    assert where(conn, rated) == ["job_log"]  # the log paces a rate (054)
+    assert scalar(conn, "SELECT status FROM jobs WHERE id = %s", (rated,)) == "pending"
     one_slot = scalar(conn, "INSERT INTO jobs (queue, actor, concurrency_key) VALUES (%s, 'a', 'vi-c') RETURNING id",
                       (QUEUE,))
     running = scalar(conn, "INSERT INTO jobs (queue, actor, status, lease_owner, claimed_at) VALUES"

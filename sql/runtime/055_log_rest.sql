@@ -1,30 +1,30 @@
 -- 055: the rest of the jobs the log can hold go to it (issue 38, "one store"): a workflow's
 -- keyed step, a job inserted by SQL through the jobs view, a job sent by actor name from a
 -- process that does not know the actor. Each lived in job_queue, whose claims step over the
--- dead versions of its rows under a pinned horizon. What stays in job_queue: a job whose
--- limit key carries a rate, daily quota or fairness weight (the keyed claim of "Flow
--- control"), and the rows that keep job_queue's own columns (a row written by hand as
--- running, waiting or finished; one with a concurrency key and no limits).
+-- dead versions of its rows under a pinned horizon. What stays in job_queue: the rows that
+-- keep job_queue's own columns (a row written by hand as running, waiting or finished; one
+-- with a concurrency key and no limits).
 --
 -- Here: the release of a workflow's steps and the jobs view's insert, which are SQL. The
 -- rest is the broker's: a send by name (producing/producer.py, logstore.loggable), its
 -- budget filled in and its late keys at the claim (logstore.decode, consuming/late_keys.py,
 -- sql/slots.py LOG_KEY_LATE). ARCHITECTURE.md, 'Storage "log"', "The rest of the jobs".
 
--- Whether a row's limits (its flow) are a concurrency limit and nothing else: the log's gate
--- (053) applies those; any other letter (a rate, a quota, a weight) is job_queue's keyed
--- claim's. As logstore.concurrency_only.
-CREATE FUNCTION flow_concurrency_only(flow jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
-    SELECT flow IS NOT NULL AND jsonb_typeof(flow) = 'object' AND flow ? 'c' AND flow - 'c' = '{}'::jsonb
+-- Whether the log's claim applies every limit of a row's flow: a concurrency limit (053), a
+-- rate, its burst, a daily quota (054), a weight (056; none at all: a weight-1 fairness
+-- key). As logstore.log_limits (and 057's job_log_takes, made after this).
+CREATE FUNCTION flow_log_takes(flow jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_typeof(flow) = 'object'
+           AND NOT EXISTS (SELECT 1 FROM jsonb_object_keys(flow) k WHERE k NOT IN ('c', 'r', 'b', 'q', 'w'))
 $$;
 
 -- 049's workflow_release, all of it kept, with a keyed step the producer would have put in
--- the log (to_log: since 055 a step with a dedupe key and a concurrency-only limit key too)
+-- the log (to_log: since 055 a step with a dedupe key or a limit key the log takes too)
 -- appended to job_log with its keys: its dedupe key taken in job_keys as a producer's send
 -- takes it (052's job_keys_take, in key order, a key repeated among the released steps taken
 -- by the first of them by position), written only if it got the key (a key a live job holds
 -- refuses the step's job, as job_queue's trigger did: job_queue_take_key), its limit key and
--- limits in flow_key and flow (053: the claim's gate gives it a slot or parks it). A release
+-- limits in flow_key and flow (053-054, 056: the claim gates, paces or parks it). A release
 -- with no keyed log step calls nothing more (the keys' part runs only when one has a key).
 -- Steps written before 055 keep their to_log, so an old keyed step still goes to job_queue.
 CREATE OR REPLACE FUNCTION workflow_release(ids uuid[]) RETURNS integer LANGUAGE plpgsql AS $$
@@ -99,14 +99,14 @@ END $$;
 -- hold goes to it, as a producer's send would: due now, appended to job_log; with a run_at
 -- to come, into job_timers until then (051); its dedupe key taken in job_keys first (052: a
 -- key a live job holds refuses the row: nothing is written and the INSERT counts no row);
--- a concurrency-only limit key in flow_key and flow (053). The row keeps its fields (id,
+-- a limit key the log takes in flow_key and flow (053-054, 056). The row keeps its fields (id,
 -- queue, actor, body, priority, attempts, max_attempts, lease losses and budget, stamp;
 -- created_at is the log's due time: the earlier of its run_at and created_at). A row left
 -- without max_attempts is run with its options', else its actor's budget, and keyed late if
 -- its actor has limits (logstore.decode, consuming/late_keys.py), as job_queue's claim does.
 -- The log holds a 'pending' row with none of job_queue's own columns (an owner, a lease,
--- an error, a result, progress, a start or an end), and no limit but a concurrency limit
--- alone (a concurrency_key with no flow_key keeps job_queue's one slot): every other row
+-- an error, a result, progress, a start or an end), and limits the log takes (a
+-- concurrency_key with no flow_key keeps job_queue's one slot): every other row
 -- goes to job_queue or job_history as before. An id a live job has is refused, as
 -- job_queue's key refused it. Edits (UPDATE, DELETE) are 036's, all of it kept
 -- (jobs_log_write moves a log job into job_queue for the write, 057 moves it back).
@@ -118,7 +118,7 @@ BEGIN
        AND num_nonnulls(NEW.lease_owner, NEW.claimed_at, NEW.heartbeat_at, NEW.lease_expires_at, NEW.last_error,
                         NEW.result, NEW.progress, NEW.started_at, NEW.finished_at) = 0
        AND (CASE WHEN NEW.flow_key IS NULL THEN NEW.concurrency_key IS NULL  -- (in parentheses: plpgsql's IF
-                 ELSE flow_concurrency_only(NEW.flow)                        -- would end at the CASE's THEN)
+                 ELSE flow_log_takes(NEW.flow)                               -- would end at the CASE's THEN)
                       AND coalesce(NEW.concurrency_key = NEW.flow_key, true) END) THEN
         IF job_id_live(NEW.id) THEN
             RAISE unique_violation USING MESSAGE = format('a live job has the id %s', NEW.id);

@@ -13,7 +13,7 @@ message cannot fill fails that job alone, with the reason, as at send.
 
 Such a job may be in the log too (055: a send by actor name, an SQL insert through the jobs
 view), known there by its row's missing max_attempts (logstore.decode). Its attempt ends
-'requeued' and it goes on keyed (slots.LOG_KEY_LATE): a concurrency-only key appended to the
+'requeued' and it goes on keyed (slots.LOG_KEY_LATE): a key whose limits the log takes appended to the
 log again with its key, any other into job_queue as a waiting row.
 """
 

@@ -2,7 +2,7 @@
 root steps' jobs, in one transaction: the caller's (``broker.transaction(conn)`` or ``conn``),
 else one of the pool's. A step's row holds its message as the producer would write its job
 (the columns bulk.rows gives job_queue's row, and whether the log would take it: a plain
-step, one with a dedupe key or a concurrency-only limit key, 055), so the release
+step, one with a dedupe key or a limit key the log takes, 055), so the release
 (migrations 049, 055: SQL where its last parent's outcome is written) needs no Python."""
 
 from __future__ import annotations

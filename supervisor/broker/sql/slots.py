@@ -65,9 +65,10 @@ SELECT count(*) FROM job_blocked b
 # the worker keys late (consuming/late_keys.py), in one statement: the attempt ends
 # 'requeued' (the fence: a cancel or release that got there first wins; the claim not
 # counted), and the job goes on as its producer would have written it had it known the
-# actor, with the budget the worker's actor gives it (so it is not keyed again): a key with a
-# concurrency limit alone appended to the log again with its key and limits (the next claim's
-# gate gives it a slot or parks it), any other into job_queue 'waiting' (the keyed claim's).
+# actor, with the budget the worker's actor gives it (so it is not keyed again): a key whose
+# limits the log takes (flow_log_takes: every one since 054, 056) appended to the log again
+# with its key and limits (the next claim gates, paces or parks it), any other into
+# job_queue 'waiting' (the keyed claim's).
 # The event says why. Returns how many went on.
 LOG_KEY_LATE = """
 WITH k AS (
@@ -84,7 +85,7 @@ WITH k AS (
 ), went AS (
     SELECT l.id, l.queue, l.actor, l.args, l.kwargs, l.options, l.payload, l.priority, l.attempts, k.max_attempts,
            l.lease_losses, l.max_lease_losses, l.message_timestamp, l.created_at, l.dedupe_key, k.flow_key, k.flow,
-           k.concurrency_key, flow_concurrency_only(k.flow) AS logged
+           k.concurrency_key, flow_log_takes(k.flow) AS logged
       FROM done JOIN k ON k.seq = done.seq AND k.day = done.day JOIN job_log l ON l.seq = done.seq AND l.day = done.day
 ), again AS (
     INSERT INTO job_log (id, queue, actor, args, kwargs, options, payload, priority, attempts, max_attempts,
