@@ -414,7 +414,7 @@ def test_create_a_job_over_http_with_one_clear_error_per_bad_field(conn, api):
     r = api.client.post("/api/v1/jobs", json=limited, headers=AUTH)
     assert r.status_code == 201, r.text
     assert conn.execute("SELECT status, flow_key, flow FROM jobs WHERE id = %s", (r.json()["id"],)).fetchone() \
-        == ("waiting", "shop:s1", {"r": 20.0, "b": 5, "q": 100})
+        == ("pending", "shop:s1", {"r": 20.0, "b": 5, "q": 100})  # the log's, sent by name (055), until paced
     for bad, field in (({"rate_limit": "ten per minute"}, "options.rate_limit: actor 'noop'"),
                        ({"rate_limit": "1/s", "rate_limit_key": "{kwargs[missing"}, "options.rate_limit_key:"),
                        ({"concurrency_limit": 0}, "options.concurrency_limit: actor 'noop': concurrency_limit=0")):
