@@ -16,13 +16,10 @@
 -- wrote, and the row, reaped once the process lets go, runs again), and a row whose key the
 -- log does not take (job_log_takes).
 
--- Whether the log takes a row with this limit key and limits: no key, or a key whose limits
--- are only ones the log's claim applies (logstore.log_limits' rule for a producer's row): a
--- concurrency limit (053), a rate, its burst, a daily quota (054), a weight (056); none at
--- all is a fairness key of weight 1 (056).
+-- Whether the log takes a row with this limit key and limits: no key, or limits the log's
+-- claim applies (055's flow_log_takes: the one rule, logstore.log_limits' in SQL).
 CREATE FUNCTION job_log_takes(fk text, fl jsonb) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
-    SELECT fk IS NULL OR (jsonb_typeof(fl) = 'object'
-                          AND NOT EXISTS (SELECT 1 FROM jsonb_object_keys(fl) k WHERE k NOT IN ('c', 'r', 'b', 'q', 'w')))
+    SELECT fk IS NULL OR flow_log_takes(fl)
 $$;
 
 -- Move job i from job_queue into the log, if its row is live and not running and the log
