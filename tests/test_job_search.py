@@ -187,9 +187,9 @@ def test_a_search_past_its_window_says_at_least_and_links_to_older_jobs(conn, ht
     assert [j["id"] for j in rest["jobs"]] == [ids[0]] and rest["next_cursor"] is None
 
 
-def test_a_workflows_steps_are_found_by_its_id_in_either_store(conn, database_url, http_server):
-    """``workflow``: the jobs of a workflow's enqueued steps, wherever each lives (a plain
-    step in the log, a keyed one in job_queue), by the CLI, the API and the Jobs page; not
+def test_a_workflows_steps_are_found_by_its_id(conn, database_url, http_server):
+    """``workflow``: the jobs of a workflow's enqueued steps (a plain step and a keyed one,
+    both in the log), by the CLI, the API and the Jobs page; not
     its blocked steps (no job yet), nor another workflow's or a plain job."""
     import dramatiq
 
@@ -201,8 +201,6 @@ def test_a_workflows_steps_are_found_by_its_id_in_either_store(conn, database_ur
         step = dramatiq.actor(broker=broker, queue_name="wfsearch", actor_name="wfsearch_step")(lambda *a: None)
         wf = supervisor.workflow("searched", broker=broker)
         plain = wf.add(step.message(1))
-        # (a fairness weight too: a key with a concurrency limit, a rate or a quota lives in
-        # the log, 053-054)
         keyed = wf.add(step.message_with_options(args=(2,), concurrency_key="k", fairness_weight=2))
         wf.add(step.message(3), after=[plain, keyed])  # blocked: no job to find
         wf.send()
@@ -213,7 +211,7 @@ def test_a_workflows_steps_are_found_by_its_id_in_either_store(conn, database_ur
     finally:
         broker.close()
     assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (plain,)) == 1
-    assert scalar(conn, "SELECT count(*) FROM job_queue WHERE id = %s", (keyed,)) == 1
+    assert scalar(conn, "SELECT count(*) FROM job_log WHERE id = %s", (keyed,)) == 1  # (every kind: 054-056)
 
     done = cli("jobs", "list", "--json", "--workflow", wf.id, url=database_url)
     assert done.returncode == 0, done.stderr
