@@ -416,3 +416,15 @@ def test_a_bounded_window_still_takes_the_rows_a_transaction_it_saw_running_wrot
     rest = [str(r[3]) for r in claim(conn, 10)]
     assert sorted(rest) == sorted([old, *later]) and claim(conn, 10) == []
     assert len(set(taken + rest)) == 18
+
+
+def test_an_earlier_attempt_s_outcome_finds_no_row_of_the_next_attempt() -> None:
+    # A process may hold a job's next row (its retry appended again and claimed again) before
+    # an earlier attempt's outcome is written: that outcome must not land on the next
+    # attempt's row (tests/test_dropin's ten retries saw attempt 1's ack end attempt 2).
+    from supervisor.broker.logstore import Batches
+
+    batches = Batches()
+    batches.hold([("job", LogRow(2, "2026-12-08", 7, "q", "a", "2026-12-08 00:00:00+00", attempt=2))])
+    assert batches.row("job", 1) is None and batches.row("job", 2) is not None
+    assert batches.split(["job", "job"], [1, 2]) == ([1], [batches.row("job")])

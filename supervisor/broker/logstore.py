@@ -48,6 +48,11 @@ class LogRow:
     queue: str
     actor: str
     created_at: str
+    # The attempt claimed (0: not known). A job's id names its row here, and the process may
+    # hold the job's next row (a retry appended again, claimed again) before an earlier
+    # attempt's outcome is written: the outcome finds its row only by id and attempt, so it
+    # never lands on the next attempt's row.
+    attempt: int = 0
 
 
 def loggable(row: tuple[Any, ...], *, keyed: bool = False) -> bool:
@@ -304,7 +309,7 @@ def decode(rows: Iterable[tuple[Any, ...]], actors: Container[str], budget: Call
     then ``budget``'s (middleware.row_budget)."""
     out, bad, unbudgeted = [], [], set()
     for r in rows:
-        where = LogRow(r[_SEQ], r[_DAY], r[_BATCH], r[_QUEUE], r[_ACTOR], r[_CREATED])
+        where = LogRow(r[_SEQ], r[_DAY], r[_BATCH], r[_QUEUE], r[_ACTOR], r[_CREATED], r[_ATTEMPT])
         # sql.CLAIM's column order (message.from_claimed_row): a log row has no concurrency key
         shaped = (str(r[_ID]), r[_QUEUE], r[_ACTOR], r[_BODY], r[_ATTEMPT],
                   r[_MAX_ATTEMPTS] or 1, None, r[_LOSSES], r[_STAMP], r[_PAYLOAD])
@@ -354,17 +359,22 @@ class Batches:
                 self._rows[job_id] = row
                 self._open.setdefault(row.batch, set()).add(job_id)
 
-    def row(self, job_id: str) -> LogRow | None:
-        return self._rows.get(job_id)
+    def row(self, job_id: str, attempt: int | None = None) -> LogRow | None:
+        """The row held for the job; given ``attempt``, only if it is that attempt's (an
+        earlier attempt's late outcome has no row here: fenced, as by the done row)."""
+        row = self._rows.get(job_id)
+        if row is not None and attempt is not None and row.attempt and row.attempt != attempt:
+            return None
+        return row
 
     def __bool__(self) -> bool:
         return bool(self._rows) or bool(self._ended)
 
-    def split(self, job_ids: Sequence[str]) -> tuple[list[int], list[LogRow]]:
-        """Indexes of ``job_ids`` held in the log, and their rows."""
-        rows = self._rows
-        idx = [i for i, j in enumerate(job_ids) if j in rows]
-        return idx, [rows[job_ids[i]] for i in idx]
+    def split(self, job_ids: Sequence[str], attempts: Sequence[int]) -> tuple[list[int], list[LogRow]]:
+        """Indexes of ``job_ids`` held in the log at these attempts, and their rows."""
+        found = [self.row(j, a) for j, a in zip(job_ids, attempts, strict=True)]
+        idx = [i for i, w in enumerate(found) if w is not None]
+        return idx, [w for w in found if w is not None]
 
     def keep_result(self, job_id: str, result: Any) -> None:
         """A held job's stored result: its outcome's write carries it (``results``)."""

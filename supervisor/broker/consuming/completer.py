@@ -197,7 +197,7 @@ class Completer:
         sql.LOG_FINISH for the jobs claimed from the log, through finish)."""
         with self.pool.connection(timeout=10) as c:
             if self.batches:
-                logged, where = self.batches.split(ids)
+                logged, where = self.batches.split(ids, attempts)
                 if logged:
                     self._ack_log(c, [ids[i] for i in logged], [attempts[i] for i in logged],
                                   [started[i] for i in logged], [ended[i] for i in logged], where)
@@ -220,7 +220,7 @@ class Completer:
         logged: list[Finish] = []
         rest: list[Finish] = []
         for r in rows:
-            (logged if self.batches and self.batches.row(r.id) is not None else rest).append(r)
+            (logged if self.batches and self.batches.row(r.id, r.attempt) is not None else rest).append(r)
         written = int(db.one(conn.execute(sql.FINISH, finish_params(self.owner, rest, progress)))) if rest else 0
         return written + (self._finish_log(conn, logged) if logged else 0)
 
@@ -233,7 +233,7 @@ class Completer:
 
     def _finish_log(self, conn: psycopg.Connection, rows: Sequence[Finish]) -> int:
         """sql.LOG_FINISH for outcomes of log rows of any kind."""
-        where = [w for r in rows if (w := self.batches.row(r.id)) is not None]
+        where = [w for r in rows if (w := self.batches.row(r.id, r.attempt)) is not None]
         return self._log_outcomes(conn, [r.id for r in rows], lambda progress, done: log_finish_params(
             self.owner, rows, where, done, progress))
 

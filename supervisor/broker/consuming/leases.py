@@ -204,14 +204,14 @@ class Leases:
             log.error("job %s %s; failing it", job_id, why)
         rows = [Finish(job_id, attempt, "failed", error=why, error_type="Unreadable", error_where="", reason=why)
                 for job_id, attempt, why in bad]
-        logged = [r for r in rows if self.batches.row(r.id) is not None]
-        rows = [r for r in rows if self.batches.row(r.id) is None]
+        logged = [r for r in rows if self.batches.row(r.id, r.attempt) is not None]
+        rows = [r for r in rows if self.batches.row(r.id, r.attempt) is None]
         try:
             with self.pool.connection(timeout=10) as c:
                 if rows:
                     c.execute(sql.FINISH, finish_params(self.owner, rows))
                 if logged:
-                    where = [w for r in logged if (w := self.batches.row(r.id)) is not None]
+                    where = [w for r in logged if (w := self.batches.row(r.id, r.attempt)) is not None]
                     write_log_outcomes(c, self.batches, [r.id for r in logged],
                                        lambda done: log_finish_params(self.owner, logged, where, done))
         except (psycopg.OperationalError, PoolTimeout) as exc:  # never lose the good rows claimed with them
