@@ -1,8 +1,8 @@
 """The producer side of PostgresBroker (``broker.producer``): a message becomes a row of
-the job log (a plain job, a deduped one, one whose limit key carries a concurrency limit, a
-rate or a daily quota), of job_timers (one with a delay, promoted into the log at its
-run_at) or of job_queue (one whose key the log does not take yet: a fairness weight; an
-actor this process does not know), in the caller's transaction or in
+the job log (every kind: plain, deduped, or with a limit key: a concurrency limit, a rate,
+a daily quota, a fairness weight; one of an actor this process does not know, its budget
+filled in by the worker that claims it) or of job_timers (one with a delay, promoted into
+the log at its run_at), in the caller's transaction or in
 one of its own written again on a fresh connection if the server ends it (sending.py)."""
 
 from __future__ import annotations
